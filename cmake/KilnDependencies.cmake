@@ -1,0 +1,103 @@
+# KilnDependencies.cmake -- every third-party dependency of kiln as an imported target.
+#
+# A missing dependency stops the configure step with one message that names the package to
+# install or the variable to set. `launch/setup.sh` installs all of them on Debian.
+#
+# Targets provided:
+#   kiln::torch     LibTorch 2.x (torch + c10, and c10_cuda / torch_cuda when it has CUDA)
+#   MPI::MPI_CXX    Open MPI
+#   cxxopts::cxxopts, nlohmann_json::nlohmann_json, GTest::gtest / GTest::gtest_main
+#   CUDA::cudart    (when LibTorch has CUDA)
+#   kiln::nccl      NCCL (when LibTorch has CUDA)
+# Variables: KILN_HAVE_CUDA (LibTorch was built with CUDA; CUDA/NCCL code is compiled).
+
+include_guard(GLOBAL)
+
+# ---- LibTorch ------------------------------------------------------------------------------
+# The pip wheel's CMake package lives in site-packages/torch/share/cmake. launch/setup.sh points
+# CMAKE_PREFIX_PATH there; any other LibTorch 2.x works through Torch_DIR or CMAKE_PREFIX_PATH.
+find_package(Torch QUIET CONFIG)
+if(NOT Torch_FOUND)
+  message(FATAL_ERROR
+    "kiln: LibTorch not found. Set Torch_DIR (or CMAKE_PREFIX_PATH) to a LibTorch 2.x CMake "
+    "package, e.g. -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)'), "
+    "or run launch/setup.sh, which installs the pinned torch wheel into .venv.")
+endif()
+if(Torch_VERSION VERSION_LESS 2.4)
+  message(FATAL_ERROR
+    "kiln: LibTorch ${Torch_VERSION} at ${Torch_DIR} is too old (need 2.x with "
+    "scaled_dot_product_attention and _fused_adamw_; Debian's libtorch-dev 1.13 is not usable). "
+    "Point Torch_DIR at the pinned torch wheel (launch/setup.sh).")
+endif()
+add_library(kiln_torch INTERFACE)
+target_link_libraries(kiln_torch INTERFACE ${TORCH_LIBRARIES})
+target_include_directories(kiln_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+# TORCH_CXX_FLAGS carries the C++ ABI define the library was built with.
+separate_arguments(_kiln_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+target_compile_options(kiln_torch INTERFACE ${_kiln_torch_flags})
+add_library(kiln::torch ALIAS kiln_torch)
+
+set(KILN_HAVE_CUDA OFF)
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES OR CAFFE2_USE_CUDA)
+  set(KILN_HAVE_CUDA ON)
+endif()
+message(STATUS "kiln: LibTorch ${Torch_VERSION} (${Torch_DIR}), CUDA: ${KILN_HAVE_CUDA}")
+
+# ---- MPI -----------------------------------------------------------------------------------
+find_package(MPI QUIET COMPONENTS CXX)
+if(NOT MPI_CXX_FOUND)
+  message(FATAL_ERROR
+    "kiln: MPI not found. Install Open MPI (Debian: apt-get install libopenmpi-dev openmpi-bin) "
+    "or set MPI_HOME / MPI_CXX_COMPILER.")
+endif()
+
+# ---- CLI and JSON --------------------------------------------------------------------------
+find_package(cxxopts QUIET CONFIG)
+if(NOT cxxopts_FOUND)
+  message(FATAL_ERROR
+    "kiln: cxxopts not found. Install it (Debian: apt-get install libcxxopts-dev) or set cxxopts_DIR.")
+endif()
+find_package(nlohmann_json 3 QUIET CONFIG)
+if(NOT nlohmann_json_FOUND)
+  message(FATAL_ERROR
+    "kiln: nlohmann/json not found. Install it (Debian: apt-get install nlohmann-json3-dev) "
+    "or set nlohmann_json_DIR.")
+endif()
+
+# ---- CUDA toolkit and NCCL (only with a CUDA LibTorch) -------------------------------------
+if(KILN_HAVE_CUDA)
+  find_package(CUDAToolkit QUIET)
+  if(NOT CUDAToolkit_FOUND)
+    message(FATAL_ERROR
+      "kiln: LibTorch has CUDA but the CUDA toolkit was not found. Put nvcc on PATH or set "
+      "CUDAToolkit_ROOT (e.g. /usr/local/cuda).")
+  endif()
+  # NCCL: NCCL_ROOT wins, then the CUDA toolkit, then the nvidia-nccl wheel beside torch.
+  get_filename_component(_kiln_site "${Torch_DIR}/../../../.." ABSOLUTE)
+  find_path(KILN_NCCL_INCLUDE_DIR nccl.h
+    HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} "${_kiln_site}/nvidia/nccl"
+    PATH_SUFFIXES include)
+  find_library(KILN_NCCL_LIBRARY NAMES nccl libnccl.so.2
+    HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} "${_kiln_site}/nvidia/nccl"
+    PATH_SUFFIXES lib lib64)
+  if(NOT KILN_NCCL_INCLUDE_DIR OR NOT KILN_NCCL_LIBRARY)
+    message(FATAL_ERROR
+      "kiln: NCCL not found (nccl.h: ${KILN_NCCL_INCLUDE_DIR}, libnccl: ${KILN_NCCL_LIBRARY}). "
+      "Set NCCL_ROOT to an NCCL install, or install the CUDA toolkit's NCCL.")
+  endif()
+  add_library(kiln::nccl UNKNOWN IMPORTED)
+  set_target_properties(kiln::nccl PROPERTIES
+    IMPORTED_LOCATION "${KILN_NCCL_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${KILN_NCCL_INCLUDE_DIR}")
+  message(STATUS "kiln: NCCL ${KILN_NCCL_LIBRARY}")
+endif()
+
+# ---- GoogleTest (tests only) ---------------------------------------------------------------
+if(KILN_BUILD_TESTS)
+  find_package(GTest QUIET)
+  if(NOT GTest_FOUND)
+    message(FATAL_ERROR
+      "kiln: GoogleTest not found. Install it (Debian: apt-get install libgtest-dev) or set "
+      "GTest_ROOT, or configure with -DKILN_BUILD_TESTS=OFF.")
+  endif()
+endif()

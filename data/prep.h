@@ -1,0 +1,37 @@
+// data/prep.h -- `kiln prep`: text files to llm.c token shards with a byte-level tokenizer.
+//
+// Tokenizer: byte b -> token b (0..255); every document (one input file) is preceded by the
+// end-of-text token 256, as llm.c precedes GPT-2 documents with EOT. Vocabulary: 257 ids, so
+// any model with vocab_size >= 257 (the tiny preset has 512) trains on the output.
+// Output: <out_dir>/val_000000.bin holding the first `val_tokens` tokens (none if 0), then
+// <out_dir>/train_000000.bin, train_000001.bin, ... of at most `shard_tokens` tokens each.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+constexpr int32_t kByteEot = 256;
+constexpr int64_t kByteVocab = 257;
+
+struct PrepConfig {
+  std::vector<std::string> inputs;    // text files, one document each
+  std::string out_dir;                // created if missing
+  int64_t shard_tokens = 100'000'000; // tokens per train shard (llm.c's default shard size)
+  int64_t val_tokens = 0;             // tokens for the validation shard
+};
+
+struct PrepResult {
+  int64_t total_tokens = 0;
+  std::vector<std::string> files;  // every shard written, val first
+};
+
+// Byte-level tokens of one document: EOT then its bytes.
+std::vector<int32_t> tokenize_bytes(const std::string& text);
+
+// Throws ConfigError for bad settings and DataError for unreadable inputs or write failures.
+PrepResult run_prep(const PrepConfig& cfg);
+
+}  // namespace kiln

@@ -1,0 +1,258 @@
+// launch/cli.cpp -- table-driven flag and config-file parsing (cxxopts + nlohmann/json).
+#include "launch/cli.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include <cxxopts.hpp>
+
+#include "runtime/error.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+
+enum class Kind { Int, Float, String, List };
+
+// One `kiln train` setting: its flag name, type, help, and where it lands in TrainConfig.
+struct Flag {
+  std::string name;
+  Kind kind;
+  std::string help;
+  std::function<void(TrainConfig&, const json&)> set;
+};
+
+template <typename T>
+std::function<void(TrainConfig&, const json&)> field(T TrainConfig::*member) {
+  return [member](TrainConfig& c, const json& v) { c.*member = v.get<T>(); };
+}
+template <typename T>
+std::function<void(TrainConfig&, const json&)> model_field(T GPTConfig::*member) {
+  return [member](TrainConfig& c, const json& v) { c.gpt.*member = v.get<T>(); };
+}
+
+const std::vector<Flag>& train_flags() {
+  static const std::vector<Flag> flags = {
+      // --model comes first: the preset is the base the other model flags override.
+      {"model", Kind::String, "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b",
+       [](TrainConfig& c, const json& v) {
+         c.model = v.get<std::string>();
+         c.gpt = GPTConfig::preset(c.model);
+       }},
+      {"n-layer", Kind::Int, "transformer blocks (overrides the preset)", model_field(&GPTConfig::n_layer)},
+      {"n-head", Kind::Int, "attention heads", model_field(&GPTConfig::n_head)},
+      {"n-kv-head", Kind::Int, "key/value heads (GQA; 1 = multi-query; default: n-head)", model_field(&GPTConfig::n_kv_head)},
+      {"d-model", Kind::Int, "model width", model_field(&GPTConfig::d_model)},
+      {"seq-len", Kind::Int, "context length", model_field(&GPTConfig::seq_len)},
+      {"vocab-size", Kind::Int, "vocabulary size (padded to a multiple of 128)", model_field(&GPTConfig::vocab_size)},
+      {"dropout", Kind::Float, "dropout probability", model_field(&GPTConfig::dropout)},
+      {"data", Kind::List, "token shards: paths or quoted globs, comma-separated (default: synthetic corpus)", field(&TrainConfig::data)},
+      {"data-format", Kind::String, "auto | shard (llm.c) | raw (uint16, nanoGPT train.bin)", field(&TrainConfig::data_format)},
+      {"val-data", Kind::List, "evaluation shards (paths or globs)", field(&TrainConfig::val_data)},
+      {"eval-every", Kind::Int, "steps between evaluations (0: after the last step only)", field(&TrainConfig::eval_every)},
+      {"eval-batches", Kind::Int, "micro-batches per evaluation", field(&TrainConfig::eval_batches)},
+      {"synthetic-tokens", Kind::Int, "tokens in the synthetic corpus", field(&TrainConfig::synthetic_tokens)},
+      {"micro-batch", Kind::Int, "sequences per micro-batch per rank", field(&TrainConfig::micro_batch)},
+      {"grad-accum", Kind::Int, "micro-batches per optimizer step per rank", field(&TrainConfig::grad_accum)},
+      {"steps", Kind::Int, "optimizer steps (0: build, log the config record, exit)", field(&TrainConfig::steps)},
+      {"lr", Kind::Float, "peak learning rate", field(&TrainConfig::lr)},
+      {"min-lr", Kind::Float, "final learning rate of the cosine (default: lr/10)", field(&TrainConfig::min_lr)},
+      {"warmup", Kind::Int, "linear warm-up steps", field(&TrainConfig::warmup)},
+      {"weight-decay", Kind::Float, "AdamW decoupled weight decay (matrices only)", field(&TrainConfig::weight_decay)},
+      {"grad-clip", Kind::Float, "max global gradient norm (0: off)", field(&TrainConfig::grad_clip)},
+      {"beta1", Kind::Float, "AdamW beta1", field(&TrainConfig::beta1)},
+      {"beta2", Kind::Float, "AdamW beta2", field(&TrainConfig::beta2)},
+      {"adam-eps", Kind::Float, "AdamW epsilon", field(&TrainConfig::adam_eps)},
+      {"seed", Kind::Int, "seed of weights, data order and dropout", [](TrainConfig& c, const json& v) {
+         if (v.get<int64_t>() < 0) throw ConfigError("--seed must be non-negative");
+         c.seed = v.get<uint64_t>();
+       }},
+      {"device", Kind::String, "auto | cpu | cuda | cuda:N", field(&TrainConfig::device)},
+      {"backend", Kind::String, "auto | nccl | mpi", field(&TrainConfig::backend)},
+      {"tp", Kind::Int, "tensor-parallel size", field(&TrainConfig::tp)},
+      {"pp", Kind::Int, "pipeline-parallel size", field(&TrainConfig::pp)},
+      {"zero", Kind::Int, "ZeRO stage 0-3", field(&TrainConfig::zero)},
+      {"offload", Kind::String, "none | optimizer | all", field(&TrainConfig::offload)},
+      {"precision", Kind::String, "fp32 | bf16 | fp16", field(&TrainConfig::precision)},
+      {"loss-scale", Kind::Float, "fp16 loss scale (0: dynamic)", field(&TrainConfig::loss_scale)},
+      {"loss-scale-window", Kind::Int, "clean steps before the dynamic scale doubles", field(&TrainConfig::loss_scale_window)},
+      {"initial-scale-power", Kind::Int, "initial dynamic scale 2^N", field(&TrainConfig::initial_scale_power)},
+      {"hysteresis", Kind::Int, "overflows tolerated before the scale halves", field(&TrainConfig::hysteresis)},
+      {"min-loss-scale", Kind::Float, "smallest dynamic scale", field(&TrainConfig::min_loss_scale)},
+      {"activation-checkpointing", Kind::String, "none | full | selective", field(&TrainConfig::activation_checkpointing)},
+      {"save-dir", Kind::String, "checkpoint directory", field(&TrainConfig::save_dir)},
+      {"save-every", Kind::Int, "steps between checkpoints", field(&TrainConfig::save_every)},
+      {"resume", Kind::String, "auto | none | PATH", field(&TrainConfig::resume)},
+      {"log-json", Kind::String, "JSONL log file (rank 0)", field(&TrainConfig::log_json)},
+      {"log-every", Kind::Int, "console line every N steps", field(&TrainConfig::log_every)},
+      {"peak-tflops", Kind::Float, "device peak TFLOP/s for MFU (default: from the device table)", field(&TrainConfig::peak_tflops)},
+  };
+  return flags;
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Int: return "an integer";
+    case Kind::Float: return "a number";
+    case Kind::String: return "a string";
+    case Kind::List: return "a list of strings";
+  }
+  return "?";
+}
+
+// A flag's text value as typed JSON; throws ConfigError naming the flag.
+json typed_from_text(const Flag& f, const std::string& text) {
+  try {
+    size_t used = 0;
+    switch (f.kind) {
+      case Kind::Int: {
+        long long v = std::stoll(text, &used);
+        if (used != text.size()) break;
+        return json(static_cast<int64_t>(v));
+      }
+      case Kind::Float: {
+        double v = std::stod(text, &used);
+        if (used != text.size()) break;
+        return json(v);
+      }
+      case Kind::String: return json(text);
+      case Kind::List: {
+        json list = json::array();
+        size_t start = 0;
+        while (start <= text.size()) {
+          size_t comma = text.find(',', start);
+          if (comma == std::string::npos) comma = text.size();
+          if (comma > start) list.push_back(text.substr(start, comma - start));
+          start = comma + 1;
+        }
+        return list;
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  throw ConfigError("--" + f.name + ": '" + text + "' is not " + kind_name(f.kind));
+}
+
+// A config-file value, checked against the flag's type; throws ConfigError naming the key.
+json typed_from_json(const Flag& f, const json& v, const std::string& file) {
+  const bool ok = (f.kind == Kind::Int && v.is_number_integer()) ||
+                  (f.kind == Kind::Float && v.is_number()) || (f.kind == Kind::String && v.is_string()) ||
+                  (f.kind == Kind::List && (v.is_string() || (v.is_array() && std::all_of(v.begin(), v.end(),
+                                                                  [](const json& e) { return e.is_string(); }))));
+  if (!ok) throw ConfigError(file + ": key '" + f.name + "' must be " + kind_name(f.kind) + " (got " + v.dump() + ")");
+  if (f.kind == Kind::Float) return json(v.get<double>());
+  if (f.kind == Kind::List && v.is_string()) return typed_from_text(f, v.get<std::string>());
+  return v;
+}
+
+std::string normalise_key(std::string key) {
+  for (auto& ch : key)
+    if (ch == '_') ch = '-';
+  return key;
+}
+
+json read_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("--config " + path + ": cannot open the file");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw ConfigError("--config " + path + ": malformed JSON: " + e.what());
+  }
+  if (!j.is_object()) throw ConfigError("--config " + path + ": must hold a JSON object of settings");
+  return j;
+}
+
+// cxxopts, with unknown options collected (not thrown) so the message is ours.
+cxxopts::ParseResult parse_or_throw(cxxopts::Options& opts, const std::vector<std::string>& args,
+                                    const std::string& command) {
+  std::vector<const char*> argv{command.c_str()};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  opts.allow_unrecognised_options();
+  try {
+    auto result = opts.parse(static_cast<int>(argv.size()), argv.data());
+    for (const auto& u : result.unmatched()) {
+      if (u.rfind("-", 0) == 0) throw ConfigError("kiln " + command + ": unknown flag '" + u + "' (see kiln " + command + " --help)");
+      throw ConfigError("kiln " + command + ": unexpected argument '" + u + "' (lists are comma-separated; quote globs)");
+    }
+    return result;
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw ConfigError("kiln " + command + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+TrainArgs parse_train_args(const std::vector<std::string>& args) {
+  cxxopts::Options opts("kiln train", "Train a GPT model.");
+  opts.add_options()("h,help", "show this help")("config", "JSON file of settings (keys = flag names)",
+                                                 cxxopts::value<std::string>());
+  for (const auto& f : train_flags()) opts.add_options()(f.name, f.help, cxxopts::value<std::string>());
+  auto result = parse_or_throw(opts, args, "train");
+
+  TrainArgs out;
+  if (result.count("help")) {
+    out.help = true;
+    out.help_text = opts.help();
+    return out;
+  }
+
+  // Gather every setting as typed JSON: config file first, flags over it.
+  std::map<std::string, json> values;
+  std::map<std::string, const Flag*> by_name;
+  for (const auto& f : train_flags()) by_name[f.name] = &f;
+  if (result.count("config")) {
+    const std::string path = result["config"].as<std::string>();
+    for (const auto& [key, v] : read_config_file(path).items()) {
+      auto it = by_name.find(normalise_key(key));
+      if (it == by_name.end()) throw ConfigError("--config " + path + ": unknown key '" + key + "'");
+      values[it->first] = typed_from_json(*it->second, v, "--config " + path);
+    }
+  }
+  for (const auto& f : train_flags())
+    if (result.count(f.name)) values[f.name] = typed_from_text(f, result[f.name].as<std::string>());
+
+  // Apply in table order (--model before the fields it seeds). A preset's n_kv_head follows
+  // --n-head unless --n-kv-head is given.
+  for (const auto& f : train_flags()) {
+    auto it = values.find(f.name);
+    if (it == values.end()) continue;
+    f.set(out.config, it->second);
+    if (f.name == "n-head" && !values.count("n-kv-head")) out.config.gpt.n_kv_head = out.config.gpt.n_head;
+  }
+  out.config.validate();
+  return out;
+}
+
+PrepArgs parse_prep_args(const std::vector<std::string>& args) {
+  cxxopts::Options opts("kiln prep", "Turn text files into llm.c token shards (byte-level tokenizer).");
+  opts.add_options()("h,help", "show this help")("out", "output directory", cxxopts::value<std::string>())(
+      "input", "text files, comma-separated (one document each)", cxxopts::value<std::string>())(
+      "shard-tokens", "tokens per train shard", cxxopts::value<std::string>())(
+      "val-tokens", "tokens in the validation shard (val_000000.bin)", cxxopts::value<std::string>());
+  auto result = parse_or_throw(opts, args, "prep");
+  PrepArgs out;
+  if (result.count("help")) {
+    out.help = true;
+    out.help_text = opts.help();
+    return out;
+  }
+  auto integer = [&](const char* name) {
+    Flag f{name, Kind::Int, "", nullptr};
+    return typed_from_text(f, result[name].as<std::string>()).get<int64_t>();
+  };
+  if (!result.count("out")) throw ConfigError("kiln prep: --out DIR is required");
+  if (!result.count("input")) throw ConfigError("kiln prep: --input FILE[,FILE...] is required");
+  out.config.out_dir = result["out"].as<std::string>();
+  Flag list{"input", Kind::List, "", nullptr};
+  out.config.inputs = typed_from_text(list, result["input"].as<std::string>()).get<std::vector<std::string>>();
+  if (result.count("shard-tokens")) out.config.shard_tokens = integer("shard-tokens");
+  if (result.count("val-tokens")) out.config.val_tokens = integer("val-tokens");
+  return out;
+}
+
+}  // namespace kiln

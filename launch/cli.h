@@ -1,0 +1,36 @@
+// launch/cli.h -- command-line and --config parsing for the kiln subcommands.
+//
+// `kiln train` settings come from, in increasing priority: TrainConfig's defaults, the --model
+// preset, a --config FILE.json (an object whose keys are the flag names, with '-' or '_'), and
+// flags. Every value is checked for its type here and the whole config is validated once
+// (TrainConfig::validate). Unknown flags, unknown config keys, values of the wrong type and
+// malformed files are ConfigErrors with one line naming the culprit.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "data/prep.h"
+#include "runtime/train_config.h"
+
+namespace kiln {
+
+struct TrainArgs {
+  TrainConfig config;
+  bool help = false;  // --help was given: print help_text and exit 0
+  std::string help_text;
+};
+
+// args: the arguments after "train".
+TrainArgs parse_train_args(const std::vector<std::string>& args);
+
+struct PrepArgs {
+  PrepConfig config;
+  bool help = false;
+  std::string help_text;
+};
+
+// args: the arguments after "prep".
+PrepArgs parse_prep_args(const std::vector<std::string>& args);
+
+}  // namespace kiln

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# launch/setup.sh -- install what kiln needs, configure, build, then optionally run.
+#
+#   bash launch/setup.sh            set up and build only
+#   bash launch/setup.sh train ...  set up, build, then `kiln train ...` (the default run)
+#   bash launch/setup.sh test ...   set up, build, then the test suite (`ctest ...`)
+#
+# Idempotent and fast when nothing is missing: each step checks before it acts.
+#   1. Debian packages (Open MPI, cxxopts, nlohmann-json, GoogleTest, ninja, ccache).
+#   2. The pinned torch wheel in a project-local virtual environment (.venv), whose LibTorch
+#      kiln builds against. Set KILN_TORCH_PREFIX to use another LibTorch instead.
+#   3. CMake configure (once) and build into build/ (KILN_BUILD_DIR overrides).
+# Environment: KILN_JOBS (parallel build jobs, default: cores), KILN_CMAKE_ARGS (extra args).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+torch_pin="2.11.0"
+venv="${KILN_VENV:-$root/.venv}"
+build="${KILN_BUILD_DIR:-$root/build}"
+jobs="${KILN_JOBS:-$(nproc)}"
+say() { echo "[setup] $*" >&2; }
+
+# ---- 1. Debian packages --------------------------------------------------------------------
+pkgs=(cmake g++ ninja-build ccache libopenmpi-dev openmpi-bin libcxxopts-dev nlohmann-json3-dev libgtest-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ! python3 -m venv --help >/dev/null 2>&1; then missing+=(python3-venv); fi
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    sudo="sudo"
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# ---- 2. LibTorch from the pinned torch wheel -----------------------------------------------
+if [ -n "${KILN_TORCH_PREFIX:-}" ]; then
+  torch_prefix="$KILN_TORCH_PREFIX"
+else
+  have=$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+  if [ "${have%%+*}" != "$torch_pin" ]; then
+    say "installing torch==$torch_pin into $venv (found: ${have:-none}); this downloads a few GB once"
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_pin"
+  fi
+  torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+fi
+
+# ---- 3. configure and build ----------------------------------------------------------------
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  say "configuring $build"
+  # shellcheck disable=SC2086
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" "${launcher[@]}" ${KILN_CMAKE_ARGS:-} >/dev/null
+fi
+say "building ($jobs jobs)"
+cmake --build "$build" -j "$jobs"
+
+# ---- 4. run --------------------------------------------------------------------------------
+action="${1:-build}"
+[ $# -gt 0 ] && shift
+case "$action" in
+  build) ;;
+  train) exec "$build/kiln" train "$@" ;;
+  test)  cd "$build" && exec ctest --output-on-failure --timeout 900 "$@" ;;
+  *) echo "setup: unknown action '$action' (use: build, train, test)" >&2; exit 2 ;;
+esac

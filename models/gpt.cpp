@@ -1,0 +1,142 @@
+// models/gpt.cpp -- forward pass and initialisation of the GPT-2 model.
+#include "models/gpt.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "runtime/error.h"
+
+namespace kiln {
+
+LinearImpl::LinearImpl(int64_t in, int64_t out, const at::TensorOptions& opts) {
+  weight = register_parameter("weight", at::empty({out, in}, opts));
+  bias = register_parameter("bias", at::empty({out}, opts));
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+
+LayerNormImpl::LayerNormImpl(int64_t d, double eps_, const at::TensorOptions& opts) : eps(eps_) {
+  weight = register_parameter("weight", at::empty({d}, opts));
+  bias = register_parameter("bias", at::empty({d}, opts));
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) const {
+  return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+}
+
+AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts)
+    : n_head_(cfg.n_head), n_kv_head_(cfg.n_kv_head), head_dim_(cfg.head_dim()), dropout_(cfg.dropout) {
+  const int64_t d = cfg.d_model;
+  c_attn = register_module("c_attn", std::make_shared<LinearImpl>(d, d + 2 * n_kv_head_ * head_dim_, opts));
+  c_proj = register_module("c_proj", std::make_shared<LinearImpl>(d, d, opts));
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t q_width = n_head_ * head_dim_, kv_width = n_kv_head_ * head_dim_;
+  auto qkv = c_attn->forward(x);  // [B, T, (H + 2 KV) h]
+  auto parts = qkv.split_with_sizes({q_width, kv_width, kv_width}, -1);
+  // [B, T, heads, h] -> [B, heads, T, h], the layout SDPA expects.
+  auto q = parts[0].view({B, T, n_head_, head_dim_}).transpose(1, 2);
+  auto k = parts[1].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
+  auto v = parts[2].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? dropout_ : 0.0,
+                                            /*is_causal=*/true, /*scale=*/std::nullopt,
+                                            /*enable_gqa=*/n_kv_head_ != n_head_);
+  y = y.transpose(1, 2).reshape({B, T, q_width});
+  return c_proj->forward(y);
+}
+
+MLPImpl::MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts) {
+  c_fc = register_module("c_fc", std::make_shared<LinearImpl>(cfg.d_model, cfg.mlp_hidden(), opts));
+  c_proj = register_module("c_proj", std::make_shared<LinearImpl>(cfg.mlp_hidden(), cfg.d_model, opts));
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  return c_proj->forward(at::gelu(c_fc->forward(x), "tanh"));
+}
+
+BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts) : dropout_(cfg.dropout) {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts));
+  attn = register_module("attn", std::make_shared<AttentionImpl>(cfg, opts));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts));
+  mlp = register_module("mlp", std::make_shared<MLPImpl>(cfg, opts));
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  const bool drop = is_training() && dropout_ > 0.0;
+  auto a = attn->forward(ln_1->forward(x));
+  auto y = x + (drop ? at::dropout(a, dropout_, true) : a);
+  auto m = mlp->forward(ln_2->forward(y));
+  return y + (drop ? at::dropout(m, dropout_, true) : m);
+}
+
+GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts) : cfg_(cfg) {
+  cfg_.validate();
+  const auto o = opts.dtype(at::kFloat);
+  wte = register_parameter("wte", at::empty({cfg_.padded_vocab_size(), cfg_.d_model}, o));
+  wpe = register_parameter("wpe", at::empty({cfg_.seq_len, cfg_.d_model}, o));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg_.n_layer; ++i) h->push_back(std::make_shared<BlockImpl>(cfg_, o));
+  ln_f = register_module("ln_f", std::make_shared<LayerNormImpl>(cfg_.d_model, cfg_.layer_norm_eps, o));
+}
+
+void GPT::init_weights(uint64_t seed) {
+  if (wte.device().is_meta()) return;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
+  at::NoGradGuard no_grad;
+  // Parameters in registration order, so the draws are the same on every run and device.
+  for (auto& item : named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    at::Tensor cpu = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat));
+    auto ends_with = [&](const std::string& s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    const bool is_norm = name.find("ln_") != std::string::npos;
+    if (name == "wpe") {
+      cpu.normal_(0.0, 0.01, gen);
+    } else if (is_norm) {
+      cpu.fill_(ends_with("weight") ? 1.0 : 0.0);
+    } else if (ends_with("bias")) {
+      cpu.zero_();
+    } else if (ends_with("c_proj.weight")) {
+      cpu.normal_(0.0, std_resid, gen);
+    } else {
+      cpu.normal_(0.0, 0.02, gen);
+    }
+    p.copy_(cpu);
+  }
+}
+
+at::Tensor GPT::hidden(const at::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  if (T > cfg_.seq_len) {
+    throw ConfigError("sequence of " + std::to_string(T) + " tokens is longer than the model's context (" +
+                      std::to_string(cfg_.seq_len) + ")");
+  }
+  auto x = at::embedding(wte, idx) + wpe.narrow(0, 0, T);
+  if (is_training() && cfg_.dropout > 0.0) x = at::dropout(x, cfg_.dropout, true);
+  for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);
+  return ln_f->forward(x);
+}
+
+at::Tensor GPT::logits(const at::Tensor& idx) { return at::linear(hidden(idx), wte); }
+
+at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
+  auto lg = logits(idx);
+  const int64_t V = cfg_.vocab_size;
+  if (lg.size(-1) != V) lg = lg.narrow(-1, 0, V);
+  return at::cross_entropy_loss(lg.reshape({-1, V}), targets.reshape({-1}));
+}
+
+int64_t GPT::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace kiln

@@ -1,0 +1,106 @@
+// models/gpt.h -- the GPT-2 model as a LibTorch module.
+//
+// Shapes (B batch, T sequence, d = d_model, H heads, KV kv-heads, h = d/H, V' padded vocab):
+//   x   = wte[idx] + wpe[0..T)                                   [B, T, d]
+//   per block:  x = x + drop(c_proj(attn(ln_1(x))))              attention, causal
+//               x = x + drop(mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x)))))
+//   logits = ln_f(x) @ wte^T                                     [B, T, V'] (tied output layer)
+//   loss = mean cross-entropy over the first vocab_size logits (padding never enters the loss)
+// Attention: c_attn produces q [B,T,H,h], k and v [B,T,KV,h]; scaled_dot_product_attention
+// (flash / cuDNN / memory-efficient kernels on GPU) with is_causal and enable_gqa.
+//
+// Parameter names follow Hugging Face GPT2LMHeadModel's "transformer.*" names (wte, wpe,
+// h.N.ln_1, h.N.attn.c_attn, ...); Linear weights are stored [out, in] as torch.nn.Linear
+// does (HF's Conv1D stores the transpose; the checkpoint writer transposes).
+//
+// The model holds no parallelism code: data parallelism, sharding and checkpointing are
+// applied from outside (parallel/), as torchtitan does.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include "models/gpt_config.h"
+
+namespace kiln {
+
+// y = x W^T + b, W [out, in].
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in, int64_t out, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+};
+
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(int64_t d, double eps, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+  double eps;
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& x);  // [B, T, d] -> [B, T, d]
+  std::shared_ptr<LinearImpl> c_attn, c_proj;
+
+ private:
+  int64_t n_head_, n_kv_head_, head_dim_;
+  double dropout_;
+};
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& x);  // c_proj(gelu_tanh(c_fc(x)))
+  std::shared_ptr<LinearImpl> c_fc, c_proj;
+};
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& x);
+  std::shared_ptr<LayerNormImpl> ln_1, ln_2;
+  std::shared_ptr<AttentionImpl> attn;
+  std::shared_ptr<MLPImpl> mlp;
+
+ private:
+  double dropout_;
+};
+
+class GPT : public torch::nn::Module {
+ public:
+  // Allocates (uninitialised) parameters with `opts` (dtype float32; device cpu, cuda, or meta
+  // for shape-only models). Call init_weights() before training.
+  GPT(const GPTConfig& cfg, const at::TensorOptions& opts = at::TensorOptions());
+
+  // GPT-2 initialisation, drawn on the CPU from a generator seeded with `seed`, so the weights
+  // are the same whatever the device: N(0, 0.02) for matrices and token embeddings, N(0, 0.01)
+  // for positions, N(0, 0.02/sqrt(2L)) for the residual projections (attn.c_proj, mlp.c_proj),
+  // zero biases, unit LayerNorm scales. No-op on the meta device.
+  void init_weights(uint64_t seed);
+
+  // Residual stream after ln_f: [B, T] token ids -> [B, T, d].
+  at::Tensor hidden(const at::Tensor& idx);
+  // Logits over the padded vocabulary: [B, T] -> [B, T, V'].
+  at::Tensor logits(const at::Tensor& idx);
+  // Mean next-token cross-entropy: idx and targets [B, T] int64 -> scalar.
+  at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
+
+  const GPTConfig& config() const { return cfg_; }
+  int64_t num_params() const;  // counts the module's parameters (the tied wte once)
+
+  at::Tensor wte, wpe;  // [V', d], [T, d]
+  torch::nn::ModuleList h;
+  std::shared_ptr<LayerNormImpl> ln_f;
+
+ private:
+  GPTConfig cfg_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,70 @@
+// models/gpt_config.cpp -- presets, validation and parameter count of GPTConfig.
+#include "models/gpt_config.h"
+
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace kiln {
+
+namespace {
+GPTConfig gpt2(int64_t layers, int64_t heads, int64_t width) {
+  GPTConfig c;
+  c.n_layer = layers;
+  c.n_head = heads;
+  c.n_kv_head = heads;
+  c.d_model = width;
+  c.seq_len = 1024;
+  c.vocab_size = 50257;  // padded to 50304
+  return c;
+}
+}  // namespace
+
+std::vector<std::string> GPTConfig::preset_names() {
+  return {"tiny", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b"};
+}
+
+GPTConfig GPTConfig::preset(const std::string& name) {
+  if (name == "tiny") return GPTConfig{};  // 4 x 128, T 128, byte-level vocabulary of 512
+  if (name == "gpt2-124m") return gpt2(12, 12, 768);
+  if (name == "gpt2-350m") return gpt2(24, 16, 1024);
+  if (name == "gpt2-774m") return gpt2(36, 20, 1280);
+  if (name == "gpt2-1.5b") return gpt2(48, 25, 1600);
+  std::string names;
+  for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+  throw ConfigError("unknown model '" + name + "' (presets: " + names + ")");
+}
+
+void GPTConfig::validate() const {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) throw ConfigError(std::string("--") + name + " must be positive (got " + std::to_string(v) + ")");
+  };
+  positive("n-layer", n_layer);
+  positive("n-head", n_head);
+  positive("n-kv-head", n_kv_head);
+  positive("d-model", d_model);
+  positive("seq-len", seq_len);
+  positive("vocab-size", vocab_size);
+  if (d_model % n_head != 0) {
+    std::ostringstream m;
+    m << "--n-head " << n_head << " does not divide --d-model " << d_model;
+    throw ConfigError(m.str());
+  }
+  if (n_head % n_kv_head != 0) {
+    std::ostringstream m;
+    m << "--n-kv-head " << n_kv_head << " does not divide --n-head " << n_head;
+    throw ConfigError(m.str());
+  }
+  if (!(dropout >= 0.0 && dropout < 1.0)) {
+    throw ConfigError("--dropout must be in [0, 1) (got " + std::to_string(dropout) + ")");
+  }
+}
+
+int64_t GPTConfig::num_params() const {
+  const int64_t d = d_model, F = mlp_hidden(), kv = n_kv_head * head_dim();
+  const int64_t qkv = d + 2 * kv;
+  const int64_t block = 2 * d + (d * qkv + qkv) + (d * d + d) + 2 * d + (d * F + F) + (F * d + d);
+  return padded_vocab_size() * d + seq_len * d + n_layer * block + 2 * d;
+}
+
+}  // namespace kiln

@@ -1,0 +1,47 @@
+// optim/adamw.cpp -- AdamW on LibTorch's fused multi-tensor kernel.
+#include "optim/adamw.h"
+
+#include <ATen/ATen.h>
+
+namespace kiln {
+
+AdamW::AdamW(const std::vector<at::Tensor>& params, const AdamWConfig& cfg) : cfg_(cfg) {
+  Group decay, no_decay;
+  decay.weight_decay = cfg.weight_decay;
+  no_decay.weight_decay = 0.0;
+  for (const auto& p : params) {
+    Group& g = p.dim() >= 2 ? decay : no_decay;
+    g.params.push_back(p);
+    g.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    g.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    // The fused kernel reads the step count from a float tensor on the parameter's device.
+    g.step.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
+  }
+  groups_.push_back(std::move(decay));
+  groups_.push_back(std::move(no_decay));
+}
+
+void AdamW::step_group(Group& g, double lr) {
+  std::vector<at::Tensor> params, grads, m, v, steps;
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const auto& grad = g.params[i].grad();
+    if (!grad.defined()) continue;
+    params.push_back(g.params[i]);
+    grads.push_back(grad);
+    m.push_back(g.exp_avg[i]);
+    v.push_back(g.exp_avg_sq[i]);
+    steps.push_back(g.step[i]);
+  }
+  if (params.empty()) return;
+  at::NoGradGuard no_grad;
+  at::_foreach_add_(steps, 1.0);  // the fused kernel expects t already advanced
+  at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, cfg_.beta1, cfg_.beta2,
+                    g.weight_decay, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
+}
+
+void AdamW::step(double lr) {
+  for (auto& g : groups_) step_group(g, lr);
+  ++steps_;
+}
+
+}  // namespace kiln

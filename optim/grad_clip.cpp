@@ -1,0 +1,36 @@
+// optim/grad_clip.cpp -- global gradient norm with LibTorch's multi-tensor kernels.
+#include "optim/grad_clip.h"
+
+#include <ATen/ATen.h>
+
+namespace kiln {
+
+namespace {
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+}  // namespace
+
+at::Tensor grad_norm(const std::vector<at::Tensor>& params) {
+  auto grads = grads_of(params);
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  auto norms = at::_foreach_norm(grads, 2);
+  return at::stack(norms).to(at::kFloat).norm(2);
+}
+
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  auto total = grad_norm(params);
+  if (max_norm > 0.0) {
+    auto grads = grads_of(params);
+    if (!grads.empty()) {
+      auto coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+      at::_foreach_mul_(grads, coef);
+    }
+  }
+  return total;
+}
+
+}  // namespace kiln

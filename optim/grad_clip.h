@@ -1,0 +1,21 @@
+// optim/grad_clip.h -- global gradient-norm clipping.
+//
+//   n = sqrt(sum_p ||g_p||^2)          c = min(1, max_norm / (n + 1e-6))          g_p *= c
+// Everything stays on the device (no host synchronisation): the norm is returned as a 0-dim
+// fp32 tensor, read by the caller once per step together with the loss.
+#pragma once
+
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace kiln {
+
+// Global L2 norm of the gradients of `params` (parameters without a gradient are left out).
+at::Tensor grad_norm(const std::vector<at::Tensor>& params);
+
+// Scales the gradients so their global norm is at most max_norm (no clipping if max_norm <= 0)
+// and returns the norm before clipping.
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+}  // namespace kiln

@@ -1,0 +1,68 @@
+// runtime/device.cpp -- device choice, name, peak memory and synchronisation.
+#include "runtime/device.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <torch/cuda.h>
+#if defined(KILN_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include "runtime/error.h"
+
+namespace kiln {
+
+DeviceInfo select_device(const std::string& choice, int local_rank) {
+  DeviceInfo info;
+  const bool have_gpu = torch::cuda::is_available();
+  if (choice == "cpu" || (choice == "auto" && !have_gpu)) {
+    info.device = c10::Device(c10::kCPU);
+    info.name = "cpu";
+    return info;
+  }
+  if (choice != "auto" && choice.rfind("cuda", 0) != 0) {
+    throw ConfigError("--device must be auto, cpu, cuda or cuda:N (got '" + choice + "')");
+  }
+  if (!have_gpu) throw ConfigError("--device " + choice + ": no CUDA GPU is visible to LibTorch");
+  int index = local_rank % static_cast<int>(torch::cuda::device_count());
+  if (choice.size() > 5 && choice[4] == ':') index = std::stoi(choice.substr(5));
+  info.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+#if defined(KILN_WITH_CUDA)
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) info.name = prop.name;
+  cudaSetDevice(index);
+#endif
+  if (info.name.empty()) info.name = "cuda";
+  return info;
+}
+
+double peak_memory_bytes(const c10::Device& device) {
+#if defined(KILN_WITH_CUDA)
+  if (device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+  }
+#endif
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream in(line.substr(6));
+      double kb = 0;
+      in >> kb;
+      return kb * 1024.0;
+    }
+  }
+  return 0.0;
+}
+
+void synchronize(const c10::Device& device) {
+#if defined(KILN_WITH_CUDA)
+  if (device.is_cuda()) cudaDeviceSynchronize();
+#endif
+}
+
+}  // namespace kiln

@@ -1,0 +1,33 @@
+// runtime/metrics.h -- model FLOPs, MFU and the device peak table.
+//
+// FLOPs per token (PaLM appendix B; nanoGPT, torchtitan and Megatron up to r0.x count alike):
+//   F = 6 N + 12 L d T
+// N: parameters less the position embedding (the tied output layer counted once), L layers,
+// d model width, T sequence length. 6N is forward (2N) plus backward (4N) of every matrix
+// multiply; 12 L d T is attention's QK^T and AV over the full T x T square, forward and
+// backward. Causal attention only needs half of that square (Megatron since 2025 counts 6LdT);
+// kiln keeps the full-square convention so its MFU compares with nanoGPT, torchtitan and PaLM.
+// For gpt2-124m at T = 1024: N = 123,689,472, F = 855.4 MFLOP per token.
+//
+//   MFU = tokens_per_s * F / peak
+// peak is the device's dense BF16 tensor-core rate from the table below; an unknown device
+// gets no MFU unless --peak-tflops is given. Recomputation (activation checkpointing) is
+// never counted in F.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "models/gpt_config.h"
+
+namespace kiln {
+
+// F above, in FLOPs per trained token.
+double flops_per_token(const GPTConfig& cfg);
+
+// Dense BF16 peak in TFLOP/s for a device name (cudaDeviceProp::name): H100 SXM 989, H100 NVL
+// 835, H100 PCIe 756, H200 989, A100 312, ... nullopt when the device is not in the table.
+std::optional<double> peak_tflops_for(const std::string& device_name);
+
+}  // namespace kiln

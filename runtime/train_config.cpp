@@ -1,0 +1,117 @@
+// runtime/train_config.cpp -- validation and JSON form of TrainConfig.
+#include "runtime/train_config.h"
+
+#include <set>
+
+#include "runtime/error.h"
+
+namespace kiln {
+
+namespace {
+void one_of(const char* flag, const std::string& v, const std::set<std::string>& allowed) {
+  if (allowed.count(v)) return;
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  throw ConfigError(std::string("--") + flag + " must be one of " + list + " (got '" + v + "')");
+}
+void at_least(const char* flag, double v, double lo) {
+  if (!(v >= lo)) {
+    throw ConfigError(std::string("--") + flag + " must be at least " + nlohmann::json(lo).dump() +
+                      " (got " + nlohmann::json(v).dump() + ")");
+  }
+}
+// A flag of the contract whose capability has not landed yet: refused, never ignored.
+void not_yet(bool used, const std::string& what, const char* capability) {
+  if (used) throw ConfigError(what + " is not supported yet (" + capability + " is not implemented in this build)");
+}
+}  // namespace
+
+void TrainConfig::validate() const {
+  gpt.validate();
+  one_of("data-format", data_format, {"auto", "shard", "raw"});
+  at_least("micro-batch", static_cast<double>(micro_batch), 1);
+  at_least("grad-accum", static_cast<double>(grad_accum), 1);
+  at_least("steps", static_cast<double>(steps), 0);
+  at_least("eval-every", static_cast<double>(eval_every), 0);
+  at_least("eval-batches", static_cast<double>(eval_batches), 1);
+  at_least("synthetic-tokens", static_cast<double>(synthetic_tokens), static_cast<double>(gpt.seq_len + 1));
+  at_least("lr", lr, 0);
+  at_least("warmup", static_cast<double>(warmup), 0);
+  at_least("weight-decay", weight_decay, 0);
+  at_least("grad-clip", grad_clip, 0);
+  at_least("log-every", static_cast<double>(log_every), 1);
+  at_least("peak-tflops", peak_tflops, 0);
+  if (!(beta1 >= 0 && beta1 < 1)) throw ConfigError("--beta1 must be in [0, 1)");
+  if (!(beta2 >= 0 && beta2 < 1)) throw ConfigError("--beta2 must be in [0, 1)");
+  at_least("adam-eps", adam_eps, 0);
+  one_of("backend", backend, {"auto", "nccl", "mpi"});
+  one_of("offload", offload, {"none", "optimizer", "all"});
+  one_of("precision", precision, {"fp32", "bf16", "fp16"});
+  one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
+  at_least("tp", static_cast<double>(tp), 1);
+  at_least("pp", static_cast<double>(pp), 1);
+  if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
+
+  not_yet(tp != 1, "--tp " + std::to_string(tp), "tensor parallelism");
+  not_yet(pp != 1, "--pp " + std::to_string(pp), "pipeline parallelism");
+  not_yet(zero != 0, "--zero " + std::to_string(zero), "ZeRO sharding");
+  not_yet(offload != "none", "--offload " + offload, "CPU offload");
+  not_yet(precision != "fp32", "--precision " + precision, "mixed precision");
+  not_yet(activation_checkpointing != "none", "--activation-checkpointing " + activation_checkpointing,
+          "activation checkpointing");
+  not_yet(!save_dir.empty(), "--save-dir", "checkpointing");
+  not_yet(resume != "auto" && resume != "none", "--resume " + resume, "checkpointing");
+}
+
+nlohmann::json TrainConfig::to_json() const {
+  nlohmann::json j;
+  j["model"] = model;
+  j["n_layer"] = gpt.n_layer;
+  j["n_head"] = gpt.n_head;
+  j["n_kv_head"] = gpt.n_kv_head;
+  j["d_model"] = gpt.d_model;
+  j["seq_len"] = gpt.seq_len;
+  j["vocab_size"] = gpt.vocab_size;
+  j["padded_vocab_size"] = gpt.padded_vocab_size();
+  j["dropout"] = gpt.dropout;
+  j["data"] = data;
+  j["data_format"] = data_format;
+  j["val_data"] = val_data;
+  j["eval_every"] = eval_every;
+  j["eval_batches"] = eval_batches;
+  j["synthetic_tokens"] = synthetic_tokens;
+  j["micro_batch"] = micro_batch;
+  j["grad_accum"] = grad_accum;
+  j["steps"] = steps;
+  j["lr"] = lr;
+  j["min_lr"] = resolved_min_lr();
+  j["warmup"] = warmup;
+  j["weight_decay"] = weight_decay;
+  j["grad_clip"] = grad_clip;
+  j["beta1"] = beta1;
+  j["beta2"] = beta2;
+  j["adam_eps"] = adam_eps;
+  j["seed"] = seed;
+  j["device"] = device;
+  j["backend"] = backend;
+  j["tp"] = tp;
+  j["pp"] = pp;
+  j["zero"] = zero;
+  j["offload"] = offload;
+  j["precision"] = precision;
+  j["loss_scale"] = loss_scale;
+  j["loss_scale_window"] = loss_scale_window;
+  j["initial_scale_power"] = initial_scale_power;
+  j["hysteresis"] = hysteresis;
+  j["min_loss_scale"] = min_loss_scale;
+  j["activation_checkpointing"] = activation_checkpointing;
+  j["save_dir"] = save_dir;
+  j["save_every"] = save_every;
+  j["resume"] = resume;
+  j["log_json"] = log_json;
+  j["log_every"] = log_every;
+  j["peak_tflops"] = peak_tflops;
+  return j;
+}
+
+}  // namespace kiln

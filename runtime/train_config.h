@@ -1,0 +1,72 @@
+// runtime/train_config.h -- everything a `kiln train` run is configured by, validated once.
+//
+// Filled by launch/cli.cpp from defaults, then the --model preset, then a --config JSON file,
+// then flags (each later source overrides). validate() checks the whole once; the trainer
+// trusts it afterwards. Field names are the flag names with '-' written '_'.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/gpt_config.h"
+
+namespace kiln {
+
+struct TrainConfig {
+  // ---- model
+  std::string model = "tiny";  // preset name; --n-layer ... override its fields
+  GPTConfig gpt = GPTConfig::preset("tiny");
+
+  // ---- data
+  std::vector<std::string> data;       // shard paths / globs; empty = built-in synthetic corpus
+  std::string data_format = "auto";    // auto | shard | raw (raw = nanoGPT uint16 .bin)
+  std::vector<std::string> val_data;   // evaluation shards; empty = no evaluation
+  int64_t eval_every = 0;              // steps between evaluations; 0 = only after the last step
+  int64_t eval_batches = 8;            // micro-batches per evaluation
+  int64_t synthetic_tokens = 1 << 22;  // size of the synthetic corpus, tokens
+
+  // ---- batch and schedule
+  int64_t micro_batch = 8;  // sequences per micro-batch per rank
+  int64_t grad_accum = 1;   // micro-batches per optimizer step per rank
+  int64_t steps = 300;      // optimizer steps, counted from the start of training
+  double lr = 1e-3;         // peak learning rate
+  double min_lr = -1.0;     // cosine floor; negative = lr / 10
+  int64_t warmup = 20;      // linear warm-up steps
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;   // max global gradient norm; 0 = no clipping
+  double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
+  uint64_t seed = 1337;     // weights, data order and dropout all derive from it
+
+  // ---- where and how
+  std::string device = "auto";   // auto | cpu | cuda | cuda:N
+  std::string backend = "auto";  // auto | nccl | mpi
+  int64_t tp = 1, pp = 1;        // tensor / pipeline parallel sizes; dp = world / (tp pp)
+  int64_t zero = 0;              // ZeRO stage 0..3
+  std::string offload = "none";  // none | optimizer | all
+  std::string precision = "fp32";             // fp32 | bf16 | fp16
+  double loss_scale = 0.0;                    // fp16: 0 = dynamic, else static
+  int64_t loss_scale_window = 1000;           // clean steps before the scale doubles
+  int64_t initial_scale_power = 16;           // initial dynamic scale 2^N
+  int64_t hysteresis = 2;                     // overflows tolerated before the scale halves
+  double min_loss_scale = 1.0;                // smallest dynamic scale
+  std::string activation_checkpointing = "none";  // none | full | selective
+
+  // ---- checkpoints and logs
+  std::string save_dir;        // empty = no checkpoints
+  int64_t save_every = 0;      // steps between checkpoints; 0 = only at the end
+  std::string resume = "auto"; // auto | none | PATH
+  std::string log_json;        // JSONL log path; empty = none
+  int64_t log_every = 1;       // console line every N steps
+  double peak_tflops = 0.0;    // device peak for MFU; 0 = from the device table
+
+  double resolved_min_lr() const { return min_lr < 0.0 ? lr / 10.0 : min_lr; }
+
+  // Throws ConfigError with one line naming the first setting that cannot be used.
+  void validate() const;
+  nlohmann::json to_json() const;
+};
+
+}  // namespace kiln
