@@ -35,6 +35,10 @@ target_include_directories(kiln_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 # TORCH_CXX_FLAGS carries the C++ ABI define the library was built with.
 separate_arguments(_kiln_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 target_compile_options(kiln_torch INTERFACE ${_kiln_torch_flags})
+# The wheel's libtorch exports std::filesystem symbols built against a newer libstdc++; if it is
+# searched before the system libstdc++, std::filesystem::remove_all jumps through a null
+# pointer. Putting libstdc++ first among the needed libraries makes the system's copy win.
+target_link_options(kiln_torch INTERFACE "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
 add_library(kiln::torch ALIAS kiln_torch)
 
 set(KILN_HAVE_CUDA OFF)

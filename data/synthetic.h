@@ -3,8 +3,9 @@
 // A token stream with learnable structure: over an alphabet of A = min(vocab_size, 256) tokens,
 // each token a has a fixed successor succ(a) (a random table). The next token is succ(previous)
 // with probability 0.9 and a uniformly random alphabet token otherwise. A model that learns the
-// table reaches about H = -0.9 ln(0.9 + 0.1/A) - 0.1 (1 - 1/A) ln(0.1/A) nats per token
-// (~0.9 for A = 256), far below the ln(vocab) of an untrained model, so the loss visibly falls.
+// table reaches the entropy rate H = -p ln p - (A - 1) q ln q nats per token, q = 0.1/A,
+// p = 0.9 + q (~0.88 for A = 256), far below the ln(vocab) of an untrained model, so the loss
+// visibly falls.
 // The stream depends only on `corpus_seed`, not on the training seed.
 #pragma once
 

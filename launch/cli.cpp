@@ -176,7 +176,7 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& opts, const std::vector<st
   try {
     auto result = opts.parse(static_cast<int>(argv.size()), argv.data());
     for (const auto& u : result.unmatched()) {
-      if (u.rfind("-", 0) == 0) throw ConfigError("kiln " + command + ": unknown flag '" + u + "' (see kiln " + command + " --help)");
+      if (u.rfind("-", 0) == 0) throw ConfigError("unknown flag '" + u + "' (see kiln " + command + " --help)");
       throw ConfigError("kiln " + command + ": unexpected argument '" + u + "' (lists are comma-separated; quote globs)");
     }
     return result;
@@ -207,7 +207,8 @@ TrainArgs parse_train_args(const std::vector<std::string>& args) {
   for (const auto& f : train_flags()) by_name[f.name] = &f;
   if (result.count("config")) {
     const std::string path = result["config"].as<std::string>();
-    for (const auto& [key, v] : read_config_file(path).items()) {
+    const json file = read_config_file(path);
+    for (const auto& [key, v] : file.items()) {
       auto it = by_name.find(normalise_key(key));
       if (it == by_name.end()) throw ConfigError("--config " + path + ": unknown key '" + key + "'");
       values[it->first] = typed_from_json(*it->second, v, "--config " + path);

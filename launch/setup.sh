@@ -48,7 +48,7 @@ else
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_pin"
   fi
-  torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 fi
 
 # ---- 3. configure and build ----------------------------------------------------------------
@@ -69,6 +69,10 @@ action="${1:-build}"
 case "$action" in
   build) ;;
   train) exec "$build/kiln" train "$@" ;;
-  test)  cd "$build" && exec ctest --output-on-failure --timeout 900 "$@" ;;
+  test)
+    if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+      say "no CUDA GPU on this machine: tests labelled 'gpu' will be skipped (reported as Skipped below)"
+    fi
+    cd "$build" && exec ctest --output-on-failure --timeout 900 -j "$jobs" "$@" ;;
   *) echo "setup: unknown action '$action' (use: build, train, test)" >&2; exit 2 ;;
 esac

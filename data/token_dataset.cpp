@@ -1,0 +1,121 @@
+// data/token_dataset.cpp -- TokenDataset: token sources cut into seq_len + 1 token samples.
+#include "data/token_dataset.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "runtime/error.h"
+
+namespace kiln {
+
+namespace {
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> pieces;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = s.find(',', start);
+    pieces.push_back(s.substr(start, comma == std::string::npos ? std::string::npos
+                                                                 : comma - start));
+    if (comma == std::string::npos) return pieces;
+    start = comma + 1;
+  }
+}
+
+// Sorted here rather than relying on glob's own collation, which follows the locale.
+std::vector<std::string> expand_glob(const std::string& pattern) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> paths;
+  if (rc == 0) paths.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+  ::globfree(&g);
+  if (rc == GLOB_NOMATCH) throw DataError("--data: no file matches '" + pattern + "'");
+  if (rc != 0)
+    throw DataError("--data: cannot expand '" + pattern + "' (read error or out of memory)");
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+// Source names for a message, shortened when a glob matched many files.
+std::string describe(const std::vector<std::shared_ptr<const TokenSource>>& sources) {
+  constexpr size_t kShown = 3;
+  std::string s;
+  for (size_t k = 0; k < sources.size() && k < kShown; ++k)
+    s += (k ? ", " : "") + sources[k]->name();
+  if (sources.size() > kShown) s += " and " + std::to_string(sources.size() - kShown) + " more";
+  return s.empty() ? std::string("(no data source)") : s;
+}
+
+}  // namespace
+
+TokenDataset::TokenDataset(std::vector<std::shared_ptr<const TokenSource>> sources,
+                           int64_t seq_len, int64_t vocab_size)
+    : sources_(std::move(sources)), seq_len_(seq_len), vocab_size_(vocab_size) {
+  if (seq_len_ <= 0) throw ConfigError("seq-len must be positive, got " + std::to_string(seq_len_));
+  if (vocab_size_ <= 0)
+    throw ConfigError("vocab-size must be positive, got " + std::to_string(vocab_size_));
+  for (const auto& src : sources_)
+    if (!src) throw std::invalid_argument("TokenDataset: null token source");
+  first_sample_.reserve(sources_.size() + 1);
+  for (const auto& src : sources_) {
+    first_sample_.push_back(total_samples_);
+    const int64_t n = src->size();
+    total_samples_ += n > 0 ? (n - 1) / seq_len_ : 0;
+  }
+  first_sample_.push_back(total_samples_);
+  if (total_samples_ == 0)
+    throw DataError(describe(sources_) + ": fewer than seq_len+1 = " +
+                    std::to_string(seq_len_ + 1) + " tokens, no training sample");
+}
+
+TokenDataset TokenDataset::from_paths(const std::vector<std::string>& patterns,
+                                      TokenFormat format, int64_t seq_len, int64_t vocab_size) {
+  std::vector<std::shared_ptr<const TokenSource>> sources;
+  for (const auto& pattern : patterns) {
+    for (const auto& piece : split_commas(pattern)) {
+      if (piece.empty()) continue;  // tolerate "a,b," and ",," from shell-built lists
+      for (const auto& path : expand_glob(piece))
+        sources.push_back(std::make_shared<const TokenFile>(path, format));
+    }
+  }
+  if (sources.empty()) throw DataError("--data: no data file given");
+  return TokenDataset(std::move(sources), seq_len, vocab_size);
+}
+
+int64_t TokenDataset::num_tokens() const {
+  int64_t total = 0;
+  for (const auto& src : sources_) total += src->size();
+  return total;
+}
+
+void TokenDataset::sample(int64_t i, int64_t* x, int64_t* y) const {
+  if (i < 0 || i >= total_samples_)
+    throw std::out_of_range("TokenDataset::sample: index " + std::to_string(i) +
+                            " outside [0, " + std::to_string(total_samples_) + ")");
+  // The last source whose first sample is <= i; empty sources share their successor's start,
+  // and upper_bound steps past them.
+  const auto it = std::upper_bound(first_sample_.begin(), first_sample_.end(), i);
+  const size_t k = static_cast<size_t>(it - first_sample_.begin()) - 1;
+  const TokenSource& src = *sources_[k];
+  const int64_t T = seq_len_;
+  const int64_t offset = (i - first_sample_[k]) * T;
+
+  // Read the T + 1 tokens straight into x and y without a scratch buffer: x holds tokens
+  // [0, T), y is x shifted by one plus token T.
+  src.read(offset, T, x);
+  std::copy(x + 1, x + T, y);
+  src.read(offset + T, 1, y + T - 1);
+
+  auto check = [&](int64_t v, int64_t pos) {
+    if (v < 0 || v >= vocab_size_)
+      throw DataError(src.name() + ": token " + std::to_string(v) + " at position " +
+                      std::to_string(pos) + " is outside the vocabulary (vocab-size " +
+                      std::to_string(vocab_size_) + ")");
+  };
+  for (int64_t t = 0; t < T; ++t) check(x[t], offset + t);
+  check(y[T - 1], offset + T);
+}
+
+}  // namespace kiln

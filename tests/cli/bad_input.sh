@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# tests/cli/bad_input.sh -- every bad input ends with one line on stderr naming the problem
+# and a non-zero exit code that is kiln's own (2 config, 3 data), never a crash or a hang.
+source "$(dirname "$0")/common.sh"
+
+# Shards made by hand: llm.c header (256 int32: magic, version, count) + uint16 tokens.
+python3 - "$work" <<'PY'
+import struct, sys
+d = sys.argv[1]
+def shard(name, magic=20240520, version=1, count=None, tokens=range(1000)):
+    tokens = list(tokens)
+    head = [magic, version, len(tokens) if count is None else count] + [0] * 253
+    with open(f"{d}/{name}", "wb") as f:
+        f.write(struct.pack("<256i", *head))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+shard("badmagic.bin", magic=12345)
+shard("badversion.bin", version=7)
+shard("badsize.bin", count=5000)
+shard("oov.bin", tokens=[600 if i % 10 == 0 else i % 500 for i in range(5000)])
+with open(f"{d}/bad.json", "w") as f: f.write('{"steps": 3,')
+PY
+
+expect_fail() {  # expect_fail REGEX ARGS...
+  local regex=$1; shift
+  local code=0
+  timeout 120 "$KILN_BIN" "$@" >"$work/out" 2>"$work/err" || code=$?
+  local lines; lines=$(wc -l <"$work/err")
+  if [ "$code" -ne 2 ] && [ "$code" -ne 3 ]; then
+    cat "$work/err" >&2; fail "kiln $* exited $code (want 2 or 3)"
+  fi
+  [ "$lines" -eq 1 ] || { cat "$work/err" >&2; fail "kiln $*: $lines lines on stderr (want 1)"; }
+  grep -Eq "^kiln: error: .*$regex" "$work/err" || { cat "$work/err" >&2; fail "kiln $*: stderr does not match '$regex'"; }
+  echo "ok ($code): kiln $* -> $(cat "$work/err")"
+}
+
+T=(train --device cpu --steps 2)
+expect_fail "unknown flag '--no-such-flag'" "${T[@]}" --no-such-flag 3
+expect_fail "unknown command 'trian'" trian
+expect_fail "unknown model 'gpt-9'" "${T[@]}" --model gpt-9
+expect_fail "no file matches '$work/missing.bin'" "${T[@]}" --data "$work/missing.bin"
+expect_fail "badmagic.bin: bad magic 12345" "${T[@]}" --data "$work/badmagic.bin"
+expect_fail "badversion.bin: .*version 7" "${T[@]}" --data "$work/badversion.bin"
+expect_fail "badsize.bin: .*size" "${T[@]}" --data "$work/badsize.bin"
+expect_fail "oov.bin: token 600 .*outside the vocabulary" "${T[@]}" --data "$work/oov.bin"
+expect_fail "--n-head 5 does not divide --d-model 128" "${T[@]}" --n-head 5
+expect_fail "--n-kv-head 3 does not divide --n-head 4" "${T[@]}" --n-kv-head 3
+expect_fail "malformed JSON" "${T[@]}" --config "$work/bad.json"
+expect_fail "--micro-batch: 'x' is not an integer" "${T[@]}" --micro-batch x
+expect_fail "fewer than seq_len\+1" "${T[@]}" --data "$work/oov.bin" --seq-len 8192
+expect_fail "--log-json .*cannot open" "${T[@]}" --log-json /nonexistent-dir/run.jsonl
+echo "PASS"

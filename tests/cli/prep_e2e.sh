@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# tests/cli/prep_e2e.sh -- text -> shards with `kiln prep`, then training on them with
+# evaluation; and a raw uint16 token file (nanoGPT's train.bin) through --data-format raw.
+source "$(dirname "$0")/common.sh"
+
+python3 - "$work" <<'PY'
+import sys
+d = sys.argv[1]
+for k in range(2):
+    with open(f"{d}/doc{k}.txt", "w") as f:
+        f.write(("the quick brown fox jumps over the lazy dog. " * 400) + f"document {k}\n")
+PY
+"$KILN_BIN" prep --input "$work/doc0.txt,$work/doc1.txt" --out "$work/shards" --shard-tokens 20000 --val-tokens 4000
+ls "$work/shards"
+[ -f "$work/shards/val_000000.bin" ] || fail "no validation shard"
+[ -f "$work/shards/train_000001.bin" ] || fail "expected at least two train shards"
+
+"$KILN_BIN" train --device cpu --steps 40 --eval-every 20 --eval-batches 2 \
+  --data "$work/shards/train_*.bin" --val-data "$work/shards/val_000000.bin" --log-json "$work/p.jsonl" >/dev/null
+jsonl_check "$work/p.jsonl" '
+evals = [r for r in records if r["type"] == "eval"]
+assert [e["step"] for e in evals] == [20, 40], evals
+steps = [r for r in records if r["type"] == "step"]
+assert steps[-1]["loss"] < 0.5 * steps[0]["loss"], (steps[0]["loss"], steps[-1]["loss"])
+assert evals[-1]["val_loss"] < evals[0]["val_loss"] + 0.5
+print("prep shards train; val loss", [round(e["val_loss"], 3) for e in evals])
+'
+
+# Raw uint16 tokens without a header: refused as a shard, accepted with --data-format raw.
+python3 -c "
+import struct; t=[(i*7)%300 for i in range(20000)]
+open('$work/train.bin','wb').write(struct.pack(f'<{len(t)}H',*t))"
+code=0; "$KILN_BIN" train --device cpu --steps 1 --data "$work/train.bin" 2>"$work/err" || code=$?
+[ "$code" -eq 3 ] && grep -q "data-format raw" "$work/err" || fail "raw file without --data-format raw: exit $code, $(cat "$work/err")"
+"$KILN_BIN" train --device cpu --steps 5 --data "$work/train.bin" --data-format raw --log-json "$work/r.jsonl" >/dev/null
+jsonl_check "$work/r.jsonl" 'assert len([r for r in records if r["type"] == "step"]) == 5'
+echo "PASS"

@@ -1,0 +1,120 @@
+// tests/test_config.cpp -- flag and config-file parsing, validation messages, FLOPs and MFU peaks.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "launch/cli.h"
+#include "runtime/error.h"
+#include "runtime/metrics.h"
+
+using kiln::ConfigError;
+using kiln::parse_train_args;
+
+namespace {
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  auto path = std::filesystem::temp_directory_path() / ("kiln_test_config_" + std::to_string(::getpid()) + "_" + name);
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// The ConfigError message for these arguments ("" if they parse).
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    parse_train_args(args);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(Cli, DefaultsAndFlags) {
+  auto cfg = parse_train_args({}).config;
+  EXPECT_EQ(cfg.model, "tiny");
+  EXPECT_EQ(cfg.gpt.n_layer, 4);
+  cfg = parse_train_args({"--model", "gpt2-124m", "--n-layer", "2", "--micro-batch", "3", "--lr", "1e-4",
+                          "--data", "a.bin,b*.bin"})
+            .config;
+  EXPECT_EQ(cfg.gpt.n_layer, 2);       // override of the preset
+  EXPECT_EQ(cfg.gpt.d_model, 768);     // the rest of the preset
+  EXPECT_EQ(cfg.micro_batch, 3);
+  EXPECT_DOUBLE_EQ(cfg.lr, 1e-4);
+  EXPECT_DOUBLE_EQ(cfg.resolved_min_lr(), 1e-5);
+  EXPECT_EQ(cfg.data, (std::vector<std::string>{"a.bin", "b*.bin"}));
+}
+
+TEST(Cli, KvHeadsFollowHeadsUnlessGiven) {
+  auto cfg = parse_train_args({"--n-head", "8", "--d-model", "256"}).config;
+  EXPECT_EQ(cfg.gpt.n_kv_head, 8);
+  cfg = parse_train_args({"--n-head", "8", "--n-kv-head", "2", "--d-model", "256"}).config;
+  EXPECT_EQ(cfg.gpt.n_kv_head, 2);
+}
+
+TEST(Cli, ConfigFileThenFlags) {
+  auto path = write_temp("ok.json", R"({"model": "gpt2-124m", "micro_batch": 2, "grad-accum": 4, "lr": 3, "data": ["x.bin"]})");
+  auto cfg = parse_train_args({"--config", path, "--grad-accum", "8"}).config;
+  EXPECT_EQ(cfg.gpt.d_model, 768);
+  EXPECT_EQ(cfg.micro_batch, 2);
+  EXPECT_EQ(cfg.grad_accum, 8);  // the flag wins over the file
+  EXPECT_DOUBLE_EQ(cfg.lr, 3.0);  // an integer is a valid number
+  EXPECT_EQ(cfg.data, std::vector<std::string>{"x.bin"});
+  std::remove(path.c_str());
+}
+
+TEST(Cli, BadInputIsOneClearMessage) {
+  EXPECT_TRUE(contains(error_of({"--bogus", "1"}), "unknown flag '--bogus'"));
+  EXPECT_TRUE(contains(error_of({"stray"}), "unexpected argument 'stray'"));
+  EXPECT_TRUE(contains(error_of({"--micro-batch", "four"}), "--micro-batch: 'four' is not an integer"));
+  EXPECT_TRUE(contains(error_of({"--micro-batch", "0"}), "--micro-batch must be at least 1"));
+  EXPECT_TRUE(contains(error_of({"--model", "gpt5"}), "unknown model 'gpt5'"));
+  EXPECT_TRUE(contains(error_of({"--n-head", "5"}), "--n-head 5 does not divide --d-model 128"));
+  EXPECT_TRUE(contains(error_of({"--n-kv-head", "3"}), "--n-kv-head 3 does not divide --n-head 4"));
+  EXPECT_TRUE(contains(error_of({"--precision", "fp8"}), "--precision must be one of"));
+  EXPECT_TRUE(contains(error_of({"--config", "/nonexistent/kiln.json"}), "cannot open"));
+  auto bad = write_temp("bad.json", "{\"steps\": 10,");
+  EXPECT_TRUE(contains(error_of({"--config", bad}), "malformed JSON"));
+  auto unknown = write_temp("unknown.json", R"({"stepz": 10})");
+  EXPECT_TRUE(contains(error_of({"--config", unknown}), "unknown key 'stepz'"));
+  auto typed = write_temp("typed.json", R"({"steps": "ten"})");
+  EXPECT_TRUE(contains(error_of({"--config", typed}), "key 'steps' must be an integer"));
+  auto array = write_temp("array.json", "[1, 2]");
+  EXPECT_TRUE(contains(error_of({"--config", array}), "must hold a JSON object"));
+  for (const auto& p : {bad, unknown, typed, array}) std::remove(p.c_str());
+}
+
+TEST(Cli, CapabilitiesNotYetBuiltAreRefusedNotIgnored) {
+  EXPECT_TRUE(contains(error_of({"--tp", "2"}), "not supported yet"));
+  EXPECT_TRUE(contains(error_of({"--zero", "1"}), "not supported yet"));
+  EXPECT_TRUE(contains(error_of({"--precision", "bf16"}), "not supported yet"));
+  EXPECT_TRUE(contains(error_of({"--save-dir", "ckpt"}), "not supported yet"));
+}
+
+TEST(Cli, Help) {
+  auto args = parse_train_args({"--help"});
+  EXPECT_TRUE(args.help);
+  EXPECT_TRUE(contains(args.help_text, "--micro-batch"));
+}
+
+TEST(Metrics, FlopsPerTokenFollowsPaLMConvention) {
+  // gpt2-124m: N = 124,475,904 - 1024*768 = 123,689,472; 6N + 12*12*768*1024 = 855,383,040.
+  EXPECT_DOUBLE_EQ(kiln::flops_per_token(kiln::GPTConfig::preset("gpt2-124m")), 855383040.0);
+  // gpt2-1.5b: N = 1,557,686,400 - 1024*1600; 6N + 12*48*1600*1024.
+  EXPECT_DOUBLE_EQ(kiln::flops_per_token(kiln::GPTConfig::preset("gpt2-1.5b")),
+                   6.0 * (1557686400.0 - 1024.0 * 1600.0) + 12.0 * 48 * 1600 * 1024);
+}
+
+TEST(Metrics, PeakTable) {
+  EXPECT_EQ(kiln::peak_tflops_for("NVIDIA H100 80GB HBM3"), 989.0);
+  EXPECT_EQ(kiln::peak_tflops_for("NVIDIA H200"), 989.0);
+  EXPECT_EQ(kiln::peak_tflops_for("NVIDIA H100 PCIe"), 756.0);
+  EXPECT_EQ(kiln::peak_tflops_for("NVIDIA H100 NVL"), 835.0);
+  EXPECT_EQ(kiln::peak_tflops_for("NVIDIA A100-SXM4-80GB"), 312.0);
+  EXPECT_FALSE(kiln::peak_tflops_for("cpu").has_value());
+  EXPECT_FALSE(kiln::peak_tflops_for("Some Future GPU").has_value());
+}

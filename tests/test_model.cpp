@@ -1,0 +1,238 @@
+// tests/test_model.cpp -- GPT shapes, parameter counts, and the layers against plain
+// re-implementations written here from the equations.
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include "models/gpt.h"
+#include "optim/adamw.h"
+#include "runtime/error.h"
+
+using kiln::GPT;
+using kiln::GPTConfig;
+
+namespace {
+
+GPTConfig small_config(int64_t heads, int64_t kv_heads) {
+  GPTConfig c;
+  c.n_layer = 2;
+  c.n_head = heads;
+  c.n_kv_head = kv_heads;
+  c.d_model = 32;
+  c.seq_len = 16;
+  c.vocab_size = 100;  // padded to 128: exercises the padding path
+  return c;
+}
+
+// Causal attention from the definition: softmax(q k^T / sqrt(h) + mask) v, each kv head shared
+// by n_head / n_kv_head consecutive query heads.
+at::Tensor reference_attention(const at::Tensor& x, const kiln::AttentionImpl& attn, const GPTConfig& c) {
+  const int64_t B = x.size(0), T = x.size(1), H = c.n_head, KV = c.n_kv_head, h = c.head_dim();
+  auto qkv = at::matmul(x, attn.c_attn->weight.t()) + attn.c_attn->bias;
+  auto q = qkv.narrow(-1, 0, H * h).reshape({B, T, H, h}).permute({0, 2, 1, 3});
+  auto k = qkv.narrow(-1, H * h, KV * h).reshape({B, T, KV, h}).permute({0, 2, 1, 3});
+  auto v = qkv.narrow(-1, H * h + KV * h, KV * h).reshape({B, T, KV, h}).permute({0, 2, 1, 3});
+  k = k.repeat_interleave(H / KV, 1);
+  v = v.repeat_interleave(H / KV, 1);
+  auto scores = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(h));
+  auto mask = at::ones({T, T}, at::kBool).triu(1);
+  scores = scores.masked_fill(mask, -INFINITY);
+  auto y = at::matmul(at::softmax(scores, -1), v).permute({0, 2, 1, 3}).reshape({B, T, H * h});
+  return at::matmul(y, attn.c_proj->weight.t()) + attn.c_proj->bias;
+}
+
+at::Tensor reference_gelu_tanh(const at::Tensor& x) {
+  return 0.5 * x * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+at::Tensor reference_mlp(const at::Tensor& x, const kiln::MLPImpl& mlp) {
+  auto u = at::matmul(x, mlp.c_fc->weight.t()) + mlp.c_fc->bias;
+  return at::matmul(reference_gelu_tanh(u), mlp.c_proj->weight.t()) + mlp.c_proj->bias;
+}
+
+}  // namespace
+
+TEST(GPTConfig, PresetParameterCountsMatchModuleAndKnownValues) {
+  // Known values: llm.c's counts with the vocabulary padded to 50304.
+  const std::vector<std::pair<std::string, int64_t>> expected = {
+      {"gpt2-124m", 124'475'904}, {"gpt2-350m", 354'871'296},
+      {"gpt2-774m", 774'090'240}, {"gpt2-1.5b", 1'557'686'400}};
+  for (const auto& [name, count] : expected) {
+    auto cfg = GPTConfig::preset(name);
+    EXPECT_EQ(cfg.num_params(), count) << name;
+    GPT model(cfg, at::TensorOptions().device(at::kMeta));  // shapes only, no memory
+    EXPECT_EQ(model.num_params(), count) << name;
+    EXPECT_EQ(cfg.padded_vocab_size(), 50304);
+    EXPECT_EQ(cfg.seq_len, 1024);
+  }
+  auto tiny = GPTConfig::preset("tiny");
+  GPT model(tiny, at::TensorOptions().device(at::kMeta));
+  EXPECT_EQ(model.num_params(), tiny.num_params());
+}
+
+TEST(GPTConfig, PresetShapes) {
+  const std::vector<std::tuple<std::string, int64_t, int64_t, int64_t>> shapes = {
+      {"gpt2-124m", 12, 12, 768}, {"gpt2-350m", 24, 16, 1024}, {"gpt2-774m", 36, 20, 1280}, {"gpt2-1.5b", 48, 25, 1600}};
+  for (const auto& [name, layers, heads, width] : shapes) {
+    auto cfg = GPTConfig::preset(name);
+    EXPECT_EQ(cfg.n_layer, layers);
+    EXPECT_EQ(cfg.n_head, heads);
+    EXPECT_EQ(cfg.d_model, width);
+    GPT model(cfg, at::TensorOptions().device(at::kMeta));
+    auto params = model.named_parameters();
+    EXPECT_EQ(params["wte"].sizes(), (std::vector<int64_t>{50304, width}));
+    EXPECT_EQ(params["wpe"].sizes(), (std::vector<int64_t>{1024, width}));
+    EXPECT_EQ(params["h.0.attn.c_attn.weight"].sizes(), (std::vector<int64_t>{3 * width, width}));
+    EXPECT_EQ(params["h.0.mlp.c_fc.weight"].sizes(), (std::vector<int64_t>{4 * width, width}));
+    EXPECT_EQ(params["h." + std::to_string(layers - 1) + ".mlp.c_proj.weight"].sizes(),
+              (std::vector<int64_t>{width, 4 * width}));
+    EXPECT_TRUE(params.contains("ln_f.weight"));
+  }
+}
+
+TEST(GPTConfig, GroupedQueryAttentionShrinksKV) {
+  auto c = GPTConfig::preset("gpt2-124m");
+  c.n_kv_head = 4;  // 12 query heads share 4 kv heads: c_attn is 768 + 2 * 4 * 64 wide
+  GPT model(c, at::TensorOptions().device(at::kMeta));
+  EXPECT_EQ(model.named_parameters()["h.0.attn.c_attn.weight"].size(0), 768 + 2 * 4 * 64);
+  EXPECT_EQ(model.num_params(), c.num_params());
+}
+
+TEST(GPTConfig, ValidationNamesTheBadField) {
+  auto c = small_config(4, 4);
+  c.n_head = 5;
+  c.n_kv_head = 5;
+  try {
+    c.validate();
+    FAIL() << "5 heads cannot divide d_model 32";
+  } catch (const kiln::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--n-head 5 does not divide --d-model 32"), std::string::npos);
+  }
+  c = small_config(4, 3);
+  EXPECT_THROW(c.validate(), kiln::ConfigError);
+  c = small_config(4, 4);
+  c.seq_len = 0;
+  EXPECT_THROW(c.validate(), kiln::ConfigError);
+}
+
+TEST(GPT, LossAtInitialisationIsNearLogVocab) {
+  auto c = GPTConfig::preset("tiny");
+  GPT model(c);
+  model.init_weights(1);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  auto idx = at::randint(c.vocab_size, {4, c.seq_len}, gen, at::kLong);
+  auto tgt = at::randint(c.vocab_size, {4, c.seq_len}, gen, at::kLong);
+  const double loss = model.loss(idx, tgt).item<double>();
+  // Logits are O(0.02 * sqrt(d)) at init, so the prediction is nearly uniform.
+  EXPECT_NEAR(loss, std::log(static_cast<double>(c.vocab_size)), 0.05);
+}
+
+TEST(GPT, AttentionMatchesDefinitionForMHAGQAAndMQA) {
+  for (int64_t kv : {4, 2, 1}) {
+    auto c = small_config(4, kv);
+    GPT model(c);
+    model.init_weights(3);
+    auto& attn = *model.h[0]->as<kiln::BlockImpl>()->attn;
+    auto x = at::randn({2, c.seq_len, c.d_model}, at::make_generator<at::CPUGeneratorImpl>(11)).requires_grad_(true);
+    auto x_ref = x.detach().clone().requires_grad_(true);
+    auto y = attn.forward(x);
+    auto y_ref = reference_attention(x_ref, attn, c);
+    EXPECT_TRUE(at::allclose(y, y_ref, /*rtol=*/1e-5, /*atol=*/1e-6)) << "kv heads " << kv;
+    y.pow(2).sum().backward();
+    y_ref.pow(2).sum().backward();
+    EXPECT_TRUE(at::allclose(x.grad(), x_ref.grad(), 1e-4, 1e-6)) << "kv heads " << kv;
+  }
+}
+
+TEST(GPT, MLPMatchesDefinition) {
+  auto c = small_config(4, 4);
+  GPT model(c);
+  model.init_weights(5);
+  auto& mlp = *model.h[1]->as<kiln::BlockImpl>()->mlp;
+  auto x = at::randn({3, 5, c.d_model}, at::make_generator<at::CPUGeneratorImpl>(13));
+  EXPECT_TRUE(at::allclose(mlp.forward(x), reference_mlp(x, mlp), 1e-5, 1e-6));
+}
+
+TEST(GPT, WholeModelMatchesComposedReference) {
+  auto c = small_config(4, 2);
+  GPT model(c);
+  model.init_weights(9);
+  auto idx = at::randint(c.vocab_size, {2, 12}, at::make_generator<at::CPUGeneratorImpl>(17), at::kLong);
+  auto x = at::embedding(model.wte, idx) + model.wpe.narrow(0, 0, 12);
+  for (const auto& m : *model.h) {
+    auto& b = *m->as<kiln::BlockImpl>();
+    x = x + reference_attention(at::layer_norm(x, {c.d_model}, b.ln_1->weight, b.ln_1->bias, 1e-5), *b.attn, c);
+    x = x + reference_mlp(at::layer_norm(x, {c.d_model}, b.ln_2->weight, b.ln_2->bias, 1e-5), *b.mlp);
+  }
+  x = at::layer_norm(x, {c.d_model}, model.ln_f->weight, model.ln_f->bias, 1e-5);
+  auto logits = at::matmul(x, model.wte.t());
+  EXPECT_EQ(model.logits(idx).sizes(), logits.sizes());
+  EXPECT_TRUE(at::allclose(model.logits(idx), logits, 1e-4, 1e-5));
+  // The loss only sees the real vocabulary (100 of 128 logits).
+  auto ref_loss = at::cross_entropy_loss(logits.narrow(-1, 0, c.vocab_size).reshape({-1, c.vocab_size}),
+                                         idx.roll(-1, 1).reshape({-1}));
+  EXPECT_NEAR(model.loss(idx, idx.roll(-1, 1)).item<double>(), ref_loss.item<double>(), 1e-5);
+}
+
+TEST(GPT, InitialisationIsDeterministicAndFollowsGPT2) {
+  auto c = small_config(4, 4);
+  GPT a(c), b(c);
+  a.init_weights(42);
+  b.init_weights(42);
+  for (const auto& item : a.named_parameters())
+    EXPECT_TRUE(at::equal(item.value(), b.named_parameters()[item.key()])) << item.key();
+  auto p = a.named_parameters();
+  EXPECT_TRUE(at::equal(p["h.0.ln_1.weight"], at::ones({c.d_model})));
+  EXPECT_TRUE(at::equal(p["h.0.attn.c_attn.bias"], at::zeros({c.d_model * 3})));
+  EXPECT_NEAR(p["wte"].std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(p["h.0.attn.c_proj.weight"].std().item<double>(), 0.02 / std::sqrt(4.0), 0.002);
+}
+
+TEST(GPT, SequenceLongerThanContextIsRefused) {
+  auto c = small_config(4, 4);
+  GPT model(c);
+  model.init_weights(1);
+  auto idx = at::zeros({1, c.seq_len + 1}, at::kLong);
+  try {
+    model.logits(idx);
+    FAIL() << "a sequence longer than the context must be refused";
+  } catch (const kiln::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("longer than the model's context"), std::string::npos);
+  }
+}
+
+TEST(GPT, DropoutOnlyInTraining) {
+  auto c = small_config(4, 4);
+  c.dropout = 0.5;
+  GPT model(c);
+  model.init_weights(1);
+  auto idx = at::randint(c.vocab_size, {2, 8}, at::make_generator<at::CPUGeneratorImpl>(3), at::kLong);
+  model.eval();
+  EXPECT_TRUE(at::equal(model.logits(idx), model.logits(idx)));
+  model.train();
+  EXPECT_FALSE(at::equal(model.logits(idx), model.logits(idx)));
+}
+
+TEST(GPT, TinyModelOverfitsOneBatch) {
+  auto c = small_config(4, 4);
+  GPT model(c);
+  model.init_weights(1);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  auto idx = at::randint(c.vocab_size, {4, c.seq_len}, gen, at::kLong);
+  auto tgt = at::randint(c.vocab_size, {4, c.seq_len}, gen, at::kLong);
+  kiln::AdamW opt(model.parameters(), kiln::AdamWConfig{0.9, 0.95, 1e-8, 0.0});
+  double first = 0, last = 0;
+  for (int step = 0; step < 200; ++step) {
+    model.zero_grad();
+    auto loss = model.loss(idx, tgt);
+    loss.backward();
+    opt.step(3e-3);
+    if (step == 0) first = loss.item<double>();
+    last = loss.item<double>();
+  }
+  // 64 random targets are memorised: from ln(100) ~ 4.6 to nearly zero.
+  EXPECT_GT(first, 4.0);
+  EXPECT_LT(last, 0.05);
+}
