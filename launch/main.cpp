@@ -13,6 +13,7 @@
 
 #include "data/prep.h"
 #include "launch/cli.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/trainer.h"
 
@@ -25,7 +26,7 @@ const char* kUsage =
     "  prep    turn text files into token shards (kiln prep --help)\n"
     "  version print the version\n";
 
-int run(const std::vector<std::string>& argv) {
+int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
   if (argv.empty() || argv[0] == "-h" || argv[0] == "--help" || argv[0] == "help") {
     std::fputs(kUsage, argv.empty() ? stderr : stdout);
     return argv.empty() ? 2 : 0;
@@ -41,6 +42,10 @@ int run(const std::vector<std::string>& argv) {
     if (args.help) {
       std::fputs(args.help_text.c_str(), stdout);
       return 0;
+    }
+    if (proc.world_size > 1) {
+      throw kiln::ConfigError("multi-rank training is not supported yet (" + std::to_string(proc.world_size) +
+                              " ranks under mpirun; data parallelism is not implemented in this build)");
     }
     kiln::Trainer(args.config).run();
     return 0;
@@ -63,9 +68,10 @@ int run(const std::vector<std::string>& argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    return run(args);
+    kiln::Environment env(&argc, &argv);  // MPI under mpirun; a world of one without it
+    std::vector<std::string> args(argv + 1, argv + argc);
+    return run(args, env.info());
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "kiln: error: %s\n", e.what());
     return e.exit_code();

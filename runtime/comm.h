@@ -1,0 +1,78 @@
+// runtime/comm.h -- the Communicator interface: one instance per process group.
+//
+// Every rank of a group issues the same collectives in the same order (c10d's contract); each
+// call gets the group's next sequence number, which error messages carry. Calls return a Work
+// handle at once; the operation may still be running (wait() blocks until it is done and its
+// result is in the output tensor; is_completed() polls). Backends: MPI (runtime/comm_mpi.h:
+// CPU tensors) here; NCCL arrives with the GPU path. A backend that cannot do an operation
+// throws "backend X does not support Y" rather than doing something else.
+//
+// Semantics, for a group of n ranks, x_r the input on rank r:
+//   all_reduce(t, op)          t = op_r x_r on every rank (Avg = Sum / n)
+//   reduce_scatter(out, in)    in is n equal chunks; out = op_r in_r[rank's chunk]
+//   all_gather(out, in)        out = [in_0, in_1, ..., in_{n-1}] (concatenated, flat)
+//   broadcast(t, root)         t = t_root on every rank
+//   send_recv(ops)             the sends and receives of one step, posted together, so no order
+//                              of ranks can deadlock
+//   barrier()                  returns once every rank has entered it
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace kiln {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation is complete and its output is valid. Throws on failure.
+  virtual void wait() = 0;
+  // True once the operation is complete (wait() then returns at once).
+  virtual bool is_completed() = 0;
+};
+
+struct P2POp {
+  enum class Kind { Send, Recv };
+  Kind kind;
+  at::Tensor tensor;  // sent from, or received into (contiguous)
+  int peer;           // rank within the group
+};
+
+// Bytes this rank handed to the network, counted as the payload of each call (the ring
+// algorithm's 2(n-1)/n factor is the backend's business, not counted here).
+struct CommStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;  // "world", "dp", "tp", ... for messages
+  virtual const char* backend() const = 0;
+
+  virtual std::shared_ptr<Work> all_reduce(at::Tensor& tensor, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> all_gather(at::Tensor& out, const at::Tensor& in) = 0;
+  virtual std::shared_ptr<Work> broadcast(at::Tensor& tensor, int root) = 0;
+  virtual std::shared_ptr<Work> send_recv(const std::vector<P2POp>& ops) = 0;
+  virtual void barrier() = 0;
+
+  // A sub-group of the ranks that pass the same color, ordered by key (MPI_Comm_split).
+  // Collective over this group.
+  virtual std::shared_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+  virtual CommStats stats() const = 0;
+  // Sequence number of the last call issued (0 before the first).
+  virtual uint64_t sequence() const = 0;
+};
+
+}  // namespace kiln

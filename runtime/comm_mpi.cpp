@@ -1,0 +1,273 @@
+// runtime/comm_mpi.cpp -- Communicator over MPI non-blocking collectives (CPU tensors).
+#include "runtime/comm_mpi.h"
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include "runtime/error.h"
+
+namespace kiln {
+
+namespace {
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+// Element-wise reductions of 16-bit floats for MPI_Op_create: widen, combine, round back.
+template <typename T, int Kind>  // Kind: 0 sum, 1 max, 2 min
+void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    b[i] = static_cast<T>(Kind == 0 ? x + y : Kind == 1 ? std::max(x, y) : std::min(x, y));
+  }
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(std::vector<MPI_Request> requests, std::function<void()> finish, std::string what)
+      : requests_(std::move(requests)), finish_(std::move(finish)), what_(std::move(what)) {}
+
+  void wait() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    check(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    complete();
+  }
+
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return true;
+    int flag = 0;
+    check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE));
+    if (flag) complete();
+    return done_;
+  }
+
+ private:
+  void complete() {
+    if (finish_) finish_();
+    done_ = true;
+  }
+  void check(int rc) {
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw Error(what_ + " failed: " + std::string(msg, len));
+  }
+  std::mutex mu_;
+  std::vector<MPI_Request> requests_;
+  std::function<void()> finish_;
+  std::string what_;
+  bool done_ = false;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::string name) : name_(std::move(name)) {
+    MPI_Comm_dup(comm, &comm_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+    MPI_Op_create(&reduce16<c10::BFloat16, 0>, 1, &bf16_ops_[0]);
+    MPI_Op_create(&reduce16<c10::BFloat16, 1>, 1, &bf16_ops_[1]);
+    MPI_Op_create(&reduce16<c10::BFloat16, 2>, 1, &bf16_ops_[2]);
+    MPI_Op_create(&reduce16<c10::Half, 0>, 1, &fp16_ops_[0]);
+    MPI_Op_create(&reduce16<c10::Half, 1>, 1, &fp16_ops_[1]);
+    MPI_Op_create(&reduce16<c10::Half, 2>, 1, &fp16_ops_[2]);
+  }
+
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (auto* ops : {bf16_ops_, fp16_ops_})
+      for (int i = 0; i < 3; ++i) MPI_Op_free(&ops[i]);
+    MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  const char* backend() const override { return "mpi"; }
+  CommStats stats() const override { return {calls_.load(), bytes_.load()}; }
+  uint64_t sequence() const override { return seq_.load(); }
+
+  std::shared_ptr<Work> all_reduce(at::Tensor& t, ReduceOp op) override {
+    const std::string what = begin("all_reduce", t);
+    MPI_Request req;
+    call(what, MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count(t), type_of(t, what), mpi_op(t, op, what), comm_, &req));
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, averager(t, op), what);
+  }
+
+  std::shared_ptr<Work> reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+    const std::string what = begin("reduce_scatter", in);
+    check_same_dtype(out, in, what);
+    if (in.numel() != out.numel() * size_) {
+      throw Error(what + ": input has " + std::to_string(in.numel()) + " elements, need " +
+                  std::to_string(size_) + " x output (" + std::to_string(out.numel()) + ")");
+    }
+    check_tensor(out, what);
+    MPI_Request req;
+    call(what, MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), type_of(in, what),
+                                         mpi_op(in, op, what), comm_, &req));
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, averager(out, op), what);
+  }
+
+  std::shared_ptr<Work> all_gather(at::Tensor& out, const at::Tensor& in) override {
+    const std::string what = begin("all_gather", in);
+    check_same_dtype(out, in, what);
+    check_tensor(out, what);
+    if (out.numel() != in.numel() * size_) {
+      throw Error(what + ": output has " + std::to_string(out.numel()) + " elements, need " +
+                  std::to_string(size_) + " x input (" + std::to_string(in.numel()) + ")");
+    }
+    MPI_Request req;
+    const MPI_Datatype type = type_of(in, what);
+    call(what, MPI_Iallgather(in.data_ptr(), count(in), type, out.data_ptr(), count(in), type, comm_, &req));
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, nullptr, what);
+  }
+
+  std::shared_ptr<Work> broadcast(at::Tensor& t, int root) override {
+    const std::string what = begin("broadcast", t);
+    if (root < 0 || root >= size_) throw Error(what + ": root " + std::to_string(root) + " is not a rank of the group");
+    MPI_Request req;
+    call(what, MPI_Ibcast(t.data_ptr(), count(t), type_of(t, what), root, comm_, &req));
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, nullptr, what);
+  }
+
+  std::shared_ptr<Work> send_recv(const std::vector<P2POp>& ops) override {
+    int64_t bytes = 0;
+    for (const auto& op : ops)
+      if (op.kind == P2POp::Kind::Send) bytes += op.tensor.nbytes();
+    const std::string what = begin_bytes("send_recv", bytes);
+    std::vector<MPI_Request> reqs(ops.size());
+    // Receives first, then sends: with every request non-blocking, no pairing order can deadlock.
+    size_t i = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (const auto& op : ops) {
+        const bool recv = op.kind == P2POp::Kind::Recv;
+        if (recv != (pass == 0)) continue;
+        check_tensor(op.tensor, what);
+        if (op.peer < 0 || op.peer >= size_) throw Error(what + ": peer " + std::to_string(op.peer) + " is not a rank of the group");
+        const MPI_Datatype type = type_of(op.tensor, what);
+        call(what, recv ? MPI_Irecv(op.tensor.data_ptr(), count(op.tensor), type, op.peer, kP2PTag, comm_, &reqs[i])
+                        : MPI_Isend(op.tensor.data_ptr(), count(op.tensor), type, op.peer, kP2PTag, comm_, &reqs[i]));
+        ++i;
+      }
+    }
+    return std::make_shared<MpiWork>(std::move(reqs), nullptr, what);
+  }
+
+  void barrier() override {
+    const std::string what = begin_bytes("barrier", 0);
+    MPI_Request req;
+    call(what, MPI_Ibarrier(comm_, &req));
+    MpiWork(std::vector<MPI_Request>{req}, nullptr, what).wait();
+  }
+
+  std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    begin_bytes("split", 0);
+    MPI_Comm sub;
+    call("split", MPI_Comm_split(comm_, color, key, &sub));
+    auto c = std::make_shared<MpiCommunicator>(sub, name);
+    MPI_Comm_free(&sub);
+    return c;
+  }
+
+ private:
+  static constexpr int kP2PTag = 7;
+
+  // Advances the sequence number and counters; returns the description errors carry.
+  std::string begin(const char* op, const at::Tensor& t) {
+    check_tensor(t, op);
+    return begin_bytes(op, static_cast<int64_t>(t.nbytes()));
+  }
+  std::string begin_bytes(const char* op, int64_t bytes) {
+    const uint64_t seq = ++seq_;
+    ++calls_;
+    bytes_ += bytes;
+    std::ostringstream s;
+    s << "rank " << world_rank_ << ": " << op << " #" << seq << " on group '" << name_ << "' (mpi, " << bytes << " bytes)";
+    return s.str();
+  }
+  void check_tensor(const at::Tensor& t, const std::string& what) const {
+    if (!t.defined()) throw Error(what + ": undefined tensor");
+    if (!t.device().is_cpu()) throw Error(what + ": backend mpi does not support " + t.device().str() + " tensors yet (CPU only)");
+    if (!t.is_contiguous()) throw Error(what + ": tensor must be contiguous");
+  }
+  static void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+    if (a.scalar_type() != b.scalar_type()) throw Error(what + ": input and output dtypes differ");
+  }
+  static int count(const at::Tensor& t) {
+    if (t.numel() > INT32_MAX) throw Error("backend mpi: tensors over 2^31 elements are not supported");
+    return static_cast<int>(t.numel());
+  }
+  static MPI_Datatype type_of(const at::Tensor& t, const std::string& what) {
+    switch (t.scalar_type()) {
+      case at::kFloat: return MPI_FLOAT;
+      case at::kDouble: return MPI_DOUBLE;
+      case at::kInt: return MPI_INT32_T;
+      case at::kLong: return MPI_INT64_T;
+      case at::kByte: return MPI_UINT8_T;
+      case at::kBFloat16:
+      case at::kHalf: return MPI_UINT16_T;
+      default: throw Error(what + ": backend mpi does not support dtype " + std::string(c10::toString(t.scalar_type())));
+    }
+  }
+  MPI_Op mpi_op(const at::Tensor& t, ReduceOp op, const std::string& what) const {
+    const int k = op == ReduceOp::Max ? 1 : op == ReduceOp::Min ? 2 : 0;
+    if (t.scalar_type() == at::kBFloat16) return bf16_ops_[k];
+    if (t.scalar_type() == at::kHalf) return fp16_ops_[k];
+    if (t.scalar_type() == at::kByte && op != ReduceOp::Max && op != ReduceOp::Min)
+      throw Error(what + ": backend mpi does not support " + op_name(op) + " of uint8");
+    return k == 0 ? MPI_SUM : k == 1 ? MPI_MAX : MPI_MIN;
+  }
+  // Avg: the sum divided by the group size once the data has arrived (integer tensors floor).
+  std::function<void()> averager(at::Tensor t, ReduceOp op) const {
+    if (op != ReduceOp::Avg) return nullptr;
+    const int n = size_;
+    return [t, n]() mutable {
+      if (at::isIntegralType(t.scalar_type(), false)) t.div_(n, "floor");
+      else t.div_(n);
+    };
+  }
+  void call(const std::string& what, int rc) const {
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw Error(what + " failed: " + std::string(msg, len));
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  int rank_ = 0, size_ = 1, world_rank_ = 0;
+  MPI_Op bf16_ops_[3]{}, fp16_ops_[3]{};
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<int64_t> calls_{0}, bytes_{0};
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name) {
+  return std::make_shared<MpiCommunicator>(comm, name);
+}
+
+}  // namespace kiln
