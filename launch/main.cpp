@@ -43,11 +43,7 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
       std::fputs(args.help_text.c_str(), stdout);
       return 0;
     }
-    if (proc.world_size > 1) {
-      throw kiln::ConfigError("multi-rank training is not supported yet (" + std::to_string(proc.world_size) +
-                              " ranks under mpirun; data parallelism is not implemented in this build)");
-    }
-    kiln::Trainer(args.config).run();
+    kiln::Trainer(args.config, proc).run();
     return 0;
   }
   if (cmd == "prep") {

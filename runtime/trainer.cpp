@@ -19,9 +19,12 @@
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
+#include "parallel/ddp.h"
+#include "runtime/comm_mpi.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/log_sink.h"
+#include "runtime/mesh.h"
 #include "runtime/metrics.h"
 
 namespace kiln {
@@ -72,15 +75,26 @@ std::string human(double v) {
 
 }  // namespace
 
-Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {}
+Trainer::Trainer(TrainConfig cfg, ProcessInfo proc) : cfg_(std::move(cfg)), proc_(proc) {}
 
 json Trainer::run() {
-  const DeviceInfo dev = select_device(cfg_.device);
+  const bool rank0 = proc_.rank == 0;
+  const MeshShape shape = MeshShape::resolve(proc_.world_size, static_cast<int>(cfg_.tp), static_cast<int>(cfg_.pp));
+  const DeviceInfo dev = select_device(cfg_.device, proc_.local_rank);
   const c10::Device device = dev.device;
-  at::manual_seed(cfg_.seed);  // dropout streams; the weights have their own generator
+  std::unique_ptr<Mesh> mesh;
+  std::string backend = "none";
+  if (proc_.world_size > 1) {
+    backend = cfg_.backend == "auto" ? "mpi" : cfg_.backend;
+    if (backend == "nccl") throw ConfigError("--backend nccl is not supported yet (the NCCL communicator is not implemented in this build)");
+    if (device.is_cuda()) throw ConfigError("backend mpi does not support CUDA tensors yet: run multi-rank jobs with --device cpu");
+    mesh = std::make_unique<Mesh>(make_mpi_communicator(MPI_COMM_WORLD, "world"), shape);
+  }
+  const int dp_rank = mesh ? mesh->coord().dp : 0;
+  at::manual_seed(cfg_.seed + static_cast<uint64_t>(proc_.rank));  // dropout streams; weights have their own generator
 
   auto train_data = training_data(cfg_);
-  BatchLayout layout{cfg_.micro_batch, cfg_.grad_accum, /*dp_size=*/1, /*dp_rank=*/0};
+  BatchLayout layout{cfg_.micro_batch, cfg_.grad_accum, shape.dp, dp_rank};
   DataLoader loader(train_data, cfg_.seed, /*shuffle=*/true, layout);
   std::unique_ptr<DataLoader> val_loader;
   if (!cfg_.val_data.empty()) {
@@ -95,6 +109,12 @@ json Trainer::run() {
   model->to(device);
   model->train();
   std::vector<at::Tensor> params = model->parameters();
+  std::unique_ptr<DistributedDataParallel> ddp;
+  if (mesh && shape.dp > 1) {
+    ddp = std::make_unique<DistributedDataParallel>(params, mesh->dp());
+    ddp->broadcast_parameters();
+  }
+  auto comm_bytes = [&] { return mesh ? mesh->world()->stats().bytes + mesh->dp()->stats().bytes : int64_t{0}; };
   AdamW optimizer(params, AdamWConfig{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay});
   const LRSchedule schedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.steps};
 
@@ -103,10 +123,11 @@ json Trainer::run() {
                                                     : peak_tflops_for(dev.name);
   const int64_t tokens_per_step = layout.global_batch() * cfg_.gpt.seq_len;
 
-  LogSink log = cfg_.log_json.empty() ? LogSink() : LogSink(cfg_.log_json);
+  LogSink log = (cfg_.log_json.empty() || !rank0) ? LogSink() : LogSink(cfg_.log_json);
   log.write({{"type", "config"},
              {"config", cfg_.to_json()},
-             {"world", {{"size", 1}, {"rank", 0}, {"dp", 1}, {"tp", 1}, {"pp", 1}}},
+             {"world", {{"size", proc_.world_size}, {"dp", shape.dp}, {"tp", shape.tp}, {"pp", shape.pp},
+                        {"backend", backend}, {"ddp_buckets", ddp ? ddp->num_buckets() : 0}}},
              {"params", model->num_params()},
              {"params_non_embedding_pos", cfg_.gpt.num_params_non_embedding_pos()},
              {"flops_per_token", fpt},
@@ -116,11 +137,14 @@ json Trainer::run() {
              {"data", {{"tokens", train_data->num_tokens()}, {"samples", train_data->num_samples()},
                        {"source", cfg_.data.empty() ? json("synthetic") : json(cfg_.data)}}},
              {"versions", versions()}});
-  std::printf("kiln: %s, %lld parameters, %s on %s, %lld tokens/step, %lld steps\n", cfg_.model.c_str(),
-              static_cast<long long>(model->num_params()), cfg_.precision.c_str(), dev.name.c_str(),
-              static_cast<long long>(tokens_per_step), static_cast<long long>(cfg_.steps));
-  if (!peak) std::printf("kiln: no peak FLOP/s known for '%s': MFU not reported (give --peak-tflops)\n", dev.name.c_str());
-  std::fflush(stdout);
+  if (rank0) {
+    std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d), %lld tokens/step, %lld steps\n",
+                cfg_.model.c_str(), static_cast<long long>(model->num_params()), cfg_.precision.c_str(),
+                dev.name.c_str(), proc_.world_size, shape.dp, shape.tp, shape.pp,
+                static_cast<long long>(tokens_per_step), static_cast<long long>(cfg_.steps));
+    if (!peak) std::printf("kiln: no peak FLOP/s known for '%s': MFU not reported (give --peak-tflops)\n", dev.name.c_str());
+    std::fflush(stdout);
+  }
 
   const auto run_start = Clock::now();
   double tokens_per_s_sum = 0.0, last_loss = NAN, last_eval = NAN;
@@ -129,18 +153,28 @@ json Trainer::run() {
   for (int64_t step = 0; step < cfg_.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = schedule.at(step);
-    model->zero_grad(/*set_to_none=*/true);
+    const int64_t bytes_before = comm_bytes();
+    if (ddp) ddp->zero_grad();
+    else model->zero_grad(/*set_to_none=*/true);
     auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
     for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+      if (ddp) ddp->set_sync(micro + 1 == cfg_.grad_accum);  // sync skipping
       Batch batch = loader.get(step, micro);
       auto loss = model->loss(batch.inputs.to(device, /*non_blocking=*/true),
                               batch.targets.to(device, /*non_blocking=*/true));
       (loss / static_cast<double>(cfg_.grad_accum)).backward();
       loss_sum += loss.detach();
     }
+    if (ddp) ddp->finish_backward();
     at::Tensor norm = clip_grad_norm(params, cfg_.grad_clip);
     // The step's one host synchronisation: loss and norm together.
     auto both = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum), norm.to(loss_sum.device())}).cpu();
+    if (mesh && shape.dp > 1) {
+      // The step's loss is the mean over the global batch; every rank's norm is already the same.
+      auto loss_mean = both.narrow(0, 0, 1).contiguous();
+      mesh->dp()->all_reduce(loss_mean, ReduceOp::Avg)->wait();
+      both[0] = loss_mean[0];
+    }
     const double loss_v = both[0].item<double>(), norm_v = both[1].item<double>();
     if (!std::isfinite(loss_v) || !std::isfinite(norm_v)) {
       throw NumericsError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss_v) +
@@ -163,9 +197,11 @@ json Trainer::run() {
              {"lr", lr},              {"grad_norm", norm_v},    {"loss_scale", 1.0},
              {"skipped", false},      {"tokens", tokens_per_step}, {"tokens_per_s", tokens_per_s},
              {"step_ms", step_s * 1e3}, {"tflops", tflops},      {"mfu", peak ? json(tflops / *peak) : json(nullptr)},
-             {"mem_gb", mem_gb},      {"comm_bytes", 0},        {"comm_ms", 0.0}};
+             {"mem_gb", mem_gb},      {"comm_bytes", comm_bytes() - bytes_before},
+             {"comm_ms", ddp ? ddp->exposed_comm_ms() : 0.0}};
+    if (ddp) rec["comm_buckets_in_backward"] = ddp->launched_in_backward();
     log.write(rec);
-    if ((step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.steps) {
+    if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.steps)) {
       std::printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %s tok/s | %.2f TFLOP/s",
                   static_cast<long long>(step + 1), static_cast<long long>(cfg_.steps), loss_v, lr, norm_v,
                   step_s * 1e3, human(tokens_per_s).c_str(), tflops);
@@ -178,8 +214,10 @@ json Trainer::run() {
     if (eval_now) {
       last_eval = evaluate(*model, *val_loader, cfg_.eval_batches, device);
       log.write({{"type", "eval"}, {"step", step + 1}, {"val_loss", last_eval}});
-      std::printf("eval   %6lld | val loss %.4f\n", static_cast<long long>(step + 1), last_eval);
-      std::fflush(stdout);
+      if (rank0) {
+        std::printf("eval   %6lld | val loss %.4f\n", static_cast<long long>(step + 1), last_eval);
+        std::fflush(stdout);
+      }
     }
   }
 
@@ -189,6 +227,13 @@ json Trainer::run() {
     tail = 0.0;
     for (size_t i = losses.size() - k; i < losses.size(); ++i) tail += losses[i];
     tail /= static_cast<double>(k);
+  }
+  // A fingerprint of the final weights, for comparing runs (parity tests): sum and sum of squares.
+  double param_sum = 0.0, param_sq = 0.0;
+  for (const auto& p : params) {
+    auto d = p.detach().to(at::kDouble);
+    param_sum += d.sum().item<double>();
+    param_sq += d.pow(2).sum().item<double>();
   }
   const double mean_tps = timed_steps > 0 ? tokens_per_s_sum / static_cast<double>(timed_steps) : NAN;
   json summary{{"type", "summary"},
@@ -200,6 +245,8 @@ json Trainer::run() {
                {"mean_tflops", mean_tps * fpt / 1e12},
                {"mean_mfu", peak ? json(mean_tps * fpt / 1e12 / *peak) : json(nullptr)},
                {"peak_mem_gb", peak_memory_bytes(device) / 1e9},
+               {"param_sum", param_sum},
+               {"param_sq", param_sq},
                {"wall_s", std::chrono::duration<double>(Clock::now() - run_start).count()}};
   log.write(summary);
   return summary;

@@ -10,6 +10,7 @@
 
 #include "runtime/comm_mpi.h"
 #include "runtime/env.h"
+#include "runtime/mesh.h"
 #include "runtime/error.h"
 
 namespace {
@@ -140,6 +141,24 @@ TEST(MpiComm, UnsupportedInputIsRefusedWithItsName) {
   auto strided = at::ones({4, 4}, at::kFloat).t();
   strided = strided.narrow(0, 0, 2);
   EXPECT_THROW(c.all_reduce(strided, kiln::ReduceOp::Sum), kiln::Error);
+}
+
+TEST(MpiComm, MeshAxisGroups) {
+  const int n = g_world->size(), r = g_world->rank();
+  const int tp = n % 2 == 0 ? 2 : 1;
+  kiln::Mesh mesh(g_world, kiln::MeshShape::resolve(n, tp, 1));
+  EXPECT_EQ(mesh.dp()->size(), n / tp);
+  EXPECT_EQ(mesh.tp()->size(), tp);
+  EXPECT_EQ(mesh.pp()->size(), 1);
+  // Summing world ranks over each axis: the dp group of rank r holds r % tp, r % tp + tp, ...
+  auto t = at::full({1}, r, at::kLong);
+  mesh.dp()->all_reduce(t, kiln::ReduceOp::Sum)->wait();
+  int64_t want = 0;
+  for (int k = r % tp; k < n; k += tp) want += k;
+  EXPECT_EQ(t.item<int64_t>(), want);
+  auto u = at::full({1}, r, at::kLong);
+  mesh.tp()->all_reduce(u, kiln::ReduceOp::Sum)->wait();
+  EXPECT_EQ(u.item<int64_t>(), tp == 2 ? (r / 2) * 4 + 1 : r);
 }
 
 int main(int argc, char** argv) {

@@ -7,6 +7,7 @@
 
 #include "launch/cli.h"
 #include "runtime/error.h"
+#include "runtime/mesh.h"
 #include "runtime/metrics.h"
 
 using kiln::ConfigError;
@@ -117,4 +118,20 @@ TEST(Metrics, PeakTable) {
   EXPECT_EQ(kiln::peak_tflops_for("NVIDIA A100-SXM4-80GB"), 312.0);
   EXPECT_FALSE(kiln::peak_tflops_for("cpu").has_value());
   EXPECT_FALSE(kiln::peak_tflops_for("Some Future GPU").has_value());
+}
+
+TEST(Mesh, ResolveAndCoordinates) {
+  auto s = kiln::MeshShape::resolve(8, 2, 2);
+  EXPECT_EQ(s.dp, 2);
+  // rank = (pp * dp + dp_index) * tp + tp_index
+  auto c = kiln::coord_of(5, s);  // 5 = (1 * 2 + 0) * 2 + 1
+  EXPECT_EQ(c.pp, 1);
+  EXPECT_EQ(c.dp, 0);
+  EXPECT_EQ(c.tp, 1);
+  try {
+    kiln::MeshShape::resolve(6, 4, 1);
+    FAIL() << "4 does not divide 6";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(contains(e.what(), "world 6 ranks, tp 4 x pp 1 = 4")) << e.what();
+  }
 }

@@ -1,0 +1,124 @@
+// parallel/ddp.cpp -- buckets, AccumulateGrad hooks, and the reduction.
+#include "parallel/ddp.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "runtime/error.h"
+
+namespace kiln {
+
+namespace {
+
+// Calls fn after a parameter's AccumulateGrad node has run (its .grad() is up to date).
+class GradReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::vector<at::Tensor> params, std::shared_ptr<Communicator> dp,
+                                                 DDPConfig cfg)
+    : params_(std::move(params)), dp_(std::move(dp)), bucket_of_(params_.size()) {
+  // Reverse registration order: the head's gradients arrive first in backward.
+  Bucket current;
+  int64_t current_bytes = 0, limit = cfg.first_bucket_bytes;
+  std::vector<std::vector<size_t>> groups;
+  for (size_t k = params_.size(); k-- > 0;) {
+    const auto& p = params_[k];
+    if (p.scalar_type() != at::kFloat) throw Error("ddp: parameters must be fp32 (got " + std::string(c10::toString(p.scalar_type())) + ")");
+    if (!groups.empty() && current_bytes > 0 && current_bytes + static_cast<int64_t>(p.nbytes()) > limit) {
+      groups.emplace_back();
+      current_bytes = 0;
+      limit = cfg.bucket_bytes;
+    }
+    if (groups.empty()) groups.emplace_back();
+    groups.back().push_back(k);
+    current_bytes += static_cast<int64_t>(p.nbytes());
+  }
+  for (auto& g : groups) {
+    Bucket b;
+    int64_t numel = 0;
+    for (size_t k : g) numel += params_[k].numel();
+    b.flat = at::zeros({numel}, params_[g.front()].options());
+    int64_t offset = 0;
+    for (size_t k : g) {
+      auto& p = params_[k];
+      p.mutable_grad() = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      offset += p.numel();
+      bucket_of_[k] = buckets_.size();
+    }
+    b.params = std::move(g);
+    buckets_.push_back(std::move(b));
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
+    if (!acc) throw Error("ddp: parameter " + std::to_string(k) + " does not require grad");
+    hook_keys_.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>([this, k] { on_grad_ready(k); })));
+    accumulators_.push_back(std::move(acc));
+  }
+  for (auto& b : buckets_) b.pending = static_cast<int64_t>(b.params.size());
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
+}
+
+void DistributedDataParallel::broadcast_parameters() {
+  at::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    at::Tensor data = p.detach();  // shares p's storage: the broadcast lands in the parameter
+    dp_->broadcast(data, 0)->wait();
+  }
+  // Every rank must now hold the same weights: compare a checksum's max and min over dp.
+  double sum = 0.0;
+  for (const auto& p : params_) sum += p.detach().to(at::kDouble).abs().sum().item<double>();
+  auto hi = at::full({1}, sum, at::kDouble), lo = hi.clone();
+  dp_->all_reduce(hi, ReduceOp::Max)->wait();
+  dp_->all_reduce(lo, ReduceOp::Min)->wait();
+  if (hi.item<double>() != lo.item<double>()) {
+    throw Error("ddp: parameters differ across dp ranks after the broadcast (checksums " +
+                std::to_string(lo.item<double>()) + " .. " + std::to_string(hi.item<double>()) + ")");
+  }
+}
+
+void DistributedDataParallel::zero_grad() {
+  for (auto& b : buckets_) b.flat.zero_();
+  launched_in_backward_ = 0;
+}
+
+void DistributedDataParallel::on_grad_ready(size_t k) {
+  if (!sync_) return;
+  Bucket& b = buckets_[bucket_of_[k]];
+  if (--b.pending == 0) {
+    launch(b);
+    ++launched_in_backward_;
+  }
+}
+
+void DistributedDataParallel::launch(Bucket& b) { b.work = dp_->all_reduce(b.flat, ReduceOp::Avg); }
+
+void DistributedDataParallel::finish_backward() {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& b : buckets_)
+    if (!b.work) launch(b);  // parameters without a gradient in this backward
+  for (auto& b : buckets_) {
+    b.work->wait();
+    b.work.reset();
+    b.pending = static_cast<int64_t>(b.params.size());
+  }
+  exposed_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace kiln
