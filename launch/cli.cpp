@@ -72,6 +72,8 @@ const std::vector<Flag>& train_flags() {
        }},
       {"device", Kind::String, "auto | cpu | cuda | cuda:N", field(&TrainConfig::device)},
       {"backend", Kind::String, "auto | nccl | mpi", field(&TrainConfig::backend)},
+      {"comm-timeout", Kind::Float, "seconds a collective may take before the job is aborted", field(&TrainConfig::comm_timeout)},
+      {"comm-init-timeout", Kind::Float, "the same for start-up and the first step", field(&TrainConfig::comm_init_timeout)},
       {"tp", Kind::Int, "tensor-parallel size", field(&TrainConfig::tp)},
       {"pp", Kind::Int, "pipeline-parallel size", field(&TrainConfig::pp)},
       {"zero", Kind::Int, "ZeRO stage 0-3", field(&TrainConfig::zero)},

@@ -11,6 +11,7 @@
 #include <c10/util/Half.h>
 
 #include "runtime/error.h"
+#include "runtime/watchdog.h"
 
 namespace kiln {
 
@@ -39,8 +40,13 @@ void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
 
 class MpiWork final : public Work {
  public:
-  MpiWork(std::vector<MPI_Request> requests, std::function<void()> finish, std::string what)
-      : requests_(std::move(requests)), finish_(std::move(finish)), what_(std::move(what)) {}
+  MpiWork(std::vector<MPI_Request> requests, std::function<void()> finish, std::string what,
+          std::shared_ptr<Watchdog> watchdog)
+      : requests_(std::move(requests)), finish_(std::move(finish)), what_(std::move(what)),
+        watchdog_(std::move(watchdog)), token_(watchdog_ ? watchdog_->start(what_) : 0) {}
+  ~MpiWork() override {
+    if (watchdog_ && !done_) watchdog_->complete(token_);
+  }
 
   void wait() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -60,6 +66,7 @@ class MpiWork final : public Work {
 
  private:
   void complete() {
+    if (watchdog_) watchdog_->complete(token_);
     if (finish_) finish_();
     done_ = true;
   }
@@ -74,12 +81,15 @@ class MpiWork final : public Work {
   std::vector<MPI_Request> requests_;
   std::function<void()> finish_;
   std::string what_;
+  std::shared_ptr<Watchdog> watchdog_;
+  uint64_t token_;
   bool done_ = false;
 };
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, std::string name) : name_(std::move(name)) {
+  MpiCommunicator(MPI_Comm comm, std::string name, std::shared_ptr<Watchdog> watchdog)
+      : name_(std::move(name)), watchdog_(std::move(watchdog)) {
     MPI_Comm_dup(comm, &comm_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
@@ -113,7 +123,7 @@ class MpiCommunicator final : public Communicator {
     const std::string what = begin("all_reduce", t);
     MPI_Request req;
     call(what, MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count(t), type_of(t, what), mpi_op(t, op, what), comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, averager(t, op), what);
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, averager(t, op), what, watchdog_);
   }
 
   std::shared_ptr<Work> reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
@@ -127,7 +137,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     call(what, MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), type_of(in, what),
                                          mpi_op(in, op, what), comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, averager(out, op), what);
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, averager(out, op), what, watchdog_);
   }
 
   std::shared_ptr<Work> all_gather(at::Tensor& out, const at::Tensor& in) override {
@@ -141,7 +151,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     const MPI_Datatype type = type_of(in, what);
     call(what, MPI_Iallgather(in.data_ptr(), count(in), type, out.data_ptr(), count(in), type, comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, nullptr, what);
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, nullptr, what, watchdog_);
   }
 
   std::shared_ptr<Work> broadcast(at::Tensor& t, int root) override {
@@ -149,7 +159,7 @@ class MpiCommunicator final : public Communicator {
     if (root < 0 || root >= size_) throw Error(what + ": root " + std::to_string(root) + " is not a rank of the group");
     MPI_Request req;
     call(what, MPI_Ibcast(t.data_ptr(), count(t), type_of(t, what), root, comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, nullptr, what);
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, nullptr, what, watchdog_);
   }
 
   std::shared_ptr<Work> send_recv(const std::vector<P2POp>& ops) override {
@@ -172,21 +182,21 @@ class MpiCommunicator final : public Communicator {
         ++i;
       }
     }
-    return std::make_shared<MpiWork>(std::move(reqs), nullptr, what);
+    return std::make_shared<MpiWork>(std::move(reqs), nullptr, what, watchdog_);
   }
 
   void barrier() override {
     const std::string what = begin_bytes("barrier", 0);
     MPI_Request req;
     call(what, MPI_Ibarrier(comm_, &req));
-    MpiWork(std::vector<MPI_Request>{req}, nullptr, what).wait();
+    MpiWork(std::vector<MPI_Request>{req}, nullptr, what, watchdog_).wait();
   }
 
   std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
     begin_bytes("split", 0);
     MPI_Comm sub;
     call("split", MPI_Comm_split(comm_, color, key, &sub));
-    auto c = std::make_shared<MpiCommunicator>(sub, name);
+    auto c = std::make_shared<MpiCommunicator>(sub, name, watchdog_);
     MPI_Comm_free(&sub);
     return c;
   }
@@ -260,14 +270,16 @@ class MpiCommunicator final : public Communicator {
   std::string name_;
   int rank_ = 0, size_ = 1, world_rank_ = 0;
   MPI_Op bf16_ops_[3]{}, fp16_ops_[3]{};
+  std::shared_ptr<Watchdog> watchdog_;
   std::atomic<uint64_t> seq_{0};
   std::atomic<int64_t> calls_{0}, bytes_{0};
 };
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name) {
-  return std::make_shared<MpiCommunicator>(comm, name);
+std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name,
+                                                    std::shared_ptr<Watchdog> watchdog) {
+  return std::make_shared<MpiCommunicator>(comm, name, std::move(watchdog));
 }
 
 }  // namespace kiln

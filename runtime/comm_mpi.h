@@ -18,7 +18,11 @@
 
 namespace kiln {
 
-// Wraps a duplicate of `comm` (the caller keeps its own). MPI must be initialised.
-std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name);
+class Watchdog;
+
+// Wraps a duplicate of `comm` (the caller keeps its own). MPI must be initialised. With a
+// watchdog, every operation of this group and of the groups split from it is watched.
+std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name,
+                                                    std::shared_ptr<Watchdog> watchdog = nullptr);
 
 }  // namespace kiln

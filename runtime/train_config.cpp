@@ -45,6 +45,8 @@ void TrainConfig::validate() const {
   if (!(beta2 >= 0 && beta2 < 1)) throw ConfigError("--beta2 must be in [0, 1)");
   at_least("adam-eps", adam_eps, 0);
   one_of("backend", backend, {"auto", "nccl", "mpi"});
+  if (!(comm_timeout > 0)) throw ConfigError("--comm-timeout must be positive (seconds)");
+  if (!(comm_init_timeout > 0)) throw ConfigError("--comm-init-timeout must be positive (seconds)");
   one_of("offload", offload, {"none", "optimizer", "all"});
   one_of("precision", precision, {"fp32", "bf16", "fp16"});
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
@@ -94,6 +96,8 @@ nlohmann::json TrainConfig::to_json() const {
   j["seed"] = seed;
   j["device"] = device;
   j["backend"] = backend;
+  j["comm_timeout"] = comm_timeout;
+  j["comm_init_timeout"] = comm_init_timeout;
   j["tp"] = tp;
   j["pp"] = pp;
   j["zero"] = zero;

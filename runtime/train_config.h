@@ -43,6 +43,8 @@ struct TrainConfig {
   // ---- where and how
   std::string device = "auto";   // auto | cpu | cuda | cuda:N
   std::string backend = "auto";  // auto | nccl | mpi
+  double comm_timeout = 300.0;       // seconds a collective may take before the job is aborted
+  double comm_init_timeout = 900.0;  // the same, for start-up and the first step
   int64_t tp = 1, pp = 1;        // tensor / pipeline parallel sizes; dp = world / (tp pp)
   int64_t zero = 0;              // ZeRO stage 0..3
   std::string offload = "none";  // none | optimizer | all

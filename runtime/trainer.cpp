@@ -26,6 +26,7 @@
 #include "runtime/log_sink.h"
 #include "runtime/mesh.h"
 #include "runtime/metrics.h"
+#include "runtime/watchdog.h"
 
 namespace kiln {
 
@@ -83,12 +84,14 @@ json Trainer::run() {
   const DeviceInfo dev = select_device(cfg_.device, proc_.local_rank);
   const c10::Device device = dev.device;
   std::unique_ptr<Mesh> mesh;
+  std::shared_ptr<Watchdog> watchdog;
   std::string backend = "none";
   if (proc_.world_size > 1) {
     backend = cfg_.backend == "auto" ? "mpi" : cfg_.backend;
     if (backend == "nccl") throw ConfigError("--backend nccl is not supported yet (the NCCL communicator is not implemented in this build)");
     if (device.is_cuda()) throw ConfigError("backend mpi does not support CUDA tensors yet: run multi-rank jobs with --device cpu");
-    mesh = std::make_unique<Mesh>(make_mpi_communicator(MPI_COMM_WORLD, "world"), shape);
+    watchdog = std::make_shared<Watchdog>(cfg_.comm_init_timeout);  // start-up grace until step 1 is done
+    mesh = std::make_unique<Mesh>(make_mpi_communicator(MPI_COMM_WORLD, "world", watchdog), shape);
   }
   const int dp_rank = mesh ? mesh->coord().dp : 0;
   at::manual_seed(cfg_.seed + static_cast<uint64_t>(proc_.rank));  // dropout streams; weights have their own generator
@@ -187,6 +190,12 @@ json Trainer::run() {
     const double tokens_per_s = static_cast<double>(tokens_per_step) / step_s;
     const double tflops = tokens_per_s * fpt / 1e12;
     const double mem_gb = peak_memory_bytes(device) / 1e9;
+    if (step == 0 && watchdog) {
+      // Every rank switches to the short timeout together (after a barrier), or a fast rank
+      // could time out on a slow one still inside its long start-up.
+      mesh->world()->barrier();
+      watchdog->set_timeout(cfg_.comm_timeout);
+    }
     if (step > 0) {  // the first step pays for allocation and kernel selection
       tokens_per_s_sum += tokens_per_s;
       ++timed_steps;

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# tests/cli/ddp_faults.sh -- a rank that stalls or dies ends the whole job, never a hang (label mpi).
+#   SIGSTOP one rank after training has started: the other's watchdog aborts the job within
+#     --comm-timeout (3 s) plus a margin, with its one-line message naming the operation.
+#   SIGKILL one rank: mpirun ends the job.
+source "$(dirname "$0")/common.sh"
+: "${MPIEXEC:=mpirun}"
+
+# start_job LOG: a long 2-rank run in the background; sets job (mpirun's pid) once step 3 is logged.
+start_job() {
+  "$MPIEXEC" --allow-run-as-root -np 2 "$KILN_BIN" train --device cpu --steps 1000000 --log-every 1000 \
+    --comm-timeout 3 --log-json "$work/$1.jsonl" >"$work/$1.out" 2>"$work/$1.err" &
+  job=$!
+  for _ in $(seq 600); do
+    [ -f "$work/$1.jsonl" ] && [ "$(grep -c '"type":"step"' "$work/$1.jsonl")" -ge 3 ] && return 0
+    kill -0 "$job" 2>/dev/null || fail "$1: the job ended before it started training: $(cat "$work/$1.err")"
+    sleep 0.1
+  done
+  fail "$1: no training step within 60 s"
+}
+# wait_job SECONDS: waits for the job to end; sets code and elapsed; fails (and cleans up) on a hang.
+wait_job() {
+  local start=$SECONDS
+  for _ in $(seq $(( $1 * 10 ))); do
+    if ! kill -0 "$job" 2>/dev/null; then
+      code=0; wait "$job" || code=$?
+      elapsed=$(( SECONDS - start ))
+      return 0
+    fi
+    sleep 0.1
+  done
+  pkill -KILL -P "$job" 2>/dev/null; kill -KILL "$job" 2>/dev/null
+  fail "the job still runs $1 s after the fault: it hangs"
+}
+ranks() { pgrep -P "$job" -f "$KILN_BIN"; }
+
+# --- a stalled rank
+start_job stop
+victim=$(ranks | tail -n 1)
+[ -n "$victim" ] || fail "no rank process found under mpirun $job"
+kill -STOP "$victim"
+wait_job 30
+kill -KILL "$victim" 2>/dev/null || true
+[ "$code" -ne 0 ] || fail "job exited 0 after a rank stalled"
+grep -q "did not complete within 3 s (--comm-timeout)" "$work/stop.err" || fail "no watchdog message: $(cat "$work/stop.err")"
+echo "SIGSTOP: job ended in ${elapsed}s with exit $code: $(grep 'kiln: error' "$work/stop.err" | head -n 1)"
+
+# --- a killed rank
+start_job kill
+victim=$(ranks | tail -n 1)
+kill -KILL "$victim"
+wait_job 30
+[ "$code" -ne 0 ] || fail "job exited 0 after a rank was killed"
+echo "SIGKILL: job ended in ${elapsed}s with exit $code"
+echo "PASS"
