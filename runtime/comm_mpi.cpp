@@ -38,6 +38,15 @@ void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
   }
 }
 
+// Throws kiln::Error "<what> failed: <MPI's message>" unless rc is MPI_SUCCESS.
+void check_mpi(int rc, const std::string& what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(what + " failed: " + std::string(msg, len));
+}
+
 class MpiWork final : public Work {
  public:
   MpiWork(std::vector<MPI_Request> requests, std::function<void()> finish, std::string what,
@@ -51,7 +60,7 @@ class MpiWork final : public Work {
   void wait() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
-    check(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    check_mpi(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE), what_);
     complete();
   }
 
@@ -59,7 +68,7 @@ class MpiWork final : public Work {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return true;
     int flag = 0;
-    check(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE));
+    check_mpi(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE), what_);
     if (flag) complete();
     return done_;
   }
@@ -69,13 +78,6 @@ class MpiWork final : public Work {
     if (watchdog_) watchdog_->complete(token_);
     if (finish_) finish_();
     done_ = true;
-  }
-  void check(int rc) {
-    if (rc == MPI_SUCCESS) return;
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw Error(what_ + " failed: " + std::string(msg, len));
   }
   std::mutex mu_;
   std::vector<MPI_Request> requests_;
@@ -258,13 +260,7 @@ class MpiCommunicator final : public Communicator {
       else t.div_(n);
     };
   }
-  void call(const std::string& what, int rc) const {
-    if (rc == MPI_SUCCESS) return;
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw Error(what + " failed: " + std::string(msg, len));
-  }
+  static void call(const std::string& what, int rc) { check_mpi(rc, what); }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;
