@@ -4,12 +4,15 @@
 //   kiln train [flags]   train a GPT (see `kiln train --help`)
 //   kiln prep  [flags]   text files -> token shards
 // Every kiln::Error becomes one line "kiln: error: ..." on stderr and its exit code; anything
-// else escaping is a bug, reported the same way with exit code 70.
+// else escaping is a bug, reported the same way with exit code 70. Under mpirun a failing rank
+// takes the whole job down with it (MPI_Abort) rather than leave its peers waiting.
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <c10/util/Exception.h>
+#include <mpi.h>
 
 #include "data/prep.h"
 #include "launch/cli.h"
@@ -61,23 +64,41 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
   throw kiln::ConfigError("unknown command '" + cmd + "' (commands: train, prep, version)");
 }
 
+// Reports a failure: one line on stderr, then the exit code. In a multi-rank job the failing
+// rank aborts the whole job (MPI_Abort), so no peer is left waiting for it in a collective. A
+// configuration error is the same on every rank, so only rank 0 prints it.
+int fail(const kiln::Environment* env, const std::string& message, int code, bool same_on_every_rank) {
+  const bool multi = env != nullptr && env->info().world_size > 1;
+  if (!multi) {
+    std::fprintf(stderr, "kiln: error: %s\n", message.c_str());
+    return code;
+  }
+  if (!same_on_every_rank || env->info().rank == 0) {
+    std::fprintf(stderr, "kiln: error: %s%s\n", same_on_every_rank ? "" : ("rank " + std::to_string(env->info().rank) + ": ").c_str(),
+                 message.c_str());
+  }
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::unique_ptr<kiln::Environment> env;
   try {
-    kiln::Environment env(&argc, &argv);  // MPI under mpirun; a world of one without it
+    env = std::make_unique<kiln::Environment>(&argc, &argv);  // MPI under mpirun; a world of one without it
     std::vector<std::string> args(argv + 1, argv + argc);
-    return run(args, env.info());
+    return run(args, env->info());
+  } catch (const kiln::ConfigError& e) {
+    return fail(env.get(), e.what(), e.exit_code(), /*same_on_every_rank=*/true);
   } catch (const kiln::Error& e) {
-    std::fprintf(stderr, "kiln: error: %s\n", e.what());
-    return e.exit_code();
+    return fail(env.get(), e.what(), e.exit_code(), false);
   } catch (const c10::Error& e) {
     // LibTorch's messages carry a C++ backtrace; the first line is the useful one.
     std::string msg = e.what_without_backtrace();
-    std::fprintf(stderr, "kiln: error: %s\n", msg.substr(0, msg.find('\n')).c_str());
-    return 70;
+    return fail(env.get(), msg.substr(0, msg.find('\n')), 70, false);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "kiln: error: %s\n", e.what());
-    return 70;
+    return fail(env.get(), e.what(), 70, false);
   }
 }

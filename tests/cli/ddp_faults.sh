@@ -3,6 +3,8 @@
 #   SIGSTOP one rank after training has started: the other's watchdog aborts the job within
 #     --comm-timeout (3 s) plus a margin, with its one-line message naming the operation.
 #   SIGKILL one rank: mpirun ends the job.
+#   An error on one rank only: that rank aborts the job (MPI_Abort) instead of leaving its peer
+#   blocked in a collective; exit code 2 and one kiln line.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 
@@ -52,4 +54,12 @@ kill -KILL "$victim"
 wait_job 30
 [ "$code" -ne 0 ] || fail "job exited 0 after a rank was killed"
 echo "SIGKILL: job ended in ${elapsed}s with exit $code"
+
+# --- an error on one rank only (rank 0 alone opens the log): the job ends at once, one line.
+code=0
+timeout 60 "$MPIEXEC" --allow-run-as-root -np 2 "$KILN_BIN" train --device cpu --steps 5 \
+  --log-json /nonexistent-dir/run.jsonl >/dev/null 2>"$work/one.err" || code=$?
+[ "$code" -eq 2 ] || fail "an error on rank 0 alone: exit $code (want 2), $(cat "$work/one.err")"
+[ "$(grep -c '^kiln: error:' "$work/one.err")" -eq 1 ] || fail "want one kiln line: $(cat "$work/one.err")"
+echo "error on one rank: exit $code, $(grep '^kiln: error' "$work/one.err")"
 echo "PASS"
