@@ -47,6 +47,45 @@ void check_mpi(int rc, const std::string& what) {
   throw Error(what + " failed: " + std::string(msg, len));
 }
 
+// CUDA tensors travel through pinned host memory: copied to the host before the MPI call (a
+// synchronous copy, so whatever the compute stream wrote is complete) and copied back when the
+// Work completes. CPU tensors are used in place. This is also how several ranks share one GPU,
+// which NCCL refuses.
+class Staging {
+ public:
+  // A tensor MPI only reads.
+  at::Tensor in(const at::Tensor& t) {
+    if (t.is_cpu()) return t;
+    auto h = host_like(t);
+    h.copy_(t);
+    keep_.push_back(h);
+    return h;
+  }
+  // A tensor MPI writes (copy_in: and reads first).
+  at::Tensor out(const at::Tensor& t, bool copy_in) {
+    if (t.is_cpu()) return t;
+    auto h = host_like(t);
+    if (copy_in) h.copy_(t);
+    back_.emplace_back(t, h);
+    return h;
+  }
+  // The completion step: `first` (on the host tensors), then the copies back to the device.
+  std::function<void()> then(std::function<void()> first) const {
+    if (back_.empty() && keep_.empty()) return first;
+    return [first, back = back_, keep = keep_]() mutable {
+      if (first) first();
+      for (auto& [device, host] : back) device.copy_(host);
+    };
+  }
+
+ private:
+  static at::Tensor host_like(const at::Tensor& t) {
+    return at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> back_;
+  std::vector<at::Tensor> keep_;
+};
+
 class MpiWork final : public Work {
  public:
   MpiWork(std::vector<MPI_Request> requests, std::function<void()> finish, std::string what,
@@ -123,9 +162,11 @@ class MpiCommunicator final : public Communicator {
 
   std::shared_ptr<Work> all_reduce(at::Tensor& t, ReduceOp op) override {
     const std::string what = begin("all_reduce", t);
+    Staging stage;
+    at::Tensor h = stage.out(t, /*copy_in=*/true);
     MPI_Request req;
-    call(what, MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count(t), type_of(t, what), mpi_op(t, op, what), comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, averager(t, op), what, watchdog_);
+    call(what, MPI_Iallreduce(MPI_IN_PLACE, h.data_ptr(), count(h), type_of(h, what), mpi_op(h, op, what), comm_, &req));
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, stage.then(averager(h, op)), what, watchdog_);
   }
 
   std::shared_ptr<Work> reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
@@ -136,10 +177,12 @@ class MpiCommunicator final : public Communicator {
                   std::to_string(size_) + " x output (" + std::to_string(out.numel()) + ")");
     }
     check_tensor(out, what);
+    Staging stage;
+    at::Tensor hin = stage.in(in), hout = stage.out(out, /*copy_in=*/false);
     MPI_Request req;
-    call(what, MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out), type_of(in, what),
-                                         mpi_op(in, op, what), comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, averager(out, op), what, watchdog_);
+    call(what, MPI_Ireduce_scatter_block(hin.data_ptr(), hout.data_ptr(), count(hout), type_of(hin, what),
+                                         mpi_op(hin, op, what), comm_, &req));
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, stage.then(averager(hout, op)), what, watchdog_);
   }
 
   std::shared_ptr<Work> all_gather(at::Tensor& out, const at::Tensor& in) override {
@@ -150,18 +193,22 @@ class MpiCommunicator final : public Communicator {
       throw Error(what + ": output has " + std::to_string(out.numel()) + " elements, need " +
                   std::to_string(size_) + " x input (" + std::to_string(in.numel()) + ")");
     }
+    Staging stage;
+    at::Tensor hin = stage.in(in), hout = stage.out(out, /*copy_in=*/false);
     MPI_Request req;
-    const MPI_Datatype type = type_of(in, what);
-    call(what, MPI_Iallgather(in.data_ptr(), count(in), type, out.data_ptr(), count(in), type, comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, nullptr, what, watchdog_);
+    const MPI_Datatype type = type_of(hin, what);
+    call(what, MPI_Iallgather(hin.data_ptr(), count(hin), type, hout.data_ptr(), count(hin), type, comm_, &req));
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, stage.then(nullptr), what, watchdog_);
   }
 
   std::shared_ptr<Work> broadcast(at::Tensor& t, int root) override {
     const std::string what = begin("broadcast", t);
     if (root < 0 || root >= size_) throw Error(what + ": root " + std::to_string(root) + " is not a rank of the group");
+    Staging stage;
+    at::Tensor h = stage.out(t, /*copy_in=*/rank_ == root);
     MPI_Request req;
-    call(what, MPI_Ibcast(t.data_ptr(), count(t), type_of(t, what), root, comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, nullptr, what, watchdog_);
+    call(what, MPI_Ibcast(h.data_ptr(), count(h), type_of(h, what), root, comm_, &req));
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, stage.then(nullptr), what, watchdog_);
   }
 
   std::shared_ptr<Work> send_recv(const std::vector<P2POp>& ops) override {
@@ -170,6 +217,7 @@ class MpiCommunicator final : public Communicator {
       if (op.kind == P2POp::Kind::Send) bytes += op.tensor.nbytes();
     const std::string what = begin_bytes("send_recv", bytes);
     std::vector<MPI_Request> reqs(ops.size());
+    Staging stage;
     // Receives first, then sends: with every request non-blocking, no pairing order can deadlock.
     size_t i = 0;
     for (int pass = 0; pass < 2; ++pass) {
@@ -178,13 +226,14 @@ class MpiCommunicator final : public Communicator {
         if (recv != (pass == 0)) continue;
         check_tensor(op.tensor, what);
         if (op.peer < 0 || op.peer >= size_) throw Error(what + ": peer " + std::to_string(op.peer) + " is not a rank of the group");
-        const MPI_Datatype type = type_of(op.tensor, what);
-        call(what, recv ? MPI_Irecv(op.tensor.data_ptr(), count(op.tensor), type, op.peer, kP2PTag, comm_, &reqs[i])
-                        : MPI_Isend(op.tensor.data_ptr(), count(op.tensor), type, op.peer, kP2PTag, comm_, &reqs[i]));
+        const at::Tensor h = recv ? stage.out(op.tensor, /*copy_in=*/false) : stage.in(op.tensor);
+        const MPI_Datatype type = type_of(h, what);
+        call(what, recv ? MPI_Irecv(h.data_ptr(), count(h), type, op.peer, kP2PTag, comm_, &reqs[i])
+                        : MPI_Isend(h.data_ptr(), count(h), type, op.peer, kP2PTag, comm_, &reqs[i]));
         ++i;
       }
     }
-    return std::make_shared<MpiWork>(std::move(reqs), nullptr, what, watchdog_);
+    return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_);
   }
 
   void barrier() override {
@@ -221,7 +270,8 @@ class MpiCommunicator final : public Communicator {
   }
   void check_tensor(const at::Tensor& t, const std::string& what) const {
     if (!t.defined()) throw Error(what + ": undefined tensor");
-    if (!t.device().is_cpu()) throw Error(what + ": backend mpi does not support " + t.device().str() + " tensors yet (CPU only)");
+    if (!t.device().is_cpu() && !t.device().is_cuda())
+      throw Error(what + ": backend mpi does not support " + t.device().str() + " tensors");
     if (!t.is_contiguous()) throw Error(what + ": tensor must be contiguous");
   }
   static void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const std::string& what) {

@@ -1,6 +1,6 @@
 // runtime/comm_mpi.h -- the MPI backend of Communicator.
 //
-// CPU tensors, through MPI's non-blocking collectives (MPI_Iallreduce, MPI_Ireduce_scatter_block,
+// CPU tensors (and CUDA tensors staged through pinned host memory), through MPI's non-blocking collectives (MPI_Iallreduce, MPI_Ireduce_scatter_block,
 // MPI_Iallgather, MPI_Ibcast, MPI_Isend/Irecv); Work wraps the MPI_Requests. fp32, fp64, int32,
 // int64 and uint8 map to MPI types; bf16 and fp16 travel as 16-bit words reduced by user-defined
 // MPI operations that widen to fp32, add (or compare), and round back, as NCCL does.

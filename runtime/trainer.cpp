@@ -89,7 +89,6 @@ json Trainer::run() {
   if (proc_.world_size > 1) {
     backend = cfg_.backend == "auto" ? "mpi" : cfg_.backend;
     if (backend == "nccl") throw ConfigError("--backend nccl is not supported yet (the NCCL communicator is not implemented in this build)");
-    if (device.is_cuda()) throw ConfigError("backend mpi does not support CUDA tensors yet: run multi-rank jobs with --device cpu");
     watchdog = std::make_shared<Watchdog>(cfg_.comm_init_timeout);  // start-up grace until step 1 is done
     mesh = std::make_unique<Mesh>(make_mpi_communicator(MPI_COMM_WORLD, "world", watchdog), shape);
   }

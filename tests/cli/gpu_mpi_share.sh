@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# tests/cli/gpu_mpi_share.sh -- two ranks sharing one GPU through the MPI backend (CUDA tensors
+# staged through pinned host memory) against one process on that GPU, same global batch
+# (labels gpu, mpi). Exits 77 (CTest skip) with the reason when no GPU is visible.
+source "$(dirname "$0")/common.sh"
+: "${MPIEXEC:=mpirun}"
+if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
+  echo "SKIP: no CUDA device: $(cat "$work/err")"
+  exit 77
+fi
+T=(train --device cuda --steps 20 --log-every 20)
+"$KILN_BIN" "${T[@]}" --micro-batch 4 --grad-accum 2 --log-json "$work/ref.jsonl" >/dev/null
+timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 2 "$KILN_BIN" "${T[@]}" --backend mpi \
+  --micro-batch 4 --grad-accum 1 --log-json "$work/np2.jsonl" >/dev/null
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
+ref, run = load("ref"), load("np2")
+rs = [r for r in ref if r["type"] == "step"]; ss = [r for r in run if r["type"] == "step"]
+rel = lambda a, b: abs(a - b) / abs(a)
+worst = max(max(rel(a[k], b[k]) for k in ("loss", "grad_norm")) for a, b in zip(rs, ss))
+worst = max(worst, rel(ref[-1]["param_sq"], run[-1]["param_sq"]))
+# Same tolerance and reasoning as tests/cli/ddp_parity.sh: only the order of fp32 sums differs.
+assert worst <= 1e-5, worst
+print(f"2 ranks on one GPU (MPI, staged) match one process within {worst:.2e}")
+PY
+echo "PASS"
