@@ -32,18 +32,16 @@ DistributedDataParallel::DistributedDataParallel(std::vector<at::Tensor> params,
                                                  DDPConfig cfg)
     : params_(std::move(params)), dp_(std::move(dp)), bucket_of_(params_.size()) {
   // Reverse registration order: the head's gradients arrive first in backward.
-  Bucket current;
   int64_t current_bytes = 0, limit = cfg.first_bucket_bytes;
-  std::vector<std::vector<size_t>> groups;
+  std::vector<std::vector<size_t>> groups(1);
   for (size_t k = params_.size(); k-- > 0;) {
     const auto& p = params_[k];
     if (p.scalar_type() != at::kFloat) throw Error("ddp: parameters must be fp32 (got " + std::string(c10::toString(p.scalar_type())) + ")");
-    if (!groups.empty() && current_bytes > 0 && current_bytes + static_cast<int64_t>(p.nbytes()) > limit) {
+    if (current_bytes > 0 && current_bytes + static_cast<int64_t>(p.nbytes()) > limit) {
       groups.emplace_back();
       current_bytes = 0;
       limit = cfg.bucket_bytes;
     }
-    if (groups.empty()) groups.emplace_back();
     groups.back().push_back(k);
     current_bytes += static_cast<int64_t>(p.nbytes());
   }

@@ -27,7 +27,12 @@ DeviceInfo select_device(const std::string& choice, int local_rank) {
   }
   if (!have_gpu) throw ConfigError("--device " + choice + ": no CUDA GPU is visible to LibTorch");
   int index = local_rank % static_cast<int>(torch::cuda::device_count());
-  if (choice.size() > 5 && choice[4] == ':') index = std::stoi(choice.substr(5));
+  if (choice.size() > 4 && choice[4] == ':') {
+    const std::string n = choice.substr(5);
+    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) >= torch::cuda::device_count())
+      throw ConfigError("--device " + choice + ": no such GPU (" + std::to_string(torch::cuda::device_count()) + " visible)");
+    index = std::stoi(n);
+  }
   info.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 #if defined(KILN_WITH_CUDA)
   cudaDeviceProp prop{};

@@ -169,7 +169,8 @@ json Trainer::run() {
     }
     if (ddp) ddp->finish_backward();
     at::Tensor norm = clip_grad_norm(params, cfg_.grad_clip);
-    // The step's one host synchronisation: loss and norm together.
+    // Loss and norm are read together, once: the host waits here so that a non-finite step is
+    // refused before the update (the only other wait is the timing synchronise below).
     auto both = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum), norm.to(loss_sum.device())}).cpu();
     if (mesh && shape.dp > 1) {
       // The step's loss is the mean over the global batch; every rank's norm is already the same.
