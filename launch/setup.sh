@@ -48,6 +48,15 @@ else
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$torch_pin"
   fi
+  # transformers + safetensors: only the test that loads kiln's checkpoints with Hugging Face's
+  # GPT2LMHeadModel (tests/hf, label cli) uses them; ~25 s and ~240 MB once, with numpy, tokenizers...
+  hf_pins="transformers==5.23.0 safetensors==0.8.0"
+  have_hf=$("$venv/bin/python" -c 'import transformers, safetensors; print(f"transformers=={transformers.__version__} safetensors=={safetensors.__version__}")' 2>/dev/null || true)
+  if [ "$have_hf" != "$hf_pins" ]; then
+    say "installing $hf_pins into $venv (found: ${have_hf:-none})"
+    # shellcheck disable=SC2086
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check $hf_pins
+  fi
   torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 fi
 
@@ -58,7 +67,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   say "configuring $build"
   # shellcheck disable=SC2086
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$torch_prefix" "${launcher[@]}" ${KILN_CMAKE_ARGS:-} >/dev/null
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DKILN_PYTHON="$venv/bin/python" "${launcher[@]}" ${KILN_CMAKE_ARGS:-} >/dev/null
 fi
 say "building ($jobs jobs)"
 cmake --build "$build" -j "$jobs"
