@@ -33,6 +33,11 @@ AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts
   c_proj = register_module("c_proj", std::make_shared<LinearImpl>(d, d, opts));
 }
 
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p) {
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true,
+                                          /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
+}
+
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t q_width = n_head_ * head_dim_, kv_width = n_kv_head_ * head_dim_;
@@ -42,9 +47,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   auto q = parts[0].view({B, T, n_head_, head_dim_}).transpose(1, 2);
   auto k = parts[1].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
   auto v = parts[2].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
-  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? dropout_ : 0.0,
-                                            /*is_causal=*/true, /*scale=*/std::nullopt,
-                                            /*enable_gqa=*/n_kv_head_ != n_head_);
+  const double p = is_training() ? dropout_ : 0.0;
+  auto y = core ? core(q, k, v, p) : causal_attention(q, k, v, p);  // [B, H, T, h]
   y = y.transpose(1, 2).reshape({B, T, q_width});
   return c_proj->forward(y);
 }
@@ -55,7 +59,8 @@ MLPImpl::MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts) {
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  return c_proj->forward(at::gelu(c_fc->forward(x), "tanh"));
+  auto h = c_fc->forward(x);  // [B, T, 4d]
+  return gelu_proj ? gelu_proj(h, *c_proj) : c_proj->forward(at::gelu(h, "tanh"));
 }
 
 BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts) : dropout_(cfg.dropout) {
@@ -110,6 +115,10 @@ void GPT::init_weights(uint64_t seed) {
     }
     p.copy_(cpu);
   }
+  // Padding rows of the vocabulary never meet a token or a target: kept at zero, their gradient
+  // and AdamW state stay zero too, so exporting only the real rows loses nothing.
+  const int64_t V = cfg_.vocab_size, pad = cfg_.padded_vocab_size() - V;
+  if (pad > 0) wte.narrow(0, V, pad).zero_();
 }
 
 at::Tensor GPT::hidden(const at::Tensor& idx) {
@@ -120,7 +129,10 @@ at::Tensor GPT::hidden(const at::Tensor& idx) {
   }
   auto x = at::embedding(wte, idx) + wpe.narrow(0, 0, T);
   if (is_training() && cfg_.dropout > 0.0) x = at::dropout(x, cfg_.dropout, true);
-  for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);
+  for (const auto& m : *h) {
+    auto& block = *m->as<BlockImpl>();
+    x = block_runner ? block_runner(block, x) : block.forward(x);
+  }
   return ln_f->forward(x);
 }
 
@@ -130,7 +142,8 @@ at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
   auto lg = logits(idx);
   const int64_t V = cfg_.vocab_size;
   if (lg.size(-1) != V) lg = lg.narrow(-1, 0, V);
-  return at::cross_entropy_loss(lg.reshape({-1, V}), targets.reshape({-1}));
+  // In fp32 whatever the compute precision: log-sum-exp over the vocabulary needs its range.
+  return at::cross_entropy_loss(lg.reshape({-1, V}).to(at::kFloat), targets.reshape({-1}));
 }
 
 int64_t GPT::num_params() const {

@@ -14,10 +14,14 @@
 // does (HF's Conv1D stores the transpose; the checkpoint writer transposes).
 //
 // The model holds no parallelism code: data parallelism, sharding and checkpointing are
-// applied from outside (parallel/), as torchtitan does.
+// applied from outside (parallel/), as torchtitan does. What it offers them is three hook points,
+// each a std::function that is empty by default (an empty hook runs the plain code, so the
+// numerics are those of the model without hooks): GPT::block_runner (how a block is run),
+// AttentionImpl::core (the attention core) and MLPImpl::gelu_proj (c_proj(gelu(h))).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include <torch/nn/module.h>
@@ -43,11 +47,19 @@ class LayerNormImpl : public torch::nn::Module {
   double eps;
 };
 
+// The attention core: causal softmax(q k^T / sqrt(h)) v, dropout p on the probabilities, by
+// scaled_dot_product_attention. q [B, H, T, h], k and v [B, KV, T, h] -> [B, H, T, h]; each kv
+// head serves H / KV consecutive query heads.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p);
+
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x);  // [B, T, d] -> [B, T, d]
   std::shared_ptr<LinearImpl> c_attn, c_proj;
+  // Hook for the attention core, called as core(q, k, v, dropout_p) with causal_attention's
+  // shapes; empty: causal_attention. (Set by parallel/activation_checkpoint.h.)
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)> core;
 
  private:
   int64_t n_head_, n_kv_head_, head_dim_;
@@ -59,6 +71,9 @@ class MLPImpl : public torch::nn::Module {
   MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x);  // c_proj(gelu_tanh(c_fc(x)))
   std::shared_ptr<LinearImpl> c_fc, c_proj;
+  // Hook for c_proj(gelu_tanh(h)), called as gelu_proj(h, *c_proj) with h = c_fc(x) [B, T, 4d];
+  // empty: the plain ops. (Set by parallel/activation_checkpoint.h.)
+  std::function<at::Tensor(const at::Tensor&, LinearImpl&)> gelu_proj;
 };
 
 class BlockImpl : public torch::nn::Module {
@@ -82,7 +97,7 @@ class GPT : public torch::nn::Module {
   // GPT-2 initialisation, drawn on the CPU from a generator seeded with `seed`, so the weights
   // are the same whatever the device: N(0, 0.02) for matrices and token embeddings, N(0, 0.01)
   // for positions, N(0, 0.02/sqrt(2L)) for the residual projections (attn.c_proj, mlp.c_proj),
-  // zero biases, unit LayerNorm scales. No-op on the meta device.
+  // zero biases, unit LayerNorm scales, zero padding rows of wte. No-op on the meta device.
   void init_weights(uint64_t seed);
 
   // Residual stream after ln_f: [B, T] token ids -> [B, T, d].
@@ -98,6 +113,9 @@ class GPT : public torch::nn::Module {
   at::Tensor wte, wpe;  // [V', d], [T, d]
   torch::nn::ModuleList h;
   std::shared_ptr<LayerNormImpl> ln_f;
+  // Hook that runs one block, called as block_runner(block, x) for x [B, T, d]; empty:
+  // block.forward(x). (Set by parallel/activation_checkpoint.h.)
+  std::function<at::Tensor(BlockImpl&, const at::Tensor&)> block_runner;
 
  private:
   GPTConfig cfg_;
