@@ -40,8 +40,11 @@ int64_t DataLoader::position(int64_t step, int64_t micro, int64_t i) const {
     throw std::out_of_range("DataLoader::position: step " + std::to_string(step) + ", micro " +
                             std::to_string(micro) + ", sequence " + std::to_string(i) +
                             " outside the batch layout");
+  if (step < resume_step_)
+    throw std::out_of_range("DataLoader::position: step " + std::to_string(step) +
+                            " is before the resume point " + std::to_string(resume_step_));
   const int64_t per_rank = layout_.micro_batch * layout_.grad_accum;
-  return step * layout_.global_batch() + layout_.dp_rank * per_rank +
+  return resume_samples_ + (step - resume_step_) * layout_.global_batch() + layout_.dp_rank * per_rank +
          micro * layout_.micro_batch + i;
 }
 

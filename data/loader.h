@@ -4,6 +4,7 @@
 // [step * G, (step + 1) * G) with G = micro_batch * grad_accum * dp. Data-parallel rank r takes
 // the contiguous slice [r * G/dp, (r + 1) * G/dp) and cuts it into grad_accum micro-batches in
 // order. Every layout with the same G therefore trains on the same sequences at every step.
+// A resumed run continues the stream where the checkpoint left it (resume_at).
 #pragma once
 
 #include <cstdint>
@@ -38,12 +39,24 @@ class DataLoader {
   Batch get(int64_t step, int64_t micro) const;
   // The stream position of sequence i of that micro-batch.
   int64_t position(int64_t step, int64_t micro, int64_t i) const;
+  // Resuming: `samples` sequences were consumed before step `step` (by a run whose global batch
+  // may differ); step s >= step then starts at samples + (s - step) * G. Without it, samples =
+  // step * G, the same thing when the global batch never changed.
+  void resume_at(int64_t step, int64_t samples) {
+    resume_step_ = step;
+    resume_samples_ = samples;
+  }
+  // Sequences consumed by steps [0, step).
+  int64_t samples_before(int64_t step) const {
+    return resume_samples_ + (step - resume_step_) * layout_.global_batch();
+  }
   const BatchLayout& layout() const { return layout_; }
 
  private:
   std::shared_ptr<const TokenDataset> data_;
   SampleOrder order_;
   BatchLayout layout_;
+  int64_t resume_step_ = 0, resume_samples_ = 0;
 };
 
 }  // namespace kiln

@@ -6,7 +6,9 @@
 // Every kiln::Error becomes one line "kiln: error: ..." on stderr and its exit code; anything
 // else escaping is a bug, reported the same way with exit code 70. Under mpirun a failing rank
 // takes the whole job down with it (MPI_Abort) rather than leave its peers waiting.
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +80,9 @@ int fail(const kiln::Environment* env, const std::string& message, int code, boo
                  message.c_str());
   }
   std::fflush(stderr);
+  // An error every rank raised is printed by rank 0 alone; the others give it a moment to
+  // print before anyone aborts the job (the first MPI_Abort kills every rank at once).
+  if (same_on_every_rank && env->info().rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
   MPI_Abort(MPI_COMM_WORLD, code);
   return code;
 }

@@ -1,6 +1,8 @@
 // optim/adamw.cpp -- AdamW on LibTorch's fused multi-tensor kernel.
 #include "optim/adamw.h"
 
+#include <stdexcept>
+
 #include <ATen/ATen.h>
 
 namespace kiln {
@@ -37,6 +39,15 @@ void AdamW::step_group(Group& g, double lr) {
   at::_foreach_add_(steps, 1.0);  // the fused kernel expects t already advanced
   at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, cfg_.beta1, cfg_.beta2,
                     g.weight_decay, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
+}
+
+AdamW::ParamState AdamW::state_of(const at::Tensor& p) const {
+  for (const auto& g : groups_) {
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      if (g.params[i].is_same(p)) return {g.exp_avg[i], g.exp_avg_sq[i], g.step[i]};
+    }
+  }
+  throw std::invalid_argument("AdamW::state_of: not a parameter of this optimizer");
 }
 
 void AdamW::step(double lr) {

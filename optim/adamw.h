@@ -34,6 +34,14 @@ class AdamW {
   void step(double lr);
 
   int64_t steps_taken() const { return steps_; }
+
+  // Parameter p's state (p must be one of the constructor's parameters): views of the live
+  // tensors, which a checkpoint reads and a resume writes into. step is a 0-dim fp32 tensor.
+  struct ParamState {
+    at::Tensor exp_avg, exp_avg_sq, step;
+  };
+  ParamState state_of(const at::Tensor& p) const;
+  void set_steps_taken(int64_t n) { steps_ = n; }
   const AdamWConfig& config() const { return cfg_; }
 
  private:

@@ -15,7 +15,9 @@ namespace kiln {
 at::Tensor grad_norm(const std::vector<at::Tensor>& params);
 
 // Scales the gradients so their global norm is at most max_norm (no clipping if max_norm <= 0)
-// and returns the norm before clipping.
-at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// and returns the norm before clipping. With grad_scale S != 1 (FP16 loss scaling) the
+// gradients hold S g: the norm returned is that of g, and the gradients are left holding
+// c g (the unscaling folded into the clipping multiply, one pass over the gradients).
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double grad_scale = 1.0);
 
 }  // namespace kiln

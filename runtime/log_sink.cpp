@@ -8,8 +8,8 @@
 
 namespace kiln {
 
-LogSink::LogSink(const std::string& path) {
-  out_.open(path, std::ios::out | std::ios::trunc);
+LogSink::LogSink(const std::string& path, bool append) {
+  out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
   if (!out_) throw ConfigError("--log-json " + path + ": cannot open for writing: " + std::strerror(errno));
 }
 

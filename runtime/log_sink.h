@@ -15,8 +15,9 @@ namespace kiln {
 class LogSink {
  public:
   LogSink() = default;  // disabled: write() does nothing
-  // Opens `path` for writing (truncating). Throws ConfigError if it cannot.
-  explicit LogSink(const std::string& path);
+  // Opens `path` for writing: truncating it, or appending (a resumed run continues its log).
+  // Throws ConfigError if it cannot.
+  explicit LogSink(const std::string& path, bool append = false);
   bool enabled() const { return out_.is_open(); }
   void write(const nlohmann::json& record);
 

@@ -58,11 +58,20 @@ void TrainConfig::validate() const {
   not_yet(pp != 1, "--pp " + std::to_string(pp), "pipeline parallelism");
   not_yet(zero != 0, "--zero " + std::to_string(zero), "ZeRO sharding");
   not_yet(offload != "none", "--offload " + offload, "CPU offload");
-  not_yet(precision != "fp32", "--precision " + precision, "mixed precision");
-  not_yet(activation_checkpointing != "none", "--activation-checkpointing " + activation_checkpointing,
-          "activation checkpointing");
-  not_yet(!save_dir.empty(), "--save-dir", "checkpointing");
-  not_yet(resume != "auto" && resume != "none", "--resume " + resume, "checkpointing");
+  one_of("on-nonfinite", on_nonfinite, {"stop", "skip"});
+  at_least("save-every", static_cast<double>(save_every), 0);
+  at_least("keep-last", static_cast<double>(keep_last), 0);
+  at_least("stop-at-step", static_cast<double>(stop_at_step), 0);
+  if (resume.empty()) throw ConfigError("--resume must be auto, none, or a checkpoint path");
+  if (precision == "fp16") {
+    at_least("loss-scale", loss_scale, 0);
+    at_least("loss-scale-window", static_cast<double>(loss_scale_window), 1);
+    at_least("hysteresis", static_cast<double>(hysteresis), 1);
+    if (!(min_loss_scale > 0)) throw ConfigError("--min-loss-scale must be positive");
+    if (initial_scale_power < 0 || initial_scale_power > 120) {
+      throw ConfigError("--initial-scale-power must be in [0, 120] (got " + std::to_string(initial_scale_power) + ")");
+    }
+  }
 }
 
 nlohmann::json TrainConfig::to_json() const {
@@ -109,8 +118,11 @@ nlohmann::json TrainConfig::to_json() const {
   j["hysteresis"] = hysteresis;
   j["min_loss_scale"] = min_loss_scale;
   j["activation_checkpointing"] = activation_checkpointing;
+  j["on_nonfinite"] = on_nonfinite;
   j["save_dir"] = save_dir;
   j["save_every"] = save_every;
+  j["keep_last"] = keep_last;
+  j["stop_at_step"] = stop_at_step;
   j["resume"] = resume;
   j["log_json"] = log_json;
   j["log_every"] = log_every;

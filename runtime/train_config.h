@@ -55,11 +55,14 @@ struct TrainConfig {
   int64_t hysteresis = 2;                     // overflows tolerated before the scale halves
   double min_loss_scale = 1.0;                // smallest dynamic scale
   std::string activation_checkpointing = "none";  // none | full | selective
+  std::string on_nonfinite = "stop";          // bf16/fp32 non-finite loss or norm: stop | skip
 
   // ---- checkpoints and logs
   std::string save_dir;        // empty = no checkpoints
   int64_t save_every = 0;      // steps between checkpoints; 0 = only at the end
-  std::string resume = "auto"; // auto | none | PATH
+  int64_t keep_last = 3;       // checkpoints kept in save_dir; 0 = all
+  int64_t stop_at_step = 0;    // end this invocation after this step (a time-limited job); 0 = at steps
+  std::string resume = "auto"; // auto (latest in save_dir, if any) | none | PATH
   std::string log_json;        // JSONL log path; empty = none
   int64_t log_every = 1;       // console line every N steps
   double peak_tflops = 0.0;    // device peak for MFU; 0 = from the device table

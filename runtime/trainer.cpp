@@ -1,10 +1,10 @@
-// runtime/trainer.cpp -- the step loop, evaluation, and the records it logs.
+// runtime/trainer.cpp -- set-up, the step, evaluation, checkpoints, and the records it logs.
 #include "runtime/trainer.h"
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <memory>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
@@ -18,14 +18,18 @@
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "parallel/activation_checkpoint.h"
 #include "parallel/ddp.h"
+#include "runtime/checkpoint.h"
 #include "runtime/comm_mpi.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/log_sink.h"
 #include "runtime/mesh.h"
 #include "runtime/metrics.h"
+#include "runtime/precision.h"
 #include "runtime/watchdog.h"
 
 namespace kiln {
@@ -53,17 +57,13 @@ json versions() {
   return v;
 }
 
-// Mean loss over the first eval_batches micro-batches of the validation data, in eval mode.
-double evaluate(GPT& model, const DataLoader& val, int64_t batches, const c10::Device& device) {
-  at::NoGradGuard no_grad;
-  model.eval();
-  auto total = at::zeros({}, at::TensorOptions().device(device));
-  for (int64_t b = 0; b < batches; ++b) {
-    auto batch = val.get(b, 0);
-    total += model.loss(batch.inputs.to(device), batch.targets.to(device));
-  }
-  model.train();
-  return total.item<double>() / static_cast<double>(batches);
+// The dropout seed of step `step` on data-parallel rank `dp_rank` (splitmix64 of the three):
+// reseeding every step makes the step number the whole RNG state a checkpoint needs.
+uint64_t step_seed(uint64_t seed, int64_t step, int dp_rank) {
+  uint64_t z = seed ^ (static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(dp_rank) << 48);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (z ^ (z >> 31)) >> 1;  // manual_seed takes a non-negative int64 range
 }
 
 std::string human(double v) {
@@ -74,159 +74,296 @@ std::string human(double v) {
   return buf;
 }
 
+// JSON has no inf or NaN: a non-finite figure is logged as null.
+json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
 }  // namespace
 
-Trainer::Trainer(TrainConfig cfg, ProcessInfo proc) : cfg_(std::move(cfg)), proc_(proc) {}
-
-json Trainer::run() {
-  const bool rank0 = proc_.rank == 0;
-  const MeshShape shape = MeshShape::resolve(proc_.world_size, static_cast<int>(cfg_.tp), static_cast<int>(cfg_.pp));
-  const DeviceInfo dev = select_device(cfg_.device, proc_.local_rank);
-  const c10::Device device = dev.device;
-  std::unique_ptr<Mesh> mesh;
-  std::shared_ptr<Watchdog> watchdog;
+struct Trainer::Run {
+  MeshShape shape;
+  DeviceInfo dev;
   std::string backend = "none";
-  if (proc_.world_size > 1) {
-    backend = cfg_.backend == "auto" ? "mpi" : cfg_.backend;
-    if (backend == "nccl") throw ConfigError("--backend nccl is not supported yet (the NCCL communicator is not implemented in this build)");
-    watchdog = std::make_shared<Watchdog>(cfg_.comm_init_timeout);  // start-up grace until step 1 is done
-    mesh = std::make_unique<Mesh>(make_mpi_communicator(MPI_COMM_WORLD, "world", watchdog), shape);
-  }
-  const int dp_rank = mesh ? mesh->coord().dp : 0;
-  at::manual_seed(cfg_.seed + static_cast<uint64_t>(proc_.rank));  // dropout streams; weights have their own generator
+  std::shared_ptr<Watchdog> watchdog;
+  std::unique_ptr<Mesh> mesh;
+  int dp_rank = 0;
+  Precision precision = Precision::FP32;
 
-  auto train_data = training_data(cfg_);
-  BatchLayout layout{cfg_.micro_batch, cfg_.grad_accum, shape.dp, dp_rank};
-  DataLoader loader(train_data, cfg_.seed, /*shuffle=*/true, layout);
-  std::unique_ptr<DataLoader> val_loader;
+  std::shared_ptr<const TokenDataset> train_data;
+  std::unique_ptr<DataLoader> loader, val_loader;
+
+  std::shared_ptr<GPT> model;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<AdamW> optimizer;
+  std::unique_ptr<LossScaler> scaler;
+  std::optional<LRSchedule> schedule;
+  std::unique_ptr<Checkpointer> checkpointer;  // rank 0, with --save-dir
+
+  TrainProgress progress;     // steps done, updates applied, data position, scaler state
+  std::string resumed_from;   // checkpoint directory, or empty
+  std::optional<double> peak;
+  double flops_per_token = 0.0;
+  int64_t tokens_per_step = 0;
+  LogSink log;
+
+  int64_t comm_bytes() const {
+    return mesh ? mesh->world()->stats().bytes + mesh->dp()->stats().bytes : int64_t{0};
+  }
+};
+
+struct Trainer::StepOutcome {
+  double loss = NAN, norm = NAN, lr = 0.0, loss_scale = 1.0, comm_ms = 0.0;
+  bool skipped = false;
+};
+
+Trainer::Trainer(TrainConfig cfg, ProcessInfo proc) : cfg_(std::move(cfg)), proc_(proc) {}
+Trainer::~Trainer() = default;
+
+void Trainer::setup() {
+  run_ = std::make_unique<Run>();
+  Run& r = *run_;
+  r.shape = MeshShape::resolve(proc_.world_size, static_cast<int>(cfg_.tp), static_cast<int>(cfg_.pp));
+  r.dev = select_device(cfg_.device, proc_.local_rank);
+  r.precision = parse_precision(cfg_.precision);
+  const c10::Device device = r.dev.device;
+  if (proc_.world_size > 1) {
+    r.backend = cfg_.backend == "auto" ? "mpi" : cfg_.backend;
+    if (r.backend == "nccl") throw ConfigError("--backend nccl is not supported yet (the NCCL communicator is not implemented in this build)");
+    r.watchdog = std::make_shared<Watchdog>(cfg_.comm_init_timeout);  // start-up grace until step 1 is done
+    r.mesh = std::make_unique<Mesh>(make_mpi_communicator(MPI_COMM_WORLD, "world", r.watchdog), r.shape);
+    r.dp_rank = r.mesh->coord().dp;
+  }
+
+  r.train_data = training_data(cfg_);
+  const BatchLayout layout{cfg_.micro_batch, cfg_.grad_accum, r.shape.dp, r.dp_rank};
+  r.loader = std::make_unique<DataLoader>(r.train_data, cfg_.seed, /*shuffle=*/true, layout);
   if (!cfg_.val_data.empty()) {
     auto val = std::make_shared<TokenDataset>(TokenDataset::from_paths(
         cfg_.val_data, parse_token_format(cfg_.data_format), cfg_.gpt.seq_len, cfg_.gpt.vocab_size));
-    val_loader = std::make_unique<DataLoader>(val, cfg_.seed, /*shuffle=*/false,
-                                              BatchLayout{cfg_.micro_batch, 1, 1, 0});
+    r.val_loader = std::make_unique<DataLoader>(val, cfg_.seed, /*shuffle=*/false, BatchLayout{cfg_.micro_batch, 1, 1, 0});
   }
 
-  auto model = std::make_shared<GPT>(cfg_.gpt);
-  model->init_weights(cfg_.seed);
-  model->to(device);
-  model->train();
-  std::vector<at::Tensor> params = model->parameters();
-  std::unique_ptr<DistributedDataParallel> ddp;
-  if (mesh && shape.dp > 1) {
-    ddp = std::make_unique<DistributedDataParallel>(params, mesh->dp());
-    ddp->broadcast_parameters();
+  r.model = std::make_shared<GPT>(cfg_.gpt);
+  r.model->init_weights(cfg_.seed);
+  r.model->to(device);
+  r.model->train();
+  // Parallelism applied from outside the model, in torchtitan's order: activation checkpointing,
+  // then data parallelism.
+  apply_activation_checkpointing(*r.model, parse_activation_checkpointing(cfg_.activation_checkpointing));
+  r.params = r.model->parameters();
+  if (r.mesh && r.shape.dp > 1) {
+    r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp());
+    r.ddp->broadcast_parameters();
   }
-  auto comm_bytes = [&] { return mesh ? mesh->world()->stats().bytes + mesh->dp()->stats().bytes : int64_t{0}; };
-  AdamW optimizer(params, AdamWConfig{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay});
-  const LRSchedule schedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.steps};
+  r.optimizer = std::make_unique<AdamW>(r.params, AdamWConfig{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay});
+  r.scaler = std::make_unique<LossScaler>(LossScalerConfig{r.precision == Precision::FP16, cfg_.loss_scale,
+                                                           cfg_.initial_scale_power, cfg_.loss_scale_window,
+                                                           cfg_.hysteresis, cfg_.min_loss_scale});
+  r.schedule.emplace(LRSchedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.steps});
 
-  const double fpt = flops_per_token(cfg_.gpt);
-  std::optional<double> peak = cfg_.peak_tflops > 0 ? std::optional<double>(cfg_.peak_tflops)
-                                                    : peak_tflops_for(dev.name);
-  const int64_t tokens_per_step = layout.global_batch() * cfg_.gpt.seq_len;
+  // Resume (rank 0 reads, every rank receives), then the checkpoint writer.
+  auto resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.model, *r.optimizer, r.mesh ? r.mesh->world().get() : nullptr);
+  if (resumed) {
+    r.resumed_from = resumed->dir;
+    r.progress = resumed->progress;
+    if (!r.progress.loss_scaler.empty()) r.scaler->load_state(r.progress.loss_scaler);
+    r.loader->resume_at(r.progress.step, r.progress.samples);
+  }
+  if (!cfg_.save_dir.empty() && proc_.rank == 0) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last);
 
-  LogSink log = (cfg_.log_json.empty() || !rank0) ? LogSink() : LogSink(cfg_.log_json);
-  log.write({{"type", "config"},
-             {"config", cfg_.to_json()},
-             {"world", {{"size", proc_.world_size}, {"dp", shape.dp}, {"tp", shape.tp}, {"pp", shape.pp},
-                        {"backend", backend}, {"ddp_buckets", ddp ? ddp->num_buckets() : 0}}},
-             {"params", model->num_params()},
-             {"params_non_embedding_pos", cfg_.gpt.num_params_non_embedding_pos()},
-             {"flops_per_token", fpt},
-             {"tokens_per_step", tokens_per_step},
-             {"device", dev.name},
-             {"peak_tflops", peak ? json(*peak) : json(nullptr)},
-             {"data", {{"tokens", train_data->num_tokens()}, {"samples", train_data->num_samples()},
-                       {"source", cfg_.data.empty() ? json("synthetic") : json(cfg_.data)}}},
-             {"versions", versions()}});
-  if (rank0) {
-    std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d), %lld tokens/step, %lld steps\n",
-                cfg_.model.c_str(), static_cast<long long>(model->num_params()), cfg_.precision.c_str(),
-                dev.name.c_str(), proc_.world_size, shape.dp, shape.tp, shape.pp,
-                static_cast<long long>(tokens_per_step), static_cast<long long>(cfg_.steps));
-    if (!peak) std::printf("kiln: no peak FLOP/s known for '%s': MFU not reported (give --peak-tflops)\n", dev.name.c_str());
+  r.flops_per_token = flops_per_token(cfg_.gpt);
+  r.peak = cfg_.peak_tflops > 0 ? std::optional<double>(cfg_.peak_tflops) : peak_tflops_for(r.dev.name);
+  r.tokens_per_step = layout.global_batch() * cfg_.gpt.seq_len;
+  r.log = (cfg_.log_json.empty() || proc_.rank != 0) ? LogSink() : LogSink(cfg_.log_json, /*append=*/resumed.has_value());
+}
+
+void Trainer::log_config() {
+  Run& r = *run_;
+  r.log.write({{"type", "config"},
+               {"config", cfg_.to_json()},
+               {"world", {{"size", proc_.world_size}, {"dp", r.shape.dp}, {"tp", r.shape.tp}, {"pp", r.shape.pp},
+                          {"backend", r.backend}, {"ddp_buckets", r.ddp ? r.ddp->num_buckets() : 0}}},
+               {"params", r.model->num_params()},
+               {"params_non_embedding_pos", cfg_.gpt.num_params_non_embedding_pos()},
+               {"flops_per_token", r.flops_per_token},
+               {"tokens_per_step", r.tokens_per_step},
+               {"device", r.dev.name},
+               {"peak_tflops", r.peak ? json(*r.peak) : json(nullptr)},
+               {"compute_dtype", c10::toString(compute_dtype(r.precision))},
+               {"resumed_from", r.resumed_from.empty() ? json(nullptr) : json(r.resumed_from)},
+               {"start_step", r.progress.step},
+               {"data", {{"tokens", r.train_data->num_tokens()}, {"samples", r.train_data->num_samples()},
+                         {"source", cfg_.data.empty() ? json("synthetic") : json(cfg_.data)}}},
+               {"versions", versions()}});
+  if (proc_.rank != 0) return;
+  std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d), %lld tokens/step, %lld steps\n",
+              cfg_.model.c_str(), static_cast<long long>(r.model->num_params()), cfg_.precision.c_str(),
+              r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp,
+              static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
+  if (!r.resumed_from.empty()) {
+    std::printf("kiln: resumed from %s at step %lld\n", r.resumed_from.c_str(), static_cast<long long>(r.progress.step));
+  }
+  if (!r.peak) std::printf("kiln: no peak FLOP/s known for '%s': MFU not reported (give --peak-tflops)\n", r.dev.name.c_str());
+  std::fflush(stdout);
+}
+
+Trainer::StepOutcome Trainer::train_step(int64_t step) {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  StepOutcome out;
+  out.loss_scale = r.scaler->scale();
+  at::manual_seed(step_seed(cfg_.seed, step, r.dp_rank));
+  if (r.ddp) r.ddp->zero_grad();
+  else r.model->zero_grad(/*set_to_none=*/true);
+
+  auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
+  const double backward_factor = out.loss_scale / static_cast<double>(cfg_.grad_accum);
+  for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+    if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);  // sync skipping
+    Batch batch = r.loader->get(step, micro);
+    at::Tensor loss;
+    {
+      AutocastScope autocast(r.precision, device.type());
+      loss = r.model->loss(batch.inputs.to(device, /*non_blocking=*/true), batch.targets.to(device, /*non_blocking=*/true));
+    }
+    (loss * backward_factor).backward();
+    loss_sum += loss.detach().to(at::kFloat);
+  }
+  if (r.ddp) r.ddp->finish_backward();
+  at::Tensor norm = clip_grad_norm(r.params, cfg_.grad_clip, out.loss_scale);
+
+  // One small tensor decides the step on every rank: the mean loss and whether anything was
+  // not finite (an fp16 overflow, or a diverged run), summed over dp.
+  auto local = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum),
+                          at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat)});
+  if (r.mesh && r.shape.dp > 1) {
+    const auto t0 = Clock::now();
+    r.mesh->dp()->all_reduce(local, ReduceOp::Sum)->wait();
+    out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
+  auto host = local.cpu();
+  out.loss = host[0].item<double>() / static_cast<double>(r.shape.dp);
+  out.norm = norm.item<double>();
+  const bool nonfinite = host[1].item<double>() > 0.0;
+  if (r.precision == Precision::FP16) {
+    out.skipped = r.scaler->update(nonfinite);
+  } else if (nonfinite) {
+    if (cfg_.on_nonfinite == "stop") {
+      throw NumericsError("step " + std::to_string(step + 1) + ": loss " + std::to_string(out.loss) + ", gradient norm " +
+                          std::to_string(out.norm) + " is not finite; stopping before the update (--on-nonfinite skip "
+                          "would skip such steps instead)");
+    }
+    out.skipped = true;
+  }
+  out.lr = r.schedule->at(r.progress.updates);
+  if (!out.skipped) {
+    r.optimizer->step(out.lr);
+    ++r.progress.updates;
+  }
+  if (r.ddp) out.comm_ms += r.ddp->exposed_comm_ms();
+  return out;
+}
+
+// Mean loss over the first eval_batches micro-batches of the validation data, in eval mode, in
+// the run's compute precision.
+double Trainer::evaluate(int64_t step) {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  double mean = 0.0;
+  {
+    at::NoGradGuard no_grad;
+    r.model->eval();
+    auto total = at::zeros({}, at::TensorOptions().device(device));
+    for (int64_t b = 0; b < cfg_.eval_batches; ++b) {
+      auto batch = r.val_loader->get(b, 0);
+      AutocastScope autocast(r.precision, device.type());
+      total += r.model->loss(batch.inputs.to(device), batch.targets.to(device)).to(at::kFloat);
+    }
+    r.model->train();
+    mean = total.item<double>() / static_cast<double>(cfg_.eval_batches);
+  }
+  r.log.write({{"type", "eval"}, {"step", step}, {"val_loss", num(mean)}});
+  if (proc_.rank == 0) {
+    std::printf("eval   %6lld | val loss %.4f\n", static_cast<long long>(step), mean);
     std::fflush(stdout);
   }
+  return mean;
+}
+
+json Trainer::run() {
+  setup();
+  Run& r = *run_;
+  log_config();
+  const c10::Device device = r.dev.device;
+  const bool rank0 = proc_.rank == 0;
 
   const auto run_start = Clock::now();
   double tokens_per_s_sum = 0.0, last_loss = NAN, last_eval = NAN;
-  int64_t timed_steps = 0;
+  int64_t timed_steps = 0, skipped_steps = 0;
   std::vector<double> losses;
-  for (int64_t step = 0; step < cfg_.steps; ++step) {
+  std::string last_saved;
+  const int64_t first_step = r.progress.step;
+  if (rank0 && first_step >= cfg_.steps && cfg_.steps > 0) {
+    std::printf("kiln: the checkpoint is at step %lld, --steps is %lld: nothing left to train\n",
+                static_cast<long long>(first_step), static_cast<long long>(cfg_.steps));
+  }
+  const int64_t end_step = cfg_.stop_at_step > 0 ? std::min(cfg_.stop_at_step, cfg_.steps) : cfg_.steps;
+  for (int64_t step = first_step; step < end_step; ++step) {
     const auto t0 = Clock::now();
-    const double lr = schedule.at(step);
-    const int64_t bytes_before = comm_bytes();
-    if (ddp) ddp->zero_grad();
-    else model->zero_grad(/*set_to_none=*/true);
-    auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
-    for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
-      if (ddp) ddp->set_sync(micro + 1 == cfg_.grad_accum);  // sync skipping
-      Batch batch = loader.get(step, micro);
-      auto loss = model->loss(batch.inputs.to(device, /*non_blocking=*/true),
-                              batch.targets.to(device, /*non_blocking=*/true));
-      (loss / static_cast<double>(cfg_.grad_accum)).backward();
-      loss_sum += loss.detach();
-    }
-    if (ddp) ddp->finish_backward();
-    at::Tensor norm = clip_grad_norm(params, cfg_.grad_clip);
-    // Loss and norm are read together, once: the host waits here so that a non-finite step is
-    // refused before the update (the only other wait is the timing synchronise below).
-    auto both = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum), norm.to(loss_sum.device())}).cpu();
-    if (mesh && shape.dp > 1) {
-      // The step's loss is the mean over the global batch; every rank's norm is already the same.
-      auto loss_mean = both.narrow(0, 0, 1).contiguous();
-      mesh->dp()->all_reduce(loss_mean, ReduceOp::Avg)->wait();
-      both[0] = loss_mean[0];
-    }
-    const double loss_v = both[0].item<double>(), norm_v = both[1].item<double>();
-    if (!std::isfinite(loss_v) || !std::isfinite(norm_v)) {
-      throw NumericsError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss_v) +
-                          ", gradient norm " + std::to_string(norm_v) + " is not finite; stopping before the update");
-    }
-    optimizer.step(lr);
+    const int64_t bytes_before = r.comm_bytes();
+    const StepOutcome s = train_step(step);
     synchronize(device);
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.progress.step = step + 1;
+    r.progress.samples = r.loader->samples_before(step + 1);
+    r.progress.loss_scaler = r.scaler->state();
+    if (s.skipped) ++skipped_steps;
 
-    const double tokens_per_s = static_cast<double>(tokens_per_step) / step_s;
-    const double tflops = tokens_per_s * fpt / 1e12;
+    const double tokens_per_s = static_cast<double>(r.tokens_per_step) / step_s;
+    const double tflops = tokens_per_s * r.flops_per_token / 1e12;
     const double mem_gb = peak_memory_bytes(device) / 1e9;
-    if (step == 0 && watchdog) {
+    if (step == first_step && r.watchdog) {
       // Every rank switches to the short timeout together (after a barrier), or a fast rank
       // could time out on a slow one still inside its long start-up.
-      mesh->world()->barrier();
-      watchdog->set_timeout(cfg_.comm_timeout);
+      r.mesh->world()->barrier();
+      r.watchdog->set_timeout(cfg_.comm_timeout);
     }
-    if (step > 0) {  // the first step pays for allocation and kernel selection
+    if (step > first_step) {  // the first step pays for allocation and kernel selection
       tokens_per_s_sum += tokens_per_s;
       ++timed_steps;
     }
-    last_loss = loss_v;
-    losses.push_back(loss_v);
-    json rec{{"type", "step"},        {"step", step + 1},       {"loss", loss_v},
-             {"lr", lr},              {"grad_norm", norm_v},    {"loss_scale", 1.0},
-             {"skipped", false},      {"tokens", tokens_per_step}, {"tokens_per_s", tokens_per_s},
-             {"step_ms", step_s * 1e3}, {"tflops", tflops},      {"mfu", peak ? json(tflops / *peak) : json(nullptr)},
-             {"mem_gb", mem_gb},      {"comm_bytes", comm_bytes() - bytes_before},
-             {"comm_ms", ddp ? ddp->exposed_comm_ms() : 0.0}};
-    if (ddp) rec["comm_buckets_in_backward"] = ddp->launched_in_backward();
-    log.write(rec);
-    if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.steps)) {
+    last_loss = s.loss;
+    losses.push_back(s.loss);
+    json rec{{"type", "step"},          {"step", step + 1},         {"loss", num(s.loss)},
+             {"lr", s.lr},              {"grad_norm", num(s.norm)}, {"loss_scale", s.loss_scale},
+             {"skipped", s.skipped},    {"tokens", r.tokens_per_step}, {"tokens_per_s", tokens_per_s},
+             {"step_ms", step_s * 1e3}, {"tflops", tflops},         {"mfu", r.peak ? json(tflops / *r.peak) : json(nullptr)},
+             {"mem_gb", mem_gb},        {"comm_bytes", r.comm_bytes() - bytes_before}, {"comm_ms", s.comm_ms}};
+    if (r.ddp) rec["comm_buckets_in_backward"] = r.ddp->launched_in_backward();
+    r.log.write(rec);
+    if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == end_step || s.skipped)) {
       std::printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %s tok/s | %.2f TFLOP/s",
-                  static_cast<long long>(step + 1), static_cast<long long>(cfg_.steps), loss_v, lr, norm_v,
+                  static_cast<long long>(step + 1), static_cast<long long>(cfg_.steps), s.loss, s.lr, s.norm,
                   step_s * 1e3, human(tokens_per_s).c_str(), tflops);
-      if (peak) std::printf(" | mfu %.1f%%", 100.0 * tflops / *peak);
-      std::printf(" | mem %.2f GB\n", mem_gb);
+      if (r.peak) std::printf(" | mfu %.1f%%", 100.0 * tflops / *r.peak);
+      std::printf(" | mem %.2f GB", mem_gb);
+      if (r.precision == Precision::FP16) std::printf(" | scale %g", s.loss_scale);
+      if (s.skipped) std::printf(" | skipped (%s)", r.precision == Precision::FP16 ? "overflow" : "non-finite");
+      std::printf("\n");
       std::fflush(stdout);
     }
-    const bool eval_now = val_loader && ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) ||
-                                         step + 1 == cfg_.steps);
+    const bool eval_now = r.val_loader && ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || step + 1 == cfg_.steps);
     if (eval_now) {
-      last_eval = evaluate(*model, *val_loader, cfg_.eval_batches, device);
-      log.write({{"type", "eval"}, {"step", step + 1}, {"val_loss", last_eval}});
-      if (rank0) {
-        std::printf("eval   %6lld | val loss %.4f\n", static_cast<long long>(step + 1), last_eval);
-        std::fflush(stdout);
-      }
+      last_eval = evaluate(step + 1);
+    }
+    const bool save_now = !cfg_.save_dir.empty() &&
+                          ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || step + 1 == end_step);
+    if (save_now && r.checkpointer) {
+      last_saved = r.checkpointer->save(*r.model, *r.optimizer, r.progress,
+                                        {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});
+      r.log.write({{"type", "checkpoint"}, {"step", step + 1}, {"dir", last_saved}});
+      std::printf("kiln: saved %s\n", last_saved.c_str());
+      std::fflush(stdout);
     }
   }
 
@@ -239,7 +376,7 @@ json Trainer::run() {
   }
   // A fingerprint of the final weights, for comparing runs (parity tests): sum and sum of squares.
   double param_sum = 0.0, param_sq = 0.0;
-  for (const auto& p : params) {
+  for (const auto& p : r.params) {
     auto d = p.detach().to(at::kDouble);
     param_sum += d.sum().item<double>();
     param_sq += d.pow(2).sum().item<double>();
@@ -247,17 +384,22 @@ json Trainer::run() {
   const double mean_tps = timed_steps > 0 ? tokens_per_s_sum / static_cast<double>(timed_steps) : NAN;
   json summary{{"type", "summary"},
                {"steps", cfg_.steps},
-               {"final_loss", last_loss},
-               {"mean_loss_last10", tail},
-               {"val_loss", last_eval},
-               {"mean_tokens_per_s", mean_tps},
-               {"mean_tflops", mean_tps * fpt / 1e12},
-               {"mean_mfu", peak ? json(mean_tps * fpt / 1e12 / *peak) : json(nullptr)},
+               {"start_step", first_step},
+               {"updates", r.progress.updates},
+               {"skipped_steps", skipped_steps},
+               {"final_loss", num(last_loss)},
+               {"mean_loss_last10", num(tail)},
+               {"val_loss", num(last_eval)},
+               {"mean_tokens_per_s", num(mean_tps)},
+               {"mean_tflops", num(mean_tps * r.flops_per_token / 1e12)},
+               {"mean_mfu", r.peak ? num(mean_tps * r.flops_per_token / 1e12 / *r.peak) : json(nullptr)},
                {"peak_mem_gb", peak_memory_bytes(device) / 1e9},
                {"param_sum", param_sum},
                {"param_sq", param_sq},
+               {"loss_scale", r.scaler->scale()},
+               {"checkpoint", last_saved.empty() ? json(nullptr) : json(last_saved)},
                {"wall_s", std::chrono::duration<double>(Clock::now() - run_start).count()}};
-  log.write(summary);
+  r.log.write(summary);
   return summary;
 }
 

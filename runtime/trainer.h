@@ -1,13 +1,23 @@
 // runtime/trainer.h -- the training loop: model, data, optimizer, schedule, metrics, log.
 //
-// One optimizer step s:
-//   for micro m in [0, grad_accum):  x, y = loader.get(s, m);  (loss(x, y) / grad_accum).backward()
-//   norm = clip_grad_norm(params, grad_clip);  agreed finite or the run stops naming the step
+// One optimizer step s (S = the loss scale: 1 unless fp16; u = updates applied so far):
+//   reseed dropout from (seed, s, dp rank)
+//   for micro m in [0, grad_accum):  x, y = loader.get(s, m)
+//       loss = model.loss(x, y) under autocast (bf16/fp16)        fp32 for --precision fp32
+//       (loss * S / grad_accum).backward()                          grads accumulate in fp32
 //   (under DDP: micro-steps 0..K-2 accumulate locally, the last one's backward all-reduces)
-//   adamw.step(lr(s));  read loss and norm once (the step's only host synchronisation)
-// The mean of the micro-batch losses is the step's loss; gradients accumulate in the fp32
-// .grad buffers. The trainer composes the parts; it holds no global state.
+//   norm = ||g|| / S;  g = clip(g) / S  (one pass)
+//   [loss, non-finite flag] summed over dp: every rank reaches the same verdict
+//   fp16: the loss scaler decides (an overflow skips the step and may halve S)
+//   bf16/fp32: non-finite stops the run naming the step, or skips it (--on-nonfinite skip)
+//   not skipped: adamw.step(lr(u)); u += 1      (a skipped step leaves weights, moments and
+//                                                 the LR schedule where they were)
+//   checkpoint when s + 1 is a multiple of --save-every, and after the last step
+// The loss and flag are read once per step: the step's only host synchronisation besides the
+// timing one. The trainer composes the parts; it holds no global state.
 #pragma once
+
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -20,15 +30,24 @@ class Trainer {
  public:
   // The config must have passed validate(). proc: this process's place in the job (a world of
   // one without mpirun). Under mpirun the ranks form the dp x tp x pp mesh and DDP reduces the
-  // gradients over dp; rank 0 alone prints and writes the log.
+  // gradients over dp; rank 0 alone prints, writes the log and writes checkpoints.
   Trainer(TrainConfig cfg, ProcessInfo proc);
-  // Runs the configured steps, writing the console lines and the JSONL log. Returns the
-  // summary record. Throws kiln::Error subclasses on bad data or non-finite numerics.
+  ~Trainer();
+  // Runs the configured steps (resuming first when --resume finds a checkpoint), writing the
+  // console lines and the JSONL log. Returns the summary record. Throws kiln::Error subclasses
+  // on bad data, a refused checkpoint, or non-finite numerics.
   nlohmann::json run();
 
  private:
+  struct Run;  // everything a run builds: mesh, data, model, wrappers, optimizer, sinks
+  struct StepOutcome;
+  void setup();
+  StepOutcome train_step(int64_t step);
+  void log_config();
+  double evaluate(int64_t step);  // mean validation loss, logged as an "eval" record
   TrainConfig cfg_;
   ProcessInfo proc_;
+  std::unique_ptr<Run> run_;
 };
 
 }  // namespace kiln

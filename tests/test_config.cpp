@@ -92,8 +92,16 @@ TEST(Cli, BadInputIsOneClearMessage) {
 TEST(Cli, CapabilitiesNotYetBuiltAreRefusedNotIgnored) {
   EXPECT_TRUE(contains(error_of({"--tp", "2"}), "not supported yet"));
   EXPECT_TRUE(contains(error_of({"--zero", "1"}), "not supported yet"));
-  EXPECT_TRUE(contains(error_of({"--precision", "bf16"}), "not supported yet"));
-  EXPECT_TRUE(contains(error_of({"--save-dir", "ckpt"}), "not supported yet"));
+}
+
+TEST(Cli, PrecisionAndCheckpointFlagsAreValidated) {
+  EXPECT_TRUE(contains(error_of({"--precision", "fp16", "--loss-scale-window", "0"}), "--loss-scale-window must be at least 1"));
+  EXPECT_TRUE(contains(error_of({"--precision", "fp16", "--hysteresis", "0"}), "--hysteresis must be at least 1"));
+  EXPECT_TRUE(contains(error_of({"--precision", "fp16", "--min-loss-scale", "0"}), "--min-loss-scale must be positive"));
+  EXPECT_TRUE(contains(error_of({"--precision", "fp16", "--initial-scale-power", "-1"}), "--initial-scale-power must be in"));
+  EXPECT_TRUE(contains(error_of({"--on-nonfinite", "ignore"}), "--on-nonfinite must be one of"));
+  EXPECT_TRUE(contains(error_of({"--keep-last", "-1"}), "--keep-last must be at least 0"));
+  EXPECT_TRUE(contains(error_of({"--save-every", "-5"}), "--save-every must be at least 0"));
 }
 
 TEST(Cli, Help) {

@@ -1,5 +1,6 @@
 // tests/test_optim.cpp -- AdamW against the update written out by hand, the LR schedule at
-// values worked out by hand, and global-norm clipping.
+// values worked out by hand, global-norm clipping, and the FP16 loss scaler's sequences of
+// scale, skip and growth against DeepSpeed's rule worked out by hand.
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -8,7 +9,9 @@
 
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "runtime/error.h"
 
 namespace {
 
@@ -106,4 +109,85 @@ TEST(GradClip, NormAndScaling) {
   EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-6);
   // Off: the norm is still reported.
   EXPECT_NEAR(kiln::clip_grad_norm({a, b}, 0.0).item<double>(), 1.0, 1e-5);
+}
+
+// Scale 16, window 3, hysteresis 2. Each row: overflow in, then expected skip, scale and
+// hysteresis left, from the rule in optim/loss_scaler.h applied by hand.
+TEST(LossScaler, DynamicSequenceWithHysteresisAndGrowth) {
+  kiln::LossScaler s({/*enabled=*/true, /*static_scale=*/0.0, /*initial_scale_power=*/4, /*window=*/3,
+                      /*hysteresis=*/2, /*min_scale=*/1.0});
+  EXPECT_EQ(s.scale(), 16.0);
+  struct Row { bool overflow, skip; double scale; int64_t hyst; };
+  const Row rows[] = {
+      {false, false, 16, 2},  // iter 0: 1 clean step since iter -1
+      {false, false, 16, 2},  // iter 1: 2
+      {false, false, 32, 2},  // iter 2: 3 clean steps -> doubles
+      {true, true, 32, 1},    // iter 3: first overflow tolerated (hysteresis 2 -> 1), still skipped
+      {true, true, 16, 1},    // iter 4: second overflow halves
+      {false, false, 16, 1},  // iter 5: clean steps do not restore hysteresis...
+      {false, false, 16, 1},  // iter 6
+      {false, false, 32, 2},  // iter 7: ...growth does (3 clean since iter 4)
+      {true, true, 32, 1},    // iter 8: tolerated
+      {false, false, 32, 1},  // iter 9
+      {true, true, 16, 1},    // iter 10: hysteresis not reset by one clean step: halves
+  };
+  int i = 0;
+  for (const Row& r : rows) {
+    SCOPED_TRACE("iter " + std::to_string(i++));
+    EXPECT_EQ(s.update(r.overflow), r.skip);
+    EXPECT_EQ(s.scale(), r.scale);
+    EXPECT_EQ(s.hysteresis_left(), r.hyst);
+  }
+}
+
+TEST(LossScaler, HalvesDownToTheMinimumThenRefuses) {
+  kiln::LossScaler s({true, 0.0, /*initial_scale_power=*/2, /*window=*/1000, /*hysteresis=*/1, /*min_scale=*/1.0});
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 2.0);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 1.0);
+  try {
+    s.update(true);
+    FAIL() << "overflow at the minimum scale must be an error";
+  } catch (const kiln::NumericsError& e) {
+    EXPECT_NE(std::string(e.what()).find("minimum loss scale"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LossScaler, MinimumClampsTheHalving) {
+  kiln::LossScaler s({true, 0.0, 3, 1000, 1, /*min_scale=*/5.0});  // 8 -> max(4, 5) = 5
+  s.update(true);
+  EXPECT_EQ(s.scale(), 5.0);
+}
+
+TEST(LossScaler, StaticScaleSkipsButNeverMoves) {
+  kiln::LossScaler s({true, /*static_scale=*/128.0, 16, /*window=*/1, 2, 1.0});
+  EXPECT_EQ(s.scale(), 128.0);
+  EXPECT_FALSE(s.update(false));
+  EXPECT_TRUE(s.update(true));
+  EXPECT_TRUE(s.update(true));
+  EXPECT_TRUE(s.update(true));
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 128.0);
+}
+
+TEST(LossScaler, DisabledIsOneAndNeverSkips) {
+  kiln::LossScaler s({/*enabled=*/false, 0.0, 16, 1000, 2, 1.0});
+  EXPECT_EQ(s.scale(), 1.0);
+  EXPECT_FALSE(s.update(true));
+  EXPECT_EQ(s.scale(), 1.0);
+}
+
+TEST(LossScaler, StateRoundTripContinuesTheSameSequence) {
+  kiln::LossScalerConfig cfg{true, 0.0, 4, 3, 2, 1.0};
+  kiln::LossScaler a(cfg);
+  const bool flags[] = {false, true, false, false, true, true, false, false, false, false};
+  for (int i = 0; i < 5; ++i) a.update(flags[i]);
+  kiln::LossScaler b(cfg);
+  b.load_state(a.state());
+  for (int i = 5; i < 10; ++i) {
+    EXPECT_EQ(a.update(flags[i]), b.update(flags[i]));
+    EXPECT_EQ(a.scale(), b.scale());
+    EXPECT_EQ(a.hysteresis_left(), b.hysteresis_left());
+  }
 }

@@ -58,8 +58,8 @@ b = lambda n: [json.loads(l)["comm_bytes"] for l in open(f"{d}/{n}.jsonl") if '"
 k4, k1 = b("k4"), b("k1")
 params = [json.loads(l) for l in open(f"{d}/k1.jsonl")][0]["params"]
 assert k4 == k1, (k4, k1)
-# One fp32 all-reduce of every gradient, plus the 4-byte loss.
-assert k1[0] == 4 * params + 4, (k1[0], params)
+# One fp32 all-reduce of every gradient, plus the step's verdict: loss and non-finite flag, 8 bytes.
+assert k1[0] == 4 * params + 8, (k1[0], params)
 print("sync skipping: comm_bytes per step", k4[0], "with grad-accum 4 and 1")
 PY
 echo "PASS"

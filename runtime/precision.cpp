@@ -1,0 +1,42 @@
+// runtime/precision.cpp -- precision names and the autocast scope.
+#include "runtime/precision.h"
+
+#include <ATen/autocast_mode.h>
+
+#include "runtime/error.h"
+
+namespace kiln {
+
+Precision parse_precision(const std::string& name) {
+  if (name == "fp32") return Precision::FP32;
+  if (name == "bf16") return Precision::BF16;
+  if (name == "fp16") return Precision::FP16;
+  throw ConfigError("--precision must be fp32, bf16 or fp16 (got '" + name + "')");
+}
+
+at::ScalarType compute_dtype(Precision p) {
+  switch (p) {
+    case Precision::BF16: return at::kBFloat16;
+    case Precision::FP16: return at::kHalf;
+    case Precision::FP32: break;
+  }
+  return at::kFloat;
+}
+
+AutocastScope::AutocastScope(Precision p, c10::DeviceType device) : active_(p != Precision::FP32), device_(device) {
+  if (!active_) return;
+  prev_enabled_ = at::autocast::is_autocast_enabled(device_);
+  prev_dtype_ = at::autocast::get_autocast_dtype(device_);
+  at::autocast::set_autocast_dtype(device_, compute_dtype(p));
+  at::autocast::set_autocast_enabled(device_, true);
+  at::autocast::increment_nesting();
+}
+
+AutocastScope::~AutocastScope() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_, prev_enabled_);
+  at::autocast::set_autocast_dtype(device_, prev_dtype_);
+}
+
+}  // namespace kiln
