@@ -2,9 +2,12 @@
 //
 // Every rank of a group issues the same collectives in the same order (c10d's contract); each
 // call gets the group's next sequence number, which error messages carry. Calls return a Work
-// handle at once; the operation may still be running (wait() blocks until it is done and its
-// result is in the output tensor; is_completed() polls). Backends: MPI (runtime/comm_mpi.h:
-// CPU tensors) here; NCCL arrives with the GPU path. A backend that cannot do an operation
+// handle at once; the operation may still be running. wait() makes the result usable by what
+// the caller does next: the MPI backend blocks the host until the output tensor holds it; the
+// NCCL backend (CUDA tensors) makes the caller's current CUDA stream wait for it, c10d's
+// semantics, without blocking the host -- anything queued on that stream after wait() (a copy to
+// the host included) sees the result. is_completed() polls. Backends: runtime/comm_mpi.h (CPU
+// tensors, and CUDA tensors staged through pinned host memory), runtime/comm_nccl.h (CUDA). A backend that cannot do an operation
 // throws "backend X does not support Y" rather than doing something else.
 //
 // Semantics, for a group of n ranks, x_r the input on rank r:

@@ -1,10 +1,13 @@
 // runtime/trainer.cpp -- set-up, the step, evaluation, checkpoints, and the records it logs.
 #include "runtime/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
@@ -22,8 +25,12 @@
 #include "optim/lr_schedule.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/ddp.h"
+#include "runtime/backend_choice.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm_mpi.h"
+#if defined(KILN_WITH_CUDA)
+#include "runtime/comm_nccl.h"
+#endif
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/log_sink.h"
@@ -126,11 +133,26 @@ void Trainer::setup() {
   r.dev = select_device(cfg_.device, proc_.local_rank);
   r.precision = parse_precision(cfg_.precision);
   const c10::Device device = r.dev.device;
-  if (proc_.world_size > 1) {
-    r.backend = cfg_.backend == "auto" ? "mpi" : cfg_.backend;
-    if (r.backend == "nccl") throw ConfigError("--backend nccl is not supported yet (the NCCL communicator is not implemented in this build)");
+  // Several ranks on one node's CPUs share its cores: without an explicit OMP_NUM_THREADS each
+  // takes its share, or the intra-op thread pools oversubscribe the cores and crawl.
+  if (device.is_cpu() && proc_.local_size > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / proc_.local_size));
+  }
+  // Communicators: always with several ranks; in a world of one only when a backend is named
+  // (`mpirun -np 1 kiln train --backend nccl` runs the NCCL path and the DDP wrapper alone).
+  const bool explicit_backend = cfg_.backend != "auto";
+  if (proc_.world_size > 1 || explicit_backend) {
+    if (!proc_.mpi) {
+      throw ConfigError("--backend " + cfg_.backend + " needs MPI: launch with mpirun (mpirun -np 1 for a world of one)");
+    }
+    r.backend = choose_backend(cfg_.backend, device, MPI_COMM_WORLD);
     r.watchdog = std::make_shared<Watchdog>(cfg_.comm_init_timeout);  // start-up grace until step 1 is done
-    r.mesh = std::make_unique<Mesh>(make_mpi_communicator(MPI_COMM_WORLD, "world", r.watchdog), r.shape);
+    std::shared_ptr<Communicator> world;
+#if defined(KILN_WITH_CUDA)
+    if (r.backend == "nccl") world = make_nccl_communicator(MPI_COMM_WORLD, "world", device.index(), r.watchdog);
+#endif
+    if (!world) world = make_mpi_communicator(MPI_COMM_WORLD, "world", r.watchdog);
+    r.mesh = std::make_unique<Mesh>(std::move(world), r.shape);
     r.dp_rank = r.mesh->coord().dp;
   }
 
@@ -151,7 +173,7 @@ void Trainer::setup() {
   // then data parallelism.
   apply_activation_checkpointing(*r.model, parse_activation_checkpointing(cfg_.activation_checkpointing));
   r.params = r.model->parameters();
-  if (r.mesh && r.shape.dp > 1) {
+  if (r.mesh && (r.shape.dp > 1 || explicit_backend)) {
     r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp());
     r.ddp->broadcast_parameters();
   }

@@ -4,6 +4,7 @@
 #   reference  1 process,  micro-batch 4 x grad-accum 4
 #   np 2       2 ranks,    micro-batch 4 x grad-accum 2
 #   np 4       4 ranks,    micro-batch 4 x grad-accum 1
+#   np 1       1 rank under mpirun with --backend mpi: the DDP wrapper over a world of one
 # Checked over 20 steps: loss and gradient norm per step, and the final weights' fingerprint
 # (sum and sum of squares), each within a relative 1e-5. Why 1e-5: the runs differ only in the
 # order fp32 additions happen (micro-batch sums, the all-reduce), about 1e-7 relative per step
@@ -19,6 +20,8 @@ mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversub
 
 T=(train --device cpu --steps 20 --log-every 20)
 "$KILN_BIN" "${T[@]}" --micro-batch 4 --grad-accum 4 --log-json "$work/ref.jsonl" >/dev/null
+# A world of one with a named backend: the communicator and the DDP wrapper, alone.
+mpi 1 "$KILN_BIN" "${T[@]}" --micro-batch 4 --grad-accum 4 --backend mpi --log-json "$work/np1.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --micro-batch 4 --grad-accum 2 --log-json "$work/np2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --micro-batch 4 --grad-accum 1 --log-json "$work/np4.jsonl" >/dev/null
 
@@ -29,7 +32,7 @@ load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
 ref = load("ref")
 rs = [r for r in ref if r["type"] == "step"]
 rel = lambda a, b: abs(a - b) / max(abs(a), 1e-30)
-for name, ranks in (("np2", 2), ("np4", 4)):
+for name, ranks in (("np1", 1), ("np2", 2), ("np4", 4)):
     run = load(name)
     assert run[0]["world"]["dp"] == ranks, run[0]["world"]
     ss = [r for r in run if r["type"] == "step"]

@@ -2,6 +2,7 @@
 // and kiln's own loss on them, for tests/hf/transformers_parity.sh to load with transformers.
 //
 //   kiln_hf_fixture OUT_DIR [--break-transpose]
+//   kiln_hf_fixture OUT_DIR --from-checkpoint CKPT
 //
 // OUT_DIR/model.safetensors + config.json: the tiny model's shape (4 layers, d 128, T 128) with a
 // vocabulary of 500 (padded to 512, so the padding rows exist and must be dropped). Weights:
@@ -14,6 +15,9 @@
 // --break-transpose writes layer 0's attn.c_proj.weight in kiln's [out, in] layout instead of
 // Conv1D's [in, out]: the mapping bug no shape check can catch (the matrix is square). The parity
 // test checks that this moves transformers' loss off kiln's, i.e. that the comparison can fail.
+// --from-checkpoint CKPT: the weights of a checkpoint `kiln train --save-dir` wrote (its shape
+// from CKPT/trainer_state.json, its weights read back through load_hf_gpt2); only tokens.json is
+// written, and transformers then loads CKPT itself.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -29,8 +33,10 @@
 #include "runtime/safetensors.h"
 
 int main(int argc, char** argv) {
-  if (argc < 2 || (argc == 3 && std::strcmp(argv[2], "--break-transpose") != 0) || argc > 3) {
-    std::fprintf(stderr, "usage: %s OUT_DIR [--break-transpose]\n", argv[0]);
+  const bool from_checkpoint = argc == 4 && std::strcmp(argv[2], "--from-checkpoint") == 0;
+  if (argc < 2 || (argc == 3 && std::strcmp(argv[2], "--break-transpose") != 0) || (argc == 4 && !from_checkpoint) ||
+      argc > 4) {
+    std::fprintf(stderr, "usage: %s OUT_DIR [--break-transpose | --from-checkpoint CKPT]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
@@ -38,10 +44,23 @@ int main(int argc, char** argv) {
   try {
     kiln::GPTConfig cfg = kiln::GPTConfig::preset("tiny");
     cfg.vocab_size = 500;
+    nlohmann::json shape;
+    if (from_checkpoint) {
+      std::ifstream in(std::string(argv[3]) + "/trainer_state.json");
+      shape = nlohmann::json::parse(in).at("model");
+      cfg.n_layer = shape.at("n_layer");
+      cfg.n_head = shape.at("n_head");
+      cfg.n_kv_head = shape.at("n_kv_head");
+      cfg.d_model = shape.at("d_model");
+      cfg.seq_len = shape.at("seq_len");
+      cfg.vocab_size = shape.at("vocab_size");
+    }
     kiln::GPT model(cfg);
     model.init_weights(1234);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(99);
-    {
+    if (from_checkpoint) {
+      kiln::load_hf_gpt2(model, kiln::load_safetensors(std::string(argv[3]) + "/model.safetensors").tensors);
+    } else {
       at::NoGradGuard no_grad;
       for (auto& p : model.parameters()) p.add_(at::normal(0.0, 0.1, p.sizes(), gen));
       model.wte.narrow(0, cfg.vocab_size, cfg.padded_vocab_size() - cfg.vocab_size).zero_();
@@ -56,20 +75,11 @@ int main(int argc, char** argv) {
       loss = model.loss(seq.narrow(1, 0, T), seq.narrow(1, 1, T)).item<float>();
     }
 
-    kiln::NamedTensors hf = kiln::to_hf_gpt2(model);
-    if (break_transpose) {
-      for (auto& [name, t] : hf) {
-        if (name == "transformer.h.0.attn.c_proj.weight") t = t.t().contiguous();
-      }
-    }
-    kiln::save_safetensors(dir + "/model.safetensors", hf, kiln::hf_safetensors_metadata());
     auto write_text = [&](const std::string& name, const std::string& text) {
       std::ofstream f(dir + "/" + name);
       f << text << "\n";
       if (!f.flush()) throw kiln::Error("cannot write " + dir + "/" + name);
     };
-    write_text("config.json", kiln::hf_gpt2_config(cfg).dump(2));
-
     nlohmann::json tokens;
     tokens["sequences"] = nlohmann::json::array();
     auto acc = seq.accessor<int64_t, 2>();
@@ -81,6 +91,16 @@ int main(int argc, char** argv) {
     tokens["kiln_loss"] = static_cast<double>(loss);
     write_text("tokens.json", tokens.dump());
     std::printf("{\"kiln_loss\": %.9g}\n", static_cast<double>(loss));
+    if (from_checkpoint) return 0;
+
+    kiln::NamedTensors hf = kiln::to_hf_gpt2(model);
+    if (break_transpose) {
+      for (auto& [name, t] : hf) {
+        if (name == "transformer.h.0.attn.c_proj.weight") t = t.t().contiguous();
+      }
+    }
+    kiln::save_safetensors(dir + "/model.safetensors", hf, kiln::hf_safetensors_metadata());
+    write_text("config.json", kiln::hf_gpt2_config(cfg).dump(2));
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "kiln_hf_fixture: %s\n", e.what());
     return e.exit_code();

