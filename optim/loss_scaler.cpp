@@ -42,10 +42,17 @@ bool LossScaler::update(bool overflow) {
 }
 
 nlohmann::json LossScaler::state() const {
-  return {{"scale", scale_}, {"hysteresis_left", hysteresis_left_}, {"iter", iter_}, {"last_overflow", last_overflow_}};
+  return {{"dynamic", cfg_.enabled && cfg_.static_scale <= 0.0},
+          {"scale", scale_},
+          {"hysteresis_left", hysteresis_left_},
+          {"iter", iter_},
+          {"last_overflow", last_overflow_}};
 }
 
 void LossScaler::load_state(const nlohmann::json& s) {
+  // Only a dynamic scaler's state carries over, and only into a dynamic scaler: a run resumed in
+  // another precision (or with a static scale) starts its scaler from its own flags.
+  if (!(cfg_.enabled && cfg_.static_scale <= 0.0) || !s.value("dynamic", false)) return;
   scale_ = s.at("scale").get<double>();
   hysteresis_left_ = s.at("hysteresis_left").get<int64_t>();
   iter_ = s.at("iter").get<int64_t>();

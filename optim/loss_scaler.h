@@ -51,7 +51,8 @@ class LossScaler {
   int64_t hysteresis_left() const { return hysteresis_left_; }
   int64_t iteration() const { return iter_; }
 
-  // The state a checkpoint carries, and its inverse.
+  // The state a checkpoint carries, and its inverse. load_state ignores the state unless both
+  // this scaler and the one that saved it are dynamic (fp16, --loss-scale 0).
   nlohmann::json state() const;
   void load_state(const nlohmann::json& state);
 

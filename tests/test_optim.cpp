@@ -178,6 +178,24 @@ TEST(LossScaler, DisabledIsOneAndNeverSkips) {
   EXPECT_EQ(s.scale(), 1.0);
 }
 
+TEST(LossScaler, StateCarriesOverOnlyBetweenDynamicScalers) {
+  kiln::LossScaler fp16({true, 0.0, 4, 3, 2, 1.0});
+  fp16.update(true);
+  fp16.update(true);  // scale 8
+  kiln::LossScaler bf16({/*enabled=*/false, 0.0, 16, 1000, 2, 1.0});
+  bf16.load_state(fp16.state());  // resumed in bf16: no scaling
+  EXPECT_EQ(bf16.scale(), 1.0);
+  kiln::LossScaler fresh({true, 0.0, 16, 1000, 2, 1.0});
+  fresh.load_state(bf16.state());  // an fp32/bf16 checkpoint resumed in fp16: 2^16, not 1
+  EXPECT_EQ(fresh.scale(), 65536.0);
+  kiln::LossScaler fixed({true, /*static_scale=*/128.0, 16, 1000, 2, 1.0});
+  fixed.load_state(fp16.state());
+  EXPECT_EQ(fixed.scale(), 128.0);
+  kiln::LossScaler dyn({true, 0.0, 16, 1000, 2, 1.0});
+  dyn.load_state(fp16.state());
+  EXPECT_EQ(dyn.scale(), 8.0);
+}
+
 TEST(LossScaler, StateRoundTripContinuesTheSameSequence) {
   kiln::LossScalerConfig cfg{true, 0.0, 4, 3, 2, 1.0};
   kiln::LossScaler a(cfg);
