@@ -255,18 +255,22 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   at::Tensor norm = clip_grad_norm(r.params, cfg_.grad_clip, out.loss_scale);
 
   // One small tensor decides the step on every rank: the mean loss and whether anything was
-  // not finite (an fp16 overflow, or a diverged run), summed over dp.
-  auto local = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum),
-                          at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat)});
+  // not finite (an fp16 overflow, or a diverged run), summed over dp; the norm rides along
+  // (every rank already holds the same one), so the host reads the device once.
+  auto verdict = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum),
+                            at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat),
+                            norm.to(loss_sum.device(), at::kFloat)});
   if (r.mesh && r.shape.dp > 1) {
+    auto reduced = verdict.narrow(0, 0, 2);  // loss and flag; a contiguous view
     const auto t0 = Clock::now();
-    r.mesh->dp()->all_reduce(local, ReduceOp::Sum)->wait();
+    r.mesh->dp()->all_reduce(reduced, ReduceOp::Sum)->wait();
     out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   }
-  auto host = local.cpu();
-  out.loss = host[0].item<double>() / static_cast<double>(r.shape.dp);
-  out.norm = norm.item<double>();
-  const bool nonfinite = host[1].item<double>() > 0.0;
+  const auto host = verdict.to(at::kDouble).cpu();
+  const double* h = host.data_ptr<double>();
+  out.loss = h[0] / static_cast<double>(r.shape.dp);
+  const bool nonfinite = h[1] > 0.0;
+  out.norm = h[2];
   if (r.precision == Precision::FP16) {
     out.skipped = r.scaler->update(nonfinite);
   } else if (nonfinite) {
