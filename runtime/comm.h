@@ -13,7 +13,9 @@
 // Semantics, for a group of n ranks, x_r the input on rank r:
 //   all_reduce(t, op)          t = op_r x_r on every rank (Avg = Sum / n)
 //   reduce_scatter(out, in)    in is n equal chunks; out = op_r in_r[rank's chunk]
+//                              (in place when out is exactly this rank's chunk of in)
 //   all_gather(out, in)        out = [in_0, in_1, ..., in_{n-1}] (concatenated, flat)
+//                              (in place when in is exactly this rank's chunk of out)
 //   broadcast(t, root)         t = t_root on every rank
 //   send_recv(ops)             the sends and receives of one step, posted together, so no order
 //                              of ranks can deadlock
@@ -47,8 +49,12 @@ struct P2POp {
   int peer;           // rank within the group
 };
 
-// Bytes this rank handed to the network, counted as the payload of each call (the ring
-// algorithm's 2(n-1)/n factor is the backend's business, not counted here).
+// Traffic of this rank, in "algorithm bytes": each call counts its full buffer's bytes times the
+// ring factor of its kind -- all_reduce 2x the tensor (it is a reduce-scatter plus an all-gather),
+// reduce_scatter 1x the whole input, all_gather 1x the whole output, broadcast 1x, send_recv the
+// bytes sent. On a ring of n ranks the bytes a rank really sends are bytes x (n-1)/n (NCCL-tests'
+// bus bandwidth rule). In this unit data parallelism costs 2 psi per step (psi = gradient bytes),
+// ZeRO-1/2 2 psi and ZeRO-3 3 psi, the ZeRO paper's figures.
 struct CommStats {
   int64_t calls = 0;
   int64_t bytes = 0;

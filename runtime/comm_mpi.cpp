@@ -161,7 +161,7 @@ class MpiCommunicator final : public Communicator {
   uint64_t sequence() const override { return seq_.load(); }
 
   std::shared_ptr<Work> all_reduce(at::Tensor& t, ReduceOp op) override {
-    const std::string what = begin("all_reduce", t);
+    const std::string what = begin("all_reduce", t, 2);
     Staging stage;
     at::Tensor h = stage.out(t, /*copy_in=*/true);
     MPI_Request req;
@@ -177,27 +177,45 @@ class MpiCommunicator final : public Communicator {
                   std::to_string(size_) + " x output (" + std::to_string(out.numel()) + ")");
     }
     check_tensor(out, what);
+    // In place (out is this rank's chunk of in, NCCL's in-place form): MPI's own in-place form
+    // puts the result at the start of the buffer instead, so the result goes to a scratch tensor
+    // and is copied into out when the call completes.
+    const bool in_place = is_chunk_of(out, in, rank_);
+    at::Tensor target = in_place ? at::empty_like(out) : out;
     Staging stage;
-    at::Tensor hin = stage.in(in), hout = stage.out(out, /*copy_in=*/false);
+    at::Tensor hin = stage.in(in), hout = stage.out(target, /*copy_in=*/false);
     MPI_Request req;
     call(what, MPI_Ireduce_scatter_block(hin.data_ptr(), hout.data_ptr(), count(hout), type_of(hin, what),
                                          mpi_op(hin, op, what), comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, stage.then(averager(hout, op)), what, watchdog_);
+    auto finish = stage.then(averager(target, op));
+    if (in_place) {
+      finish = [finish, target, out]() mutable {
+        if (finish) finish();
+        out.copy_(target);
+      };
+    }
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, std::move(finish), what, watchdog_);
   }
 
   std::shared_ptr<Work> all_gather(at::Tensor& out, const at::Tensor& in) override {
-    const std::string what = begin("all_gather", in);
+    const std::string what = begin("all_gather", out);
     check_same_dtype(out, in, what);
     check_tensor(out, what);
     if (out.numel() != in.numel() * size_) {
       throw Error(what + ": output has " + std::to_string(out.numel()) + " elements, need " +
                   std::to_string(size_) + " x input (" + std::to_string(in.numel()) + ")");
     }
+    // In place (in is this rank's chunk of out): MPI_IN_PLACE, which takes this rank's
+    // contribution from its place in the output.
+    const bool in_place = is_chunk_of(in, out, rank_);
     Staging stage;
-    at::Tensor hin = stage.in(in), hout = stage.out(out, /*copy_in=*/false);
+    at::Tensor hout = stage.out(out, /*copy_in=*/in_place);
+    at::Tensor hin = in_place ? at::Tensor() : stage.in(in);
     MPI_Request req;
-    const MPI_Datatype type = type_of(hin, what);
-    call(what, MPI_Iallgather(hin.data_ptr(), count(hin), type, hout.data_ptr(), count(hin), type, comm_, &req));
+    const MPI_Datatype type = type_of(hout, what);
+    const int n = count(in);
+    call(what, MPI_Iallgather(in_place ? MPI_IN_PLACE : hin.data_ptr(), in_place ? 0 : n, in_place ? MPI_DATATYPE_NULL : type,
+                              hout.data_ptr(), n, type, comm_, &req));
     return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, stage.then(nullptr), what, watchdog_);
   }
 
@@ -256,9 +274,16 @@ class MpiCommunicator final : public Communicator {
   static constexpr int kP2PTag = 7;
 
   // Advances the sequence number and counters; returns the description errors carry.
-  std::string begin(const char* op, const at::Tensor& t) {
+  // factor: the ring factor CommStats counts (2 for all_reduce).
+  std::string begin(const char* op, const at::Tensor& t, int factor = 1) {
     check_tensor(t, op);
-    return begin_bytes(op, static_cast<int64_t>(t.nbytes()));
+    return begin_bytes(op, factor * static_cast<int64_t>(t.nbytes()));
+  }
+  // Whether `part` is exactly chunk `index` of `whole` (same storage, contiguous).
+  static bool is_chunk_of(const at::Tensor& part, const at::Tensor& whole, int index) {
+    if (!part.defined() || !whole.defined() || part.numel() == 0) return false;
+    const auto* base = static_cast<const char*>(whole.data_ptr());
+    return part.data_ptr() == base + static_cast<int64_t>(index) * static_cast<int64_t>(part.nbytes());
   }
   std::string begin_bytes(const char* op, int64_t bytes) {
     const uint64_t seq = ++seq_;

@@ -329,10 +329,10 @@ class NcclCommunicator final : public Communicator {
 
   std::shared_ptr<Work> all_reduce(at::Tensor& t, ReduceOp op) override {
     std::lock_guard<std::mutex> lock(mu_);
-    const std::string what = describe("all_reduce", t.defined() ? t.nbytes() : 0);
+    const std::string what = describe("all_reduce", t.defined() ? 2 * t.nbytes() : 0);
     check_tensor(t, what);
     const ncclDataType_t type = nccl_type(t, what);
-    commit(t.nbytes());
+    commit(2 * t.nbytes());  // CommStats' ring factor (comm.h)
     return launch(what, {t}, [&](cudaStream_t s) {
       if (t.numel() == 0) return;
       KILN_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), n(t), type, nccl_op(op), comm(), s), what);
@@ -359,7 +359,7 @@ class NcclCommunicator final : public Communicator {
 
   std::shared_ptr<Work> all_gather(at::Tensor& out, const at::Tensor& in) override {
     std::lock_guard<std::mutex> lock(mu_);
-    const std::string what = describe("all_gather", in.defined() ? in.nbytes() : 0);
+    const std::string what = describe("all_gather", out.defined() ? out.nbytes() : 0);
     check_tensor(in, what);
     check_tensor(out, what);
     check_same_dtype(out, in, what);
@@ -368,7 +368,7 @@ class NcclCommunicator final : public Communicator {
                   " x input (" + std::to_string(in.numel()) + ")");
     }
     const ncclDataType_t type = nccl_type(in, what);
-    commit(in.nbytes());
+    commit(out.nbytes());
     return launch(what, {in, out}, [&](cudaStream_t s) {
       if (in.numel() == 0) return;
       KILN_NCCL_CHECK(ncclAllGather(in.data_ptr(), out.data_ptr(), n(in), type, comm(), s), what);

@@ -133,6 +133,24 @@ TEST(NcclComm, ReduceScatterAndAllGather) {
   }
 }
 
+// The in-place forms ZeRO uses (NCCL's own in-place rule).
+TEST(NcclComm, InPlaceReduceScatterAndAllGather) {
+  auto& c = *g_world;
+  const int n = c.size(), r = c.rank();
+  auto buf = ramp(4 * n, r + 1, at::kFloat);
+  auto own = buf.narrow(0, 4 * r, 4);
+  c.reduce_scatter(own, buf, kiln::ReduceOp::Avg)->wait();
+  expect_equal(own, at::arange(4 * r + 1, 4 * r + 5, at::kDouble) * ((n + 1) / 2.0), "in-place reduce_scatter");
+  auto all = at::full({3 * n}, -1.0, on_gpu(at::kFloat));
+  auto mine = all.narrow(0, 3 * r, 3);
+  mine.copy_(at::arange(0, 3, at::kFloat) + 10.0f * r);
+  c.all_gather(all, mine)->wait();
+  auto want = at::empty({3 * n}, at::kDouble);
+  for (int k = 0; k < n; ++k)
+    for (int j = 0; j < 3; ++j) want[3 * k + j] = 10.0 * k + j;
+  expect_equal(all, want, "in-place all_gather");
+}
+
 TEST(NcclComm, BroadcastFromEveryRoot) {
   auto& c = *g_world;
   for (int root = 0; root < c.size(); ++root) {
@@ -262,10 +280,10 @@ TEST(NcclComm, WorkHandlesAndCounters) {
   EXPECT_EQ(t[999].item<float>(), static_cast<float>(c.size()));
   EXPECT_EQ(c.sequence(), seq + 1);
   EXPECT_EQ(c.stats().calls, before.calls + 1);
-  EXPECT_EQ(c.stats().bytes, before.bytes + 4000);
+  EXPECT_EQ(c.stats().bytes, before.bytes + 8000);  // all_reduce counts 2x (comm.h)
   c.barrier();
   EXPECT_EQ(c.sequence(), seq + 2);
-  EXPECT_EQ(c.stats().bytes, before.bytes + 4000);
+  EXPECT_EQ(c.stats().bytes, before.bytes + 8000);  // all_reduce counts 2x (comm.h)
   // A dropped handle is fine: the collective still completes, and its result is on the stream.
   auto u = at::ones({16}, on_gpu(at::kInt));
   c.all_reduce(u, kiln::ReduceOp::Sum);
