@@ -2,31 +2,10 @@
 #include "parallel/ddp.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include "runtime/error.h"
 
 namespace kiln {
-
-namespace {
-
-// Calls fn after a parameter's AccumulateGrad node has run (its .grad() is up to date).
-class GradReadyHook final : public torch::autograd::FunctionPostHook {
- public:
-  explicit GradReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
-
-}  // namespace
 
 DistributedDataParallel::DistributedDataParallel(std::vector<at::Tensor> params, std::shared_ptr<Communicator> dp,
                                                  DDPConfig cfg)
@@ -60,18 +39,11 @@ DistributedDataParallel::DistributedDataParallel(std::vector<at::Tensor> params,
     b.params = std::move(g);
     buckets_.push_back(std::move(b));
   }
-  for (size_t k = 0; k < params_.size(); ++k) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
-    if (!acc) throw Error("ddp: parameter " + std::to_string(k) + " does not require grad");
-    hook_keys_.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>([this, k] { on_grad_ready(k); })));
-    accumulators_.push_back(std::move(acc));
-  }
+  for (size_t k = 0; k < params_.size(); ++k) hooks_.add(params_[k], [this, k] { on_grad_ready(k); }, "ddp");
   for (auto& b : buckets_) b.pending = static_cast<int64_t>(b.params.size());
 }
 
-DistributedDataParallel::~DistributedDataParallel() {
-  for (size_t k = 0; k < accumulators_.size(); ++k) accumulators_[k]->del_post_hook(hook_keys_[k]);
-}
+DistributedDataParallel::~DistributedDataParallel() = default;
 
 void DistributedDataParallel::broadcast_parameters() {
   at::NoGradGuard no_grad;

@@ -29,11 +29,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "parallel/grad_ready.h"
 #include "runtime/comm.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace kiln {
 
@@ -82,8 +79,7 @@ class DistributedDataParallel {
   std::shared_ptr<Communicator> dp_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param index -> bucket index
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for the hooks
-  std::vector<uintptr_t> hook_keys_;
+  GradReadyHooks hooks_;
   bool sync_ = true;
   int64_t launched_in_backward_ = 0;
   double exposed_ms_ = 0.0;

@@ -56,8 +56,14 @@ void TrainConfig::validate() const {
 
   not_yet(tp != 1, "--tp " + std::to_string(tp), "tensor parallelism");
   not_yet(pp != 1, "--pp " + std::to_string(pp), "pipeline parallelism");
-  not_yet(zero != 0, "--zero " + std::to_string(zero), "ZeRO sharding");
-  not_yet(offload != "none", "--offload " + offload, "CPU offload");
+  one_of("zero-accum", zero_accum, {"reduce", "local"});
+  if (offload != "none" && zero == 0) {
+    throw ConfigError("--offload " + offload + " needs ZeRO (--zero 1, 2 or 3): it moves the sharded optimizer state");
+  }
+  if (offload == "all" && zero != 3) {
+    throw ConfigError("--offload all needs --zero 3 (parameters are sharded only under ZeRO-3; got --zero " +
+                      std::to_string(zero) + ")");
+  }
   one_of("on-nonfinite", on_nonfinite, {"stop", "skip"});
   at_least("save-every", static_cast<double>(save_every), 0);
   at_least("keep-last", static_cast<double>(keep_last), 0);
@@ -111,6 +117,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["pp"] = pp;
   j["zero"] = zero;
   j["offload"] = offload;
+  j["zero_accum"] = zero_accum;
   j["precision"] = precision;
   j["loss_scale"] = loss_scale;
   j["loss_scale_window"] = loss_scale_window;

@@ -47,7 +47,8 @@ struct TrainConfig {
   double comm_init_timeout = 900.0;  // the same, for start-up and the first step
   int64_t tp = 1, pp = 1;        // tensor / pipeline parallel sizes; dp = world / (tp pp)
   int64_t zero = 0;              // ZeRO stage 0..3
-  std::string offload = "none";  // none | optimizer | all
+  std::string offload = "none";  // none | optimizer (ZeRO 1-3) | all (ZeRO-3)
+  std::string zero_accum = "reduce";  // ZeRO-2/3 gradient accumulation: reduce | local
   std::string precision = "fp32";             // fp32 | bf16 | fp16
   double loss_scale = 0.0;                    // fp16: 0 = dynamic, else static
   int64_t loss_scale_window = 1000;           // clean steps before the scale doubles

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
@@ -25,6 +26,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/ddp.h"
+#include "parallel/zero.h"
 #include "runtime/backend_choice.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm_mpi.h"
@@ -101,7 +103,9 @@ struct Trainer::Run {
   std::shared_ptr<GPT> model;
   std::vector<at::Tensor> params;
   std::unique_ptr<DistributedDataParallel> ddp;
-  std::unique_ptr<AdamW> optimizer;
+  std::unique_ptr<ZeroEngine> zero;            // --zero 1..3: shards, reductions and the step
+  std::shared_ptr<Communicator> host_world;    // MPI over the world, for host tensors under NCCL
+  std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
   std::unique_ptr<LossScaler> scaler;
   std::optional<LRSchedule> schedule;
   std::unique_ptr<Checkpointer> checkpointer;  // rank 0, with --save-dir
@@ -141,9 +145,10 @@ void Trainer::setup() {
   // Communicators: always with several ranks; in a world of one only when a backend is named
   // (`mpirun -np 1 kiln train --backend nccl` runs the NCCL path and the DDP wrapper alone).
   const bool explicit_backend = cfg_.backend != "auto";
-  if (proc_.world_size > 1 || explicit_backend) {
+  if (proc_.world_size > 1 || explicit_backend || cfg_.zero > 0) {
     if (!proc_.mpi) {
-      throw ConfigError("--backend " + cfg_.backend + " needs MPI: launch with mpirun (mpirun -np 1 for a world of one)");
+      throw ConfigError(std::string(cfg_.zero > 0 ? "--zero " + std::to_string(cfg_.zero) : "--backend " + cfg_.backend) +
+                        " needs MPI: launch with mpirun (mpirun -np 1 for a world of one)");
     }
     r.backend = choose_backend(cfg_.backend, device, MPI_COMM_WORLD);
     r.watchdog = std::make_shared<Watchdog>(cfg_.comm_init_timeout);  // start-up grace until step 1 is done
@@ -154,6 +159,8 @@ void Trainer::setup() {
     if (!world) world = make_mpi_communicator(MPI_COMM_WORLD, "world", r.watchdog);
     r.mesh = std::make_unique<Mesh>(std::move(world), r.shape);
     r.dp_rank = r.mesh->coord().dp;
+    // Checkpoints move host tensors, which NCCL cannot: they go over MPI.
+    r.host_world = r.backend == "mpi" ? r.mesh->world() : make_mpi_communicator(MPI_COMM_WORLD, "host", r.watchdog);
   }
 
   r.train_data = training_data(cfg_);
@@ -165,31 +172,46 @@ void Trainer::setup() {
     r.val_loader = std::make_unique<DataLoader>(val, cfg_.seed, /*shuffle=*/false, BatchLayout{cfg_.micro_batch, 1, 1, 0});
   }
 
+  // Built and initialised on the host; ZeRO moves only what its stage keeps on the device.
   r.model = std::make_shared<GPT>(cfg_.gpt);
   r.model->init_weights(cfg_.seed);
-  r.model->to(device);
+  if (cfg_.zero == 0) r.model->to(device);
   r.model->train();
   // Parallelism applied from outside the model, in torchtitan's order: activation checkpointing,
-  // then data parallelism.
+  // then data parallelism (DDP or ZeRO).
   apply_activation_checkpointing(*r.model, parse_activation_checkpointing(cfg_.activation_checkpointing));
   r.params = r.model->parameters();
-  if (r.mesh && (r.shape.dp > 1 || explicit_backend)) {
+  if (cfg_.zero == 0 && r.mesh && (r.shape.dp > 1 || explicit_backend)) {
     r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp());
     r.ddp->broadcast_parameters();
   }
-  r.optimizer = std::make_unique<AdamW>(r.params, AdamWConfig{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay});
+  const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
+  r.optimizer = std::make_unique<AdamW>(r.params, adam);  // under ZeRO: the host state a resume loads into
   r.scaler = std::make_unique<LossScaler>(LossScalerConfig{r.precision == Precision::FP16, cfg_.loss_scale,
                                                            cfg_.initial_scale_power, cfg_.loss_scale_window,
                                                            cfg_.hysteresis, cfg_.min_loss_scale});
   r.schedule.emplace(LRSchedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.steps});
 
   // Resume (rank 0 reads, every rank receives), then the checkpoint writer.
-  auto resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.model, *r.optimizer, r.mesh ? r.mesh->world().get() : nullptr);
+  Communicator* resume_world = r.mesh ? (cfg_.zero > 0 ? r.host_world.get() : r.mesh->world().get()) : nullptr;
+  auto resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.model, *r.optimizer, resume_world);
   if (resumed) {
     r.resumed_from = resumed->dir;
     r.progress = resumed->progress;
     if (!r.progress.loss_scaler.empty()) r.scaler->load_state(r.progress.loss_scaler);
     r.loader->resume_at(r.progress.step, r.progress.samples);
+  }
+  if (cfg_.zero > 0) {
+    // Every rank holds the same host model (same seed, or the broadcast checkpoint): each keeps
+    // its shards of it.
+    ZeroConfig zc;
+    zc.stage = static_cast<int>(cfg_.zero);
+    zc.offload = parse_offload(cfg_.offload);
+    zc.accum = parse_zero_accum(cfg_.zero_accum);
+    zc.grad_accum = cfg_.grad_accum;
+    r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp(), zc, adam, resumed ? r.optimizer.get() : nullptr,
+                                          r.progress.updates);
+    r.optimizer.reset();
   }
   if (!cfg_.save_dir.empty() && proc_.rank == 0) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last);
 
@@ -199,12 +221,33 @@ void Trainer::setup() {
   r.log = (cfg_.log_json.empty() || proc_.rank != 0) ? LogSink() : LogSink(cfg_.log_json, /*append=*/resumed.has_value());
 }
 
+namespace {
+// This rank's model-state bytes by kind and place (parallel/zero.h's table): ZeRO's read off its
+// buffers; otherwise 4 B of parameter, 4 B of gradient and 8 B of AdamW moments per parameter.
+json model_state_json(const ModelStateBytes& b) {
+  auto place = [](const ModelStateBytes::Place& p) {
+    return json{{"params", p.params}, {"grads", p.grads}, {"optimizer", p.optimizer}};
+  };
+  return json{{"device", place(b.device)}, {"host", place(b.host)}};
+}
+}  // namespace
+
 void Trainer::log_config() {
   Run& r = *run_;
+  ModelStateBytes state;
+  if (r.zero) {
+    state = r.zero->memory();
+  } else {
+    const int64_t psi = r.model->num_params();
+    state.device = {4 * psi, 4 * psi, 8 * psi};
+  }
   r.log.write({{"type", "config"},
                {"config", cfg_.to_json()},
                {"world", {{"size", proc_.world_size}, {"dp", r.shape.dp}, {"tp", r.shape.tp}, {"pp", r.shape.pp},
                           {"backend", r.backend}, {"ddp_buckets", r.ddp ? r.ddp->num_buckets() : 0}}},
+               {"zero", {{"stage", cfg_.zero}, {"offload", cfg_.offload}, {"accum", cfg_.zero_accum},
+                         {"padded_params", r.zero ? json(r.zero->padded_numel()) : json(nullptr)}}},
+               {"model_state", model_state_json(state)},
                {"params", r.model->num_params()},
                {"params_non_embedding_pos", cfg_.gpt.num_params_non_embedding_pos()},
                {"flops_per_token", r.flops_per_token},
@@ -225,6 +268,13 @@ void Trainer::log_config() {
   if (!r.resumed_from.empty()) {
     std::printf("kiln: resumed from %s at step %lld\n", r.resumed_from.c_str(), static_cast<long long>(r.progress.step));
   }
+  if (r.zero) {
+    const auto& d = state.device;
+    const auto& h = state.host;
+    std::printf("kiln: ZeRO-%lld over %d dp rank(s), offload %s: model state per rank %.3f GB on the device, %.3f GB on the host\n",
+                static_cast<long long>(cfg_.zero), r.shape.dp, cfg_.offload.c_str(),
+                (d.params + d.grads + d.optimizer) / 1e9, (h.params + h.grads + h.optimizer) / 1e9);
+  }
   if (!r.peak) std::printf("kiln: no peak FLOP/s known for '%s': MFU not reported (give --peak-tflops)\n", r.dev.name.c_str());
   std::fflush(stdout);
 }
@@ -236,12 +286,13 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   out.loss_scale = r.scaler->scale();
   at::manual_seed(step_seed(cfg_.seed, step, r.dp_rank));
   if (r.ddp) r.ddp->zero_grad();
-  else r.model->zero_grad(/*set_to_none=*/true);
+  else if (!r.zero) r.model->zero_grad(/*set_to_none=*/true);
 
   auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
   const double backward_factor = out.loss_scale / static_cast<double>(cfg_.grad_accum);
   for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
     if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);  // sync skipping
+    if (r.zero) r.zero->begin_micro(micro);
     Batch batch = r.loader->get(step, micro);
     at::Tensor loss;
     {
@@ -250,18 +301,23 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
     }
     (loss * backward_factor).backward();
     loss_sum += loss.detach().to(at::kFloat);
+    if (r.zero) r.zero->end_micro();
   }
   if (r.ddp) r.ddp->finish_backward();
-  at::Tensor norm = clip_grad_norm(r.params, cfg_.grad_clip, out.loss_scale);
+  // DDP / one process: every rank holds the whole reduced gradient, so the norm and the clipping
+  // are local. ZeRO: each rank holds a shard; the squared norms are summed with the verdict and
+  // the clipping factor is applied by the sharded step.
+  at::Tensor norm = r.zero ? r.zero->local_grad_sq_norm() : clip_grad_norm(r.params, cfg_.grad_clip, out.loss_scale);
 
   // One small tensor decides the step on every rank: the mean loss and whether anything was
   // not finite (an fp16 overflow, or a diverged run), summed over dp; the norm rides along
-  // (every rank already holds the same one), so the host reads the device once.
+  // (every rank already holds the same one; ZeRO sums its squared shards too), so the host
+  // reads the device once.
   auto verdict = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum),
                             at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat),
                             norm.to(loss_sum.device(), at::kFloat)});
-  if (r.mesh && r.shape.dp > 1) {
-    auto reduced = verdict.narrow(0, 0, 2);  // loss and flag; a contiguous view
+  if (r.mesh && (r.shape.dp > 1 || r.zero)) {
+    auto reduced = verdict.narrow(0, 0, r.zero ? 3 : 2);  // a contiguous view
     const auto t0 = Clock::now();
     r.mesh->dp()->all_reduce(reduced, ReduceOp::Sum)->wait();
     out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -270,7 +326,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   const double* h = host.data_ptr<double>();
   out.loss = h[0] / static_cast<double>(r.shape.dp);
   const bool nonfinite = h[1] > 0.0;
-  out.norm = h[2];
+  out.norm = r.zero ? std::sqrt(h[2]) / out.loss_scale : h[2];
   if (r.precision == Precision::FP16) {
     out.skipped = r.scaler->update(nonfinite);
   } else if (nonfinite) {
@@ -283,7 +339,13 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   }
   out.lr = r.schedule->at(r.progress.updates);
   if (!out.skipped) {
-    r.optimizer->step(out.lr);
+    if (r.zero) {
+      // clip_grad_norm's rule: g <- g min(1, max / (norm + 1e-6)) / S
+      const double coef = cfg_.grad_clip > 0.0 ? std::min(1.0, cfg_.grad_clip / (out.norm + 1e-6)) : 1.0;
+      r.zero->step(out.lr, coef / out.loss_scale);
+    } else {
+      r.optimizer->step(out.lr);
+    }
     ++r.progress.updates;
   }
   if (r.ddp) out.comm_ms += r.ddp->exposed_comm_ms();
@@ -299,12 +361,14 @@ double Trainer::evaluate(int64_t step) {
   {
     at::NoGradGuard no_grad;
     r.model->eval();
+    if (r.zero) r.zero->begin_forward_only();
     auto total = at::zeros({}, at::TensorOptions().device(device));
     for (int64_t b = 0; b < cfg_.eval_batches; ++b) {
       auto batch = r.val_loader->get(b, 0);
       AutocastScope autocast(r.precision, device.type());
       total += r.model->loss(batch.inputs.to(device), batch.targets.to(device)).to(at::kFloat);
     }
+    if (r.zero) r.zero->end_forward_only();
     r.model->train();
     mean = total.item<double>() / static_cast<double>(cfg_.eval_batches);
   }
@@ -384,9 +448,25 @@ json Trainer::run() {
     }
     const bool save_now = !cfg_.save_dir.empty() &&
                           ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || step + 1 == end_step);
-    if (save_now && r.checkpointer) {
+    if (save_now && r.zero) {
+      // The shards gathered unit by unit into a whole host model and optimizer on rank 0 (every
+      // dp rank takes part in the gathers), which it saves like any other run's.
+      std::shared_ptr<GPT> whole;
+      std::unique_ptr<AdamW> whole_opt;
+      if (r.checkpointer) {
+        whole = std::make_shared<GPT>(cfg_.gpt);
+        whole_opt = std::make_unique<AdamW>(whole->parameters(), AdamWConfig{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay});
+      }
+      r.zero->consolidate(whole.get(), whole_opt.get());
+      if (r.checkpointer) {
+        last_saved = r.checkpointer->save(*whole, *whole_opt, r.progress,
+                                          {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});
+      }
+    } else if (save_now && r.checkpointer) {
       last_saved = r.checkpointer->save(*r.model, *r.optimizer, r.progress,
                                         {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});
+    }
+    if (save_now && r.checkpointer) {
       r.log.write({{"type", "checkpoint"}, {"step", step + 1}, {"dir", last_saved}});
       std::printf("kiln: saved %s\n", last_saved.c_str());
       std::fflush(stdout);
@@ -402,10 +482,14 @@ json Trainer::run() {
   }
   // A fingerprint of the final weights, for comparing runs (parity tests): sum and sum of squares.
   double param_sum = 0.0, param_sq = 0.0;
-  for (const auto& p : r.params) {
-    auto d = p.detach().to(at::kDouble);
-    param_sum += d.sum().item<double>();
-    param_sq += d.pow(2).sum().item<double>();
+  if (r.zero) {
+    std::tie(param_sum, param_sq) = r.zero->param_moments();
+  } else {
+    for (const auto& p : r.params) {
+      auto d = p.detach().to(at::kDouble);
+      param_sum += d.sum().item<double>();
+      param_sq += d.pow(2).sum().item<double>();
+    }
   }
   const double mean_tps = timed_steps > 0 ? tokens_per_s_sum / static_cast<double>(timed_steps) : NAN;
   json summary{{"type", "summary"},

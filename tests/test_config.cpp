@@ -91,7 +91,16 @@ TEST(Cli, BadInputIsOneClearMessage) {
 
 TEST(Cli, CapabilitiesNotYetBuiltAreRefusedNotIgnored) {
   EXPECT_TRUE(contains(error_of({"--tp", "2"}), "not supported yet"));
-  EXPECT_TRUE(contains(error_of({"--zero", "1"}), "not supported yet"));
+  EXPECT_TRUE(contains(error_of({"--pp", "2"}), "not supported yet"));
+}
+
+TEST(Cli, ZeroFlagsAreValidated) {
+  EXPECT_TRUE(contains(error_of({"--zero", "4"}), "--zero must be 0, 1, 2 or 3"));
+  EXPECT_TRUE(contains(error_of({"--offload", "optimizer"}), "--offload optimizer needs ZeRO"));
+  EXPECT_TRUE(contains(error_of({"--zero", "2", "--offload", "all"}), "--offload all needs --zero 3"));
+  EXPECT_TRUE(contains(error_of({"--zero", "3", "--offload", "gpu"}), "--offload must be one of"));
+  EXPECT_TRUE(contains(error_of({"--zero", "2", "--zero-accum", "never"}), "--zero-accum must be one of"));
+  EXPECT_FALSE(parse_train_args({"--zero", "3", "--offload", "all", "--zero-accum", "local"}).help);
 }
 
 TEST(Cli, PrecisionAndCheckpointFlagsAreValidated) {

@@ -1,0 +1,493 @@
+// parallel/zero.cpp -- units, shards, the gradient hooks, ZeRO-3's gathers, the sharded step.
+#include "parallel/zero.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
+
+#include "models/gpt.h"
+#include "optim/cpu_adamw.h"
+#include "parallel/grad_ready.h"
+#include "runtime/device.h"
+#include "runtime/error.h"
+
+namespace kiln {
+
+namespace {
+
+// Frees / re-allocates a tensor's storage in place: its views (the model's parameters) stay
+// valid and see the new allocation. The same allocator the tensor was made with is used.
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+void alloc_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+// The units of a GPT, in order: unit 0 = wte, wpe, ln_f; unit 1 + i = block i.
+std::vector<std::vector<at::Tensor>> units_of(GPT& model) {
+  std::vector<std::vector<at::Tensor>> units;
+  units.push_back({model.wte, model.wpe});
+  for (const auto& p : model.ln_f->parameters()) units[0].push_back(p);
+  for (const auto& m : *model.h) units.push_back(m->parameters());
+  size_t covered = 0;
+  for (const auto& u : units) covered += u.size();
+  if (covered != model.parameters().size()) {
+    throw Error("zero: the model has " + std::to_string(model.parameters().size()) + " parameters, its units " +
+                std::to_string(covered));
+  }
+  return units;
+}
+
+}  // namespace
+
+Offload parse_offload(const std::string& name) {
+  if (name == "none") return Offload::None;
+  if (name == "optimizer") return Offload::Optimizer;
+  if (name == "all") return Offload::All;
+  throw ConfigError("--offload must be one of none, optimizer, all (got '" + name + "')");
+}
+ZeroAccum parse_zero_accum(const std::string& name) {
+  if (name == "reduce") return ZeroAccum::Reduce;
+  if (name == "local") return ZeroAccum::Local;
+  throw ConfigError("--zero-accum must be one of reduce, local (got '" + name + "')");
+}
+std::string to_string(Offload o) { return o == Offload::None ? "none" : o == Offload::Optimizer ? "optimizer" : "all"; }
+std::string to_string(ZeroAccum a) { return a == ZeroAccum::Reduce ? "reduce" : "local"; }
+
+// A parameter's part of this rank's shard: [offset, offset + length) of the shard.
+struct ZeroEngine::Segment {
+  int64_t offset = 0, length = 0;
+  bool decay = false;
+};
+
+struct ZeroEngine::Unit {
+  std::vector<at::Tensor> params;  // the model's parameters (leaves; views of flat)
+  std::vector<int64_t> offsets;    // each parameter's first element in flat
+  int64_t numel = 0, padded = 0, shard = 0;
+  std::vector<Segment> segments;
+
+  at::Tensor flat;          // all n_u' parameters on the device (ZeRO-3: allocated only while gathered)
+  at::Tensor shard_params;  // ZeRO-3: this rank's parameter shard (on the host under offload all)
+  at::Tensor grad_full;     // all n_u' gradients on the device (streamed: only while reducing)
+  at::Tensor grad_shard;    // the reduced gradient shard (streamed: own buffer; else a view of grad_full)
+  at::Tensor rs_out;        // streamed: a reduction's output before it is added into grad_shard
+  at::Tensor master;        // offload: the host fp32 copy stepped by the CPU AdamW
+  at::Tensor host_grad;     // offload: the host copy of grad_shard (may be grad_shard itself)
+  at::Tensor exp_avg, exp_avg_sq;
+
+  int64_t pending = 0;  // gradients not yet landed in this backward
+  bool reduced = false; // this micro-step's reduction launched
+  std::shared_ptr<Work> rs_work, ag_work;
+  at::Tensor ag_src;    // the shard being gathered, kept alive until the gather completes
+  enum class State { Released, Gathering, Gathered } state = State::Gathered;
+};
+
+ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communicator> dp, ZeroConfig cfg,
+                       AdamWConfig adam, const AdamW* resume, int64_t steps_taken)
+    : model_(model), device_(device), dp_(std::move(dp)), cfg_(cfg), adam_(adam), steps_(steps_taken) {
+  if (cfg_.stage < 1 || cfg_.stage > 3) throw ConfigError("zero: stage must be 1, 2 or 3");
+  if (cfg_.offload == Offload::All && cfg_.stage != 3) throw ConfigError("--offload all needs --zero 3");
+  const int64_t n = dp_->size(), r = dp_->rank();
+  const bool pin = device_.is_cuda();
+  const auto dev = at::TensorOptions().dtype(at::kFloat).device(device_);
+  const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(pin);
+  at::NoGradGuard no_grad;
+
+  for (auto& params : units_of(model_)) {
+    auto u = std::make_unique<Unit>();
+    u->params = std::move(params);
+    for (const auto& p : u->params) {
+      if (!p.device().is_cpu() || p.scalar_type() != at::kFloat)
+        throw Error("zero: the model must be built on the host in fp32 before the engine takes it");
+      u->offsets.push_back(u->numel);
+      u->numel += p.numel();
+    }
+    const int64_t quantum = n * cfg_.align;
+    u->padded = (u->numel + quantum - 1) / quantum * quantum;
+    u->shard = u->padded / n;
+    const int64_t lo = r * u->shard, hi = lo + u->shard;
+    for (size_t k = 0; k < u->params.size(); ++k) {
+      const int64_t a = std::max(lo, u->offsets[k]), b = std::min(hi, u->offsets[k] + u->params[k].numel());
+      if (a < b) u->segments.push_back({a - lo, b - a, u->params[k].dim() >= 2});
+    }
+
+    // The whole unit, flattened on the host, and the optimizer state to start from.
+    auto whole = at::zeros({u->padded}, at::kFloat);
+    auto m_whole = at::zeros({u->padded}, at::kFloat), v_whole = at::zeros({u->padded}, at::kFloat);
+    for (size_t k = 0; k < u->params.size(); ++k) {
+      const auto& p = u->params[k];
+      whole.narrow(0, u->offsets[k], p.numel()).copy_(p.reshape({-1}));
+      if (resume) {
+        auto st = resume->state_of(p);
+        m_whole.narrow(0, u->offsets[k], p.numel()).copy_(st.exp_avg.reshape({-1}));
+        v_whole.narrow(0, u->offsets[k], p.numel()).copy_(st.exp_avg_sq.reshape({-1}));
+      }
+    }
+    auto own = [&](const at::Tensor& t) { return t.narrow(0, lo, u->shard); };
+
+    // Parameters: the whole unit on the device (stages 1, 2), or the shard (stage 3).
+    if (cfg_.stage < 3) {
+      u->flat = at::empty({u->padded}, dev);
+      u->flat.copy_(whole);
+    } else {
+      u->flat = at::empty({u->padded}, dev);
+      u->shard_params = at::empty({u->shard}, cfg_.offload == Offload::All ? host : dev);
+      u->shard_params.copy_(own(whole));
+    }
+    for (size_t k = 0; k < u->params.size(); ++k) {
+      auto& p = u->params[k];
+      p.set_data(u->flat.narrow(0, u->offsets[k], p.numel()).view(p.sizes()));
+    }
+    if (cfg_.stage == 3) {
+      free_storage(u->flat);
+      u->state = Unit::State::Released;
+    }
+
+    // Gradients.
+    if (streamed()) {
+      u->grad_shard = at::zeros({u->shard}, cfg_.offload == Offload::All ? host : dev);
+    } else {
+      u->grad_full = at::zeros({u->padded}, dev);
+      for (size_t k = 0; k < u->params.size(); ++k) {
+        auto& p = u->params[k];
+        p.mutable_grad() = u->grad_full.narrow(0, u->offsets[k], p.numel()).view(p.sizes());
+      }
+      u->grad_shard = own(u->grad_full);
+    }
+
+    // Optimizer state.
+    const bool on_host = cfg_.offload != Offload::None;
+    u->exp_avg = at::empty({u->shard}, on_host ? host : dev);
+    u->exp_avg_sq = at::empty({u->shard}, on_host ? host : dev);
+    u->exp_avg.copy_(own(m_whole));
+    u->exp_avg_sq.copy_(own(v_whole));
+    if (cfg_.offload == Offload::Optimizer) {
+      u->master = at::empty({u->shard}, host);
+      u->master.copy_(own(whole));
+    } else if (cfg_.offload == Offload::All) {
+      u->master = u->shard_params;
+    }
+    if (on_host) {
+      u->host_grad = u->grad_shard.device().is_cpu() && cfg_.offload == Offload::All && streamed()
+                         ? u->grad_shard
+                         : at::zeros({u->shard}, host);
+    }
+    u->pending = static_cast<int64_t>(u->params.size());
+    units_.push_back(std::move(u));
+  }
+
+  for (auto& up : units_) {
+    Unit* u = up.get();
+    for (size_t k = 0; k < u->params.size(); ++k) hooks_.add(u->params[k], [this, u, k] { on_grad_ready(*u, k); }, "zero");
+  }
+
+  if (cfg_.stage == 3) {
+    // Gather each block just before its forward (prefetching the next), free it after; gather
+    // it again when backward reaches its output (prefetching the previous one).
+    std::unordered_map<const BlockImpl*, size_t> unit_of;
+    for (size_t i = 0; i < model_.h->size(); ++i) unit_of[model_.h[i]->as<BlockImpl>()] = 1 + i;
+    inner_runner_ = model_.block_runner;
+    auto inner = inner_runner_;
+    model_.block_runner = [this, inner, unit_of](BlockImpl& block, const at::Tensor& x) {
+      const size_t i = unit_of.at(&block);
+      Unit& u = *units_[i];
+      wait_gathered(u);
+      if (i + 1 < units_.size()) gather_async(*units_[i + 1]);
+      at::Tensor y = inner ? inner(block, x) : block.forward(x);
+      release(u);
+      if (y.requires_grad()) {
+        y.register_hook([this, i](const at::Tensor&) {
+          wait_gathered(*units_[i]);
+          if (i > 1) gather_async(*units_[i - 1]);
+        });
+      }
+      return y;
+    };
+  }
+}
+
+ZeroEngine::~ZeroEngine() {
+  model_.block_runner = inner_runner_;
+  for (auto* u : in_flight_) {
+    try {
+      if (u->rs_work) u->rs_work->wait();
+    } catch (...) {
+    }
+  }
+}
+
+bool ZeroEngine::streamed() const {
+  return cfg_.stage >= 2 && (cfg_.accum == ZeroAccum::Reduce || cfg_.grad_accum == 1);
+}
+
+at::Tensor ZeroEngine::param_shard(Unit& u) {
+  if (cfg_.stage == 3) return u.shard_params;
+  return u.flat.narrow(0, static_cast<int64_t>(dp_->rank()) * u.shard, u.shard);
+}
+
+int64_t ZeroEngine::padded_numel() const {
+  int64_t total = 0;
+  for (const auto& u : units_) total += u->padded;
+  return total;
+}
+
+// ---- ZeRO-3 gathers ------------------------------------------------------------------------
+
+void ZeroEngine::gather_async(Unit& u) {
+  if (u.state != Unit::State::Released) return;
+  alloc_storage(u.flat);
+  u.ag_src = u.shard_params.device() == device_ ? u.shard_params : u.shard_params.to(device_, /*non_blocking=*/true);
+  u.ag_work = dp_->all_gather(u.flat, u.ag_src);
+  u.state = Unit::State::Gathering;
+}
+
+void ZeroEngine::wait_gathered(Unit& u) {
+  if (u.state == Unit::State::Released) gather_async(u);
+  if (u.state == Unit::State::Gathering) {
+    u.ag_work->wait();
+    u.ag_work.reset();
+    u.ag_src = at::Tensor();
+    u.state = Unit::State::Gathered;
+  }
+}
+
+void ZeroEngine::release(Unit& u) {
+  if (cfg_.stage != 3 || u.state == Unit::State::Released) return;
+  if (u.state == Unit::State::Gathering) wait_gathered(u);
+  free_storage(u.flat);
+  u.state = Unit::State::Released;
+}
+
+// ---- gradients -----------------------------------------------------------------------------
+
+void ZeroEngine::begin_micro(int64_t micro) {
+  first_micro_ = micro == 0;
+  last_micro_ = micro + 1 == cfg_.grad_accum;
+  if (first_micro_) {
+    at::NoGradGuard no_grad;
+    for (auto& u : units_) (u->grad_full.defined() && !streamed() ? u->grad_full : u->grad_shard).zero_();
+  }
+  for (auto& u : units_) {
+    u->pending = static_cast<int64_t>(u->params.size());
+    u->reduced = false;
+  }
+  if (cfg_.stage == 3) {
+    wait_gathered(*units_[0]);
+    if (units_.size() > 1) gather_async(*units_[1]);
+  }
+}
+
+void ZeroEngine::on_grad_ready(Unit& u, size_t k) {
+  at::NoGradGuard no_grad;
+  if (streamed()) {
+    // Move the gradient into the unit's reduction buffer (allocated by the unit's first one).
+    auto& p = u.params[k];
+    if (!u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, p.grad().options());
+    u.grad_full.narrow(0, u.offsets[k], p.numel()).view(p.sizes()).add_(p.grad());
+    p.mutable_grad().reset();
+  }
+  if (--u.pending == 0) {
+    if (streamed() || last_micro_) launch_reduction(u);
+    release(u);  // ZeRO-3: backward is done with the unit's parameters
+  }
+}
+
+void ZeroEngine::launch_reduction(Unit& u) {
+  u.reduced = true;
+  if (streamed()) {
+    if (!u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    u.rs_out = at::empty({u.shard}, u.grad_full.options());
+    u.rs_work = dp_->reduce_scatter(u.rs_out, u.grad_full, ReduceOp::Avg);
+  } else {
+    // In place: the result lands in this rank's chunk of the full buffer, which grad_shard views.
+    u.rs_work = dp_->reduce_scatter(u.grad_shard, u.grad_full, ReduceOp::Avg);
+  }
+  in_flight_.push_back(&u);
+  wait_reductions(static_cast<size_t>(std::max(cfg_.max_in_flight, 0)));
+}
+
+void ZeroEngine::finish_reduction(Unit& u) {
+  u.rs_work->wait();
+  u.rs_work.reset();
+  if (streamed()) {
+    at::NoGradGuard no_grad;
+    if (u.grad_shard.device() == u.rs_out.device()) u.grad_shard.add_(u.rs_out);
+    else u.grad_shard.add_(u.rs_out.to(u.grad_shard.device()));
+    u.rs_out = at::Tensor();
+    u.grad_full = at::Tensor();  // the unit's full gradient exists only while it is reduced
+  }
+}
+
+void ZeroEngine::wait_reductions(size_t keep) {
+  while (in_flight_.size() > keep) {
+    Unit* u = in_flight_.front();
+    in_flight_.erase(in_flight_.begin());
+    finish_reduction(*u);
+  }
+}
+
+void ZeroEngine::end_micro() {
+  // Units whose gradients did not all land (a parameter unused in this backward) are reduced
+  // now, in unit order: every rank has the same graph, so every rank reaches the same decision.
+  for (auto& u : units_) {
+    if (!u->reduced && (streamed() || last_micro_)) launch_reduction(*u);
+  }
+  wait_reductions(0);
+  for (auto& u : units_) release(*u);
+}
+
+at::Tensor ZeroEngine::local_grad_sq_norm() const {
+  at::NoGradGuard no_grad;
+  // On the CPU in double, shard by shard: LibTorch's CPU fp32 norm of a long vector is off by up
+  // to 1e-6 relative (measured on the tiny model). CUDA reduces in a tree, accurately in fp32.
+  auto total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  for (const auto& u : units_) {
+    const auto& g = u->grad_shard;
+    auto norm = at::linalg_vector_norm(g, 2, at::OptionalIntArrayRef(), false, g.is_cpu() ? at::kDouble : at::kFloat);
+    total += norm.square().to(device_, at::kDouble);
+  }
+  return total.to(at::kFloat);
+}
+
+// ---- the step ------------------------------------------------------------------------------
+
+void ZeroEngine::step(double lr, double grad_factor) {
+  at::NoGradGuard no_grad;
+  ++steps_;
+  const int64_t r = dp_->rank();
+  if (cfg_.offload == Offload::None) {
+    std::vector<at::Tensor> p[2], g[2], m[2], v[2], t[2];
+    const auto step_t = at::full({}, static_cast<double>(steps_), at::TensorOptions().dtype(at::kFloat).device(device_));
+    for (auto& u : units_) {
+      if (grad_factor != 1.0) u->grad_shard.mul_(grad_factor);
+      auto ps = param_shard(*u);
+      for (const auto& s : u->segments) {
+        const int d = s.decay ? 1 : 0;
+        p[d].push_back(ps.narrow(0, s.offset, s.length));
+        g[d].push_back(u->grad_shard.narrow(0, s.offset, s.length));
+        m[d].push_back(u->exp_avg.narrow(0, s.offset, s.length));
+        v[d].push_back(u->exp_avg_sq.narrow(0, s.offset, s.length));
+        t[d].push_back(step_t);
+      }
+    }
+    for (int d = 0; d < 2; ++d) {
+      if (p[d].empty()) continue;
+      at::_fused_adamw_(p[d], g[d], m[d], v[d], /*max_exp_avg_sqs=*/{}, t[d], lr, adam_.beta1, adam_.beta2,
+                        d ? adam_.weight_decay : 0.0, adam_.eps, /*amsgrad=*/false, /*maximize=*/false);
+    }
+  } else {
+    // Offload: gradient shards down (all issued first), then per unit the host AdamW and the
+    // updated shard up, so the upload of one unit overlaps the host's work on the next.
+    for (auto& u : units_)
+      if (!u->host_grad.is_same(u->grad_shard)) u->host_grad.copy_(u->grad_shard, /*non_blocking=*/true);
+    synchronize(device_);
+    for (auto& u : units_) {
+      if (grad_factor != 1.0) u->host_grad.mul_(grad_factor);
+      float* pm = u->master.data_ptr<float>();
+      const float* pg = u->host_grad.data_ptr<float>();
+      float* pa = u->exp_avg.data_ptr<float>();
+      float* pv = u->exp_avg_sq.data_ptr<float>();
+      for (const auto& s : u->segments) {
+        cpu_adamw(pm + s.offset, pg + s.offset, pa + s.offset, pv + s.offset, s.length,
+                  {lr, adam_.beta1, adam_.beta2, adam_.eps, s.decay ? adam_.weight_decay : 0.0, steps_});
+      }
+      if (cfg_.offload == Offload::Optimizer) param_shard(*u).copy_(u->master, /*non_blocking=*/true);
+    }
+  }
+  if (cfg_.stage < 3) {
+    // Every rank's updated shard to every rank: in place, each rank's shard is its chunk of flat.
+    std::vector<std::shared_ptr<Work>> works;
+    for (auto& u : units_) {
+      auto own = u->flat.narrow(0, r * u->shard, u->shard);
+      works.push_back(dp_->all_gather(u->flat, own));
+    }
+    for (auto& w : works) w->wait();
+  }
+}
+
+void ZeroEngine::begin_forward_only() {
+  if (cfg_.stage == 3) wait_gathered(*units_[0]);
+}
+
+void ZeroEngine::end_forward_only() {
+  for (auto& u : units_) release(*u);
+}
+
+// ---- checkpoints and reports ---------------------------------------------------------------
+
+void ZeroEngine::consolidate(GPT* model, AdamW* opt) {
+  at::NoGradGuard no_grad;
+  std::vector<std::vector<at::Tensor>> dst;
+  if (model) dst = units_of(*model);
+  const auto dev = at::TensorOptions().dtype(at::kFloat).device(device_);
+  auto gather = [&](const at::Tensor& shard) {
+    auto whole = at::empty({shard.numel() * dp_->size()}, dev);
+    auto src = shard.device() == device_ ? shard : shard.to(device_);
+    dp_->all_gather(whole, src)->wait();
+    return whole.cpu();
+  };
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = *units_[i];
+    const at::Tensor params = cfg_.stage < 3 && cfg_.offload == Offload::None ? u.flat.cpu()
+                              : cfg_.stage < 3 ? gather(u.master)
+                                               : gather(u.shard_params);
+    const at::Tensor m = gather(u.exp_avg), v = gather(u.exp_avg_sq);
+    if (!model) continue;
+    for (size_t k = 0; k < u.params.size(); ++k) {
+      const auto& p = dst[i][k];
+      p.detach().copy_(params.narrow(0, u.offsets[k], p.numel()).view(p.sizes()));
+      if (opt) {
+        auto st = opt->state_of(p);
+        st.exp_avg.copy_(m.narrow(0, u.offsets[k], p.numel()).view(p.sizes()));
+        st.exp_avg_sq.copy_(v.narrow(0, u.offsets[k], p.numel()).view(p.sizes()));
+        st.step.fill_(static_cast<double>(steps_));
+      }
+    }
+  }
+  if (opt) opt->set_steps_taken(steps_);
+}
+
+std::pair<double, double> ZeroEngine::param_moments() {
+  at::NoGradGuard no_grad;
+  double sum = 0.0, sq = 0.0;
+  for (auto& u : units_) {
+    auto d = (u->master.defined() ? u->master : param_shard(*u)).to(at::kDouble);
+    sum += d.sum().item<double>();
+    sq += d.square().sum().item<double>();
+  }
+  auto t = at::tensor({sum, sq}, at::kDouble);
+  if (!device_.is_cpu()) t = t.to(device_);
+  dp_->all_reduce(t, ReduceOp::Sum)->wait();
+  t = t.cpu();
+  return {t[0].item<double>(), t[1].item<double>()};
+}
+
+// Read off the buffers themselves. "host" is where offload puts a buffer (on a CPU-only run
+// the device is the host too; the split still says which buffers offload moved).
+ModelStateBytes ZeroEngine::memory() const {
+  ModelStateBytes b;
+  auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : int64_t{0}; };
+  const bool params_on_host = cfg_.offload == Offload::All;
+  for (const auto& up : units_) {
+    const Unit& u = *up;
+    if (cfg_.stage < 3) b.device.params += bytes(u.flat);
+    else (params_on_host ? b.host : b.device).params += bytes(u.shard_params);
+    if (streamed()) (params_on_host ? b.host : b.device).grads += bytes(u.grad_shard);
+    else b.device.grads += bytes(u.grad_full);
+    if (u.host_grad.defined() && !u.host_grad.is_same(u.grad_shard)) b.host.grads += bytes(u.host_grad);
+    auto& opt = cfg_.offload == Offload::None ? b.device : b.host;
+    opt.optimizer += bytes(u.exp_avg) + bytes(u.exp_avg_sq);
+    if (u.master.defined() && !u.master.is_same(u.shard_params)) opt.optimizer += bytes(u.master);
+  }
+  return b;
+}
+
+}  // namespace kiln

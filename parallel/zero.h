@@ -1,0 +1,167 @@
+// parallel/zero.h -- ZeRO stages 1-3 over the data-parallel group, with CPU offload of the
+// optimizer (and, under ZeRO-3, of the parameters). Rajbhandari et al., "ZeRO: Memory
+// Optimizations Toward Training Trillion Parameter Models", 2020.
+//
+// Units. The model's parameters are grouped into units: unit 0 ("outer") = wte, wpe, ln_f;
+// unit 1 + i = block i. Each unit is one flat fp32 buffer of n_u elements padded to
+//   n_u' = ceil(n_u / (N A)) N A          N = dp ranks, A = 64 elements (256 bytes)
+// so each of the N ranks owns an equal, aligned shard of n_u' / N elements: rank r owns
+// [r n_u'/N, (r+1) n_u'/N). psi' = sum_u n_u' (psi = sum_u n_u, the parameter count). The
+// optimizer (AdamW, optim/adamw.h's arithmetic) steps the shard only.
+//
+// Stages (per rank; kiln's working parameters are fp32, so a parameter costs 4 B + 4 B of
+// gradient + 8 B of moments = 16 B, as in the paper, split 4/4/8 rather than the paper's
+// fp16 2/2/12: the fp32 parameter shard is its own master copy):
+//   stage  params      grads       optimizer    traffic per step (CommStats' unit, K micro-steps)
+//   0      4 psi       4 psi       8 psi        DDP: 2 x 4 psi                     (all-reduce)
+//   1      4 psi'      4 psi'      8 psi'/N     4 psi' (reduce-scatter) + 4 psi' (all-gather)
+//   2      4 psi'      4 psi'/N    8 psi'/N     K 4 psi' + 4 psi'          (accum policy reduce)
+//   3      4 psi'/N    4 psi'/N    8 psi'/N     K (4 psi' + 4 (psi' - n_0') + 4 psi')  (reduce)
+//   ZeRO-3's traffic: each micro-step all-gathers every unit for forward, every block again for
+//   backward (unit 0 stays gathered through the micro-step), and reduce-scatters every gradient.
+// Plus, every step, one all-reduce of [loss, non-finite flag, squared gradient norm] (12 B).
+//
+// Gradient accumulation under ZeRO-2/3 (K > 1), ZeroConfig::accum:
+//   reduce  every micro-step reduce-scatters each unit's gradient as backward completes it and
+//           adds the result into the rank's fp32 gradient shard; a unit's full gradient exists
+//           only while its reduction is in flight. Memory 4 psi'/N; traffic K x 4 psi'.
+//   local   the first K-1 micro-steps accumulate into a full local gradient buffer (ZeRO-1's);
+//           the last one reduce-scatters it once. Memory 4 psi'; traffic 4 psi' (any K).
+// Both are exact (the mean over ranks of the sum over micro-steps); they differ only in the
+// order of the floating-point additions. ZeRO-1 always keeps the full buffer (its definition).
+//
+// ZeRO-3 gathers. Before block i's forward its unit is all-gathered (and block i+1's gather is
+// issued: prefetch); after the forward its storage is freed. A hook on the block's output
+// gathers it again when backward reaches the block (and prefetches block i-1); once all its
+// gradients have landed its storage is freed again. Unit 0 is gathered at the start of each
+// micro-step and freed when its gradients have landed. Storage is freed by releasing the
+// flat buffer's allocation; the parameters stay views of it, so the autograd graph, activation
+// checkpointing's recomputation and the optimizer see ordinary tensors.
+//
+// Offload (ZeroConfig::offload):
+//   optimizer  the fp32 master copy of the shard, its moments and the optimizer step live on the
+//              host (optim/cpu_adamw.h over pinned buffers); the reduced gradient shard is copied
+//              down, the updated shard copied up (issued per unit, so the copies overlap the
+//              host's AdamW of the next unit). Host: 4 psi'/N grads + 12 psi'/N optimizer.
+//   all        (ZeRO-3) the parameter shard lives on the host as well and is the master copy;
+//              each gather copies it up first. Nothing of the model state stays on the device.
+//
+// The model is built and initialised on the host; only what the stage keeps on the device is
+// ever moved there (under ZeRO-3, shards and one or two gathered units at a time).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "optim/adamw.h"
+#include "parallel/grad_ready.h"
+#include "runtime/comm.h"
+
+namespace kiln {
+
+class GPT;
+class BlockImpl;
+
+enum class Offload { None, Optimizer, All };
+enum class ZeroAccum { Reduce, Local };
+
+Offload parse_offload(const std::string& name);      // none | optimizer | all
+ZeroAccum parse_zero_accum(const std::string& name);  // reduce | local
+std::string to_string(Offload o);
+std::string to_string(ZeroAccum a);
+
+struct ZeroConfig {
+  int stage = 1;                        // 1, 2 or 3
+  Offload offload = Offload::None;      // All needs stage 3
+  ZeroAccum accum = ZeroAccum::Reduce;  // gradient accumulation policy of stages 2 and 3
+  int64_t grad_accum = 1;               // micro-steps per optimizer step (K)
+  int64_t align = 64;                   // shard alignment, elements
+  int max_in_flight = 2;                // reductions in flight before the oldest is waited for
+};
+
+// Model-state bytes this rank holds, by kind and place (optimizer: the moments, plus the fp32
+// master copy when offloaded; the 0-dim step counters are not counted).
+struct ModelStateBytes {
+  struct Place {
+    int64_t params = 0, grads = 0, optimizer = 0;
+  };
+  Place device, host;
+};
+
+class ZeroEngine {
+ public:
+  // model: built and initialised on the host (fp32, CPU). Its parameters become views of the
+  // engine's buffers on `device`. resume: when not null, a host AdamW over `model`'s parameters
+  // holding the state to start from (a loaded checkpoint), with `steps_taken` updates applied.
+  // Collective over dp.
+  ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communicator> dp, ZeroConfig cfg, AdamWConfig adam,
+             const AdamW* resume = nullptr, int64_t steps_taken = 0);
+  ~ZeroEngine();
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  // Before micro-step `micro` (0..K-1) of a step: the first one clears the gradient shards;
+  // ZeRO-3 gathers unit 0.
+  void begin_micro(int64_t micro);
+  // After its backward: waits for the reductions it launched (and launches any a hook did not).
+  void end_micro();
+
+  // The squared L2 norm of this rank's reduced gradient shard (fp32 scalar on the device);
+  // summed over dp it is the squared global norm.
+  at::Tensor local_grad_sq_norm() const;
+  // g <- g * grad_factor (clipping and loss-scale division), one AdamW update of the shard with
+  // learning rate lr, then (stages 1, 2) the updated parameters all-gathered.
+  void step(double lr, double grad_factor);
+
+  // Evaluation without backward under ZeRO-3: gathers unit 0 / frees every gathered unit.
+  void begin_forward_only();
+  void end_forward_only();
+
+  // Collective over dp: the whole parameters and AdamW state, gathered unit by unit; written
+  // into `model` and `opt` on the rank where they are not null (rank 0 for a checkpoint).
+  void consolidate(GPT* model, AdamW* opt);
+
+  // Collective over dp: the sum and the sum of squares of all parameters (in double), for
+  // comparing runs.
+  std::pair<double, double> param_moments();
+
+  ModelStateBytes memory() const;
+  int64_t padded_numel() const;     // psi'
+  int64_t steps_taken() const { return steps_; }
+  const ZeroConfig& config() const { return cfg_; }
+
+ private:
+  struct Unit;
+  struct Segment;
+  void gather_async(Unit& u);
+  void wait_gathered(Unit& u);
+  void release(Unit& u);
+  void on_grad_ready(Unit& u, size_t k);
+  void launch_reduction(Unit& u);
+  void finish_reduction(Unit& u);
+  void wait_reductions(size_t keep);
+  bool streamed() const;  // gradients reduce-scattered every micro-step (no full local buffer)
+  at::Tensor param_shard(Unit& u);
+
+  GPT& model_;
+  std::function<at::Tensor(BlockImpl&, const at::Tensor&)> inner_runner_;  // the runner ZeRO-3 wraps
+  c10::Device device_;
+  std::shared_ptr<Communicator> dp_;
+  ZeroConfig cfg_;
+  AdamWConfig adam_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<Unit*> in_flight_;  // reductions launched and not yet finished, oldest first
+  GradReadyHooks hooks_;
+  bool last_micro_ = true;
+  bool first_micro_ = true;
+  int64_t steps_ = 0;
+};
+
+}  // namespace kiln
