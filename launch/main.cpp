@@ -3,6 +3,7 @@
 //
 //   kiln train [flags]   train a GPT (see `kiln train --help`)
 //   kiln prep  [flags]   text files -> token shards
+//   kiln bench [flags]   measure a training configuration (throughput, MFU, memory, energy)
 // Every kiln::Error becomes one line "kiln: error: ..." on stderr and its exit code; anything
 // else escaping is a bug, reported the same way with exit code 70. Under mpirun a failing rank
 // takes the whole job down with it (MPI_Abort) rather than leave its peers waiting.
@@ -17,6 +18,7 @@
 #include <mpi.h>
 
 #include "data/prep.h"
+#include "launch/bench.h"
 #include "launch/cli.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
@@ -29,6 +31,7 @@ const char* kUsage =
     "commands:\n"
     "  train   train a GPT model (kiln train --help)\n"
     "  prep    turn text files into token shards (kiln prep --help)\n"
+    "  bench   measure a training configuration on synthetic data (kiln bench --help)\n"
     "  version print the version\n";
 
 int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
@@ -51,6 +54,15 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
     kiln::Trainer(args.config, proc).run();
     return 0;
   }
+  if (cmd == "bench") {
+    auto args = kiln::parse_bench_args(rest);
+    if (args.help) {
+      std::fputs(args.help_text.c_str(), stdout);
+      return 0;
+    }
+    kiln::run_bench(args.config, proc);
+    return 0;
+  }
   if (cmd == "prep") {
     auto args = kiln::parse_prep_args(rest);
     if (args.help) {
@@ -63,7 +75,7 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
     for (const auto& f : result.files) std::printf("  %s\n", f.c_str());
     return 0;
   }
-  throw kiln::ConfigError("unknown command '" + cmd + "' (commands: train, prep, version)");
+  throw kiln::ConfigError("unknown command '" + cmd + "' (commands: train, prep, bench, version)");
 }
 
 // Reports a failure: one line on stderr, then the exit code. In a multi-rank job the failing

@@ -64,6 +64,23 @@ double peak_memory_bytes(const c10::Device& device) {
   return 0.0;
 }
 
+void reset_peak_memory(const c10::Device& device) {
+#if defined(KILN_WITH_CUDA)
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    return;
+  }
+#endif
+  std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to the current RSS
+}
+
+void release_cached_memory(const c10::Device& device) {
+#if defined(KILN_WITH_CUDA)
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  (void)device;
+}
+
 void synchronize(const c10::Device& device) {
 #if defined(KILN_WITH_CUDA)
   if (device.is_cuda()) cudaDeviceSynchronize();

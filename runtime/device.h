@@ -23,6 +23,14 @@ DeviceInfo select_device(const std::string& choice, int local_rank = 0);
 // CUDA, the resident-set high-water mark (VmHWM) on the CPU.
 double peak_memory_bytes(const c10::Device& device);
 
+// Starts the peak above afresh (CUDA: the allocator's peak statistics; CPU: VmHWM, through
+// /proc/self/clear_refs), so that a run measures its own peak in a process that ran others.
+void reset_peak_memory(const c10::Device& device);
+
+// Returns the caching allocator's unused blocks to the device (no-op on the CPU): after an
+// out-of-memory failure, before the next attempt.
+void release_cached_memory(const c10::Device& device);
+
 // Waits for queued device work (no-op on the CPU). Used only where a time is read.
 void synchronize(const c10::Device& device);
 

@@ -34,10 +34,12 @@
 #include "runtime/comm_nccl.h"
 #endif
 #include "runtime/device.h"
+#include "runtime/energy.h"
 #include "runtime/error.h"
 #include "runtime/log_sink.h"
 #include "runtime/mesh.h"
 #include "runtime/metrics.h"
+#include "runtime/phase_timer.h"
 #include "runtime/precision.h"
 #include "runtime/watchdog.h"
 
@@ -113,6 +115,8 @@ struct Trainer::Run {
   TrainProgress progress;     // steps done, updates applied, data position, scaler state
   std::string resumed_from;   // checkpoint directory, or empty
   std::optional<double> peak;
+  std::unique_ptr<PhaseTimer> timer;    // forward / backward / comm / optimizer split of a step
+  std::unique_ptr<EnergyMeter> energy;  // the GPU's energy counter (unavailable on the CPU)
   double flops_per_token = 0.0;
   int64_t tokens_per_step = 0;
   LogSink log;
@@ -216,6 +220,9 @@ void Trainer::setup() {
   if (!cfg_.save_dir.empty() && proc_.rank == 0) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last);
 
   r.flops_per_token = flops_per_token(cfg_.gpt);
+  reset_peak_memory(device);  // this run's peak, even in a process that ran others (kiln bench)
+  r.timer = std::make_unique<PhaseTimer>(device);
+  r.energy = std::make_unique<EnergyMeter>(device);
   r.peak = cfg_.peak_tflops > 0 ? std::optional<double>(cfg_.peak_tflops) : peak_tflops_for(r.dev.name);
   r.tokens_per_step = layout.global_batch() * cfg_.gpt.seq_len;
   r.log = (cfg_.log_json.empty() || proc_.rank != 0) ? LogSink() : LogSink(cfg_.log_json, /*append=*/resumed.has_value());
@@ -283,6 +290,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   Run& r = *run_;
   const c10::Device device = r.dev.device;
   StepOutcome out;
+  r.timer->start();
   out.loss_scale = r.scaler->scale();
   at::manual_seed(step_seed(cfg_.seed, step, r.dp_rank));
   if (r.ddp) r.ddp->zero_grad();
@@ -299,15 +307,24 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
       AutocastScope autocast(r.precision, device.type());
       loss = r.model->loss(batch.inputs.to(device, /*non_blocking=*/true), batch.targets.to(device, /*non_blocking=*/true));
     }
+    r.timer->mark(Phase::Forward);
     (loss * backward_factor).backward();
     loss_sum += loss.detach().to(at::kFloat);
-    if (r.zero) r.zero->end_micro();
+    r.timer->mark(Phase::Backward);
+    if (r.zero) {
+      r.zero->end_micro();
+      r.timer->mark(Phase::Comm);
+    }
   }
-  if (r.ddp) r.ddp->finish_backward();
+  if (r.ddp) {
+    r.ddp->finish_backward();
+    r.timer->mark(Phase::Comm);
+  }
   // DDP / one process: every rank holds the whole reduced gradient, so the norm and the clipping
   // are local. ZeRO: each rank holds a shard; the squared norms are summed with the verdict and
   // the clipping factor is applied by the sharded step.
   at::Tensor norm = r.zero ? r.zero->local_grad_sq_norm() : clip_grad_norm(r.params, cfg_.grad_clip, out.loss_scale);
+  r.timer->mark(Phase::Optimizer);
 
   // One small tensor decides the step on every rank: the mean loss and whether anything was
   // not finite (an fp16 overflow, or a diverged run), summed over dp; the norm rides along
@@ -321,6 +338,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
     const auto t0 = Clock::now();
     r.mesh->dp()->all_reduce(reduced, ReduceOp::Sum)->wait();
     out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    r.timer->mark(Phase::Comm);
   }
   const auto host = verdict.to(at::kDouble).cpu();
   const double* h = host.data_ptr<double>();
@@ -348,6 +366,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
     }
     ++r.progress.updates;
   }
+  r.timer->mark(Phase::Optimizer);
   if (r.ddp) out.comm_ms += r.ddp->exposed_comm_ms();
   return out;
 }
@@ -390,6 +409,8 @@ json Trainer::run() {
   const auto run_start = Clock::now();
   double tokens_per_s_sum = 0.0, last_loss = NAN, last_eval = NAN;
   int64_t timed_steps = 0, skipped_steps = 0;
+  double timed_joules = 0.0, timed_seconds = 0.0;  // over the timed steps, when the meter reads
+  bool energy_ok = r.energy->available();
   std::vector<double> losses;
   std::string last_saved;
   const int64_t first_step = r.progress.step;
@@ -400,10 +421,16 @@ json Trainer::run() {
   const int64_t end_step = cfg_.stop_at_step > 0 ? std::min(cfg_.stop_at_step, cfg_.steps) : cfg_.steps;
   for (int64_t step = first_step; step < end_step; ++step) {
     const auto t0 = Clock::now();
+    const auto joules_before = r.energy->joules();
     const int64_t bytes_before = r.comm_bytes();
     const StepOutcome s = train_step(step);
     synchronize(device);
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto joules_after = r.energy->joules();
+    const auto phase_ms = r.timer->read();
+    std::optional<double> step_joules;
+    if (joules_before && joules_after) step_joules = *joules_after - *joules_before;
+    else energy_ok = false;
     r.progress.step = step + 1;
     r.progress.samples = r.loader->samples_before(step + 1);
     r.progress.loss_scaler = r.scaler->state();
@@ -420,6 +447,8 @@ json Trainer::run() {
     }
     if (step > first_step) {  // the first step pays for allocation and kernel selection
       tokens_per_s_sum += tokens_per_s;
+      timed_seconds += step_s;
+      if (step_joules) timed_joules += *step_joules;
       ++timed_steps;
     }
     last_loss = s.loss;
@@ -428,7 +457,13 @@ json Trainer::run() {
              {"lr", s.lr},              {"grad_norm", num(s.norm)}, {"loss_scale", s.loss_scale},
              {"skipped", s.skipped},    {"tokens", r.tokens_per_step}, {"tokens_per_s", tokens_per_s},
              {"step_ms", step_s * 1e3}, {"tflops", tflops},         {"mfu", r.peak ? json(tflops / *r.peak) : json(nullptr)},
-             {"mem_gb", mem_gb},        {"comm_bytes", r.comm_bytes() - bytes_before}, {"comm_ms", s.comm_ms}};
+             {"mem_gb", mem_gb},        {"comm_bytes", r.comm_bytes() - bytes_before}, {"comm_ms", s.comm_ms},
+             {"forward_ms", phase_ms[static_cast<size_t>(Phase::Forward)]},
+             {"backward_ms", phase_ms[static_cast<size_t>(Phase::Backward)]},
+             {"exposed_comm_ms", phase_ms[static_cast<size_t>(Phase::Comm)]},
+             {"optimizer_ms", phase_ms[static_cast<size_t>(Phase::Optimizer)]},
+             {"energy_j", step_joules ? json(*step_joules) : json(nullptr)},
+             {"watts", step_joules ? json(*step_joules / step_s) : json(nullptr)}};
     if (r.ddp) rec["comm_buckets_in_backward"] = r.ddp->launched_in_backward();
     r.log.write(rec);
     if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == end_step || s.skipped)) {
@@ -492,6 +527,9 @@ json Trainer::run() {
     }
   }
   const double mean_tps = timed_steps > 0 ? tokens_per_s_sum / static_cast<double>(timed_steps) : NAN;
+  // Energy over the timed steps: average watts, joules per token, model TFLOP/s per watt.
+  const bool have_energy = energy_ok && timed_steps > 0 && timed_joules > 0.0;
+  const double timed_tokens = static_cast<double>(r.tokens_per_step * timed_steps);
   json summary{{"type", "summary"},
                {"steps", cfg_.steps},
                {"start_step", first_step},
@@ -504,6 +542,9 @@ json Trainer::run() {
                {"mean_tflops", num(mean_tps * r.flops_per_token / 1e12)},
                {"mean_mfu", r.peak ? num(mean_tps * r.flops_per_token / 1e12 / *r.peak) : json(nullptr)},
                {"peak_mem_gb", peak_memory_bytes(device) / 1e9},
+               {"mean_watts", have_energy ? json(timed_joules / timed_seconds) : json(nullptr)},
+               {"joules_per_token", have_energy ? json(timed_joules / timed_tokens) : json(nullptr)},
+               {"tflops_per_watt", have_energy ? json(timed_tokens * r.flops_per_token / 1e12 / timed_joules) : json(nullptr)},
                {"param_sum", param_sum},
                {"param_sq", param_sq},
                {"loss_scale", r.scaler->scale()},
