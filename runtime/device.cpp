@@ -64,6 +64,24 @@ double peak_memory_bytes(const c10::Device& device) {
   return 0.0;
 }
 
+void cap_device_memory(const c10::Device& device, double gb) {
+#if defined(KILN_WITH_CUDA)
+  if (device.is_cuda()) {
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaSetDevice(device.index());
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) throw Error("cudaMemGetInfo failed");
+    const double fraction = gb * 1e9 / static_cast<double>(total_bytes);
+    if (fraction > 1.0) {
+      throw ConfigError("--device-memory-cap-gb " + std::to_string(gb) + " exceeds the device's " +
+                        std::to_string(static_cast<double>(total_bytes) / 1e9) + " GB");
+    }
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
+    return;
+  }
+#endif
+  throw ConfigError("--device-memory-cap-gb needs a CUDA device (got " + device.str() + ")");
+}
+
 void reset_peak_memory(const c10::Device& device) {
 #if defined(KILN_WITH_CUDA)
   if (device.is_cuda()) {

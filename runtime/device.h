@@ -23,6 +23,12 @@ DeviceInfo select_device(const std::string& choice, int local_rank = 0);
 // CUDA, the resident-set high-water mark (VmHWM) on the CPU.
 double peak_memory_bytes(const c10::Device& device);
 
+// Caps what the CUDA caching allocator may hold for this process at `gb` (1e9 bytes), as a
+// fraction of the device's memory (setMemoryFraction): allocations beyond it fail with
+// out-of-memory as if the device were that small. Throws ConfigError on the CPU or when the cap
+// exceeds the device.
+void cap_device_memory(const c10::Device& device, double gb);
+
 // Starts the peak above afresh (CUDA: the allocator's peak statistics; CPU: VmHWM, through
 // /proc/self/clear_refs), so that a run measures its own peak in a process that ran others.
 void reset_peak_memory(const c10::Device& device);

@@ -41,6 +41,7 @@ void TrainConfig::validate() const {
   at_least("grad-clip", grad_clip, 0);
   at_least("log-every", static_cast<double>(log_every), 1);
   at_least("peak-tflops", peak_tflops, 0);
+  at_least("device-memory-cap-gb", device_memory_cap_gb, 0);
   if (!(beta1 >= 0 && beta1 < 1)) throw ConfigError("--beta1 must be in [0, 1)");
   if (!(beta2 >= 0 && beta2 < 1)) throw ConfigError("--beta2 must be in [0, 1)");
   at_least("adam-eps", adam_eps, 0);
@@ -134,6 +135,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["log_json"] = log_json;
   j["log_every"] = log_every;
   j["peak_tflops"] = peak_tflops;
+  j["device_memory_cap_gb"] = device_memory_cap_gb;
   return j;
 }
 

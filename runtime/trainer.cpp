@@ -141,6 +141,7 @@ void Trainer::setup() {
   r.dev = select_device(cfg_.device, proc_.local_rank);
   r.precision = parse_precision(cfg_.precision);
   const c10::Device device = r.dev.device;
+  if (cfg_.device_memory_cap_gb > 0) cap_device_memory(device, cfg_.device_memory_cap_gb);
   // Several ranks on one node's CPUs share its cores: without an explicit OMP_NUM_THREADS each
   // takes its share, or the intra-op thread pools oversubscribe the cores and crawl.
   if (device.is_cpu() && proc_.local_size > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {

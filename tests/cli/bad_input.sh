@@ -51,4 +51,5 @@ expect_fail "--log-json .*cannot open" "${T[@]}" --log-json /nonexistent-dir/run
 expect_fail "--zero 2 needs MPI: launch with mpirun" "${T[@]}" --zero 2
 expect_fail "--offload all needs --zero 3" "${T[@]}" --zero 1 --offload all
 expect_fail "--offload optimizer needs ZeRO" "${T[@]}" --offload optimizer
+expect_fail "--device-memory-cap-gb needs a CUDA device" "${T[@]}" --device-memory-cap-gb 24
 echo "PASS"
