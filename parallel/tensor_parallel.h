@@ -1,0 +1,64 @@
+// parallel/tensor_parallel.h -- 1D tensor parallelism (Megatron-LM: Shoeybi et al., 2019): the
+// communication primitives as autograd functions, and the layers built from them.
+//
+// A group of t ranks splits each weight matrix. With X [.., K] the input and A [K, N] a layer's
+// matrix (kiln stores A^T, LibTorch's [N, K] weight):
+//   column-parallel   A = [A_1 .. A_t] by columns; rank i computes Y_i = X A_i  [.., N/t]
+//                     forward: the input is used as is (copy_to_tp: identity);
+//                     backward: dX = sum_i dY_i A_i^T, an all-reduce over tp (copy_to_tp's).
+//   row-parallel      A = [A_1; ..; A_t] by rows, X = [X_1 .. X_t] split the same way (the
+//                     column-parallel layer's output); rank i computes X_i A_i and
+//                     Y = sum_i X_i A_i is an all-reduce over tp (reduce_from_tp); backward:
+//                     dX_i = dY A_i^T, local (reduce_from_tp's backward is the identity).
+//                     The bias is added once, after the reduction.
+// A column-parallel layer followed by a row-parallel one (attention: QKV then the output
+// projection; MLP: up then down) costs one all-reduce of the activations [B, T, d] forward and
+// one backward, per pair: 2 x 2 B T d bytes-of-dtype per layer pair and pass in CommStats' unit.
+//
+// Vocabulary parallelism: rank i holds the rows [i V'/t, (i+1) V'/t) of the (tied) embedding.
+//   embedding         ids outside the rank's rows look up zero; the partial embeddings are
+//                     all-reduced (reduce_from_tp).
+//   cross-entropy     over logits split by vocabulary [N, V'/t] without ever gathering them:
+//                       m = max_all(max_local z)               (all-reduce max)
+//                       S = sum_all(sum_local exp(z - m))       (all-reduce sum)
+//                       z_y = the target's logit, on the rank that holds it (all-reduce sum)
+//                       loss_n = log S + m - z_y
+//                     backward: dz = (softmax(z) - onehot(y)) dloss, on the local columns.
+//                     Traffic: three all-reduces of N floats, never N x V'.
+// Each primitive takes its group explicitly; nothing here is global.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <ATen/core/Tensor.h>
+
+#include "runtime/comm.h"
+
+namespace kiln {
+
+// Forward: identity. Backward: the gradient all-reduced (summed) over tp.
+at::Tensor copy_to_tp(const at::Tensor& x, const std::shared_ptr<Communicator>& tp);
+// Forward: x all-reduced (summed) over tp. Backward: identity.
+at::Tensor reduce_from_tp(const at::Tensor& x, const std::shared_ptr<Communicator>& tp);
+
+// x [.., K] full; weight [N/t, K] this rank's rows of the full [N, K]; bias [N/t] or undefined.
+// Returns this rank's output columns [.., N/t].
+at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                  const std::shared_ptr<Communicator>& tp);
+// x [.., K/t] this rank's input columns; weight [N, K/t] this rank's columns of the full [N, K];
+// bias [N] (whole, added once) or undefined. Returns the full output [.., N].
+at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                               const std::shared_ptr<Communicator>& tp);
+
+// ids: any shape, int64 in [0, V'); table [V'/t, d] this rank's rows, which start at
+// vocab_start. Returns the full embeddings [.., d].
+at::Tensor vocab_parallel_embedding(const at::Tensor& ids, const at::Tensor& table, int64_t vocab_start,
+                                    const std::shared_ptr<Communicator>& tp);
+
+// logits [N, V'/t] this rank's columns (starting at vocab_start); targets [N] int64 in [0, V').
+// Returns the mean cross-entropy (fp32 scalar), the same on every tp rank.
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
+                                        const std::shared_ptr<Communicator>& tp);
+
+}  // namespace kiln

@@ -1,0 +1,149 @@
+// tests/test_tensor_parallel.cpp -- each tensor-parallel layer against the same dense layer, at
+// tp = the world size (run at 2 and 4 ranks). Every rank draws the same full tensors from one
+// seed, keeps its slice for the parallel layer, and compares outputs and every gradient with the
+// dense computation's slice. Tolerance, fp32: max |diff| <= 1e-5 max |dense| + 1e-6 -- the
+// parallel layer sums the same products in another order (partial sums over tp), which moves a
+// result by about 1e-7 of the size of its summands (so of the tensor's scale, not of the element:
+// an element that cancels to near zero keeps its summands' absolute error).
+#include <cstdio>
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include "parallel/tensor_parallel.h"
+#include "runtime/comm_mpi.h"
+#include "runtime/env.h"
+
+namespace {
+
+std::shared_ptr<kiln::Communicator> g_tp;  // set by main(); tests only read it
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double diff = (got - want).abs().max().item<double>(), scale = want.abs().max().item<double>();
+  EXPECT_LE(diff, 1e-5 * scale + 1e-6) << what << ": max |diff| " << diff << ", max |want| " << scale;
+}
+
+at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+
+struct Slices {
+  int t, r;
+  at::Tensor rows(const at::Tensor& a) const { return a.chunk(t, 0)[r]; }
+  at::Tensor cols(const at::Tensor& a) const { return a.chunk(t, -1)[r]; }
+};
+
+Slices slices() { return {g_tp->size(), g_tp->rank()}; }
+
+TEST(TensorParallel, ColumnParallelLinear) {
+  const auto s = slices();
+  at::manual_seed(1);
+  auto x = at::randn({2, 5, 16}), w = at::randn({8 * s.t, 16}), b = at::randn({8 * s.t}), r = at::randn({2, 5, 8 * s.t});
+  auto xd = leaf(x), wd = leaf(w), bd = leaf(b);
+  auto yd = at::linear(xd, wd, bd);
+  (yd * r).sum().backward();
+
+  auto xp = leaf(x), wp = leaf(s.rows(w)), bp = leaf(s.rows(b));
+  auto yp = kiln::column_parallel_linear(xp, wp, bp, g_tp);
+  (yp * s.cols(r)).sum().backward();  // this rank's part of the same loss
+  expect_close(yp, s.cols(yd), "output columns");
+  expect_close(xp.grad(), xd.grad(), "input gradient (all-reduced over tp)");
+  expect_close(wp.grad(), s.rows(wd.grad()), "weight gradient rows");
+  expect_close(bp.grad(), s.rows(bd.grad()), "bias gradient");
+}
+
+TEST(TensorParallel, RowParallelLinear) {
+  const auto s = slices();
+  at::manual_seed(2);
+  auto x = at::randn({2, 5, 8 * s.t}), w = at::randn({16, 8 * s.t}), b = at::randn({16}), r = at::randn({2, 5, 16});
+  auto xd = leaf(x), wd = leaf(w), bd = leaf(b);
+  auto yd = at::linear(xd, wd, bd);
+  (yd * r).sum().backward();
+
+  auto xp = leaf(s.cols(x)), wp = leaf(s.cols(w)), bp = leaf(b);
+  auto yp = kiln::row_parallel_linear(xp, wp, bp, g_tp);
+  (yp * r).sum().backward();
+  expect_close(yp, yd, "output (all-reduced, bias once)");
+  expect_close(xp.grad(), s.cols(xd.grad()), "input gradient columns");
+  expect_close(wp.grad(), s.cols(wd.grad()), "weight gradient columns");
+  expect_close(bp.grad(), bd.grad(), "bias gradient (replicated)");
+}
+
+TEST(TensorParallel, ColumnThenRowIsTheDenseMlp) {
+  const auto s = slices();
+  at::manual_seed(3);
+  const int64_t d = 16, f = 8 * s.t;
+  auto x = at::randn({3, 4, d}), w1 = at::randn({f, d}), b1 = at::randn({f}), w2 = at::randn({d, f}), b2 = at::randn({d});
+  auto r = at::randn({3, 4, d});
+  auto xd = leaf(x), w1d = leaf(w1), b1d = leaf(b1), w2d = leaf(w2), b2d = leaf(b2);
+  auto yd = at::linear(at::gelu(at::linear(xd, w1d, b1d), "tanh"), w2d, b2d);
+  (yd * r).sum().backward();
+
+  auto xp = leaf(x), w1p = leaf(s.rows(w1)), b1p = leaf(s.rows(b1)), w2p = leaf(s.cols(w2)), b2p = leaf(b2);
+  auto h = at::gelu(kiln::column_parallel_linear(xp, w1p, b1p, g_tp), "tanh");  // GELU local
+  auto yp = kiln::row_parallel_linear(h, w2p, b2p, g_tp);
+  (yp * r).sum().backward();
+  expect_close(yp, yd, "MLP output");
+  expect_close(xp.grad(), xd.grad(), "MLP input gradient");
+  expect_close(w1p.grad(), s.rows(w1d.grad()), "up-projection gradient");
+  expect_close(w2p.grad(), s.cols(w2d.grad()), "down-projection gradient");
+  expect_close(b2p.grad(), b2d.grad(), "down bias gradient");
+}
+
+TEST(TensorParallel, VocabParallelEmbedding) {
+  const auto s = slices();
+  at::manual_seed(4);
+  const int64_t v = 32 * s.t, d = 12;
+  auto table = at::randn({v, d}), ids = at::randint(0, v, {3, 7}, at::kLong), r = at::randn({3, 7, d});
+  auto td = leaf(table);
+  auto ed = at::embedding(td, ids);
+  (ed * r).sum().backward();
+
+  auto tp = leaf(s.rows(table));
+  auto ep = kiln::vocab_parallel_embedding(ids, tp, s.r * (v / s.t), g_tp);
+  (ep * r).sum().backward();
+  expect_close(ep, ed, "embeddings");
+  expect_close(tp.grad(), s.rows(td.grad()), "table gradient rows");
+}
+
+TEST(TensorParallel, VocabParallelCrossEntropy) {
+  const auto s = slices();
+  at::manual_seed(5);
+  const int64_t n = 24, v = 40 * s.t;
+  auto logits = at::randn({n, v}) * 3.0, targets = at::randint(0, v, {n}, at::kLong);
+  auto ld = leaf(logits);
+  auto lossd = at::cross_entropy_loss(ld, targets);
+  lossd.backward();
+
+  auto lp = leaf(s.cols(logits));
+  auto lossp = kiln::vocab_parallel_cross_entropy(lp, targets, s.r * (v / s.t), g_tp);
+  lossp.backward();
+  expect_close(lossp, lossd, "loss");
+  expect_close(lp.grad(), s.cols(ld.grad()), "logit gradient columns");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kiln::Environment env(&argc, &argv);
+  if (!env.info().mpi) {
+    std::fprintf(stderr, "test_tensor_parallel: run under mpirun (e.g. mpirun -np 2 %s)\n", argv[0]);
+    return 2;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  if (env.info().rank != 0 && !std::getenv("KILN_TEST_ALL_RANKS")) {  // one rank reports; the verdict is shared below
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  g_tp = kiln::make_mpi_communicator(MPI_COMM_WORLD, "tp");
+  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (env.info().rank == 0)
+    std::printf("test_tensor_parallel: tp %d, %s\n", env.info().world_size, any_failed ? "FAILED on some rank" : "passed on every rank");
+  g_tp.reset();
+  return any_failed;
+}
