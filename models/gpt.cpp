@@ -26,11 +26,13 @@ at::Tensor LayerNormImpl::forward(const at::Tensor& x) const {
   return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
 }
 
-AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts)
-    : n_head_(cfg.n_head), n_kv_head_(cfg.n_kv_head), head_dim_(cfg.head_dim()), dropout_(cfg.dropout) {
+AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard)
+    : n_head_(cfg.n_head / shard.tp), n_kv_head_(cfg.n_kv_head / shard.tp), head_dim_(cfg.head_dim()),
+      dropout_(cfg.dropout), ops_(shard.ops) {
   const int64_t d = cfg.d_model;
-  c_attn = register_module("c_attn", std::make_shared<LinearImpl>(d, d + 2 * n_kv_head_ * head_dim_, opts));
-  c_proj = register_module("c_proj", std::make_shared<LinearImpl>(d, d, opts));
+  // Column-split c_attn: this rank's q heads, then its k and v heads. Row-split c_proj.
+  c_attn = register_module("c_attn", std::make_shared<LinearImpl>(d, (n_head_ + 2 * n_kv_head_) * head_dim_, opts));
+  c_proj = register_module("c_proj", std::make_shared<LinearImpl>(n_head_ * head_dim_, d, opts));
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p) {
@@ -41,7 +43,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t q_width = n_head_ * head_dim_, kv_width = n_kv_head_ * head_dim_;
-  auto qkv = c_attn->forward(x);  // [B, T, (H + 2 KV) h]
+  auto qkv = ops_->column ? ops_->column(x, *c_attn) : c_attn->forward(x);  // [B, T, (H + 2 KV) h]
   auto parts = qkv.split_with_sizes({q_width, kv_width, kv_width}, -1);
   // [B, T, heads, h] -> [B, heads, T, h], the layout SDPA expects.
   auto q = parts[0].view({B, T, n_head_, head_dim_}).transpose(1, 2);
@@ -50,24 +52,27 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   const double p = is_training() ? dropout_ : 0.0;
   auto y = core ? core(q, k, v, p) : causal_attention(q, k, v, p);  // [B, H, T, h]
   y = y.transpose(1, 2).reshape({B, T, q_width});
-  return c_proj->forward(y);
+  return ops_->row ? ops_->row(y, *c_proj) : c_proj->forward(y);
 }
 
-MLPImpl::MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts) {
-  c_fc = register_module("c_fc", std::make_shared<LinearImpl>(cfg.d_model, cfg.mlp_hidden(), opts));
-  c_proj = register_module("c_proj", std::make_shared<LinearImpl>(cfg.mlp_hidden(), cfg.d_model, opts));
+MLPImpl::MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard) : ops_(shard.ops) {
+  const int64_t f = cfg.mlp_hidden() / shard.tp;  // this rank's columns of the hidden layer
+  c_fc = register_module("c_fc", std::make_shared<LinearImpl>(cfg.d_model, f, opts));
+  c_proj = register_module("c_proj", std::make_shared<LinearImpl>(f, cfg.d_model, opts));
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  auto h = c_fc->forward(x);  // [B, T, 4d]
-  return gelu_proj ? gelu_proj(h, *c_proj) : c_proj->forward(at::gelu(h, "tanh"));
+  auto h = ops_->column ? ops_->column(x, *c_fc) : c_fc->forward(x);  // [B, T, 4d / tp]
+  if (gelu_proj) return gelu_proj(h, *c_proj);
+  auto g = at::gelu(h, "tanh");
+  return ops_->row ? ops_->row(g, *c_proj) : c_proj->forward(g);
 }
 
-BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts) : dropout_(cfg.dropout) {
+BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard) : dropout_(cfg.dropout) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts));
-  attn = register_module("attn", std::make_shared<AttentionImpl>(cfg, opts));
+  attn = register_module("attn", std::make_shared<AttentionImpl>(cfg, opts, shard));
   ln_2 = register_module("ln_2", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts));
-  mlp = register_module("mlp", std::make_shared<MLPImpl>(cfg, opts));
+  mlp = register_module("mlp", std::make_shared<MLPImpl>(cfg, opts, shard));
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
@@ -78,18 +83,24 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
   return y + (drop ? at::dropout(m, dropout_, true) : m);
 }
 
-GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts) : cfg_(cfg) {
+GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts, ModelShard shard) : cfg_(cfg), shard_(std::move(shard)) {
   cfg_.validate();
+  if (!shard_.ops) shard_.ops = std::make_shared<LayerOps>();
   const auto o = opts.dtype(at::kFloat);
-  wte = register_parameter("wte", at::empty({cfg_.padded_vocab_size(), cfg_.d_model}, o));
+  // Under tensor parallelism wte holds this rank's rows of the padded vocabulary.
+  wte = register_parameter("wte", at::empty({cfg_.padded_vocab_size() / shard_.tp, cfg_.d_model}, o));
   wpe = register_parameter("wpe", at::empty({cfg_.seq_len, cfg_.d_model}, o));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < cfg_.n_layer; ++i) h->push_back(std::make_shared<BlockImpl>(cfg_, o));
+  for (int64_t i = 0; i < cfg_.n_layer; ++i) h->push_back(std::make_shared<BlockImpl>(cfg_, o, shard_));
   ln_f = register_module("ln_f", std::make_shared<LayerNormImpl>(cfg_.d_model, cfg_.layer_norm_eps, o));
 }
 
 void GPT::init_weights(uint64_t seed) {
   if (wte.device().is_meta()) return;
+  if (shard_.tp > 1) {
+    throw Error("GPT::init_weights: a tensor-parallel shard is initialised by copying its slices of the whole "
+                "model (parallel/tensor_parallel.h: copy_to_shard), so every layout starts from the same weights");
+  }
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
   at::NoGradGuard no_grad;
@@ -127,7 +138,7 @@ at::Tensor GPT::hidden(const at::Tensor& idx) {
     throw ConfigError("sequence of " + std::to_string(T) + " tokens is longer than the model's context (" +
                       std::to_string(cfg_.seq_len) + ")");
   }
-  auto x = at::embedding(wte, idx) + wpe.narrow(0, 0, T);
+  auto x = (shard_.ops->embed ? shard_.ops->embed(idx, wte) : at::embedding(wte, idx)) + wpe.narrow(0, 0, T);
   if (is_training() && cfg_.dropout > 0.0) x = at::dropout(x, cfg_.dropout, true);
   for (const auto& m : *h) {
     auto& block = *m->as<BlockImpl>();
@@ -139,6 +150,10 @@ at::Tensor GPT::hidden(const at::Tensor& idx) {
 at::Tensor GPT::logits(const at::Tensor& idx) { return at::linear(hidden(idx), wte); }
 
 at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
+  if (shard_.ops->loss) {
+    auto x = hidden(idx);
+    return shard_.ops->loss(x.reshape({-1, x.size(-1)}), wte, targets.reshape({-1}));
+  }
   auto lg = logits(idx);
   const int64_t V = cfg_.vocab_size;
   if (lg.size(-1) != V) lg = lg.narrow(-1, 0, V);

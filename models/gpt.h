@@ -18,6 +18,11 @@
 // each a std::function that is empty by default (an empty hook runs the plain code, so the
 // numerics are those of the model without hooks): GPT::block_runner (how a block is run),
 // AttentionImpl::core (the attention core) and MLPImpl::gelu_proj (c_proj(gelu(h))).
+//
+// Tensor parallelism enters through ModelShard (below): the model is built with this rank's
+// part of each split layer (heads, MLP columns, vocabulary rows) and applies those layers
+// through the LayerOps it is given; parallel/tensor_parallel.h makes both. With the default
+// shard (tp = 1, empty ops) the model is the plain one.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +44,27 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor weight, bias;
 };
 
+// How the model applies its split layers: empty functions run the plain ops.
+struct LayerOps {
+  // y = x W^T + b of a column-split layer (c_attn, mlp.c_fc): x whole, y this rank's columns.
+  std::function<at::Tensor(const at::Tensor&, const LinearImpl&)> column;
+  // y = x W^T + b of a row-split layer (attn.c_proj, mlp.c_proj): x this rank's columns, y whole.
+  std::function<at::Tensor(const at::Tensor&, const LinearImpl&)> row;
+  // wte[idx], with wte this rank's vocabulary rows.
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> embed;
+  // Mean cross-entropy of hidden @ wte^T [N, d] against targets [N] over the real vocabulary
+  // (fp32), with wte this rank's vocabulary rows.
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> loss;
+};
+
+// This rank's part of a tensor-parallel model: tp ranks split the attention heads, the MLP
+// width and the padded vocabulary (each must divide by tp; GPTConfig does not know tp, the
+// caller checks). tp = 1: the whole model.
+struct ModelShard {
+  int64_t tp = 1, rank = 0;
+  std::shared_ptr<const LayerOps> ops = std::make_shared<LayerOps>();
+};
+
 class LayerNormImpl : public torch::nn::Module {
  public:
   LayerNormImpl(int64_t d, double eps, const at::TensorOptions& opts);
@@ -54,7 +80,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts);
+  AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {});
   at::Tensor forward(const at::Tensor& x);  // [B, T, d] -> [B, T, d]
   std::shared_ptr<LinearImpl> c_attn, c_proj;
   // Hook for the attention core, called as core(q, k, v, dropout_p) with causal_attention's
@@ -62,23 +88,27 @@ class AttentionImpl : public torch::nn::Module {
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)> core;
 
  private:
-  int64_t n_head_, n_kv_head_, head_dim_;
+  int64_t n_head_, n_kv_head_, head_dim_;  // this rank's heads
   double dropout_;
+  std::shared_ptr<const LayerOps> ops_;
 };
 
 class MLPImpl : public torch::nn::Module {
  public:
-  MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts);
+  MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {});
   at::Tensor forward(const at::Tensor& x);  // c_proj(gelu_tanh(c_fc(x)))
   std::shared_ptr<LinearImpl> c_fc, c_proj;
   // Hook for c_proj(gelu_tanh(h)), called as gelu_proj(h, *c_proj) with h = c_fc(x) [B, T, 4d];
   // empty: the plain ops. (Set by parallel/activation_checkpoint.h.)
   std::function<at::Tensor(const at::Tensor&, LinearImpl&)> gelu_proj;
+
+ private:
+  std::shared_ptr<const LayerOps> ops_;
 };
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts);
+  BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {});
   at::Tensor forward(const at::Tensor& x);
   std::shared_ptr<LayerNormImpl> ln_1, ln_2;
   std::shared_ptr<AttentionImpl> attn;
@@ -92,7 +122,8 @@ class GPT : public torch::nn::Module {
  public:
   // Allocates (uninitialised) parameters with `opts` (dtype float32; device cpu, cuda, or meta
   // for shape-only models). Call init_weights() before training.
-  GPT(const GPTConfig& cfg, const at::TensorOptions& opts = at::TensorOptions());
+  // shard: this rank's part under tensor parallelism (default: the whole model).
+  GPT(const GPTConfig& cfg, const at::TensorOptions& opts = at::TensorOptions(), ModelShard shard = {});
 
   // GPT-2 initialisation, drawn on the CPU from a generator seeded with `seed`, so the weights
   // are the same whatever the device: N(0, 0.02) for matrices and token embeddings, N(0, 0.01)
@@ -108,6 +139,7 @@ class GPT : public torch::nn::Module {
   at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
 
   const GPTConfig& config() const { return cfg_; }
+  const ModelShard& shard() const { return shard_; }
   int64_t num_params() const;  // counts the module's parameters (the tied wte once)
 
   at::Tensor wte, wpe;  // [V', d], [T, d]
@@ -119,6 +151,7 @@ class GPT : public torch::nn::Module {
 
  private:
   GPTConfig cfg_;
+  ModelShard shard_;
 };
 
 }  // namespace kiln

@@ -5,6 +5,12 @@
 #include <ATen/core/ivalue.h>
 #include <torch/autograd.h>
 
+#include <limits>
+#include <optional>
+
+#include "models/gpt.h"
+#include "runtime/error.h"
+
 namespace kiln {
 
 namespace {
@@ -52,10 +58,15 @@ struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
 // Cross-entropy over vocabulary-split logits (the header has the math).
 struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
-                            int64_t vocab_start, at::IValue tp_capsule) {
+                            int64_t vocab_start, int64_t vocab, at::IValue tp_capsule) {
     auto& tp = *c10::static_intrusive_pointer_cast<GroupHolder>(tp_capsule.toCapsule())->comm;
     const int64_t rows = logits.size(1);
-    const at::Tensor z = logits.to(at::kFloat);
+    at::Tensor z = logits.to(at::kFloat);
+    if (vocab_start + rows > vocab) {  // padding columns: out of the softmax
+      const int64_t keep = std::max<int64_t>(0, vocab - vocab_start);
+      z = z.clone();
+      z.narrow(1, keep, rows - keep).fill_(-std::numeric_limits<float>::infinity());
+    }
     const at::Tensor m = all_reduced(std::get<0>(z.max(1)), tp, ReduceOp::Max);
     const at::Tensor shifted = z - m.unsqueeze(1);
     at::Tensor local = targets - vocab_start;
@@ -81,7 +92,8 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
     at::Tensor onehot = at::zeros_like(softmax).scatter_(1, local.unsqueeze(1), 1.0);
     onehot.masked_fill_(outside.unsqueeze(1), 0.0);
     at::Tensor dz = (softmax - onehot) * (grads[0] / static_cast<double>(n));
-    return {dz.to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt())), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dz.to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt())), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -116,8 +128,124 @@ at::Tensor vocab_parallel_embedding(const at::Tensor& ids, const at::Tensor& tab
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
-                                        const std::shared_ptr<Communicator>& tp) {
-  return VocabParallelCrossEntropy::apply(logits, targets, vocab_start, capsule(tp));
+                                        int64_t vocab, const std::shared_ptr<Communicator>& tp) {
+  return VocabParallelCrossEntropy::apply(logits, targets, vocab_start, vocab, capsule(tp));
+}
+
+// ---- the model ---------------------------------------------------------------------------
+
+void check_tensor_parallel(const GPTConfig& cfg, int64_t tp) {
+  auto need = [&](int64_t n, const char* what) {
+    if (n % tp != 0) {
+      throw ConfigError("--tp " + std::to_string(tp) + " does not divide " + what + " (" + std::to_string(n) + ")");
+    }
+  };
+  need(cfg.n_head, "the attention heads (--n-head)");
+  need(cfg.n_kv_head, "the key/value heads (--n-kv-head; replicating them over tp is not supported yet)");
+  need(cfg.d_model, "--d-model");
+  need(cfg.mlp_hidden(), "the MLP width (4 d_model)");
+  need(cfg.padded_vocab_size(), "the padded vocabulary");
+}
+
+ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_ptr<Communicator>& tp) {
+  check_tensor_parallel(cfg, tp->size());
+  ModelShard shard;
+  shard.tp = tp->size();
+  shard.rank = tp->rank();
+  const int64_t rows = cfg.padded_vocab_size() / shard.tp, vocab_start = shard.rank * rows, vocab = cfg.vocab_size;
+  auto ops = std::make_shared<LayerOps>();
+  ops->column = [tp](const at::Tensor& x, const LinearImpl& l) { return column_parallel_linear(x, l.weight, l.bias, tp); };
+  ops->row = [tp](const at::Tensor& x, const LinearImpl& l) { return row_parallel_linear(x, l.weight, l.bias, tp); };
+  ops->embed = [tp, vocab_start](const at::Tensor& idx, const at::Tensor& wte) {
+    return vocab_parallel_embedding(idx, wte, vocab_start, tp);
+  };
+  ops->loss = [tp, vocab_start, vocab](const at::Tensor& hidden, const at::Tensor& wte, const at::Tensor& targets) {
+    // The tied output layer is column-parallel (this rank's vocabulary rows); the logits stay split.
+    return vocab_parallel_cross_entropy(at::linear(copy_to_tp(hidden, tp), wte), targets, vocab_start, vocab, tp);
+  };
+  shard.ops = std::move(ops);
+  return shard;
+}
+
+namespace {
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+// How a parameter is split: along `dim`, each of `sections` (consecutive pieces of that dim,
+// e.g. c_attn's q, k, v) divided into tp parts. Nothing for a replicated parameter.
+struct Split {
+  int64_t dim = 0;
+  std::vector<int64_t> sections;
+};
+std::optional<Split> split_of(const std::string& name, const at::Tensor& whole, const GPTConfig& cfg) {
+  if (name == "wte") return Split{0, {whole.size(0)}};
+  if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) {
+    const int64_t q = cfg.n_head * cfg.head_dim(), kv = cfg.n_kv_head * cfg.head_dim();
+    return Split{0, {q, kv, kv}};
+  }
+  if (ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias")) return Split{0, {whole.size(0)}};
+  if (ends_with(name, "c_proj.weight")) return Split{1, {whole.size(1)}};
+  return std::nullopt;
+}
+}  // namespace
+
+bool is_tensor_parallel(const std::string& name) {
+  return name == "wte" || ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias") ||
+         ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias") || ends_with(name, "c_proj.weight");
+}
+
+void copy_to_shard(GPT& whole, GPT& shard) {
+  at::NoGradGuard no_grad;
+  const int64_t t = shard.shard().tp, r = shard.shard().rank;
+  auto src = whole.named_parameters(), dst = shard.named_parameters();
+  for (const auto& item : dst) {
+    const at::Tensor& w = src[item.key()];
+    at::Tensor piece = w;
+    if (auto split = split_of(item.key(), w, whole.config())) {
+      std::vector<at::Tensor> parts;
+      int64_t offset = 0;
+      for (int64_t n : split->sections) {
+        parts.push_back(w.narrow(split->dim, offset, n).chunk(t, split->dim)[r]);
+        offset += n;
+      }
+      piece = at::cat(parts, split->dim);
+    }
+    if (piece.sizes() != item.value().sizes()) {
+      throw Error("copy_to_shard: " + item.key() + " has the wrong shape for tp " + std::to_string(t));
+    }
+    item.value().copy_(piece);
+  }
+}
+
+at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& tp) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  at::Tensor split_sq, replicated_sq;
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor& g = item.value().grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp
+    at::Tensor sq = at::linalg_vector_norm(g, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble);
+    at::Tensor& acc = is_tensor_parallel(item.key()) ? split_sq : replicated_sq;
+    acc = acc.defined() ? acc + sq : sq;
+  }
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  const auto opts = grads.front().options().dtype(at::kDouble);
+  if (!split_sq.defined()) split_sq = at::zeros({}, opts);
+  if (!replicated_sq.defined()) replicated_sq = at::zeros({}, opts);
+  at::Tensor split_sum = split_sq.reshape({1}).clone();
+  tp->all_reduce(split_sum, ReduceOp::Sum)->wait();
+  at::Tensor total = (split_sum[0] + replicated_sq).sqrt().to(at::kFloat);
+  if (grad_scale != 1.0) total = total / grad_scale;
+  if (max_norm > 0.0) {
+    auto coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    if (grad_scale != 1.0) coef = coef / grad_scale;
+    at::_foreach_mul_(grads, coef);
+  } else if (grad_scale != 1.0) {
+    at::_foreach_mul_(grads, 1.0 / grad_scale);
+  }
+  return total;
 }
 
 }  // namespace kiln

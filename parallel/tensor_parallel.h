@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 
@@ -56,9 +57,40 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, co
 at::Tensor vocab_parallel_embedding(const at::Tensor& ids, const at::Tensor& table, int64_t vocab_start,
                                     const std::shared_ptr<Communicator>& tp);
 
-// logits [N, V'/t] this rank's columns (starting at vocab_start); targets [N] int64 in [0, V').
+// logits [N, V'/t] this rank's columns (starting at vocab_start); targets [N] int64 in
+// [0, vocab). Columns at or past `vocab` (the padding of V') never enter the softmax.
 // Returns the mean cross-entropy (fp32 scalar), the same on every tp rank.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
-                                        const std::shared_ptr<Communicator>& tp);
+                                        int64_t vocab, const std::shared_ptr<Communicator>& tp);
+
+// ---- the model ---------------------------------------------------------------------------
+// The layer factory: this rank's ModelShard (models/gpt.h) -- its slice sizes and the LayerOps
+// above, bound to the tp group. Split: attention heads (c_attn by output rows, q, k and v heads
+// each divided; attn.c_proj by input columns), the MLP width (c_fc rows, mlp.c_proj columns),
+// the padded vocabulary (wte rows, shared by the embedding and the tied output layer).
+// Replicated: LayerNorms, wpe, the row-parallel layers' biases; their gradients are the same on
+// every tp rank (their inputs and output gradients are), so they need no tp reduction.
+// Memory per rank: the split weights / t; per layer and micro-batch, activations of the split
+// layers / t, the replicated ones (LayerNorm inputs, residual stream) whole.
+// Communication per layer and pass: two all-reduces of [B, T, d] (attention, MLP), plus the
+// embedding's forward all-reduce and three of [B T] floats for the loss.
+// KV heads are divided over tp and must divide by it (replicating them when tp exceeds them
+// is not built yet).
+struct ModelShard;
+class GPT;
+struct GPTConfig;
+
+// ConfigError, one line, when tp does not divide the heads, the kv heads, d_model, the MLP
+// width or the padded vocabulary.
+void check_tensor_parallel(const GPTConfig& cfg, int64_t tp);
+ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_ptr<Communicator>& tp);
+// Copies this rank's slice of every parameter of `whole` (a tp = 1 model) into `shard`.
+void copy_to_shard(GPT& whole, GPT& shard);
+// Whether parameter `name` (GPT's names) is split over tp; the others are replicated.
+bool is_tensor_parallel(const std::string& name);
+// The global gradient norm of a tensor-parallel model, clipped as optim/grad_clip.h does:
+// norm^2 = sum over tp of the split parameters' squares + the replicated ones' (counted once);
+// g <- g min(1, max_norm / (norm + 1e-6)) / grad_scale. Returns the norm / grad_scale.
+at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& tp);
 
 }  // namespace kiln

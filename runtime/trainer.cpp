@@ -26,6 +26,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/ddp.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
 #include "runtime/backend_choice.h"
 #include "runtime/checkpoint.h"
@@ -122,7 +123,7 @@ struct Trainer::Run {
   LogSink log;
 
   int64_t comm_bytes() const {
-    return mesh ? mesh->world()->stats().bytes + mesh->dp()->stats().bytes : int64_t{0};
+    return mesh ? mesh->world()->stats().bytes + mesh->dp()->stats().bytes + mesh->tp()->stats().bytes : int64_t{0};
   }
 };
 
@@ -178,8 +179,15 @@ void Trainer::setup() {
   }
 
   // Built and initialised on the host; ZeRO moves only what its stage keeps on the device.
+  // Tensor parallelism: every rank builds the whole model from the seed and keeps its slices, so
+  // every layout starts from the same weights.
   r.model = std::make_shared<GPT>(cfg_.gpt);
   r.model->init_weights(cfg_.seed);
+  if (r.shape.tp > 1) {
+    auto shard = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp()));
+    copy_to_shard(*r.model, *shard);
+    r.model = std::move(shard);
+  }
   if (cfg_.zero == 0) r.model->to(device);
   r.model->train();
   // Parallelism applied from outside the model, in torchtitan's order: activation checkpointing,
@@ -246,7 +254,7 @@ void Trainer::log_config() {
   if (r.zero) {
     state = r.zero->memory();
   } else {
-    const int64_t psi = r.model->num_params();
+    const int64_t psi = r.model->num_params();  // this rank's (its tp slices)
     state.device = {4 * psi, 4 * psi, 8 * psi};
   }
   r.log.write({{"type", "config"},
@@ -256,7 +264,8 @@ void Trainer::log_config() {
                {"zero", {{"stage", cfg_.zero}, {"offload", cfg_.offload}, {"accum", cfg_.zero_accum},
                          {"padded_params", r.zero ? json(r.zero->padded_numel()) : json(nullptr)}}},
                {"model_state", model_state_json(state)},
-               {"params", r.model->num_params()},
+               {"params", cfg_.gpt.num_params()},
+               {"params_local", r.model->num_params()},
                {"params_non_embedding_pos", cfg_.gpt.num_params_non_embedding_pos()},
                {"flops_per_token", r.flops_per_token},
                {"tokens_per_step", r.tokens_per_step},
@@ -270,7 +279,7 @@ void Trainer::log_config() {
                {"versions", versions()}});
   if (proc_.rank != 0) return;
   std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d), %lld tokens/step, %lld steps\n",
-              cfg_.model.c_str(), static_cast<long long>(r.model->num_params()), cfg_.precision.c_str(),
+              cfg_.model.c_str(), static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(),
               r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp,
               static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
   if (!r.resumed_from.empty()) {
@@ -324,7 +333,9 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   // DDP / one process: every rank holds the whole reduced gradient, so the norm and the clipping
   // are local. ZeRO: each rank holds a shard; the squared norms are summed with the verdict and
   // the clipping factor is applied by the sharded step.
-  at::Tensor norm = r.zero ? r.zero->local_grad_sq_norm() : clip_grad_norm(r.params, cfg_.grad_clip, out.loss_scale);
+  at::Tensor norm = r.zero               ? r.zero->local_grad_sq_norm()
+                    : r.shape.tp > 1 ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, out.loss_scale, r.mesh->tp())
+                                     : clip_grad_norm(r.params, cfg_.grad_clip, out.loss_scale);
   r.timer->mark(Phase::Optimizer);
 
   // One small tensor decides the step on every rank: the mean loss and whether anything was
@@ -521,10 +532,24 @@ json Trainer::run() {
   if (r.zero) {
     std::tie(param_sum, param_sq) = r.zero->param_moments();
   } else {
-    for (const auto& p : r.params) {
-      auto d = p.detach().to(at::kDouble);
-      param_sum += d.sum().item<double>();
-      param_sq += d.pow(2).sum().item<double>();
+    // Under tensor parallelism the split parameters' slices are summed over tp; the replicated
+    // ones are counted once.
+    auto split = at::zeros({2}, at::kDouble);
+    for (const auto& item : r.model->named_parameters()) {
+      auto d = item.value().detach().to(at::kDouble);
+      const double s1 = d.sum().item<double>(), s2 = d.pow(2).sum().item<double>();
+      if (r.shape.tp > 1 && is_tensor_parallel(item.key())) {
+        split[0] += s1;
+        split[1] += s2;
+      } else {
+        param_sum += s1;
+        param_sq += s2;
+      }
+    }
+    if (r.shape.tp > 1) {
+      r.mesh->tp()->all_reduce(split, ReduceOp::Sum)->wait();
+      param_sum += split[0].item<double>();
+      param_sq += split[1].item<double>();
     }
   }
   const double mean_tps = timed_steps > 0 ? tokens_per_s_sum / static_cast<double>(timed_steps) : NAN;

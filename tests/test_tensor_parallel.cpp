@@ -112,17 +112,19 @@ TEST(TensorParallel, VocabParallelEmbedding) {
 TEST(TensorParallel, VocabParallelCrossEntropy) {
   const auto s = slices();
   at::manual_seed(5);
-  const int64_t n = 24, v = 40 * s.t;
-  auto logits = at::randn({n, v}) * 3.0, targets = at::randint(0, v, {n}, at::kLong);
+  // v columns of which the last 3 are vocabulary padding (they must not enter the softmax).
+  const int64_t n = 24, v = 40 * s.t, vocab = v - 3;
+  auto logits = at::randn({n, v}) * 3.0, targets = at::randint(0, vocab, {n}, at::kLong);
+  targets[0] = vocab - 1;  // a target in the last rank's columns
   auto ld = leaf(logits);
-  auto lossd = at::cross_entropy_loss(ld, targets);
+  auto lossd = at::cross_entropy_loss(ld.narrow(1, 0, vocab), targets);
   lossd.backward();
 
   auto lp = leaf(s.cols(logits));
-  auto lossp = kiln::vocab_parallel_cross_entropy(lp, targets, s.r * (v / s.t), g_tp);
+  auto lossp = kiln::vocab_parallel_cross_entropy(lp, targets, s.r * (v / s.t), vocab, g_tp);
   lossp.backward();
   expect_close(lossp, lossd, "loss");
-  expect_close(lp.grad(), s.cols(ld.grad()), "logit gradient columns");
+  expect_close(lp.grad(), s.cols(ld.grad()), "logit gradient columns (zero on the padding)");
 }
 
 }  // namespace
