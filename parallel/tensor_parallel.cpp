@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "models/gpt.h"
+#include "optim/adamw.h"
 #include "runtime/error.h"
 
 namespace kiln {
@@ -194,27 +195,100 @@ bool is_tensor_parallel(const std::string& name) {
          ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias") || ends_with(name, "c_proj.weight");
 }
 
+namespace {
+// Rank r's slice of parameter `name`'s whole tensor w (or w itself when replicated).
+at::Tensor slice_of(const std::string& name, const at::Tensor& w, const GPTConfig& cfg, int64_t t, int64_t r) {
+  auto split = split_of(name, w, cfg);
+  if (!split) return w;
+  std::vector<at::Tensor> parts;
+  int64_t offset = 0;
+  for (int64_t n : split->sections) {
+    parts.push_back(w.narrow(split->dim, offset, n).chunk(t, split->dim)[r]);
+    offset += n;
+  }
+  return at::cat(parts, split->dim);
+}
+// The whole tensor from every rank's slice (the inverse of slice_of).
+at::Tensor assemble(const std::string& name, const std::vector<at::Tensor>& pieces, const at::Tensor& like_whole,
+                    const GPTConfig& cfg) {
+  auto split = split_of(name, like_whole, cfg);
+  std::vector<at::Tensor> sections;
+  const int64_t t = static_cast<int64_t>(pieces.size());
+  int64_t local_offset = 0;
+  for (int64_t n : split->sections) {
+    std::vector<at::Tensor> per_rank;
+    for (const auto& p : pieces) per_rank.push_back(p.narrow(split->dim, local_offset, n / t));
+    sections.push_back(at::cat(per_rank, split->dim));
+    local_offset += n / t;
+  }
+  return at::cat(sections, split->dim);
+}
+void copy_checked(at::Tensor dst, const at::Tensor& src, const std::string& name) {
+  if (src.sizes() != dst.sizes()) throw Error("tensor parallel: " + name + " has the wrong shape for this layout");
+  dst.copy_(src);
+}
+}  // namespace
+
 void copy_to_shard(GPT& whole, GPT& shard) {
   at::NoGradGuard no_grad;
   const int64_t t = shard.shard().tp, r = shard.shard().rank;
-  auto src = whole.named_parameters(), dst = shard.named_parameters();
-  for (const auto& item : dst) {
-    const at::Tensor& w = src[item.key()];
-    at::Tensor piece = w;
-    if (auto split = split_of(item.key(), w, whole.config())) {
-      std::vector<at::Tensor> parts;
-      int64_t offset = 0;
-      for (int64_t n : split->sections) {
-        parts.push_back(w.narrow(split->dim, offset, n).chunk(t, split->dim)[r]);
-        offset += n;
-      }
-      piece = at::cat(parts, split->dim);
-    }
-    if (piece.sizes() != item.value().sizes()) {
-      throw Error("copy_to_shard: " + item.key() + " has the wrong shape for tp " + std::to_string(t));
-    }
-    item.value().copy_(piece);
+  auto src = whole.named_parameters();
+  for (const auto& item : shard.named_parameters())
+    copy_checked(item.value(), slice_of(item.key(), src[item.key()], whole.config(), t, r), item.key());
+}
+
+void copy_state_to_shard(GPT& whole, const AdamW& whole_opt, GPT& shard, AdamW& shard_opt) {
+  at::NoGradGuard no_grad;
+  const int64_t t = shard.shard().tp, r = shard.shard().rank;
+  auto src = whole.named_parameters();
+  for (const auto& item : shard.named_parameters()) {
+    const auto from = whole_opt.state_of(src[item.key()]);
+    const auto to = shard_opt.state_of(item.value());
+    copy_checked(to.exp_avg, slice_of(item.key(), from.exp_avg, whole.config(), t, r), item.key());
+    copy_checked(to.exp_avg_sq, slice_of(item.key(), from.exp_avg_sq, whole.config(), t, r), item.key());
+    to.step.copy_(from.step);
   }
+  shard_opt.set_steps_taken(whole_opt.steps_taken());
+}
+
+void gather_to_whole(GPT& shard, const AdamW& shard_opt, GPT* whole, AdamW* whole_opt,
+                     const std::shared_ptr<Communicator>& tp) {
+  at::NoGradGuard no_grad;
+  const int64_t t = tp->size();
+  torch::OrderedDict<std::string, at::Tensor> dst;
+  if (whole) dst = whole->named_parameters();
+  auto everyone = [&](const at::Tensor& local) {  // every rank's slice, on the host
+    at::Tensor mine = local.contiguous();
+    at::Tensor all = at::empty({t * mine.numel()}, mine.options());
+    tp->all_gather(all, mine.reshape({-1}))->wait();
+    std::vector<at::Tensor> pieces;
+    for (const auto& c : all.cpu().chunk(t, 0)) pieces.push_back(c.view(local.sizes()));
+    return pieces;
+  };
+  for (const auto& item : shard.named_parameters()) {
+    const std::string& name = item.key();
+    const auto state = shard_opt.state_of(item.value());
+    const bool split = is_tensor_parallel(name);
+    std::vector<at::Tensor> values{item.value(), state.exp_avg, state.exp_avg_sq};
+    std::vector<at::Tensor> wholes;
+    for (const auto& v : values) {
+      if (!split) {
+        wholes.push_back(v.cpu());
+        continue;
+      }
+      auto pieces = everyone(v);
+      wholes.push_back(whole ? assemble(name, pieces, dst[name], shard.config()) : at::Tensor());
+    }
+    if (!whole) continue;
+    copy_checked(dst[name], wholes[0], name);
+    if (whole_opt) {
+      const auto to = whole_opt->state_of(dst[name]);
+      copy_checked(to.exp_avg, wholes[1], name);
+      copy_checked(to.exp_avg_sq, wholes[2], name);
+      to.step.copy_(state.step);
+    }
+  }
+  if (whole_opt) whole_opt->set_steps_taken(shard_opt.steps_taken());
 }
 
 at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& tp) {

@@ -77,6 +77,7 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
 // KV heads are divided over tp and must divide by it (replicating them when tp exceeds them
 // is not built yet).
 struct ModelShard;
+class AdamW;
 class GPT;
 struct GPTConfig;
 
@@ -86,6 +87,14 @@ void check_tensor_parallel(const GPTConfig& cfg, int64_t tp);
 ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_ptr<Communicator>& tp);
 // Copies this rank's slice of every parameter of `whole` (a tp = 1 model) into `shard`.
 void copy_to_shard(GPT& whole, GPT& shard);
+// The same for a checkpoint's AdamW state: whole_opt over `whole`'s parameters, shard_opt over
+// `shard`'s.
+void copy_state_to_shard(GPT& whole, const AdamW& whole_opt, GPT& shard, AdamW& shard_opt);
+// Collective over tp: every split parameter and its AdamW moments all-gathered and reassembled;
+// written into `whole` / `whole_opt` (a tp = 1 model on the host, and an AdamW over it) where
+// they are not null (the rank that writes the checkpoint).
+void gather_to_whole(GPT& shard, const AdamW& shard_opt, GPT* whole, AdamW* whole_opt,
+                     const std::shared_ptr<Communicator>& tp);
 // Whether parameter `name` (GPT's names) is split over tp; the others are replicated.
 bool is_tensor_parallel(const std::string& name);
 // The global gradient norm of a tensor-parallel model, clipped as optim/grad_clip.h does:

@@ -183,10 +183,11 @@ void Trainer::setup() {
   // every layout starts from the same weights.
   r.model = std::make_shared<GPT>(cfg_.gpt);
   r.model->init_weights(cfg_.seed);
+  std::shared_ptr<GPT> whole;  // tp > 1: the whole host model, until a resume has been sliced
   if (r.shape.tp > 1) {
-    auto shard = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp()));
-    copy_to_shard(*r.model, *shard);
-    r.model = std::move(shard);
+    whole = r.model;
+    r.model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp()));
+    copy_to_shard(*whole, *r.model);
   }
   if (cfg_.zero == 0) r.model->to(device);
   r.model->train();
@@ -206,8 +207,21 @@ void Trainer::setup() {
   r.schedule.emplace(LRSchedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.steps});
 
   // Resume (rank 0 reads, every rank receives), then the checkpoint writer.
-  Communicator* resume_world = r.mesh ? (cfg_.zero > 0 ? r.host_world.get() : r.mesh->world().get()) : nullptr;
-  auto resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.model, *r.optimizer, resume_world);
+  Communicator* resume_world = r.mesh ? (cfg_.zero > 0 || whole ? r.host_world.get() : r.mesh->world().get()) : nullptr;
+  std::optional<Resumed> resumed;
+  if (whole) {
+    // Tensor parallel: the checkpoint (always whole) loads into the whole host model, and each
+    // rank copies its slices of the weights and of the AdamW state.
+    AdamW whole_opt(whole->parameters(), adam);
+    resumed = resume_training(cfg_.resume, cfg_.save_dir, *whole, whole_opt, resume_world);
+    if (resumed) {
+      copy_to_shard(*whole, *r.model);
+      copy_state_to_shard(*whole, whole_opt, *r.model, *r.optimizer);
+    }
+    whole.reset();
+  } else {
+    resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.model, *r.optimizer, resume_world);
+  }
   if (resumed) {
     r.resumed_from = resumed->dir;
     r.progress = resumed->progress;
@@ -505,6 +519,20 @@ json Trainer::run() {
         whole_opt = std::make_unique<AdamW>(whole->parameters(), AdamWConfig{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay});
       }
       r.zero->consolidate(whole.get(), whole_opt.get());
+      if (r.checkpointer) {
+        last_saved = r.checkpointer->save(*whole, *whole_opt, r.progress,
+                                          {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});
+      }
+    } else if (save_now && r.shape.tp > 1) {
+      // The tp slices gathered and reassembled into a whole host model on rank 0 (every tp rank
+      // takes part in the gathers).
+      std::shared_ptr<GPT> whole;
+      std::unique_ptr<AdamW> whole_opt;
+      if (r.checkpointer) {
+        whole = std::make_shared<GPT>(cfg_.gpt);
+        whole_opt = std::make_unique<AdamW>(whole->parameters(), AdamWConfig{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay});
+      }
+      gather_to_whole(*r.model, *r.optimizer, whole.get(), whole_opt.get(), r.mesh->tp());
       if (r.checkpointer) {
         last_saved = r.checkpointer->save(*whole, *whole_opt, r.progress,
                                           {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});

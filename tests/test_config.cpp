@@ -91,7 +91,6 @@ TEST(Cli, BadInputIsOneClearMessage) {
 
 TEST(Cli, CapabilitiesNotYetBuiltAreRefusedNotIgnored) {
   EXPECT_TRUE(contains(error_of({"--tp", "2", "--zero", "1"}), "not supported yet"));
-  EXPECT_TRUE(contains(error_of({"--tp", "2", "--save-dir", "/tmp/x"}), "not supported yet"));
   EXPECT_TRUE(contains(error_of({"--pp", "2"}), "not supported yet"));
 }
 

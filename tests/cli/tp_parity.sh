@@ -16,17 +16,24 @@
 # [B T] and [target logit, sum exp] [2, B T]; per step the norm's 8-byte all-reduce; each
 # all-reduce counted twice (runtime/comm.h). With dp 2, DDP's 2 x 4 psi_local + 16 on top; with
 # full activation checkpointing the recomputed forward's 2 all-reduces per block again.
+# Checkpoints: a tp 1 checkpoint resumed at tp 2, a tp 2 x dp 2 one at tp 1 (single process):
+# steps 11-20 within 1e-5 and the consolidated step-20 weights within 1e-5 of the reference's.
 # Bad input: tp not dividing the heads; tp x pp not dividing the world; combinations not built.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
 T=(train --device cpu --model tiny --steps 20 --log-every 100 --micro-batch 2)
 
-"$KILN_BIN" "${T[@]}" --grad-accum 4 --log-json "$work/ref.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/ref" --save-every 10 --keep-last 0 --log-json "$work/ref.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --log-json "$work/tp2.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --activation-checkpointing full --log-json "$work/tp2_ac.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 4 --log-json "$work/tp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --log-json "$work/tp2dp2.jsonl" >/dev/null
+# Checkpoints across tp sizes: tp 1 -> tp 2 (from the reference's step 10), tp 2 x dp 2 -> tp 1.
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --resume "$work/ref/step_00000010" --save-dir "$work/to_tp2" \
+  --log-json "$work/to_tp2.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --stop-at-step 10 --save-dir "$work/to_tp1" >/dev/null
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/to_tp1" --log-json "$work/to_tp1.jsonl" >/dev/null
 
 python3 - "$work" "$(dirname "$0")" <<'PY'
 import sys
@@ -51,6 +58,14 @@ for name, tp, dp, K in (("tp2", 2, 1, 4), ("tp2_ac", 2, 1, 4), ("tp4", 4, 1, 4),
     got = {r["comm_bytes"] for r in run if r["type"] == "step"}
     assert got == {want}, (name, got, want)
     print(f"{name}: within {worst:.1e} of the single process; comm_bytes {want} per step")
+from zero_expect import max_weight_diff, steps
+for name in ("to_tp2", "to_tp1"):
+    run = load(f"{d}/{name}.jsonl")
+    assert sorted(steps(run)) == list(range(11, 21)) and run[0]["resumed_from"], name
+    worst = compare(ref, run, name, 1e-5, first=11)
+    w = max_weight_diff(f"{d}/ref/step_00000020/model.safetensors", f"{d}/{name}/step_00000020/model.safetensors")
+    assert w <= 1e-5, (name, w)
+    print(f"{name}: resumed, steps 11-20 within {worst:.1e}; step-20 weights within {w:.1e}")
 PY
 
 expect_refused() {  # expect_refused NP REGEX ARGS...
