@@ -19,6 +19,7 @@
 #include "plan/cluster.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "runtime/error.h"
 
@@ -119,14 +120,19 @@ ClusterSpec cluster_preset(const std::string& name) {
 }
 
 void ClusterSpec::validate() const {
-  auto positive = [](const char* flag, double v) {
-    if (!(v > 0) || !std::isfinite(v)) throw ConfigError(std::string("--") + flag + " must be positive (got " + std::to_string(v) + ")");
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
+  auto positive = [&](const char* flag, double v) {
+    if (!(v > 0) || !std::isfinite(v)) throw ConfigError(std::string("--") + flag + " must be positive (got " + num(v) + ")");
   };
   if (nodes < 1) throw ConfigError("--nodes must be at least 1 (got " + std::to_string(nodes) + ")");
   if (devices_per_node < 1) throw ConfigError("--gpus-per-node must be at least 1 (got " + std::to_string(devices_per_node) + ")");
   positive("device-memory-gb", device_memory);
   positive("peak-tflops", peak_flops);
-  if (!(achieved > 0 && achieved <= 1)) throw ConfigError("--achieved must be in (0, 1] (got " + std::to_string(achieved) + ")");
+  if (!(achieved > 0 && achieved <= 1)) throw ConfigError("--achieved must be in (0, 1] (got " + num(achieved) + ")");
   positive("watts", watts);
   positive("intra-node-gbs", intra_node_busbw);
   positive("inter-node-gbs", inter_node_busbw);
