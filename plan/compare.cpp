@@ -139,6 +139,17 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
   add("flops_per_token", "FLOP", p.flops_per_token, logged("flops_per_token"), true);
   add("tokens_per_step", "count", static_cast<double>(p.tokens_per_step), logged("tokens_per_step"), true);
 
+  // ZeRO's padded parameter count, Psi' (the config record's zero.padded_params)
+  if (l.zero > 0) {
+    std::optional<double> logged_padded;
+    if (config.contains("zero") && config.at("zero").is_object() && config.at("zero").contains("padded_params") &&
+        config.at("zero").at("padded_params").is_number()) {
+      logged_padded = config.at("zero").at("padded_params").get<double>();
+    }
+    add("padded_params", "count", static_cast<double>(st.psi_padded), logged_padded, accounting,
+        logged_padded ? "" : "not in this log");
+  }
+
   // model-state bytes by kind
   const json* ms = config.contains("model_state") && config.at("model_state").is_object() ? &config.at("model_state") : nullptr;
   const std::pair<const char*, const StateBytes*> places[] = {{"device", &st.state.device}, {"host", &st.state.host}};

@@ -169,7 +169,8 @@ ModelState model_state(const std::vector<int64_t>& units, const Layout& l) {
       out.device = {params, grads, 0};
       out.host = {0, 4 * shard, 12 * shard};
       break;
-    case Offload::All:
+    case Offload::All:  // the full local accumulation buffer, if any, stays on the device
+      out.device = {0, local_full ? 4 * pp_ : 0, 0};
       out.host = {4 * shard, 4 * shard, 8 * shard};
       break;
   }
@@ -268,7 +269,9 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     switch (l.zero) {
       case 0:
         dp("gradient all-reduce (DDP buckets, last micro-step)", 2 * 4 * psi, Window::LastBackward, 1);
-        dp("step verdict all-reduce [loss, non-finite]", 2 * 8, Window::Serial, 1);
+        // the verdict is a dp collective only with more than one dp rank (a world of one
+        // under mpirun still runs the DDP wrapper, and decides its step alone)
+        if (N > 1) dp("step verdict all-reduce [loss, non-finite]", 2 * 8, Window::Serial, 1);
         break;
       case 1:
         dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
@@ -421,13 +424,15 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     if (last) transient += tok * (a * Vp / static_cast<double>(l.tp) + logp);  // logits and the log-probs' gradient
     if (l.recompute == Recompute::Full) transient += none.layer_bytes(tok, l.tp);  // one layer recomputed
     const int64_t max_block = st.units.size() > 1 ? padded_numel(st.units[1], l.dp) : 0;
+    // ZeRO-2/3 without a full local buffer: up to two units' full gradients in flight to their
+    // reduce-scatter (parallel/zero.h: max_in_flight 2). ZeRO-3 also holds the outer unit
+    // gathered through the micro-step and one block gathered plus the next one prefetched.
+    int64_t biggest = 0;
+    for (int64_t n : st.units) biggest = std::max(biggest, padded_numel(n, l.dp));
+    const bool full_buffer = l.zero == 1 || (l.zero_accum == ZeroAccum::Local && l.grad_accum > 1);
+    if (l.zero >= 2 && !full_buffer) transient += 2 * 4 * static_cast<double>(biggest);
     if (l.zero == 3) {
-      const double n0 = static_cast<double>(padded_numel(st.units[0], l.dp));
-      transient += 4 * n0 * 2 + 4 * static_cast<double>(max_block) * 3;  // outer params + grads; 2 blocks gathered + 1 grad
-    } else if (l.zero == 2 && !(l.zero_accum == ZeroAccum::Local && l.grad_accum > 1)) {
-      int64_t biggest = 0;
-      for (int64_t n : st.units) biggest = std::max(biggest, padded_numel(n, l.dp));
-      transient += 4 * static_cast<double>(biggest);  // one unit's full gradient before its reduce-scatter
+      transient += 4 * static_cast<double>(padded_numel(st.units[0], l.dp)) + 2 * 4 * static_cast<double>(max_block);
     }
     st.transient_bytes = transient;
     st.peak_device_bytes = static_cast<double>(st.state.device.total()) + st.activation_bytes + transient + l.base_bytes;

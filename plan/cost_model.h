@@ -23,8 +23,8 @@
 //      3       4 Psi'/N        4 Psi'/N  (*)            8 Psi'/N
 //      (*) 4 Psi' under --zero-accum local with K > 1 (a full local accumulation buffer).
 //    --offload optimizer (stages 1-3): device optimizer 0; host optimizer 12 Psi'/N (moments and
-//      the fp32 master copy), host grads 4 Psi'/N.  --offload all (stage 3): device 0; host
-//      params 4 Psi'/N, grads 4 Psi'/N, optimizer 8 Psi'/N.
+//      the fp32 master copy), host grads 4 Psi'/N.  --offload all (stage 3): device 0 (but for
+//      the local accumulation buffer (*)); host params 4 Psi'/N, grads 4 Psi'/N, optimizer 8 Psi'/N.
 //    Compare the ZeRO paper's (2 + 2 + K) Psi family (Rajbhandari et al. 2020, Fig. 1; anchors s7.2).
 //    With tp and pp the units are the rank's own: each block's matrices and column-parallel
 //    biases split over t (LayerNorms and row-parallel biases replicated; Megatron, Shoeybi et al.
@@ -57,7 +57,8 @@
 //    the input, all_gather 1x the output, broadcast 1x, send: bytes sent). The wire traffic of
 //    a ring collective over n ranks is comm_bytes x (n - 1)/n (nccl-tests PERFORMANCE.md) and
 //    its time wire / busbw of the link it crosses (inside a node, or between nodes).
-//      DDP (ZeRO-0, N > 1)  2 x 4 Psi + 16           (gradients; [loss, non-finite flag] 8 B)
+//      DDP (ZeRO-0, N > 1)  2 x 4 Psi + 16           (gradients; [loss, non-finite flag] 8 B;
+//                                                     a world of one under mpirun: 2 x 4 Psi)
 //      ZeRO-1               4 Psi' + 4 Psi' + 24     (reduce-scatter, all-gather; 12 B verdict)
 //      ZeRO-2  reduce       K 4 Psi' + 4 Psi' + 24   local: 4 Psi' + 4 Psi' + 24
 //      ZeRO-3  reduce       K (4 Psi' + 4 (Psi' - n_0') + 4 Psi') + 24
