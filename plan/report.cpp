@@ -60,10 +60,11 @@ json state_json(const StateBytes& s) {
   return {{"params", s.params}, {"grads", s.grads}, {"optimizer", s.optimizer}, {"total", s.total()}};
 }
 
+// The command that runs the layout (dp follows from the world: dp = ranks / (tp x pp)).
 std::string layout_flags(const Layout& l) {
-  std::string out = format("--dp %lld --tp %lld --pp %lld --zero %d --offload %s --activation-checkpointing %s "
+  std::string out = format("mpirun -np %lld kiln train --tp %lld --pp %lld --zero %d --offload %s --activation-checkpointing %s "
                            "--micro-batch %lld --grad-accum %lld",
-                           static_cast<long long>(l.dp), static_cast<long long>(l.tp), static_cast<long long>(l.pp), l.zero,
+                           static_cast<long long>(l.devices()), static_cast<long long>(l.tp), static_cast<long long>(l.pp), l.zero,
                            to_string(l.offload).c_str(), to_string(l.recompute).c_str(),
                            static_cast<long long>(l.micro_batch), static_cast<long long>(l.grad_accum));
   if (l.zero >= 2 && l.grad_accum > 1) out += " --zero-accum " + to_string(l.zero_accum);
@@ -142,7 +143,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
        {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero}, {"offload", to_string(l.offload)},
         {"zero_accum", to_string(l.zero_accum)}, {"activation_checkpointing", to_string(l.recompute)},
         {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
-        {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"flags", layout_flags(l)}}},
+        {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"command", layout_flags(l)}}},
       {"compute",
        {{"tokens_per_step", p.tokens_per_step}, {"flops_per_token", p.flops_per_token},
         {"recompute_flops_per_token", p.recompute_flops_per_token}, {"forward_s", p.forward_s},
@@ -238,7 +239,7 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
               rate(c.inter_node_busbw).c_str(), rate(c.host_link).c_str());
   o += "layout    " + describe(l) + format("; %s, %s attention, dropout %s\n", l.compute_bytes == 4 ? "fp32" : "bf16/fp16 autocast",
                                              to_string(l.attention).c_str(), l.dropout ? "on" : "off");
-  o += format("          %lld tokens per step\n\n", static_cast<long long>(p.tokens_per_step));
+  o += format("          %lld tokens per step: %s\n\n", static_cast<long long>(p.tokens_per_step), layout_flags(l).c_str());
 
   const StagePlan& st = p.stages[p.critical_stage];
   o += format("memory per device (pipeline stage %lld of %lld: %lld blocks; Psi %lld, padded %lld)\n",
@@ -311,7 +312,7 @@ std::string search_text(const SearchResult& r, const ClusterSpec& c, int64_t glo
     o += format("    step %s, %.4g tokens/s, MFU %.1f%%, peak %s of %s\n", duration(p.step_s).c_str(), p.tokens_per_s,
                 100 * p.mfu, bytes(p.peak_device_bytes()).c_str(), bytes(c.device_memory).c_str());
     o += "    why: " + b.reason + "\n";
-    o += "    kiln train " + layout_flags(p.layout) + "\n";
+    o += "    " + layout_flags(p.layout) + "\n";
   }
   return o;
 }
