@@ -1,10 +1,8 @@
 // launch/plan_cli.cpp -- `kiln plan` flags (cxxopts) and the dispatch of its modes.
 #include "launch/plan_cli.h"
 
-#include <algorithm>
 #include <cctype>
 #include <cstdio>
-#include <set>
 
 #include <cxxopts.hpp>
 

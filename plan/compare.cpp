@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
-#include "runtime/metrics.h"
 
 namespace kiln::plan {
 

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 #include "runtime/error.h"
 #include "runtime/metrics.h"
