@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <cstdio>
+#include <fstream>
 
 #include <cxxopts.hpp>
 
@@ -133,12 +134,12 @@ std::string lower(std::string s) {
 }
 
 // The preset a logged device name belongs to (for --compare without --gpu); h100 otherwise.
+// The name is in the first record (the config record); compare_with_log checks the file itself.
 std::string preset_for_device(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "r");
-  if (!f) return "h100";
-  char buf[4096];
-  std::string first = std::fgets(buf, sizeof buf, f) ? lower(buf) : "";
-  std::fclose(f);
+  std::ifstream in(path);
+  std::string first;
+  if (!in || !std::getline(in, first)) return "h100";
+  first = lower(first);
   for (const char* key : {"h200", "h100", "a100", "v100", "mi250x"})
     if (first.find(std::string("\"device\":\"nvidia ") + key) != std::string::npos ||
         first.find(std::string("\"device\":\"amd instinct ") + key) != std::string::npos)

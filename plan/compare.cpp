@@ -2,7 +2,6 @@
 #include "plan/compare.h"
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
