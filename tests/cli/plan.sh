@@ -136,11 +136,13 @@ for place in ("device", "host"):
 comm = rows["comm_bytes"]
 assert comm["measured"] is not None, comm
 if comm["measured"] != comm["predicted"]:
+    # pre-ZeRO kiln counted an all_reduce once: 4 Psi (+ 8 for the verdict at dp > 1), half of
+    # the 2 x 4 Psi (+ 16) it counts now
     P = cfg["params"]
-    old = cfg["config"]["zero"] == 0 and comm["measured"] == 4 * P + 8 and comm["predicted"] == 8 * P + 16
+    old = cfg["config"]["zero"] == 0 and comm["measured"] in (4 * P, 4 * P + 8) and comm["predicted"] == 2 * comm["measured"]
     assert old and not has_state, ("comm_bytes differ", comm)
-    print(f"  NOTE {log.split('/')[-1]}: pre-ZeRO kiln counts an all_reduce once: measured {comm['measured']} = 4 Psi + 8, "
-          f"predicted {comm['predicted']} = 2 x 4 Psi + 16 (the convention of the ZeRO branch)")
+    print(f"  NOTE {log.split('/')[-1]}: pre-ZeRO kiln counts an all_reduce once: measured {comm['measured']}, "
+          f"predicted {comm['predicted']} in the convention of the ZeRO branch (2x); equal after the merge")
 else:
     assert comm["equal"]
     assert c["exact_ok"], [r for r in c["rows"] if r["exact"] and r["equal"] is False]  # padded_params too
