@@ -4,6 +4,7 @@
 //   kiln train [flags]   train a GPT (see `kiln train --help`)
 //   kiln prep  [flags]   text files -> token shards
 //   kiln bench [flags]   measure a training configuration (throughput, MFU, memory, energy)
+//   kiln plan  [flags]   memory, communication, time and energy of a layout (no training)
 // Every kiln::Error becomes one line "kiln: error: ..." on stderr and its exit code; anything
 // else escaping is a bug, reported the same way with exit code 70. Under mpirun a failing rank
 // takes the whole job down with it (MPI_Abort) rather than leave its peers waiting.
@@ -20,6 +21,7 @@
 #include "data/prep.h"
 #include "launch/bench.h"
 #include "launch/cli.h"
+#include "launch/plan_cli.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/trainer.h"
@@ -32,6 +34,8 @@ const char* kUsage =
     "  train   train a GPT model (kiln train --help)\n"
     "  prep    turn text files into token shards (kiln prep --help)\n"
     "  bench   measure a training configuration on synthetic data (kiln bench --help)\n"
+    "  plan    predict memory, communication, step time and energy; search layouts;\n"
+    "          compare with a run's log (kiln plan --help)\n"
     "  version print the version\n";
 
 int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
@@ -75,7 +79,15 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
     for (const auto& f : result.files) std::printf("  %s\n", f.c_str());
     return 0;
   }
-  throw kiln::ConfigError("unknown command '" + cmd + "' (commands: train, prep, bench, version)");
+  if (cmd == "plan") {
+    auto args = kiln::parse_plan_args(rest);
+    if (args.help) {
+      std::fputs(args.help_text.c_str(), stdout);
+      return 0;
+    }
+    return kiln::run_plan(args);
+  }
+  throw kiln::ConfigError("unknown command '" + cmd + "' (commands: train, prep, bench, plan, version)");
 }
 
 // Reports a failure: one line on stderr, then the exit code. In a multi-rank job the failing

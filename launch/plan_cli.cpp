@@ -1,0 +1,336 @@
+// launch/plan_cli.cpp -- `kiln plan` flags (cxxopts) and the dispatch of its modes.
+#include "launch/plan_cli.h"
+
+#include <cctype>
+#include <cstdio>
+#include <fstream>
+
+#include <cxxopts.hpp>
+
+#include "plan/compare.h"
+#include "plan/report.h"
+#include "runtime/error.h"
+#include "runtime/metrics.h"
+
+namespace kiln {
+
+namespace {
+
+struct FlagHelp {
+  const char* name;
+  const char* help;
+};
+
+// Grouped so that each mode can refuse the flags that do not belong to it.
+const std::vector<FlagHelp> kModelFlags = {
+    {"model", "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b"},
+    {"n-layer", "transformer blocks (overrides the preset)"},
+    {"n-head", "attention heads"},
+    {"n-kv-head", "key/value heads (default: n-head)"},
+    {"d-model", "model width"},
+    {"seq-len", "context length"},
+    {"vocab-size", "vocabulary size (padded to a multiple of 128)"},
+    {"dropout", "dropout probability (masks are kept when > 0)"},
+};
+const std::vector<FlagHelp> kClusterFlags = {
+    {"gpu", "device preset: h100, h200, a100, v100, mi250x (default h100; --compare: from the log's device)"},
+    {"nodes", "nodes (default 1)"},
+    {"gpus-per-node", "devices per node (default: the preset's, 8)"},
+    {"device-memory-gb", "memory per device, GB (1e9 bytes)"},
+    {"peak-tflops", "dense BF16 peak per device, TFLOP/s"},
+    {"achieved", "fraction of peak the step's math sustains (default 0.4; --compare prints a calibrated one)"},
+    {"watts", "average power per device, W"},
+    {"intra-node-gbs", "collective bus bandwidth inside a node, GB/s"},
+    {"inter-node-gbs", "collective bus bandwidth between nodes, per device, GB/s"},
+    {"host-link-gbs", "host <-> device bandwidth per device (offload), GB/s"},
+    {"host-memory-gb", "host memory per node (offload), GB"},
+    {"host-adam-gparams", "host AdamW rate per node (offload), 1e9 parameters/s"},
+};
+const std::vector<FlagHelp> kLayoutFlags = {
+    {"dp", "data-parallel size (default: devices / (tp x pp))"},
+    {"tp", "tensor-parallel size (default 1)"},
+    {"pp", "pipeline-parallel size (default 1)"},
+    {"zero", "ZeRO stage 0-3 (default 0)"},
+    {"offload", "none | optimizer | all (default none)"},
+    {"zero-accum", "ZeRO-2/3 gradient accumulation: reduce (every micro-step) | local (default reduce)"},
+    {"activation-checkpointing", "none | selective | full (default none)"},
+    {"micro-batch", "sequences per micro-batch per device (default 8)"},
+    {"grad-accum", "micro-batches per optimizer step per dp rank (default 1)"},
+};
+const std::vector<FlagHelp> kRunFlags = {
+    {"precision", "fp32 | bf16 | fp16 (default bf16)"},
+    {"attention", "auto | flash | math: the attention kernel, for activation memory (default auto = flash)"},
+};
+const std::vector<FlagHelp> kTrainingFlags = {
+    {"params", "P alone (no model shape): training compute, runtime and energy only"},
+    {"tokens", "training tokens D (default 20 P, compute-optimal)"},
+};
+const std::vector<FlagHelp> kSearchFlags = {
+    {"global-batch", "--search: sequences per optimizer step (default 8 per device)"},
+    {"max-micro-batch", "--search: largest micro-batch tried (default: no limit)"},
+    {"top", "--search: layouts shown (default 5)"},
+};
+
+cxxopts::ParseResult parse(cxxopts::Options& opts, const std::vector<std::string>& args) {
+  std::vector<const char*> argv{"plan"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  opts.allow_unrecognised_options();
+  try {
+    auto result = opts.parse(static_cast<int>(argv.size()), argv.data());
+    for (const auto& u : result.unmatched()) {
+      if (u.rfind("-", 0) == 0) throw ConfigError("unknown flag '" + u + "' (see kiln plan --help)");
+      throw ConfigError("kiln plan: unexpected argument '" + u + "'");
+    }
+    return result;
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw ConfigError("kiln plan: " + std::string(e.what()));
+  }
+}
+
+class Values {
+ public:
+  explicit Values(const cxxopts::ParseResult& r) : r_(r) {}
+  bool has(const char* name) const { return r_.count(name) > 0; }
+  std::string text(const char* name) const { return r_[name].as<std::string>(); }
+  int64_t integer(const char* name) const {
+    const std::string t = text(name);
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(t, &used);
+      if (used == t.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw ConfigError(std::string("--") + name + ": '" + t + "' is not an integer");
+  }
+  double number(const char* name) const {
+    const std::string t = text(name);
+    try {
+      size_t used = 0;
+      const double v = std::stod(t, &used);
+      if (used == t.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw ConfigError(std::string("--") + name + ": '" + t + "' is not a number");
+  }
+  // The first flag of `group` that was given, or "".
+  std::string any_of(const std::vector<FlagHelp>& group) const {
+    for (const auto& f : group)
+      if (has(f.name)) return f.name;
+    return "";
+  }
+
+ private:
+  const cxxopts::ParseResult& r_;
+};
+
+void refuse(const Values& v, const std::vector<FlagHelp>& group, const std::string& why) {
+  const std::string f = v.any_of(group);
+  if (!f.empty()) throw ConfigError("--" + f + " " + why);
+}
+
+std::string lower(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// The preset a logged device name belongs to (for --compare without --gpu); h100 otherwise.
+// The name is in the first record (the config record); compare_with_log checks the file itself.
+std::string preset_for_device(const std::string& path) {
+  std::ifstream in(path);
+  std::string first;
+  if (!in || !std::getline(in, first)) return "h100";
+  first = lower(first);
+  for (const char* key : {"h200", "h100", "a100", "v100", "mi250x"})
+    if (first.find(std::string("\"device\":\"nvidia ") + key) != std::string::npos ||
+        first.find(std::string("\"device\":\"amd instinct ") + key) != std::string::npos)
+      return key;
+  return "h100";
+}
+
+}  // namespace
+
+PlanArgs parse_plan_args(const std::vector<std::string>& args) {
+  cxxopts::Options opts("kiln plan", "Memory, communication, time and energy of training a GPT on a cluster.");
+  opts.add_options()("h,help", "show this help");
+  opts.add_options("mode")("search", "rank the layouts that fit")("compare", "a kiln train --log-json file: predicted vs measured",
+                                                                  cxxopts::value<std::string>())(
+      "json", "print JSON with every figure")("attention-flops", "add the attention term 12 L d T per token to T = 6 P D");
+  auto add = [&](const char* group, const std::vector<FlagHelp>& flags) {
+    for (const auto& f : flags) opts.add_options(group)(f.name, f.help, cxxopts::value<std::string>());
+  };
+  add("model", kModelFlags);
+  add("cluster", kClusterFlags);
+  add("layout", kLayoutFlags);
+  add("run", kRunFlags);
+  add("training", kTrainingFlags);
+  add("search", kSearchFlags);
+  const auto result = parse(opts, args);
+  PlanArgs out;
+  if (result.count("help")) {
+    out.help = true;
+    out.help_text = opts.help({"", "mode", "model", "cluster", "layout", "run", "training", "search"});
+    return out;
+  }
+  const Values v(result);
+  out.json = v.has("json");
+  out.attention_flops = v.has("attention-flops");
+
+  // ---- mode
+  if (v.has("compare")) {
+    out.mode = PlanArgs::Mode::Compare;
+    out.compare_path = v.text("compare");
+    const std::string why = "does not go with --compare (the model and layout come from the log)";
+    refuse(v, kModelFlags, why);
+    refuse(v, kLayoutFlags, why);
+    refuse(v, kRunFlags, why);
+    refuse(v, kTrainingFlags, why);
+    refuse(v, kSearchFlags, why);
+    if (v.has("search")) throw ConfigError("--search does not go with --compare");
+    if (out.attention_flops) throw ConfigError("--attention-flops does not go with --compare");
+  } else if (v.has("search")) {
+    out.mode = PlanArgs::Mode::Search;
+    refuse(v, kLayoutFlags, "does not go with --search (the search chooses the layout)");
+    if (v.has("params")) throw ConfigError("--search needs a model shape (--model, or --n-layer --d-model ...), not --params");
+  } else if (v.has("params")) {
+    out.mode = PlanArgs::Mode::Totals;
+    refuse(v, kModelFlags, "does not go with --params (P alone gives training totals; a shape gives the full plan)");
+    refuse(v, kLayoutFlags, "needs a model shape (--model ...), not --params");
+    refuse(v, kRunFlags, "needs a model shape (--model ...), not --params");
+    if (out.attention_flops) throw ConfigError("--attention-flops needs a model shape (--model ...), not --params");
+  } else {
+    out.mode = PlanArgs::Mode::Layout;
+  }
+  if (out.mode != PlanArgs::Mode::Search) refuse(v, kSearchFlags, "only goes with --search");
+  if ((out.mode == PlanArgs::Mode::Layout || out.mode == PlanArgs::Mode::Search) && v.any_of(kModelFlags).empty()) {
+    throw ConfigError("kiln plan: give a model (--model NAME, or --n-layer --d-model ...), --params P, or --compare FILE");
+  }
+
+  // ---- model
+  if (v.has("model")) out.model = GPTConfig::preset(v.text("model"));
+  if (v.has("n-layer")) out.model.n_layer = v.integer("n-layer");
+  if (v.has("n-head")) {
+    out.model.n_head = v.integer("n-head");
+    if (!v.has("n-kv-head")) out.model.n_kv_head = out.model.n_head;
+  }
+  if (v.has("n-kv-head")) out.model.n_kv_head = v.integer("n-kv-head");
+  if (v.has("d-model")) out.model.d_model = v.integer("d-model");
+  if (v.has("seq-len")) out.model.seq_len = v.integer("seq-len");
+  if (v.has("vocab-size")) out.model.vocab_size = v.integer("vocab-size");
+  if (v.has("dropout")) out.model.dropout = v.number("dropout");
+  if (out.mode == PlanArgs::Mode::Layout || out.mode == PlanArgs::Mode::Search) out.model.validate();
+  if (out.mode == PlanArgs::Mode::Totals) {
+    out.params = v.number("params");
+    if (!(out.params > 0)) throw ConfigError("--params must be positive (got " + v.text("params") + ")");
+  }
+  if (v.has("tokens")) {
+    out.tokens = v.number("tokens");
+    if (!(out.tokens > 0)) throw ConfigError("--tokens must be positive (got " + v.text("tokens") + ")");
+  }
+
+  // ---- cluster
+  const std::string gpu = v.has("gpu") ? lower(v.text("gpu"))
+                                       : (out.mode == PlanArgs::Mode::Compare ? preset_for_device(out.compare_path) : "h100");
+  plan::ClusterSpec& c = out.cluster;
+  c = plan::cluster_preset(gpu);
+  if (v.has("nodes")) c.nodes = v.integer("nodes");
+  if (v.has("gpus-per-node")) c.devices_per_node = v.integer("gpus-per-node");
+  if (v.has("device-memory-gb")) c.device_memory = v.number("device-memory-gb") * 1e9;
+  if (v.has("peak-tflops")) c.peak_flops = v.number("peak-tflops") * 1e12;
+  out.peak_given = v.has("peak-tflops");
+  if (v.has("achieved")) c.achieved = v.number("achieved");
+  if (v.has("watts")) c.watts = v.number("watts");
+  if (v.has("intra-node-gbs")) c.intra_node_busbw = v.number("intra-node-gbs") * 1e9;
+  if (v.has("inter-node-gbs")) c.inter_node_busbw = v.number("inter-node-gbs") * 1e9;
+  if (v.has("host-link-gbs")) c.host_link = v.number("host-link-gbs") * 1e9;
+  if (v.has("host-memory-gb")) c.host_memory = v.number("host-memory-gb") * 1e9;
+  if (v.has("host-adam-gparams")) c.host_adam_rate = v.number("host-adam-gparams") * 1e9;
+  if (gpu != "custom" && v.has("gpu")) c.name = gpu;
+  c.validate();
+
+  // ---- how the run executes (every candidate of a search too)
+  plan::Layout base;
+  const std::string precision = v.has("precision") ? v.text("precision") : "bf16";
+  if (precision != "fp32" && precision != "bf16" && precision != "fp16") {
+    throw ConfigError("--precision must be fp32, bf16 or fp16 (got '" + precision + "')");
+  }
+  base.compute_bytes = precision == "fp32" ? 4 : 2;
+  const std::string attention = v.has("attention") ? v.text("attention") : "auto";
+  base.attention = attention == "auto" ? plan::Attention::Flash : plan::parse_attention(attention);
+  base.dropout = out.model.dropout > 0;
+
+  // ---- layout
+  if (out.mode == PlanArgs::Mode::Layout) {
+    plan::Layout& l = out.layout;
+    l = base;
+    if (v.has("tp")) l.tp = v.integer("tp");
+    if (v.has("pp")) l.pp = v.integer("pp");
+    if (l.tp < 1 || l.pp < 1) throw ConfigError("--tp and --pp must be at least 1");
+    if (v.has("dp")) {
+      l.dp = v.integer("dp");
+    } else {
+      if (c.devices() % (l.tp * l.pp) != 0) {
+        throw ConfigError("--tp " + std::to_string(l.tp) + " x --pp " + std::to_string(l.pp) + " does not divide the cluster's " +
+                          std::to_string(c.devices()) + " devices");
+      }
+      l.dp = c.devices() / (l.tp * l.pp);
+    }
+    if (v.has("zero")) l.zero = static_cast<int>(v.integer("zero"));
+    if (v.has("offload")) l.offload = plan::parse_offload(v.text("offload"));
+    if (v.has("zero-accum")) l.zero_accum = plan::parse_zero_accum(v.text("zero-accum"));
+    if (v.has("activation-checkpointing")) l.recompute = plan::parse_recompute(v.text("activation-checkpointing"));
+    l.micro_batch = v.has("micro-batch") ? v.integer("micro-batch") : 8;
+    if (v.has("grad-accum")) l.grad_accum = v.integer("grad-accum");
+    l.validate(out.model, c);
+  }
+
+  // ---- search space
+  if (out.mode == PlanArgs::Mode::Search) {
+    out.space.base = base;
+    out.space.global_batch = v.has("global-batch") ? v.integer("global-batch") : 8 * c.devices();
+    if (v.has("max-micro-batch")) out.space.max_micro_batch = v.integer("max-micro-batch");
+    if (v.has("top")) out.space.top = v.integer("top");
+    if (out.space.global_batch < 1) throw ConfigError("--global-batch must be at least 1 (got " + std::to_string(out.space.global_batch) + ")");
+    if (out.space.max_micro_batch < 0) throw ConfigError("--max-micro-batch must be positive");
+    if (out.space.top < 1) throw ConfigError("--top must be at least 1 (got " + std::to_string(out.space.top) + ")");
+  }
+  return out;
+}
+
+int run_plan(const PlanArgs& a) {
+  using namespace kiln::plan;
+  auto emit = [&](const nlohmann::json& j, const std::string& text) {
+    if (a.json) std::printf("%s\n", j.dump(2).c_str());
+    else std::fputs(text.c_str(), stdout);
+  };
+  const double attention_term = a.attention_flops ? flops_per_token(a.model) - 6.0 * static_cast<double>(a.model.num_params_non_embedding_pos()) : 0.0;
+  const double P = static_cast<double>(a.model.num_params_non_embedding_pos());
+  switch (a.mode) {
+    case PlanArgs::Mode::Totals: {
+      const TrainingTotals t = training_totals(a.params, a.tokens, 0, a.cluster);
+      emit({{"type", "totals"}, {"cluster", cluster_json(a.cluster)}, {"training", totals_json(t)}}, totals_text(t, a.cluster));
+      break;
+    }
+    case PlanArgs::Mode::Layout: {
+      const Plan p = make_plan(a.model, a.cluster, a.layout);
+      const TrainingTotals t = training_totals(P, a.tokens, attention_term, a.cluster);
+      const LayoutTotals run = layout_totals(p, t.tokens);
+      emit(plan_json(p, t, run), plan_text(p, t, run));
+      break;
+    }
+    case PlanArgs::Mode::Search: {
+      const SearchResult r = search(a.model, a.cluster, a.space);
+      const TrainingTotals t = training_totals(P, a.tokens, attention_term, a.cluster);
+      emit(search_json(r, t, t.tokens), search_text(r, a.cluster, a.space.global_batch));
+      break;
+    }
+    case PlanArgs::Mode::Compare: {
+      const CompareResult r = compare_with_log(a.compare_path, a.cluster, a.peak_given);
+      emit(compare_json(r), compare_text(r));
+      break;
+    }
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace kiln

@@ -1,0 +1,213 @@
+// plan/compare.cpp -- read a kiln train JSONL log, predict the same run, set the two side by side.
+#include "plan/compare.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace kiln::plan {
+
+namespace {
+
+using json = nlohmann::json;
+
+// LibTorch's own libraries resident in a CPU process (docs/metrics.md: "about 0.4 GB"); the
+// CPU's mem_gb is the whole process's high-water mark, a GPU's only the allocator's peak.
+constexpr double kCpuProcessBase = 0.4e9;
+
+template <typename T>
+T need(const json& obj, const char* key, const std::string& where) {
+  if (!obj.is_object() || !obj.contains(key) || obj.at(key).is_null()) {
+    throw ConfigError(where + ": the config record has no '" + key + "'");
+  }
+  try {
+    return obj.at(key).get<T>();
+  } catch (const json::exception&) {
+    throw ConfigError(where + ": the config record's '" + std::string(key) + "' has the wrong type");
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+std::optional<double> CompareRow::rel_error() const {
+  if (!predicted || !measured) return std::nullopt;
+  if (*measured == 0) return *predicted == 0 ? std::optional<double>(0.0) : std::nullopt;
+  return (*predicted - *measured) / *measured;
+}
+
+bool CompareResult::exact_ok() const {
+  for (const auto& r : rows)
+    if (r.mismatch()) return false;
+  return true;
+}
+
+CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, bool peak_given) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("--compare " + path + ": cannot open the file");
+  json config;
+  std::vector<json> steps;
+  std::string line;
+  int64_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json rec;
+    try {
+      rec = json::parse(line);
+    } catch (const json::parse_error&) {
+      throw ConfigError("--compare " + path + ":" + std::to_string(lineno) + ": not a JSON record (is this a kiln train --log-json file?)");
+    }
+    const std::string type = rec.is_object() ? rec.value("type", "") : "";
+    if (type == "config") {
+      config = rec;  // a resumed run appends: the last config record and its steps count
+      steps.clear();
+    } else if (type == "step") {
+      steps.push_back(rec);
+    }
+  }
+  if (config.is_null()) throw ConfigError("--compare " + path + ": no config record (is this a kiln train --log-json file?)");
+  const std::string where = "--compare " + path;
+  const json& c = config.contains("config") ? config.at("config") : json();
+  const json& world = config.contains("world") ? config.at("world") : json();
+
+  GPTConfig model;
+  model.n_layer = need<int64_t>(c, "n_layer", where);
+  model.n_head = need<int64_t>(c, "n_head", where);
+  model.n_kv_head = need<int64_t>(c, "n_kv_head", where);
+  model.d_model = need<int64_t>(c, "d_model", where);
+  model.seq_len = need<int64_t>(c, "seq_len", where);
+  model.vocab_size = need<int64_t>(c, "vocab_size", where);
+  model.dropout = c.value("dropout", 0.0);
+
+  const std::string device = config.value("device", "cpu");
+  const bool cpu = device == "cpu";
+  Layout l;
+  l.dp = need<int64_t>(world, "dp", where);
+  l.tp = need<int64_t>(world, "tp", where);
+  l.pp = need<int64_t>(world, "pp", where);
+  l.zero = static_cast<int>(need<int64_t>(c, "zero", where));
+  l.offload = parse_offload(need<std::string>(c, "offload", where));
+  l.zero_accum = parse_zero_accum(c.value("zero_accum", std::string("reduce")));
+  l.recompute = parse_recompute(need<std::string>(c, "activation_checkpointing", where));
+  l.micro_batch = need<int64_t>(c, "micro_batch", where);
+  l.grad_accum = need<int64_t>(c, "grad_accum", where);
+  l.compute_bytes = need<std::string>(c, "precision", where) == "fp32" ? 4 : 2;
+  l.dropout = model.dropout > 0;
+  l.cpu = cpu;
+  // CPU SDPA runs its flash kernel only without dropout and with as many kv heads as heads.
+  l.attention = (!cpu || (!l.dropout && model.n_kv_head == model.n_head)) ? Attention::Flash : Attention::Math;
+  l.comm_in_world_of_one = world.value("backend", std::string("none")) != "none";
+  l.base_bytes = cpu ? kCpuProcessBase : 0.0;
+
+  cluster.nodes = 1;
+  cluster.devices_per_node = l.devices();
+  CompareResult res;
+  res.log_path = path;
+  res.steps = static_cast<int64_t>(steps.size());
+  if (!peak_given) {
+    const json& peak = config.contains("peak_tflops") ? config.at("peak_tflops") : json();
+    if (peak.is_number()) cluster.peak_flops = peak.get<double>() * 1e12;
+    else if (cpu) cluster.peak_flops = 0;  // nothing to predict time against
+  }
+  res.timing = cluster.peak_flops > 0;
+  if (!res.timing) cluster.peak_flops = 1e12;  // placeholder: memory and traffic do not depend on it
+  res.plan = make_plan(model, cluster, l);
+  const Plan& p = res.plan;
+  const StagePlan& st = p.stages[0];  // rank 0's stage
+  const bool accounting = l.tp == 1 && l.pp == 1;
+
+  auto add = [&](std::string name, std::string unit, std::optional<double> pred, std::optional<double> meas, bool exact,
+                 std::string note = "") {
+    res.rows.push_back({std::move(name), std::move(unit), pred, meas, exact, std::move(note)});
+  };
+  auto logged = [&](const char* key) -> std::optional<double> {
+    if (config.contains(key) && config.at(key).is_number()) return config.at(key).get<double>();
+    return std::nullopt;
+  };
+  add("params", "count", static_cast<double>(model.num_params()), logged("params"), true);
+  add("flops_per_token", "FLOP", p.flops_per_token, logged("flops_per_token"), true);
+  add("tokens_per_step", "count", static_cast<double>(p.tokens_per_step), logged("tokens_per_step"), true);
+
+  // ZeRO's padded parameter count, Psi' (the config record's zero.padded_params)
+  if (l.zero > 0) {
+    std::optional<double> logged_padded;
+    if (config.contains("zero") && config.at("zero").is_object() && config.at("zero").contains("padded_params") &&
+        config.at("zero").at("padded_params").is_number()) {
+      logged_padded = config.at("zero").at("padded_params").get<double>();
+    }
+    add("padded_params", "count", static_cast<double>(st.psi_padded), logged_padded, accounting,
+        logged_padded ? "" : "not in this log");
+  }
+
+  // model-state bytes by kind
+  const json* ms = config.contains("model_state") && config.at("model_state").is_object() ? &config.at("model_state") : nullptr;
+  const std::pair<const char*, const StateBytes*> places[] = {{"device", &st.state.device}, {"host", &st.state.host}};
+  for (const auto& [place, bytes] : places) {
+    const std::pair<const char*, int64_t> kinds[] = {{"params", bytes->params}, {"grads", bytes->grads}, {"optimizer", bytes->optimizer}};
+    for (const auto& [kind, value] : kinds) {
+      std::optional<double> meas;
+      std::string note;
+      if (ms && ms->contains(place) && ms->at(place).contains(kind) && ms->at(place).at(kind).is_number()) {
+        meas = ms->at(place).at(kind).get<double>();
+      } else {
+        note = "not in this log (a kiln without ZeRO's model_state record)";
+      }
+      add(std::string("model_state.") + place + "." + kind, "bytes", static_cast<double>(value), meas, accounting, note);
+    }
+  }
+
+  // comm_bytes per step: the same every step; a step that differs is reported
+  std::optional<double> comm;
+  std::string comm_note;
+  std::vector<double> step_s, mem;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const json& s = steps[i];
+    if (s.contains("comm_bytes") && s.at("comm_bytes").is_number()) {
+      const double b = s.at("comm_bytes").get<double>();
+      if (!comm) comm = b;
+      else if (b != *comm && comm_note.empty()) comm_note = "differs between steps (step " + std::to_string(i + 1) + ": " + std::to_string(static_cast<int64_t>(b)) + ")";
+    }
+    if (s.contains("mem_gb") && s.at("mem_gb").is_number()) mem.push_back(s.at("mem_gb").get<double>() * 1e9);
+    if (i == 0 && steps.size() > 1) continue;  // step 1 pays for allocation and kernel selection
+    if (s.contains("step_ms") && s.at("step_ms").is_number()) step_s.push_back(s.at("step_ms").get<double>() / 1e3);
+  }
+  if (!comm_note.empty()) comm.reset();
+  add("comm_bytes", "bytes", st.comm_bytes, comm, accounting, comm_note);
+
+  const std::string cpu_note = cpu ? "CPU: process high-water mark, predicted with 0.4 GB for LibTorch itself" : "";
+  add("peak_memory", "bytes", st.peak_device_bytes,
+      mem.empty() ? std::nullopt : std::optional<double>(*std::max_element(mem.begin(), mem.end())), false, cpu_note);
+  const std::string no_peak = "no peak FLOP/s for this device: give --peak-tflops (and --achieved)";
+  std::optional<double> meas_step = step_s.empty() ? std::nullopt : std::optional<double>(median(step_s));
+  add("step_s", "s", res.timing ? std::optional<double>(p.step_s) : std::nullopt, meas_step, false,
+      res.timing ? "median after step 1" : no_peak);
+  // MFU measured from the median step time against the same peak the prediction uses.
+  std::optional<double> meas_mfu;
+  if (meas_step && res.timing) {
+    meas_mfu = p.flops_per_token * static_cast<double>(p.tokens_per_step) / *meas_step /
+               (static_cast<double>(l.devices()) * cluster.peak_flops);
+  }
+  add("mfu", "fraction", res.timing ? std::optional<double>(p.mfu) : std::nullopt, meas_mfu, false,
+      res.timing ? "from the median step time" : no_peak);
+  if (res.timing && meas_step) {
+    // The fraction of peak the run's arithmetic sustained: the measured step less the predicted
+    // exposed communication, less the bubble (which scales with compute: (pp-1)/K of it).
+    double compute = *meas_step - p.exposed_comm_s;
+    if (compute < 0.5 * *meas_step) compute = *meas_step;  // the comm estimate is off: keep it all
+    compute /= 1.0 + static_cast<double>(l.pp - 1) / static_cast<double>(l.grad_accum);
+    const double hw = (p.flops_per_token + p.recompute_flops_per_token) * static_cast<double>(p.tokens_per_step);
+    res.calibrated_achieved = hw / compute / (static_cast<double>(l.devices()) * cluster.peak_flops);
+  }
+  return res;
+}
+
+}  // namespace kiln::plan

@@ -1,0 +1,54 @@
+// plan/compare.h -- `kiln plan --compare run.jsonl`: the cost model against a real run.
+//
+// Reads a `kiln train --log-json` file (the last `config` record and the `step` records after
+// it; rank 0 wrote it, so the prediction is rank 0's: pipeline stage 0), rebuilds the run's
+// model and layout from the config record, evaluates the cost model on it and sets each
+// prediction beside its measurement with the relative error (predicted - measured) / measured:
+//   exact   parameters, FLOPs per token, tokens per step, ZeRO's padded count Psi', model-state
+//           bytes by kind (device and host: params, grads, optimizer; when the log reports
+//           them), comm_bytes per step.
+//           These are accounting, not estimates: they must be equal (tp = pp = 1; for tp/pp the
+//           cost model's traffic is Megatron's, not yet checked against kiln).
+//   model   peak memory (mem_gb, the allocator peak on a GPU or VmHWM on the CPU), step time
+//           (median after step 1) and MFU (mean after step 1); the latter two need a peak
+//           FLOP/s (the log's, or --peak-tflops) and use --achieved.
+// It also reports the achieved fraction the run implies, to calibrate --achieved with:
+//   achieved = measured model FLOP/s x (F + F_recompute) / F / peak.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/cost_model.h"
+
+namespace kiln::plan {
+
+struct CompareRow {
+  std::string name;                  // "model_state.device.params", "comm_bytes", "step_s", ...
+  std::string unit;                  // bytes | s | fraction | count | FLOP
+  std::optional<double> predicted;
+  std::optional<double> measured;
+  bool exact = false;                // accounting: predicted must equal measured
+  std::string note;                  // why a value is missing, or how it was measured
+
+  std::optional<double> rel_error() const;
+  bool mismatch() const { return exact && predicted && measured && *predicted != *measured; }
+};
+
+struct CompareResult {
+  std::string log_path;
+  Plan plan;                         // the cost model on the run's own model and layout
+  std::vector<CompareRow> rows;
+  std::optional<double> calibrated_achieved;  // the achieved fraction the run implies
+  int64_t steps = 0;                 // step records read
+  bool timing = false;               // a peak FLOP/s was known: step time and MFU predicted
+  bool exact_ok() const;             // every exact row with both values equal
+};
+
+// cluster: a preset or flags for what the log does not say (link bandwidths, --achieved);
+// its node shape is replaced by the run's world, its peak by the log's when peak_given is false.
+// Throws ConfigError for a missing or malformed file, or one without a config record.
+CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, bool peak_given);
+
+}  // namespace kiln::plan

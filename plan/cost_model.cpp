@@ -1,0 +1,487 @@
+// plan/cost_model.cpp -- the formulas of plan/cost_model.h, in the order of its sections.
+#include "plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/error.h"
+#include "runtime/metrics.h"
+
+namespace kiln::plan {
+
+namespace {
+
+constexpr int64_t kAlign = 64;  // ZeRO shard alignment, elements
+// RNG states a checkpoint saves for its replay (docs/activation_checkpointing.md): the default
+// CPU generator's, and a CUDA device generator's.
+constexpr double kCpuGeneratorState = 5056, kCudaGeneratorState = 16;
+
+std::string s(int64_t v) { return std::to_string(v); }
+
+double ring(int64_t n) { return n <= 1 ? 0.0 : static_cast<double>(n - 1) / static_cast<double>(n); }
+
+// Parameters of one block at tp = t (section 2).
+int64_t block_numel(const GPTConfig& m, int64_t t) {
+  const int64_t d = m.d_model, F = m.mlp_hidden(), hd = m.head_dim();
+  const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;  // replicated when t exceeds them
+  const int64_t qkv = d / t + 2 * kv_heads * hd;
+  return 2 * d + (d * qkv + qkv)       // ln_1, c_attn (column-parallel: weight and bias split)
+         + (d / t) * d + d             // attn c_proj (row-parallel: bias whole)
+         + 2 * d                       // ln_2
+         + d * (F / t) + F / t         // mlp c_fc (column-parallel)
+         + (F / t) * d + d;            // mlp c_proj (row-parallel)
+}
+
+}  // namespace
+
+// ---- enums ----------------------------------------------------------------------------------
+
+Offload parse_offload(const std::string& v) {
+  if (v == "none") return Offload::None;
+  if (v == "optimizer") return Offload::Optimizer;
+  if (v == "all") return Offload::All;
+  throw ConfigError("--offload must be none, optimizer or all (got '" + v + "')");
+}
+ZeroAccum parse_zero_accum(const std::string& v) {
+  if (v == "reduce") return ZeroAccum::Reduce;
+  if (v == "local") return ZeroAccum::Local;
+  throw ConfigError("--zero-accum must be reduce or local (got '" + v + "')");
+}
+Recompute parse_recompute(const std::string& v) {
+  if (v == "none") return Recompute::None;
+  if (v == "selective") return Recompute::Selective;
+  if (v == "full") return Recompute::Full;
+  throw ConfigError("--activation-checkpointing must be none, selective or full (got '" + v + "')");
+}
+Attention parse_attention(const std::string& v) {
+  if (v == "flash") return Attention::Flash;
+  if (v == "math") return Attention::Math;
+  throw ConfigError("--attention must be auto, flash or math (got '" + v + "')");
+}
+std::string to_string(Offload o) { return o == Offload::None ? "none" : o == Offload::Optimizer ? "optimizer" : "all"; }
+std::string to_string(ZeroAccum z) { return z == ZeroAccum::Reduce ? "reduce" : "local"; }
+std::string to_string(Recompute r) { return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full"; }
+std::string to_string(Attention a) { return a == Attention::Flash ? "flash" : "math"; }
+
+// ---- validation -----------------------------------------------------------------------------
+
+void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
+  if (dp < 1 || tp < 1 || pp < 1) {
+    throw ConfigError("--dp, --tp and --pp must be at least 1 (got dp " + s(dp) + ", tp " + s(tp) + ", pp " + s(pp) + ")");
+  }
+  if (devices() != c.devices()) {
+    throw ConfigError("layout dp " + s(dp) + " x tp " + s(tp) + " x pp " + s(pp) + " = " + s(devices()) +
+                      " devices does not match the cluster's " + s(c.devices()) + " (" + s(c.nodes) + " node(s) x " +
+                      s(c.devices_per_node) + ")");
+  }
+  if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
+  if (offload == Offload::Optimizer && zero < 1) throw ConfigError("--offload optimizer needs --zero 1, 2 or 3");
+  if (offload == Offload::All && zero != 3) throw ConfigError("--offload all needs --zero 3 (parameters are sharded only there)");
+  if (zero >= 2 && pp > 1) {
+    throw ConfigError("--zero " + std::to_string(zero) + " with --pp " + s(pp) +
+                      " is not supported (pipeline stages accumulate over micro-batches: use --zero 0 or 1)");
+  }
+  if (micro_batch < 1) throw ConfigError("--micro-batch must be at least 1 (got " + s(micro_batch) + ")");
+  if (grad_accum < 1) throw ConfigError("--grad-accum must be at least 1 (got " + s(grad_accum) + ")");
+  if (compute_bytes != 2 && compute_bytes != 4) throw ConfigError("compute dtype must be 2 or 4 bytes");
+  if (base_bytes < 0) throw ConfigError("base bytes must be non-negative");
+  auto divides = [&](const char* what, int64_t v) {
+    if (v % tp != 0) throw ConfigError("--tp " + s(tp) + " does not divide " + what + " " + s(v));
+  };
+  if (tp > 1) {
+    divides("--n-head", m.n_head);
+    divides("the MLP width", m.mlp_hidden());
+    divides("the padded vocabulary", m.padded_vocab_size());
+    if (m.n_kv_head % tp != 0 && tp % m.n_kv_head != 0) {
+      throw ConfigError("--tp " + s(tp) + " and --n-kv-head " + s(m.n_kv_head) +
+                        ": one must divide the other (kv heads are split, or replicated when tp exceeds them)");
+    }
+  }
+  if (pp > m.n_layer) throw ConfigError("--pp " + s(pp) + " exceeds the model's " + s(m.n_layer) + " layers");
+}
+
+// ---- 1. training totals -------------------------------------------------------------------
+
+TrainingTotals training_totals(double params, double tokens, double attention_flops_per_token, const ClusterSpec& c) {
+  TrainingTotals t;
+  t.params = params;
+  t.compute_optimal = !(tokens > 0);
+  t.tokens = t.compute_optimal ? 20.0 * params : tokens;
+  t.flops = (6.0 * params + std::max(0.0, attention_flops_per_token)) * t.tokens;
+  t.cluster_flops = static_cast<double>(c.devices()) * c.sustained_flops();
+  t.seconds = t.flops / t.cluster_flops;
+  t.energy_j = t.seconds * static_cast<double>(c.devices()) * c.watts;
+  t.flops_per_watt = c.sustained_flops() / c.watts;
+  return t;
+}
+
+// ---- 2. model-state bytes -------------------------------------------------------------------
+
+int64_t blocks_on_stage(const GPTConfig& m, int64_t pp, int64_t stage) {
+  return m.n_layer / pp + (stage < m.n_layer % pp ? 1 : 0);
+}
+
+std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int64_t stage) {
+  const int64_t d = m.d_model;
+  const int64_t wte = m.padded_vocab_size() * d / tp, wpe = m.seq_len * d, ln_f = 2 * d;
+  int64_t outer = 0;
+  if (stage == 0) outer += wte + wpe;
+  if (stage == pp - 1) outer += ln_f + (pp > 1 ? wte : 0);  // the last stage's tied copy of wte
+  std::vector<int64_t> units{outer};
+  const int64_t blocks = blocks_on_stage(m, pp, stage);
+  for (int64_t i = 0; i < blocks; ++i) units.push_back(block_numel(m, tp));
+  return units;
+}
+
+int64_t padded_numel(int64_t n, int64_t dp) {
+  const int64_t q = kAlign * dp;
+  return (n + q - 1) / q * q;
+}
+int64_t sum_padded(const std::vector<int64_t>& units, int64_t dp) {
+  int64_t total = 0;
+  for (int64_t n : units) total += padded_numel(n, dp);
+  return total;
+}
+int64_t sum_units(const std::vector<int64_t>& units) {
+  int64_t total = 0;
+  for (int64_t n : units) total += n;
+  return total;
+}
+
+ModelState model_state(const std::vector<int64_t>& units, const Layout& l) {
+  ModelState out;
+  const int64_t N = l.dp;
+  if (l.zero == 0) {
+    const int64_t psi = sum_units(units);
+    out.device = {4 * psi, 4 * psi, 8 * psi};
+    return out;
+  }
+  const int64_t pp_ = sum_padded(units, N), shard = pp_ / N;
+  const bool local_full = l.zero_accum == ZeroAccum::Local && l.grad_accum > 1;
+  const int64_t grads = l.zero == 1 ? 4 * pp_ : (local_full ? 4 * pp_ : 4 * shard);
+  const int64_t params = l.zero == 3 ? 4 * shard : 4 * pp_;
+  switch (l.offload) {
+    case Offload::None:
+      out.device = {params, grads, 8 * shard};
+      break;
+    case Offload::Optimizer:
+      out.device = {params, grads, 0};
+      out.host = {0, 4 * shard, 12 * shard};
+      break;
+    case Offload::All:  // the full local accumulation buffer, if any, stays on the device
+      out.device = {0, local_full ? 4 * pp_ : 0, 0};
+      out.host = {4 * shard, 4 * shard, 8 * shard};
+      break;
+  }
+  return out;
+}
+
+// ---- 3. activations -------------------------------------------------------------------------
+
+ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Recompute mode) {
+  const double a = l.compute_bytes, r = 4.0, mk = l.cpu ? 4.0 : 1.0;
+  const double d = static_cast<double>(m.d_model), H = static_cast<double>(m.n_head);
+  const double T = static_cast<double>(m.seq_len);
+  const double kv = static_cast<double>(m.n_kv_head * m.head_dim());
+  ActivationBytes out;
+  if (mode != Recompute::None) out.per_layer = kCpuGeneratorState + (l.cpu ? 0.0 : kCudaGeneratorState);
+  if (mode == Recompute::Full) {
+    out.replicated = r * d;  // the block's input
+    return out;
+  }
+  // x, ln stats, ln_1 out, y, ln_2 out, residual-dropout masks
+  out.replicated = r * d + 16.0 + a * d + r * d + a * d + (l.dropout ? 2.0 * mk * d : 0.0);
+  const double qkv_views = a * (d + 2.0 * kv);
+  double core = 0.0;
+  if (mode == Recompute::Selective) {
+    core = qkv_views;  // the attention checkpoint's inputs only
+  } else if (l.attention == Attention::Flash) {
+    core = qkv_views + 4.0 * H;  // q, k, v + fp32 logsumexp
+  } else {
+    core = 3.0 * a * d + a * H * T + (l.dropout ? (mk + a) * H * T : 0.0);
+  }
+  const double gelu_out = mode == Recompute::Selective ? 0.0 : 4.0 * a * d;
+  out.split = core + a * d /* attention out */ + 4.0 * a * d /* h */ + gelu_out;
+  return out;
+}
+
+// ---- 4 and 5. one layout ----------------------------------------------------------------------
+
+double Plan::host_bytes_per_node() const {
+  double worst = 0;
+  for (const auto& st : stages) worst = std::max(worst, st.host_bytes);
+  return worst * static_cast<double>(std::min(cluster.devices_per_node, layout.devices()));
+}
+
+namespace {
+
+struct Links {
+  double dp_bw, tp_bw, pp_bw;
+  std::string dp, tp, pp;
+};
+
+// Rank order is tp fastest, then dp, then pp (runtime/mesh.cpp); nodes hold consecutive ranks.
+Links links_for(const Layout& l, const ClusterSpec& c) {
+  auto pick = [&](bool crosses, double& bw, std::string& name) {
+    bw = crosses ? c.inter_node_busbw : c.intra_node_busbw;
+    name = crosses ? "inter-node" : "intra-node";
+  };
+  Links k;
+  pick(l.tp > c.devices_per_node, k.tp_bw, k.tp);
+  pick(l.tp * l.dp > c.devices_per_node, k.dp_bw, k.dp);
+  pick(l.devices() > c.devices_per_node, k.pp_bw, k.pp);
+  return k;
+}
+
+CommItem collective(std::string group, std::string what, int64_t n, double comm_bytes, double bw, std::string link,
+                    Window w, int64_t occurrences, bool ring_factor = true) {
+  CommItem it;
+  it.group = std::move(group);
+  it.what = std::move(what);
+  it.group_size = n;
+  it.comm_bytes = comm_bytes;
+  it.wire_bytes = ring_factor ? comm_bytes * ring(n) : comm_bytes;
+  it.busbw = bw;
+  it.link = std::move(link);
+  it.seconds = it.wire_bytes / bw;
+  it.window = w;
+  it.occurrences = occurrences;
+  return it;
+}
+
+std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links& k) {
+  const Layout& l = p.layout;
+  const GPTConfig& m = p.model;
+  const ClusterSpec& c = p.cluster;
+  const int64_t N = l.dp, K = l.grad_accum;
+  const double Kd = static_cast<double>(K);
+  std::vector<CommItem> out;
+
+  // data parallel (exact kiln accounting)
+  if (N > 1 || l.comm_in_world_of_one) {
+    const double psi = static_cast<double>(st.psi), psi_p = static_cast<double>(st.psi_padded);
+    const double n0 = static_cast<double>(padded_numel(st.units[0], N));
+    const bool reduce_each = l.zero_accum == ZeroAccum::Reduce && K > 1;
+    auto dp = [&](std::string what, double bytes, Window w, int64_t occ) {
+      out.push_back(collective("dp", std::move(what), N, bytes, k.dp_bw, k.dp, w, occ));
+    };
+    switch (l.zero) {
+      case 0:
+        dp("gradient all-reduce (DDP buckets, last micro-step)", 2 * 4 * psi, Window::LastBackward, 1);
+        // the verdict is a dp collective only with more than one dp rank (a world of one
+        // under mpirun still runs the DDP wrapper, and decides its step alone)
+        if (N > 1) dp("step verdict all-reduce [loss, non-finite]", 2 * 8, Window::Serial, 1);
+        break;
+      case 1:
+        dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
+        dp("parameter all-gather after the step", 4 * psi_p, Window::Serial, 1);
+        dp("step verdict all-reduce [loss, non-finite, grad norm^2]", 2 * 12, Window::Serial, 1);
+        break;
+      case 2:
+        if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * 4 * psi_p, Window::Backward, K);
+        else dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
+        dp("parameter all-gather after the step", 4 * psi_p, Window::Serial, 1);
+        dp("step verdict all-reduce [loss, non-finite, grad norm^2]", 2 * 12, Window::Serial, 1);
+        break;
+      case 3:
+        dp("forward parameter all-gathers", Kd * 4 * psi_p, Window::Forward, K);
+        dp("backward parameter all-gathers (outer unit kept)", Kd * 4 * (psi_p - n0), Window::Backward, K);
+        if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * 4 * psi_p, Window::Backward, K);
+        else dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
+        dp("step verdict all-reduce [loss, non-finite, grad norm^2]", 2 * 12, Window::Serial, 1);
+        break;
+    }
+  }
+
+  const double tok = static_cast<double>(l.micro_batch * m.seq_len);  // tokens per micro-batch
+  const double d = static_cast<double>(m.d_model), a = l.compute_bytes;
+  const bool first = st.stage == 0, last = st.stage == l.pp - 1;
+  // tensor parallel: on the critical path (Megatron's all-reduces block the next GEMM)
+  if (l.tp > 1) {
+    const double per_layer = l.recompute == Recompute::Full ? 6.0 : 4.0;
+    const double count = per_layer * static_cast<double>(st.blocks) * Kd;
+    out.push_back(collective("tp", "block activation all-reduces (" + std::to_string(static_cast<int>(per_layer)) +
+                                       " per layer and micro-batch)",
+                             l.tp, count * 2 * tok * d * a, k.tp_bw, k.tp, Window::Serial, K));
+    double edge = 0;
+    if (first) edge += 2 * tok * d * 4;                       // vocabulary-parallel embedding, forward
+    if (last) edge += 2 * tok * d * a + 3 * 2 * tok * 4;      // head input gradient; cross-entropy max, sum-exp, target
+    if (edge > 0) {
+      out.push_back(collective("tp", "embedding / head / cross-entropy all-reduces", l.tp, Kd * edge, k.tp_bw, k.tp,
+                               Window::Serial, K));
+    }
+  }
+  // pipeline: boundary activations and their gradients, then the tied embedding
+  if (l.pp > 1) {
+    const double directions = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
+    out.push_back(collective("pp", "boundary activations / gradients sent (fp32)", 2, Kd * directions * tok * d * 4,
+                             k.pp_bw, k.pp, Window::Serial, K, /*ring_factor=*/false));
+    if (first || last) {
+      const double wte = static_cast<double>(m.padded_vocab_size()) * d / static_cast<double>(l.tp);
+      out.push_back(collective("pp", "tied wte gradient all-reduce (first <-> last stage)", 2, 2 * 4 * wte, k.pp_bw,
+                               k.pp, Window::Serial, 1));
+    }
+  }
+  // offload: host <-> device copies and the host AdamW
+  if (l.offload != Offload::None) {
+    const double shard = static_cast<double>(st.psi_padded / N);
+    auto host = [&](std::string what, double bytes, Window w, int64_t occ) {
+      out.push_back(collective("host", std::move(what), 1, bytes, c.host_link, "pcie", w, occ, false));
+    };
+    host("gradient shard to host", 4 * shard, Window::Serial, 1);
+    if (l.offload == Offload::Optimizer) {
+      host("parameter shard to device", 4 * shard, Window::Serial, 1);
+    } else {
+      host("parameter shard to device before each forward", Kd * 4 * shard, Window::Forward, K);
+      host("parameter shard to device before each backward", Kd * 4 * shard, Window::Backward, K);
+    }
+    CommItem adam;
+    adam.group = "host";
+    adam.what = "host AdamW over the shard";
+    adam.link = "host-cpu";
+    adam.busbw = c.host_adam_rate / static_cast<double>(std::min(c.devices_per_node, l.devices()));
+    adam.seconds = shard / adam.busbw;  // busbw here: parameters/s this rank's share of the host gives
+    out.push_back(adam);
+  }
+  return out;
+}
+
+// Serial communication plus what the compute windows cannot hide (section 5).
+double exposed_seconds(const std::vector<CommItem>& items, double t_f, double t_b, int64_t K) {
+  double serial = 0, net_f = 0, net_b = 0, net_last = 0, host_f = 0, host_b = 0, host_last = 0;
+  for (const auto& it : items) {
+    const bool host = it.group == "host";
+    const double each = it.seconds / static_cast<double>(std::max<int64_t>(1, it.occurrences));
+    switch (it.window) {
+      case Window::Serial: serial += it.seconds; break;
+      case Window::Forward: (host ? host_f : net_f) += each; break;
+      case Window::Backward: (host ? host_b : net_b) += each; break;
+      case Window::LastBackward: (host ? host_last : net_last) += it.seconds; break;
+    }
+  }
+  const double Kd = static_cast<double>(K);
+  const double fwd = Kd * std::max(0.0, std::max(net_f, host_f) - t_f);
+  const double bwd = (Kd - 1) * std::max(0.0, std::max(net_b, host_b) - t_b) +
+                     std::max(0.0, std::max(net_b + net_last, host_b + host_last) - t_b);
+  return serial + fwd + bwd;
+}
+
+}  // namespace
+
+Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout& layout) {
+  model.validate();
+  cluster.validate();
+  layout.validate(model, cluster);
+  Plan p;
+  p.model = model;
+  p.cluster = cluster;
+  p.layout = layout;
+  const Layout& l = layout;
+  const double L = static_cast<double>(model.n_layer), d = static_cast<double>(model.d_model);
+  const double T = static_cast<double>(model.seq_len);
+  const double tok = static_cast<double>(l.micro_batch * model.seq_len);
+
+  // compute
+  p.tokens_per_step = l.micro_batch * l.grad_accum * l.dp * model.seq_len;
+  p.flops_per_token = flops_per_token(model);
+  const double n_block = static_cast<double>(block_numel(model, 1));
+  if (l.recompute == Recompute::Full) p.recompute_flops_per_token = 2 * L * n_block + 4 * L * d * T;
+  if (l.recompute == Recompute::Selective) p.recompute_flops_per_token = 4 * L * d * T;
+  const double per_device = tok / static_cast<double>(l.tp * l.pp) / cluster.sustained_flops();
+  p.forward_s = p.flops_per_token / 3.0 * per_device;
+  p.backward_s = (2.0 * p.flops_per_token / 3.0 + p.recompute_flops_per_token) * per_device;
+  const double Kd = static_cast<double>(l.grad_accum);
+  p.compute_s = Kd * (p.forward_s + p.backward_s);
+  p.bubble_s = static_cast<double>(l.pp - 1) * (p.forward_s + p.backward_s);
+
+  // per stage: memory and communication
+  const Links links = links_for(l, cluster);
+  const ActivationBytes kept = layer_activation_bytes(model, l, l.recompute);
+  const ActivationBytes none = layer_activation_bytes(model, l, Recompute::None);
+  const double a = l.compute_bytes, r = 4.0;
+  const double Vp = static_cast<double>(model.padded_vocab_size()), V = static_cast<double>(model.vocab_size);
+  const double logp = l.tp > 1 ? 4.0 * Vp / static_cast<double>(l.tp) : 4.0 * V;  // fp32 log-probabilities per token
+  for (int64_t s = 0; s < l.pp; ++s) {
+    StagePlan st;
+    st.stage = s;
+    st.blocks = blocks_on_stage(model, l.pp, s);
+    st.units = rank_units(model, l.tp, l.pp, s);
+    st.psi = sum_units(st.units);
+    st.psi_padded = sum_padded(st.units, l.dp);
+    st.state = model_state(st.units, l);
+
+    const bool first = s == 0, last = s == l.pp - 1;
+    const double in_flight = static_cast<double>(std::min<int64_t>(l.pp - s, l.grad_accum));
+    double per_micro_batch = static_cast<double>(st.blocks) * kept.layer_bytes(tok, l.tp);
+    double outer = 0;                                                  // per token
+    if (first) outer += 8.0 + (l.dropout ? (l.cpu ? 4.0 : 1.0) * d : 0.0);  // token ids; embedding dropout mask
+    if (last) outer += r * d + 8.0 + a * d + logp + 8.0;                // ln_f in / stats / out, log-probs, targets
+    per_micro_batch += outer * tok;
+    st.activation_bytes = per_micro_batch * in_flight;
+
+    double transient = 0;
+    if (last) transient += tok * (a * Vp / static_cast<double>(l.tp) + logp);  // logits and the log-probs' gradient
+    if (l.recompute == Recompute::Full) transient += none.layer_bytes(tok, l.tp);  // one layer recomputed
+    const int64_t max_block = st.units.size() > 1 ? padded_numel(st.units[1], l.dp) : 0;
+    // ZeRO-2/3 without a full local buffer: up to two units' full gradients in flight to their
+    // reduce-scatter (parallel/zero.h: max_in_flight 2). ZeRO-3 also holds the outer unit
+    // gathered through the micro-step and one block gathered plus the next one prefetched.
+    int64_t biggest = 0;
+    for (int64_t n : st.units) biggest = std::max(biggest, padded_numel(n, l.dp));
+    const bool full_buffer = l.zero == 1 || (l.zero_accum == ZeroAccum::Local && l.grad_accum > 1);
+    if (l.zero >= 2 && !full_buffer) transient += 2 * 4 * static_cast<double>(biggest);
+    if (l.zero == 3) {
+      transient += 4 * static_cast<double>(padded_numel(st.units[0], l.dp)) + 2 * 4 * static_cast<double>(max_block);
+    }
+    st.transient_bytes = transient;
+    st.peak_device_bytes = static_cast<double>(st.state.device.total()) + st.activation_bytes + transient + l.base_bytes;
+    st.host_bytes = static_cast<double>(st.state.host.total());
+
+    st.comm = stage_comm(p, st, links);
+    for (const auto& it : st.comm)
+      if (it.group != "host") st.comm_bytes += it.comm_bytes;
+    st.exposed_comm_s = exposed_seconds(st.comm, p.forward_s, p.backward_s, l.grad_accum);
+    p.stages.push_back(std::move(st));
+  }
+  for (size_t i = 0; i < p.stages.size(); ++i) {
+    if (p.stages[i].peak_device_bytes > p.stages[p.critical_stage].peak_device_bytes) p.critical_stage = static_cast<int64_t>(i);
+    if (p.stages[i].exposed_comm_s > p.stages[p.slowest_stage].exposed_comm_s) p.slowest_stage = static_cast<int64_t>(i);
+  }
+  p.exposed_comm_s = p.stages[p.slowest_stage].exposed_comm_s;
+  p.step_s = p.compute_s + p.exposed_comm_s + p.bubble_s;
+  p.tokens_per_s = static_cast<double>(p.tokens_per_step) / p.step_s;
+  const double denom = static_cast<double>(l.devices()) * p.step_s * cluster.peak_flops;
+  p.mfu = p.flops_per_token * static_cast<double>(p.tokens_per_step) / denom;
+  p.hfu = (p.flops_per_token + p.recompute_flops_per_token) * static_cast<double>(p.tokens_per_step) / denom;
+
+  // required bandwidth per group, on the slowest stage
+  for (const char* g : {"dp", "tp", "pp", "host"}) {
+    GroupBandwidth b;
+    b.group = g;
+    for (const auto& it : p.stages[p.slowest_stage].comm) {
+      if (it.group != g || it.link == "host-cpu") continue;
+      b.wire_bytes += it.wire_bytes;
+      b.available = it.busbw;
+    }
+    if (b.available <= 0) continue;
+    b.required = b.wire_bytes / p.compute_s;
+    b.enough = b.required <= b.available;
+    p.bandwidth.push_back(b);
+  }
+  p.fits_device = p.peak_device_bytes() <= cluster.device_memory;
+  p.fits_host = p.host_bytes_per_node() <= cluster.host_memory;
+  return p;
+}
+
+LayoutTotals layout_totals(const Plan& p, double tokens) {
+  LayoutTotals t;
+  const double per_step = static_cast<double>(p.tokens_per_step);
+  t.steps = static_cast<int64_t>(std::ceil(tokens / per_step));
+  t.seconds = static_cast<double>(t.steps) * p.step_s;
+  const double devices = static_cast<double>(p.layout.devices());
+  t.energy_j = t.seconds * devices * p.cluster.watts;
+  t.device_hours = t.seconds * devices / 3600.0;
+  return t;
+}
+
+}  // namespace kiln::plan

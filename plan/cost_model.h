@@ -1,0 +1,246 @@
+// plan/cost_model.h -- kiln's cost model: compute, memory, communication, time and energy of
+// training a GPT with a given layout on a given cluster. Pure arithmetic: no LibTorch, no I/O.
+//
+// Notation: P = parameters of the FLOP count (kiln's N': all parameters less the position
+// embedding, tied output layer once), D = training tokens, L layers, d width, H heads, T sequence
+// length, V vocabulary (V' padded to 128), b micro-batch, K = grad-accum (micro-batches per step
+// per dp rank; the pipeline's m), N = dp, t = tp, p = pp. "Per rank" means per device/process.
+//
+// 1. Training compute and runtime (Kaplan et al. 2020 s2.1; Hoffmann et al. 2022 for D = 20P)
+//      T = 6 P D          (+ 12 L d T_seq D with the attention term: T = F D, F of runtime/metrics.h)
+//      R = devices x peak x achieved          t = T / R;  with D = 20 P:  t = 120 P^2 / R
+//      E = t x devices x watts                efficiency = R / (devices x watts)  [FLOP/s per W]
+//
+// 2. Model-state bytes per rank: kiln's exact accounting (parallel/zero, issue 5), not the ZeRO
+//    paper's K = 12. kiln keeps fp32 working parameters (bf16/fp16 run under autocast), fp32
+//    gradients and fp32 AdamW moments: 4 + 4 + 8 = 16 bytes per parameter at ZeRO-0. Parameters
+//    are grouped in units -- unit 0 "outer" = wte, wpe, ln_f; one unit per block -- each padded
+//    to a multiple of N x 64 elements: n' = ceil(n / 64N) 64N, Psi' = sum n' (Psi unpadded).
+//      stage   device params   device grads             device optimizer
+//      0       4 Psi           4 Psi                    8 Psi
+//      1       4 Psi'          4 Psi'                   8 Psi'/N
+//      2       4 Psi'          4 Psi'/N  (*)            8 Psi'/N
+//      3       4 Psi'/N        4 Psi'/N  (*)            8 Psi'/N
+//      (*) 4 Psi' under --zero-accum local with K > 1 (a full local accumulation buffer).
+//    --offload optimizer (stages 1-3): device optimizer 0; host optimizer 12 Psi'/N (moments and
+//      the fp32 master copy), host grads 4 Psi'/N.  --offload all (stage 3): device 0 (but for
+//      the local accumulation buffer (*)); host params 4 Psi'/N, grads 4 Psi'/N, optimizer 8 Psi'/N.
+//    Compare the ZeRO paper's (2 + 2 + K) Psi family (Rajbhandari et al. 2020, Fig. 1; anchors s7.2).
+//    With tp and pp the units are the rank's own: each block's matrices and column-parallel
+//    biases split over t (LayerNorms and row-parallel biases replicated; Megatron, Shoeybi et al.
+//    2019), the vocabulary-parallel wte split over t, blocks split over p by count (the first
+//    L mod p stages one more), wte + wpe on the first stage, ln_f + a tied copy of wte on the last.
+//
+// 3. Activation bytes per token per layer: kiln's saved-tensor lists (docs/activation_
+//    checkpointing.md, measured on the CPU within 1%), written as Korthikanti et al. 2022 do
+//    (s4: 34 s b h + 5 a s^2 b, fp16, no GELU trick), with a = bytes of the compute dtype, r = 4
+//    (kiln's residual stream stays fp32), m = dropout-mask bytes (4 on the CPU, 1 on a GPU), kv =
+//    n_kv_head x head_dim:
+//      replicated over t:  r d (x) + 16 (two LayerNorms' mean, rstd) + a d (ln_1 out) + r d (y)
+//                          + a d (ln_2 out) [+ 2 m d residual-dropout masks]
+//      split over t:       attention core + a d (attention out) + 4 a d (h) + 4 a d (gelu(h))
+//        core, flash:      a (d + 2 kv) (q, k, v views) + 4 H (fp32 logsumexp)
+//        core, math path:  3 a d (q, k, v copies) + a H T (softmax) [+ (m + a) H T with dropout]
+//      selective: core -> a (d + 2 kv) (the checkpoint's inputs), gelu(h) dropped (recomputed)
+//      full:      r d (the block's input), plus one layer's `none` activations live while it is
+//                 recomputed and back-propagated (Korthikanti s5: 2 s b h per layer + one layer)
+//      selective and full also keep, per layer and micro-batch, the RNG state the recomputation
+//      replays: the CPU generator's 5056 bytes (and the CUDA generator's 16 on a GPU).
+//    GPU bf16 flash with dropout: none 34d + 4kv + 4H + 16, selective 26d + 4kv + 16, full 4d.
+//    Per rank: layers on the stage x b T x bytes, times the micro-batches in flight: 1F1B keeps
+//    min(p - s, K) of them on stage s, so the first stage holds p (Narayanan et al. 2021).
+//    Outside the blocks: embedding indices (8 B/token), ln_f (r d + 8 + a d) and the fp32
+//    log-probabilities of the loss (4 V/token; 4 V'/t vocabulary-parallel), plus transients.
+//
+// 4. Communication per rank per optimizer step, in kiln's comm_bytes convention (each
+//    collective counts its full buffer times its ring factor: all_reduce 2x, reduce_scatter 1x
+//    the input, all_gather 1x the output, broadcast 1x, send: bytes sent). The wire traffic of
+//    a ring collective over n ranks is comm_bytes x (n - 1)/n (nccl-tests PERFORMANCE.md) and
+//    its time wire / busbw of the link it crosses (inside a node, or between nodes).
+//      DDP (ZeRO-0, N > 1)  2 x 4 Psi + 16           (gradients; [loss, non-finite flag] 8 B;
+//                                                     a world of one under mpirun: 2 x 4 Psi)
+//      ZeRO-1               4 Psi' + 4 Psi' + 24     (reduce-scatter, all-gather; 12 B verdict)
+//      ZeRO-2  reduce       K 4 Psi' + 4 Psi' + 24   local: 4 Psi' + 4 Psi' + 24
+//      ZeRO-3  reduce       K (4 Psi' + 4 (Psi' - n_0') + 4 Psi') + 24
+//              local        K (4 Psi' + 4 (Psi' - n_0')) + 4 Psi' + 24
+//    i.e. DDP and ZeRO-1/2 move 2 Psi, ZeRO-3 3 Psi per step (anchors s7.3), in fp32 here.
+//    tp (Megatron; Korthikanti s4.2.2): per layer and micro-batch 4 all-reduces of b T d a bytes
+//    (2 forward, 2 backward; 6 with full recomputation), plus the vocabulary-parallel
+//    embedding's forward all-reduce (b T d 4), the head's input-gradient all-reduce (b T d a) and
+//    the cross-entropy's three (b T 4 each). pp: each micro-batch's boundary activation b T d 4
+//    sent forward and its gradient backward (a middle stage sends both), and the tied wte
+//    gradient all-reduced between the first and last stages (2 x 4 V' d / t).
+//
+// 5. Time per optimizer step (per rank; the slowest stage sets it):
+//      t_f = (F/3) b T / (t p R),  t_b = (2F/3 + F_re) b T / (t p R)   per micro-batch
+//      F_re = recomputed FLOPs per token: full 2 L n_block + 4 L d T, selective 4 L d T
+//      compute  = K (t_f + t_b)
+//      exposed  = serial comm (tp, pp p2p, post-step all-gathers, verdicts, offload copies and
+//                 the host AdamW) + per window max(0, comm overlapped there - window's compute)
+//                 (DDP buckets / ZeRO reduce-scatters behind backward, ZeRO-3 gathers behind the
+//                 phase they feed)
+//      bubble   = (p - 1)(t_f + t_b)       (1F1B: bubble fraction (p-1)/(K+p-1); Narayanan s2.2)
+//      step     = compute + exposed + bubble;   MFU = F x tokens per step / (devices x step x peak)
+//    Required bandwidth to hide a group's communication behind compute: b = C / t_compute, C the
+//    group's wire bytes per step; the cluster has it when b <= that link's busbw.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/gpt_config.h"
+#include "plan/cluster.h"
+
+namespace kiln::plan {
+
+enum class Offload { None, Optimizer, All };
+enum class ZeroAccum { Reduce, Local };         // ZeRO-2/3 with K > 1: reduce-scatter every micro-step, or once
+enum class Recompute { None, Selective, Full };  // --activation-checkpointing
+enum class Attention { Flash, Math };            // which attention kernel keeps what (section 3)
+
+Offload parse_offload(const std::string& s);
+ZeroAccum parse_zero_accum(const std::string& s);
+Recompute parse_recompute(const std::string& s);
+Attention parse_attention(const std::string& s);
+std::string to_string(Offload o);
+std::string to_string(ZeroAccum z);
+std::string to_string(Recompute r);
+std::string to_string(Attention a);
+
+// How one training run is laid out and executed. Filled by the CLI (or --compare from a log),
+// validated once against the model and the cluster.
+struct Layout {
+  int64_t dp = 1, tp = 1, pp = 1;       // data / tensor / pipeline parallel sizes
+  int zero = 0;                         // ZeRO stage 0..3
+  Offload offload = Offload::None;      // optimizer: stages 1-3; all: stage 3
+  ZeroAccum zero_accum = ZeroAccum::Reduce;
+  Recompute recompute = Recompute::None;
+  int64_t micro_batch = 1;              // sequences per micro-batch per rank
+  int64_t grad_accum = 1;               // micro-batches per optimizer step per dp rank (K)
+  int compute_bytes = 2;                // a: 2 for bf16/fp16 autocast, 4 for fp32
+  Attention attention = Attention::Flash;
+  bool dropout = false;                 // dropout > 0 (masks kept)
+  bool cpu = false;                     // runs on the CPU: 4-byte dropout masks, no CUDA generator
+  bool comm_in_world_of_one = false;    // a communicator exists even with dp = 1 (mpirun + --backend)
+  double base_bytes = 0;                // resident bytes outside the model (CPU runs: LibTorch, ~0.4 GB)
+
+  int64_t devices() const { return dp * tp * pp; }
+  // Throws ConfigError with one line naming what does not divide or combine.
+  void validate(const GPTConfig& model, const ClusterSpec& cluster) const;
+};
+
+// ---- 1. training compute, runtime, energy -------------------------------------------------
+struct TrainingTotals {
+  double params = 0;            // P
+  double tokens = 0;            // D
+  bool compute_optimal = false; // D = 20 P
+  double flops = 0;             // T
+  double cluster_flops = 0;     // R, FLOP/s
+  double seconds = 0;           // t = T / R
+  double energy_j = 0;          // E
+  double flops_per_watt = 0;    // R / (devices x watts)
+};
+// tokens <= 0: D = 20 P. attention_flops_per_token > 0 adds that term (12 L d T) to 6 P.
+TrainingTotals training_totals(double params, double tokens, double attention_flops_per_token,
+                               const ClusterSpec& cluster);
+
+// ---- 2. model-state bytes -------------------------------------------------------------------
+// The parameter units a rank of pipeline stage `stage` holds (unit 0 = outer, possibly 0 on a
+// middle stage; then its blocks), with tp splitting as in section 2.
+std::vector<int64_t> rank_units(const GPTConfig& model, int64_t tp, int64_t pp, int64_t stage);
+int64_t blocks_on_stage(const GPTConfig& model, int64_t pp, int64_t stage);
+int64_t padded_numel(int64_t n, int64_t dp);  // ceil(n / 64 dp) 64 dp
+int64_t sum_padded(const std::vector<int64_t>& units, int64_t dp);
+int64_t sum_units(const std::vector<int64_t>& units);
+
+struct StateBytes {
+  int64_t params = 0, grads = 0, optimizer = 0;
+  int64_t total() const { return params + grads + optimizer; }
+};
+struct ModelState {
+  StateBytes device, host;
+};
+ModelState model_state(const std::vector<int64_t>& units, const Layout& layout);
+
+// ---- 3. activations -------------------------------------------------------------------------
+struct ActivationBytes {
+  double replicated = 0;  // bytes per token per layer, the same on every tp rank
+  double split = 0;       // bytes per token per layer before dividing over tp
+  double per_layer = 0;   // bytes per layer and micro-batch: the checkpoint's saved generator states
+  double per_token(int64_t tp) const { return replicated + split / static_cast<double>(tp); }
+  double layer_bytes(double tokens, int64_t tp) const { return tokens * per_token(tp) + per_layer; }
+};
+// Kept between forward and backward, per token per layer, for `mode`.
+ActivationBytes layer_activation_bytes(const GPTConfig& model, const Layout& layout, Recompute mode);
+
+// ---- 4. communication -----------------------------------------------------------------------
+enum class Window { Serial, Forward, Backward, LastBackward };  // what compute it can hide behind
+struct CommItem {
+  std::string group;       // dp | tp | pp | host
+  std::string what;        // "gradient all-reduce", ...
+  int64_t group_size = 1;  // ranks in the collective (2 for p2p)
+  double comm_bytes = 0;   // per step, kiln's convention (section 4)
+  double wire_bytes = 0;   // per step, comm_bytes x (n-1)/n (p2p and host copies: bytes)
+  double busbw = 0;        // bytes/s of the link it crosses
+  std::string link;        // intra-node | inter-node | pcie | host-cpu
+  double seconds = 0;      // per step
+  Window window = Window::Serial;
+  int64_t occurrences = 1; // how many times per step it happens (per micro-step items: K)
+};
+
+// ---- 5. the whole plan of one layout ----------------------------------------------------------
+struct StagePlan {
+  int64_t stage = 0;
+  int64_t blocks = 0;
+  std::vector<int64_t> units;     // this rank's parameter units
+  int64_t psi = 0, psi_padded = 0;
+  ModelState state;
+  double activation_bytes = 0;    // kept activations, all in-flight micro-batches
+  double transient_bytes = 0;     // gathered ZeRO-3 units, recompute working set, logits
+  double peak_device_bytes = 0;   // state.device + activations + transients + base
+  double host_bytes = 0;          // this rank's host model state
+  std::vector<CommItem> comm;
+  double comm_bytes = 0;          // sum of comm[].comm_bytes over the network groups (kiln's figure)
+  double exposed_comm_s = 0;
+};
+
+struct GroupBandwidth {
+  std::string group;
+  double wire_bytes = 0;     // per step
+  double required = 0;       // bytes/s = wire / compute time
+  double available = 0;      // busbw of its link
+  bool enough = true;
+};
+
+struct Plan {
+  GPTConfig model;
+  ClusterSpec cluster;
+  Layout layout;
+  int64_t tokens_per_step = 0;
+  double flops_per_token = 0;     // F (model)
+  double recompute_flops_per_token = 0;
+  double forward_s = 0, backward_s = 0;  // t_f, t_b per micro-batch
+  double compute_s = 0, exposed_comm_s = 0, bubble_s = 0, step_s = 0;
+  double tokens_per_s = 0, mfu = 0, hfu = 0;
+  std::vector<StagePlan> stages;
+  int64_t critical_stage = 0;     // the stage with the highest device peak (first such)
+  int64_t slowest_stage = 0;      // the stage with the most exposed communication
+  std::vector<GroupBandwidth> bandwidth;
+  bool fits_device = true, fits_host = true;
+  double peak_device_bytes() const { return stages[critical_stage].peak_device_bytes; }
+  double host_bytes_per_node() const;
+  bool fits() const { return fits_device && fits_host; }
+};
+
+// Evaluates one layout (validated here). Throws ConfigError for a layout that cannot run.
+Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout& layout);
+
+// Training totals for the layout: steps = ceil(D / tokens per step), time = steps x step time.
+struct LayoutTotals {
+  int64_t steps = 0;
+  double seconds = 0, energy_j = 0, device_hours = 0;
+};
+LayoutTotals layout_totals(const Plan& plan, double tokens);
+
+}  // namespace kiln::plan

@@ -1,0 +1,347 @@
+// plan/report.cpp -- text and JSON renderings of plans, searches and comparisons.
+#include "plan/report.h"
+
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+
+namespace kiln::plan {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, args);
+  va_end(args);
+  return buf;
+}
+
+std::string bytes(double b) {
+  const double a = std::fabs(b);
+  if (a >= 1e9) return format("%.2f GB", b / 1e9);
+  if (a >= 1e6) return format("%.2f MB", b / 1e6);
+  if (a >= 1e3) return format("%.2f kB", b / 1e3);
+  return format("%.0f B", b);
+}
+
+std::string duration(double s) {
+  if (s < 1e-3) return format("%.1f us", s * 1e6);
+  if (s < 1) return format("%.2f ms", s * 1e3);
+  if (s < 120) return format("%.2f s", s);
+  if (s < 7200) return format("%.1f min", s / 60);
+  if (s < 172800) return format("%.1f h", s / 3600);
+  return format("%.1f days", s / 86400);
+}
+
+std::string rate(double bytes_per_s) { return format("%.1f GB/s", bytes_per_s / 1e9); }
+
+std::string energy(double joules) {
+  const double kwh = joules / 3.6e6;
+  if (kwh >= 1000) return format("%.1f MWh", kwh / 1000);
+  return format("%.2f kWh", kwh);
+}
+
+std::string window_name(Window w) {
+  switch (w) {
+    case Window::Serial: return "exposed";
+    case Window::Forward: return "behind forward";
+    case Window::Backward: return "behind backward";
+    case Window::LastBackward: return "behind last backward";
+  }
+  return "?";
+}
+
+json state_json(const StateBytes& s) {
+  return {{"params", s.params}, {"grads", s.grads}, {"optimizer", s.optimizer}, {"total", s.total()}};
+}
+
+// The command that runs the layout (dp follows from the world: dp = ranks / (tp x pp)).
+std::string layout_flags(const Layout& l) {
+  std::string out = format("mpirun -np %lld kiln train --tp %lld --pp %lld --zero %d --offload %s --activation-checkpointing %s "
+                           "--micro-batch %lld --grad-accum %lld",
+                           static_cast<long long>(l.devices()), static_cast<long long>(l.tp), static_cast<long long>(l.pp), l.zero,
+                           to_string(l.offload).c_str(), to_string(l.recompute).c_str(),
+                           static_cast<long long>(l.micro_batch), static_cast<long long>(l.grad_accum));
+  if (l.zero >= 2 && l.grad_accum > 1) out += " --zero-accum " + to_string(l.zero_accum);
+  return out;
+}
+
+}  // namespace
+
+// ---- JSON -----------------------------------------------------------------------------------
+
+json cluster_json(const ClusterSpec& c) {
+  return {{"name", c.name},
+          {"device", c.device},
+          {"nodes", c.nodes},
+          {"devices_per_node", c.devices_per_node},
+          {"devices", c.devices()},
+          {"device_memory_bytes", c.device_memory},
+          {"peak_flops", c.peak_flops},
+          {"achieved", c.achieved},
+          {"sustained_flops", c.sustained_flops()},
+          {"watts", c.watts},
+          {"intra_node_busbw", c.intra_node_busbw},
+          {"inter_node_busbw", c.inter_node_busbw},
+          {"host_link", c.host_link},
+          {"host_memory_bytes", c.host_memory},
+          {"host_adam_params_per_s", c.host_adam_rate}};
+}
+
+json totals_json(const TrainingTotals& t) {
+  return {{"params", t.params},          {"tokens", t.tokens},   {"compute_optimal", t.compute_optimal},
+          {"flops", t.flops},            {"cluster_flops", t.cluster_flops}, {"seconds", t.seconds},
+          {"energy_j", t.energy_j},      {"energy_kwh", t.energy_j / 3.6e6},
+          {"flops_per_watt", t.flops_per_watt}};
+}
+
+json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& run) {
+  const Layout& l = p.layout;
+  const GPTConfig& m = p.model;
+  json stages = json::array();
+  for (const auto& st : p.stages) {
+    json comm = json::array();
+    for (const auto& it : st.comm) {
+      comm.push_back({{"group", it.group},           {"what", it.what},         {"group_size", it.group_size},
+                      {"comm_bytes", it.comm_bytes}, {"wire_bytes", it.wire_bytes}, {"busbw", it.busbw},
+                      {"link", it.link},             {"seconds", it.seconds},   {"window", window_name(it.window)},
+                      {"occurrences", it.occurrences}});
+    }
+    stages.push_back({{"stage", st.stage},
+                      {"blocks", st.blocks},
+                      {"units", st.units},
+                      {"psi", st.psi},
+                      {"psi_padded", st.psi_padded},
+                      {"model_state", {{"device", state_json(st.state.device)}, {"host", state_json(st.state.host)}}},
+                      {"activation_bytes", st.activation_bytes},
+                      {"transient_bytes", st.transient_bytes},
+                      {"peak_device_bytes", st.peak_device_bytes},
+                      {"host_bytes", st.host_bytes},
+                      {"comm_bytes", static_cast<int64_t>(std::llround(st.comm_bytes))},
+                      {"exposed_comm_s", st.exposed_comm_s},
+                      {"comm", comm}});
+  }
+  json bw = json::array();
+  for (const auto& b : p.bandwidth) {
+    bw.push_back({{"group", b.group}, {"wire_bytes", b.wire_bytes}, {"required", b.required},
+                  {"available", b.available}, {"enough", b.enough}});
+  }
+  const ActivationBytes act = layer_activation_bytes(m, l, l.recompute);
+  return {
+      {"type", "plan"},
+      {"model",
+       {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_kv_head", m.n_kv_head}, {"d_model", m.d_model},
+        {"seq_len", m.seq_len}, {"vocab_size", m.vocab_size}, {"padded_vocab_size", m.padded_vocab_size()},
+        {"params", m.num_params()}, {"params_non_embedding_pos", m.num_params_non_embedding_pos()}}},
+      {"cluster", cluster_json(p.cluster)},
+      {"layout",
+       {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero}, {"offload", to_string(l.offload)},
+        {"zero_accum", to_string(l.zero_accum)}, {"activation_checkpointing", to_string(l.recompute)},
+        {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
+        {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"command", layout_flags(l)}}},
+      {"compute",
+       {{"tokens_per_step", p.tokens_per_step}, {"flops_per_token", p.flops_per_token},
+        {"recompute_flops_per_token", p.recompute_flops_per_token}, {"forward_s", p.forward_s},
+        {"backward_s", p.backward_s}, {"compute_s", p.compute_s}}},
+      {"activation_bytes_per_token_per_layer",
+       {{"replicated", act.replicated}, {"split", act.split}, {"per_rank", act.per_token(l.tp)}, {"per_layer_constant", act.per_layer}}},
+      {"time",
+       {{"compute_s", p.compute_s}, {"exposed_comm_s", p.exposed_comm_s}, {"bubble_s", p.bubble_s},
+        {"step_s", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"mfu", p.mfu}, {"hfu", p.hfu},
+        {"slowest_stage", p.slowest_stage}}},
+      {"memory",
+       {{"critical_stage", p.critical_stage}, {"peak_device_bytes", p.peak_device_bytes()},
+        {"device_memory_bytes", p.cluster.device_memory}, {"host_bytes_per_node", p.host_bytes_per_node()},
+        {"host_memory_bytes", p.cluster.host_memory}, {"fits_device", p.fits_device}, {"fits_host", p.fits_host},
+        {"fits", p.fits()}}},
+      {"stages", stages},
+      {"bandwidth", bw},
+      {"training", totals_json(totals)},
+      {"run", {{"steps", run.steps}, {"seconds", run.seconds}, {"energy_j", run.energy_j},
+               {"energy_kwh", run.energy_j / 3.6e6}, {"device_hours", run.device_hours}}}};
+}
+
+json search_json(const SearchResult& r, const TrainingTotals& totals, double tokens) {
+  json best = json::array();
+  int rank = 1;
+  for (const auto& b : r.best) {
+    json j = plan_json(b.plan, totals, layout_totals(b.plan, tokens));
+    j["rank"] = rank++;
+    j["reason"] = b.reason;
+    best.push_back(j);
+  }
+  return {{"type", "search"},
+          {"candidates", r.candidates},
+          {"invalid", r.invalid},
+          {"over_device_memory", r.over_device},
+          {"over_host_memory", r.over_host},
+          {"fitting", r.fitting},
+          {"best", best}};
+}
+
+json compare_json(const CompareResult& r) {
+  json rows = json::array();
+  auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
+  for (const auto& row : r.rows) {
+    json pred = opt(row.predicted), meas = opt(row.measured);
+    if (row.unit == "bytes" || row.unit == "count") {  // exact integers where they are integers
+      if (row.predicted && std::floor(*row.predicted) == *row.predicted) pred = static_cast<int64_t>(*row.predicted);
+      if (row.measured && std::floor(*row.measured) == *row.measured) meas = static_cast<int64_t>(*row.measured);
+    }
+    rows.push_back({{"name", row.name}, {"unit", row.unit}, {"predicted", pred}, {"measured", meas},
+                    {"rel_error", opt(row.rel_error())}, {"exact", row.exact}, {"equal", row.exact ? json(!row.mismatch()) : json(nullptr)},
+                    {"note", row.note}});
+  }
+  return {{"type", "compare"},
+          {"log", r.log_path},
+          {"steps", r.steps},
+          {"timing", r.timing},
+          {"calibrated_achieved", opt(r.calibrated_achieved)},
+          {"exact_ok", r.exact_ok()},
+          {"rows", rows},
+          {"plan", plan_json(r.plan, training_totals(static_cast<double>(r.plan.model.num_params_non_embedding_pos()), 0, 0, r.plan.cluster),
+                             layout_totals(r.plan, 0))}};
+}
+
+// ---- text -----------------------------------------------------------------------------------
+
+std::string totals_text(const TrainingTotals& t, const ClusterSpec& c) {
+  std::string o;
+  o += format("training  P = %.4g parameters, D = %.4g tokens%s\n", t.params, t.tokens,
+              t.compute_optimal ? " (compute-optimal: D = 20 P)" : "");
+  o += format("  compute   T = 6 P D%s = %.3e FLOP\n", t.flops > 6.0 * t.params * t.tokens * 1.0000001 ? " + attention" : "", t.flops);
+  o += format("  cluster   R = %lld devices x %.0f TFLOP/s x %.2f achieved = %.3g PFLOP/s\n",
+              static_cast<long long>(c.devices()), c.peak_flops / 1e12, c.achieved, t.cluster_flops / 1e15);
+  o += format("  runtime   t = T / R%s = %s\n", t.compute_optimal ? " = 120 P^2 / R" : "", duration(t.seconds).c_str());
+  o += format("  energy    E = t x %lld x %.0f W = %s (%.3g TFLOP/s per kW achieved)\n", static_cast<long long>(c.devices()),
+              c.watts, energy(t.energy_j).c_str(), t.flops_per_watt / 1e12 * 1e3);
+  return o;
+}
+
+std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutTotals& run) {
+  const Layout& l = p.layout;
+  const GPTConfig& m = p.model;
+  const ClusterSpec& c = p.cluster;
+  std::string o;
+  o += format("model     L %lld, d %lld, heads %lld (kv %lld), T %lld, V %lld (padded %lld): %lld parameters\n",
+              static_cast<long long>(m.n_layer), static_cast<long long>(m.d_model), static_cast<long long>(m.n_head),
+              static_cast<long long>(m.n_kv_head), static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size),
+              static_cast<long long>(m.padded_vocab_size()), static_cast<long long>(m.num_params()));
+  o += format("cluster   %lld x %lld %s: %s, %.0f TFLOP/s peak x %.2f achieved, %.0f W\n",
+              static_cast<long long>(c.nodes), static_cast<long long>(c.devices_per_node), c.device.c_str(),
+              bytes(c.device_memory).c_str(), c.peak_flops / 1e12, c.achieved, c.watts);
+  o += format("          links: in a node %s, between nodes %s per device, host %s\n", rate(c.intra_node_busbw).c_str(),
+              rate(c.inter_node_busbw).c_str(), rate(c.host_link).c_str());
+  o += "layout    " + describe(l) + format("; %s, %s attention, dropout %s\n", l.compute_bytes == 4 ? "fp32" : "bf16/fp16 autocast",
+                                             to_string(l.attention).c_str(), l.dropout ? "on" : "off");
+  o += format("          %lld tokens per step: %s\n\n", static_cast<long long>(p.tokens_per_step), layout_flags(l).c_str());
+
+  const StagePlan& st = p.stages[p.critical_stage];
+  o += format("memory per device (pipeline stage %lld of %lld: %lld blocks; Psi %lld, padded %lld)\n",
+              static_cast<long long>(st.stage), static_cast<long long>(l.pp), static_cast<long long>(st.blocks),
+              static_cast<long long>(st.psi), static_cast<long long>(st.psi_padded));
+  o += format("  %-22s %14s %14s\n", "", "device", "host");
+  o += format("  %-22s %14s %14s\n", "parameters", bytes(static_cast<double>(st.state.device.params)).c_str(), bytes(static_cast<double>(st.state.host.params)).c_str());
+  o += format("  %-22s %14s %14s\n", "gradients", bytes(static_cast<double>(st.state.device.grads)).c_str(), bytes(static_cast<double>(st.state.host.grads)).c_str());
+  o += format("  %-22s %14s %14s\n", "optimizer state", bytes(static_cast<double>(st.state.device.optimizer)).c_str(), bytes(static_cast<double>(st.state.host.optimizer)).c_str());
+  const ActivationBytes act = layer_activation_bytes(m, l, l.recompute);
+  o += format("  %-22s %14s                (%.0f B per token per layer, %lld micro-batch(es) in flight)\n", "activations",
+              bytes(st.activation_bytes).c_str(), act.per_token(l.tp),
+              static_cast<long long>(std::min<int64_t>(l.pp - st.stage, l.grad_accum)));
+  o += format("  %-22s %14s                (logits, recompute working set, gathered ZeRO-3 units)\n", "transients",
+              bytes(st.transient_bytes).c_str());
+  if (l.base_bytes > 0) o += format("  %-22s %14s\n", "process base", bytes(l.base_bytes).c_str());
+  o += format("  %-22s %14s of %s: %s\n", "peak", bytes(st.peak_device_bytes).c_str(), bytes(c.device_memory).c_str(),
+              p.fits_device ? "fits" : "DOES NOT FIT");
+  if (l.offload != Offload::None) {
+    o += format("  host per node          %14s of %s: %s\n", bytes(p.host_bytes_per_node()).c_str(), bytes(c.host_memory).c_str(),
+                p.fits_host ? "fits" : "DOES NOT FIT");
+  }
+
+  const StagePlan& slow = p.stages[p.slowest_stage];
+  o += format("\ncommunication per step (a rank of stage %lld)\n", static_cast<long long>(slow.stage));
+  if (slow.comm.empty()) o += "  none\n";
+  for (const auto& it : slow.comm) {
+    if (it.link == "host-cpu") {
+      o += format("  %-5s %-52s %36s %9s  %s\n", it.group.c_str(), it.what.c_str(), "", duration(it.seconds).c_str(),
+                  window_name(it.window).c_str());
+      continue;
+    }
+    o += format("  %-5s %-52s %12s wire %11s %-10s %9s  %s\n", it.group.c_str(), it.what.c_str(), bytes(it.comm_bytes).c_str(),
+                bytes(it.wire_bytes).c_str(), it.link.c_str(), duration(it.seconds).c_str(), window_name(it.window).c_str());
+  }
+  o += format("  comm_bytes (kiln's count) %.0f\n", slow.comm_bytes);
+  for (const auto& b : p.bandwidth) {
+    o += format("  %-4s needs %s to hide behind compute (b = C / t), has %s: %s\n", b.group.c_str(), rate(b.required).c_str(),
+                rate(b.available).c_str(), b.enough ? "enough" : "NOT enough");
+  }
+
+  o += "\nstep time\n";
+  o += format("  compute        %10s  (per micro-batch: forward %s, backward %s%s)\n", duration(p.compute_s).c_str(),
+              duration(p.forward_s).c_str(), duration(p.backward_s).c_str(),
+              p.recompute_flops_per_token > 0 ? " incl. recomputation" : "");
+  o += format("  exposed comm   %10s\n", duration(p.exposed_comm_s).c_str());
+  o += format("  bubble         %10s  ((pp - 1) / (m + pp - 1) = %.1f%% of the step)\n", duration(p.bubble_s).c_str(),
+              100.0 * p.bubble_s / p.step_s);
+  o += format("  step           %10s  %.4g tokens/s, MFU %.1f%%, HFU %.1f%%\n\n", duration(p.step_s).c_str(), p.tokens_per_s,
+              100 * p.mfu, 100 * p.hfu);
+
+  o += totals_text(totals, c);
+  o += format("  this layout: %lld steps x %s = %s, %s, %.4g device-hours\n", static_cast<long long>(run.steps),
+              duration(p.step_s).c_str(), duration(run.seconds).c_str(), energy(run.energy_j).c_str(), run.device_hours);
+  return o;
+}
+
+std::string search_text(const SearchResult& r, const ClusterSpec& c, int64_t global_batch) {
+  std::string o;
+  o += format("search: %lld devices (%lld x %lld %s), global batch %lld sequences\n", static_cast<long long>(c.devices()),
+              static_cast<long long>(c.nodes), static_cast<long long>(c.devices_per_node), c.device.c_str(),
+              static_cast<long long>(global_batch));
+  o += format("  %lld layouts tried: %lld not valid, %lld over device memory, %lld over host memory, %lld fit\n\n",
+              static_cast<long long>(r.candidates), static_cast<long long>(r.invalid), static_cast<long long>(r.over_device),
+              static_cast<long long>(r.over_host), static_cast<long long>(r.fitting));
+  int rank = 1;
+  for (const auto& b : r.best) {
+    const Plan& p = b.plan;
+    o += format("#%d  %s\n", rank++, describe(p.layout).c_str());
+    o += format("    step %s, %.4g tokens/s, MFU %.1f%%, peak %s of %s\n", duration(p.step_s).c_str(), p.tokens_per_s,
+                100 * p.mfu, bytes(p.peak_device_bytes()).c_str(), bytes(c.device_memory).c_str());
+    o += "    why: " + b.reason + "\n";
+    o += "    " + layout_flags(p.layout) + "\n";
+  }
+  return o;
+}
+
+std::string compare_text(const CompareResult& r) {
+  std::string o;
+  o += format("compare: %s (%lld steps) against the cost model\n", r.log_path.c_str(), static_cast<long long>(r.steps));
+  o += "  layout: " + describe(r.plan.layout) + "\n";
+  o += format("  %-28s %18s %18s %10s\n", "", "predicted", "measured", "rel. error");
+  for (const auto& row : r.rows) {
+    auto show = [&](const std::optional<double>& v) -> std::string {
+      if (!v) return "-";
+      if (row.unit == "s") return duration(*v);
+      if (row.unit == "fraction") return format("%.2f%%", 100 * *v);
+      return format("%.0f", *v);
+    };
+    const auto err = row.rel_error();
+    std::string e = err ? format("%+.2f%%", 100 * *err) : "-";
+    if (row.exact && row.predicted && row.measured) e = row.mismatch() ? "MISMATCH" : "equal";
+    o += format("  %-28s %18s %18s %10s", row.name.c_str(), show(row.predicted).c_str(), show(row.measured).c_str(), e.c_str());
+    if (!row.note.empty()) o += "  (" + row.note + ")";
+    o += "\n";
+  }
+  if (r.calibrated_achieved) {
+    o += format("  this run sustained %.3g of peak: pass --achieved %.3g to calibrate predictions\n", *r.calibrated_achieved,
+                *r.calibrated_achieved);
+  }
+  o += r.exact_ok() ? "  accounting (exact rows): equal\n" : "  accounting (exact rows): MISMATCH\n";
+  return o;
+}
+
+}  // namespace kiln::plan
