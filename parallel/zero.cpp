@@ -66,6 +66,7 @@ std::string to_string(ZeroAccum a) { return a == ZeroAccum::Reduce ? "reduce" : 
 struct ZeroEngine::Segment {
   int64_t offset = 0, length = 0;
   bool decay = false;
+  double norm_weight = 1.0;  // 1/tp for a parameter replicated over tp (ZeroConfig::tp)
 };
 
 struct ZeroEngine::Unit {
@@ -116,7 +117,10 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     const int64_t lo = r * u->shard, hi = lo + u->shard;
     for (size_t k = 0; k < u->params.size(); ++k) {
       const int64_t a = std::max(lo, u->offsets[k]), b = std::min(hi, u->offsets[k] + u->params[k].numel());
-      if (a < b) u->segments.push_back({a - lo, b - a, u->params[k].dim() >= 2});
+      double weight = 1.0;
+      for (const auto& t : cfg_.tp_replicated)
+        if (t.is_same(u->params[k])) weight = 1.0 / static_cast<double>(cfg_.tp->size());
+      if (a < b) u->segments.push_back({a - lo, b - a, u->params[k].dim() >= 2, weight});
     }
 
     // The whole unit, flattened on the host, and the optimizer state to start from.
@@ -349,10 +353,17 @@ at::Tensor ZeroEngine::local_grad_sq_norm() const {
   // On the CPU in double, shard by shard: LibTorch's CPU fp32 norm of a long vector is off by up
   // to 1e-6 relative (measured on the tiny model). CUDA reduces in a tree, accurately in fp32.
   auto total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  auto sq_norm = [](const at::Tensor& g) {
+    return at::linalg_vector_norm(g, 2, at::OptionalIntArrayRef(), false, g.is_cpu() ? at::kDouble : at::kFloat).square();
+  };
   for (const auto& u : units_) {
     const auto& g = u->grad_shard;
-    auto norm = at::linalg_vector_norm(g, 2, at::OptionalIntArrayRef(), false, g.is_cpu() ? at::kDouble : at::kFloat);
-    total += norm.square().to(device_, at::kDouble);
+    if (!cfg_.tp) {
+      total += sq_norm(g).to(device_, at::kDouble);
+      continue;
+    }
+    for (const auto& s : u->segments)  // weighted per parameter (replicated over tp: 1/tp)
+      total += sq_norm(g.narrow(0, s.offset, s.length)).to(device_, at::kDouble) * s.norm_weight;
   }
   return total.to(at::kFloat);
 }
@@ -460,12 +471,16 @@ std::pair<double, double> ZeroEngine::param_moments() {
   double sum = 0.0, sq = 0.0;
   for (auto& u : units_) {
     auto d = (u->master.defined() ? u->master : param_shard(*u)).to(at::kDouble);
-    sum += d.sum().item<double>();
-    sq += d.square().sum().item<double>();
+    for (const auto& s : u->segments) {
+      auto piece = d.narrow(0, s.offset, s.length);
+      sum += piece.sum().item<double>() * s.norm_weight;
+      sq += piece.square().sum().item<double>() * s.norm_weight;
+    }
   }
   auto t = at::tensor({sum, sq}, at::kDouble);
   if (!device_.is_cpu()) t = t.to(device_);
   dp_->all_reduce(t, ReduceOp::Sum)->wait();
+  if (cfg_.tp) cfg_.tp->all_reduce(t, ReduceOp::Sum)->wait();
   t = t.cpu();
   return {t[0].item<double>(), t[1].item<double>()};
 }

@@ -84,6 +84,12 @@ struct ZeroConfig {
   int64_t grad_accum = 1;               // micro-steps per optimizer step (K)
   int64_t align = 64;                   // shard alignment, elements
   int max_in_flight = 2;                // reductions in flight before the oldest is waited for
+  // Under tensor parallelism (parallel/tensor_parallel.h) the engine shards this rank's tp slice
+  // over dp. The parameters replicated over tp (LayerNorms, wpe, row biases) are weighted 1/tp in
+  // the squared gradient norm and in param_moments(), so that a sum over the whole dp x tp group
+  // counts them once; param_moments() then also sums over tp.
+  std::shared_ptr<Communicator> tp;                // nullptr: no tensor parallelism
+  std::vector<at::Tensor> tp_replicated;           // the replicated parameters (model tensors)
 };
 
 // Model-state bytes this rank holds, by kind and place (optimizer: the moments, plus the fp32

@@ -58,7 +58,6 @@ void TrainConfig::validate() const {
   if (tp > 1) {
     // The parts of tensor parallelism not built yet are refused, never silently wrong.
     const std::string t = "--tp " + std::to_string(tp);
-    not_yet(zero != 0, t + " with --zero " + std::to_string(zero), "ZeRO over a tensor-parallel model");
     not_yet(gpt.dropout > 0.0, t + " with --dropout", "per-tp-rank dropout seeds");
     not_yet(activation_checkpointing == "selective", t + " with --activation-checkpointing selective",
             "selective recomputation of a row-parallel layer");

@@ -236,6 +236,11 @@ void Trainer::setup() {
     zc.offload = parse_offload(cfg_.offload);
     zc.accum = parse_zero_accum(cfg_.zero_accum);
     zc.grad_accum = cfg_.grad_accum;
+    if (r.shape.tp > 1) {
+      zc.tp = r.mesh->tp();
+      for (const auto& item : r.model->named_parameters())
+        if (!is_tensor_parallel(item.key())) zc.tp_replicated.push_back(item.value());
+    }
     r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp(), zc, adam, resumed ? r.optimizer.get() : nullptr,
                                           r.progress.updates);
     r.optimizer.reset();
@@ -359,16 +364,19 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   auto verdict = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum),
                             at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat),
                             norm.to(loss_sum.device(), at::kFloat)});
+  // ZeRO under tensor parallelism sums over dp x tp (the world, without pipeline stages): each
+  // rank's squared norm covers its tp slice, replicated parameters weighted 1/tp.
+  Communicator* verdict_group = r.zero && r.shape.tp > 1 ? r.mesh->world().get() : r.mesh ? r.mesh->dp().get() : nullptr;
   if (r.mesh && (r.shape.dp > 1 || r.zero)) {
     auto reduced = verdict.narrow(0, 0, r.zero ? 3 : 2);  // a contiguous view
     const auto t0 = Clock::now();
-    r.mesh->dp()->all_reduce(reduced, ReduceOp::Sum)->wait();
+    verdict_group->all_reduce(reduced, ReduceOp::Sum)->wait();
     out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     r.timer->mark(Phase::Comm);
   }
   const auto host = verdict.to(at::kDouble).cpu();
   const double* h = host.data_ptr<double>();
-  out.loss = h[0] / static_cast<double>(r.shape.dp);
+  out.loss = h[0] / static_cast<double>(verdict_group && r.mesh && (r.shape.dp > 1 || r.zero) ? verdict_group->size() : 1);
   const bool nonfinite = h[1] > 0.0;
   out.norm = r.zero ? std::sqrt(h[2]) / out.loss_scale : h[2];
   if (r.precision == Precision::FP16) {
@@ -509,30 +517,32 @@ json Trainer::run() {
     }
     const bool save_now = !cfg_.save_dir.empty() &&
                           ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || step + 1 == end_step);
-    if (save_now && r.zero) {
-      // The shards gathered unit by unit into a whole host model and optimizer on rank 0 (every
-      // dp rank takes part in the gathers), which it saves like any other run's.
+    if (save_now && (r.zero || r.shape.tp > 1)) {
+      // A whole host model and optimizer on rank 0, which it saves like any other run's: ZeRO's
+      // shards gathered over dp unit by unit (every dp rank takes part), into this tp slice's
+      // model on dp rank 0; tensor-parallel slices all-gathered over tp and reassembled.
+      const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
       std::shared_ptr<GPT> whole;
       std::unique_ptr<AdamW> whole_opt;
       if (r.checkpointer) {
         whole = std::make_shared<GPT>(cfg_.gpt);
-        whole_opt = std::make_unique<AdamW>(whole->parameters(), AdamWConfig{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay});
+        whole_opt = std::make_unique<AdamW>(whole->parameters(), adam);
       }
-      r.zero->consolidate(whole.get(), whole_opt.get());
-      if (r.checkpointer) {
-        last_saved = r.checkpointer->save(*whole, *whole_opt, r.progress,
-                                          {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});
+      if (r.shape.tp == 1) {
+        r.zero->consolidate(whole.get(), whole_opt.get());
+      } else if (!r.zero) {
+        gather_to_whole(*r.model, *r.optimizer, whole.get(), whole_opt.get(), r.mesh->tp());
+      } else {
+        const bool first_dp = r.mesh->coord().dp == 0;
+        std::shared_ptr<GPT> slice;
+        std::unique_ptr<AdamW> slice_opt;
+        if (first_dp) {
+          slice = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp()));
+          slice_opt = std::make_unique<AdamW>(slice->parameters(), adam);
+        }
+        r.zero->consolidate(slice.get(), slice_opt.get());
+        if (first_dp) gather_to_whole(*slice, *slice_opt, whole.get(), whole_opt.get(), r.mesh->tp());
       }
-    } else if (save_now && r.shape.tp > 1) {
-      // The tp slices gathered and reassembled into a whole host model on rank 0 (every tp rank
-      // takes part in the gathers).
-      std::shared_ptr<GPT> whole;
-      std::unique_ptr<AdamW> whole_opt;
-      if (r.checkpointer) {
-        whole = std::make_shared<GPT>(cfg_.gpt);
-        whole_opt = std::make_unique<AdamW>(whole->parameters(), AdamWConfig{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay});
-      }
-      gather_to_whole(*r.model, *r.optimizer, whole.get(), whole_opt.get(), r.mesh->tp());
       if (r.checkpointer) {
         last_saved = r.checkpointer->save(*whole, *whole_opt, r.progress,
                                           {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});

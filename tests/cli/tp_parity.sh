@@ -16,7 +16,8 @@
 # [B T] and [target logit, sum exp] [2, B T]; per step the norm's 8-byte all-reduce; each
 # all-reduce counted twice (runtime/comm.h). With dp 2, DDP's 2 x 4 psi_local + 16 on top; with
 # full activation checkpointing the recomputed forward's 2 all-reduces per block again.
-# Checkpoints: a tp 1 checkpoint resumed at tp 2, a tp 2 x dp 2 one at tp 1 (single process):
+# ZeRO-1, and ZeRO-3 with --offload all, over dp 2 of tp 2: parity as above.
+# Checkpoints: a tp 1 checkpoint resumed at tp 2, a tp 2 x dp 2 ZeRO-3 one at tp 1 (one process):
 # steps 11-20 within 1e-5 and the consolidated step-20 weights within 1e-5 of the reference's.
 # Bad input: tp not dividing the heads; tp x pp not dividing the world; combinations not built.
 source "$(dirname "$0")/common.sh"
@@ -29,10 +30,13 @@ mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --log-json "$work/tp2.jsonl" >
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --activation-checkpointing full --log-json "$work/tp2_ac.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 4 --log-json "$work/tp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --log-json "$work/tp2dp2.jsonl" >/dev/null
+# ZeRO over dp of each tp slice.
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --zero 1 --log-json "$work/tp2dp2_z1.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --zero 3 --offload all --log-json "$work/tp2dp2_z3.jsonl" >/dev/null
 # Checkpoints across tp sizes: tp 1 -> tp 2 (from the reference's step 10), tp 2 x dp 2 -> tp 1.
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --resume "$work/ref/step_00000010" --save-dir "$work/to_tp2" \
   --log-json "$work/to_tp2.jsonl" >/dev/null
-mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --stop-at-step 10 --save-dir "$work/to_tp1" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --zero 3 --stop-at-step 10 --save-dir "$work/to_tp1" >/dev/null
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/to_tp1" --log-json "$work/to_tp1.jsonl" >/dev/null
 
 python3 - "$work" "$(dirname "$0")" <<'PY'
@@ -58,6 +62,10 @@ for name, tp, dp, K in (("tp2", 2, 1, 4), ("tp2_ac", 2, 1, 4), ("tp4", 4, 1, 4),
     got = {r["comm_bytes"] for r in run if r["type"] == "step"}
     assert got == {want}, (name, got, want)
     print(f"{name}: within {worst:.1e} of the single process; comm_bytes {want} per step")
+for name in ("tp2dp2_z1", "tp2dp2_z3"):
+    run = load(f"{d}/{name}.jsonl")
+    assert (run[0]["world"]["tp"], run[0]["world"]["dp"], run[0]["config"]["zero"] > 0) == (2, 2, True), name
+    print(f"{name}: within {compare(ref, run, name, 1e-5):.1e} of the single process")
 from zero_expect import max_weight_diff, steps
 for name in ("to_tp2", "to_tp1"):
     run = load(f"{d}/{name}.jsonl")
@@ -77,5 +85,5 @@ expect_refused() {  # expect_refused NP REGEX ARGS...
 }
 expect_refused 2 "--tp 2 does not divide the attention heads" "${T[@]}" --tp 2 --n-head 3 --n-kv-head 3 --d-model 96
 expect_refused 2 "does not divide|not divisible" "${T[@]}" --tp 4
-expect_refused 2 "--tp 2 with --zero 1 is not supported yet" "${T[@]}" --tp 2 --zero 1
+expect_refused 2 "--tp 2 with --dropout is not supported yet" "${T[@]}" --tp 2 --dropout 0.1
 echo "PASS"
