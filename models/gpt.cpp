@@ -50,7 +50,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   auto k = parts[1].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
   auto v = parts[2].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
   const double p = is_training() ? dropout_ : 0.0;
-  auto y = core ? core(q, k, v, p) : causal_attention(q, k, v, p);  // [B, H, T, h]
+  auto attend = [&] { return core ? core(q, k, v, p) : causal_attention(q, k, v, p); };  // [B, H, T, h]
+  auto y = p > 0.0 && ops_->in_tp_region ? ops_->in_tp_region(x.device(), attend) : attend();
   y = y.transpose(1, 2).reshape({B, T, q_width});
   return ops_->row ? ops_->row(y, *c_proj) : c_proj->forward(y);
 }
@@ -63,7 +64,11 @@ MLPImpl::MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const Mode
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
   auto h = ops_->column ? ops_->column(x, *c_fc) : c_fc->forward(x);  // [B, T, 4d / tp]
-  if (gelu_proj) return gelu_proj(h, *c_proj);
+  if (gelu_proj && ops_->row) {  // the partial products summed over tp, the bias added once after
+    return ops_->reduce(gelu_proj(h, c_proj->weight, at::zeros_like(c_proj->bias, at::MemoryFormat::Contiguous).detach())) +
+           c_proj->bias;
+  }
+  if (gelu_proj) return gelu_proj(h, c_proj->weight, c_proj->bias);
   auto g = at::gelu(h, "tanh");
   return ops_->row ? ops_->row(g, *c_proj) : c_proj->forward(g);
 }

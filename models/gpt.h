@@ -55,6 +55,13 @@ struct LayerOps {
   // Mean cross-entropy of hidden @ wte^T [N, d] against targets [N] over the real vocabulary
   // (fp32), with wte this rank's vocabulary rows.
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> loss;
+  // The sum over ranks of a row-split layer's partial products x_i W_i^T (no bias), for hooks
+  // that compute the product themselves (MLPImpl::gelu_proj).
+  std::function<at::Tensor(const at::Tensor&)> reduce;
+  // Runs fn (the attention core, whose dropout draws per head) inside the tensor-parallel
+  // region: with a random stream of this rank's own, so ranks holding different heads draw
+  // different masks. Tensors on `device`.
+  std::function<at::Tensor(c10::Device, const std::function<at::Tensor()>&)> in_tp_region;
 };
 
 // This rank's part of a tensor-parallel model: tp ranks split the attention heads, the MLP
@@ -98,9 +105,10 @@ class MLPImpl : public torch::nn::Module {
   MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {});
   at::Tensor forward(const at::Tensor& x);  // c_proj(gelu_tanh(c_fc(x)))
   std::shared_ptr<LinearImpl> c_fc, c_proj;
-  // Hook for c_proj(gelu_tanh(h)), called as gelu_proj(h, *c_proj) with h = c_fc(x) [B, T, 4d];
-  // empty: the plain ops. (Set by parallel/activation_checkpoint.h.)
-  std::function<at::Tensor(const at::Tensor&, LinearImpl&)> gelu_proj;
+  // Hook for gelu_tanh(h) W^T + b with W, b = c_proj's, called as gelu_proj(h, W, b) with
+  // h = c_fc(x) [B, T, 4d / tp]; under tensor parallelism b is zero (the bias is added once,
+  // after LayerOps::reduce). Empty: the plain ops. (Set by parallel/activation_checkpoint.h.)
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> gelu_proj;
 
  private:
   std::shared_ptr<const LayerOps> ops_;

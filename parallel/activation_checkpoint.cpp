@@ -320,8 +320,8 @@ void apply_activation_checkpointing(GPT& model, ActivationCheckpointing mode, Ch
           };
           return checkpoint(std::move(core), {q, k, v}, opts)[0];
         };
-        block.mlp->gelu_proj = [](const at::Tensor& h, LinearImpl& c_proj) {
-          return gelu_linear(h, c_proj.weight, c_proj.bias);
+        block.mlp->gelu_proj = [](const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) {
+          return gelu_linear(h, weight, bias);
         };
       }
       break;

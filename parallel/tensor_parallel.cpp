@@ -6,7 +6,11 @@
 #include <torch/autograd.h>
 
 #include <limits>
+#include <mutex>
 #include <optional>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include "models/gpt.h"
 #include "optim/adamw.h"
@@ -148,6 +152,37 @@ void check_tensor_parallel(const GPTConfig& cfg, int64_t tp) {
   need(cfg.padded_vocab_size(), "the padded vocabulary");
 }
 
+namespace {
+// Runs fn with the device's default generator forked for tp rank `rank`: seeded from a hash of
+// the generator's current state (the same on every tp rank: the replicated region draws alike)
+// and the rank, then restored, so the main stream is as if fn had drawn nothing. Deterministic:
+// activation checkpointing replays the same state, hence the same fork.
+at::Tensor with_rank_rng(c10::Device device, int64_t rank, const std::function<at::Tensor()>& fn) {
+  at::Generator gen = device.is_cuda() ? at::globalContext().defaultGenerator(device) : at::detail::getDefaultCPUGenerator();
+  at::Tensor saved;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    saved = gen.get_state();
+    const auto* bytes = saved.data_ptr<uint8_t>();
+    uint64_t h = 1469598103934665603ull;  // FNV-1a of the state, then the rank mixed in
+    for (int64_t i = 0; i < saved.numel(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    h ^= (static_cast<uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull;
+    gen.set_current_seed(h >> 1);
+  }
+  at::Tensor out;
+  try {
+    out = fn();
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(saved);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(saved);
+  return out;
+}
+}  // namespace
+
 ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_ptr<Communicator>& tp) {
   check_tensor_parallel(cfg, tp->size());
   ModelShard shard;
@@ -163,6 +198,10 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
   ops->loss = [tp, vocab_start, vocab](const at::Tensor& hidden, const at::Tensor& wte, const at::Tensor& targets) {
     // The tied output layer is column-parallel (this rank's vocabulary rows); the logits stay split.
     return vocab_parallel_cross_entropy(at::linear(copy_to_tp(hidden, tp), wte), targets, vocab_start, vocab, tp);
+  };
+  ops->reduce = [tp](const at::Tensor& partial) { return reduce_from_tp(partial, tp); };
+  ops->in_tp_region = [r = shard.rank](c10::Device device, const std::function<at::Tensor()>& fn) {
+    return with_rank_rng(device, r, fn);
   };
   shard.ops = std::move(ops);
   return shard;

@@ -55,13 +55,6 @@ void TrainConfig::validate() const {
   at_least("pp", static_cast<double>(pp), 1);
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
 
-  if (tp > 1) {
-    // The parts of tensor parallelism not built yet are refused, never silently wrong.
-    const std::string t = "--tp " + std::to_string(tp);
-    not_yet(gpt.dropout > 0.0, t + " with --dropout", "per-tp-rank dropout seeds");
-    not_yet(activation_checkpointing == "selective", t + " with --activation-checkpointing selective",
-            "selective recomputation of a row-parallel layer");
-  }
   not_yet(pp != 1, "--pp " + std::to_string(pp), "pipeline parallelism");
   one_of("zero-accum", zero_accum, {"reduce", "local"});
   if (offload != "none" && zero == 0) {

@@ -90,7 +90,6 @@ TEST(Cli, BadInputIsOneClearMessage) {
 }
 
 TEST(Cli, CapabilitiesNotYetBuiltAreRefusedNotIgnored) {
-  EXPECT_TRUE(contains(error_of({"--tp", "2", "--dropout", "0.1"}), "not supported yet"));
   EXPECT_TRUE(contains(error_of({"--pp", "2"}), "not supported yet"));
 }
 

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include "models/gpt.h"
 #include "parallel/tensor_parallel.h"
 #include "runtime/comm_mpi.h"
 #include "runtime/env.h"
@@ -125,6 +126,31 @@ TEST(TensorParallel, VocabParallelCrossEntropy) {
   lossp.backward();
   expect_close(lossp, lossd, "loss");
   expect_close(lp.grad(), s.cols(ld.grad()), "logit gradient columns (zero on the padding)");
+}
+
+// The tensor-parallel region's random stream: different on each tp rank (each holds other
+// heads), reproducible, and leaving the main stream (replicated dropout) as it found it.
+TEST(TensorParallel, RegionRandomStreamIsPerRank) {
+  const auto s = slices();
+  kiln::GPTConfig cfg = kiln::GPTConfig::preset("tiny");
+  cfg.n_head = cfg.n_kv_head = 4 * s.t;
+  cfg.d_model = 32 * s.t;
+  const auto shard = kiln::make_tensor_parallel_shard(cfg, g_tp);
+  const c10::Device cpu(c10::kCPU);
+  at::manual_seed(7);
+  const at::Tensor a = shard.ops->in_tp_region(cpu, [] { return at::rand({16}); });
+  const at::Tensor after = at::rand({4});  // the main stream, as if the region drew nothing
+  at::manual_seed(7);
+  const at::Tensor again = shard.ops->in_tp_region(cpu, [] { return at::rand({16}); });
+  at::manual_seed(7);
+  const at::Tensor plain = at::rand({4});
+  EXPECT_TRUE(at::equal(a, again)) << "not reproducible";
+  EXPECT_TRUE(at::equal(after, plain)) << "the main stream moved";
+  at::Tensor all = at::empty({16 * s.t});
+  g_tp->all_gather(all, a)->wait();
+  for (int i = 0; i < s.t; ++i)
+    for (int j = i + 1; j < s.t; ++j)
+      EXPECT_FALSE(at::equal(all.narrow(0, 16 * i, 16), all.narrow(0, 16 * j, 16))) << "ranks " << i << " and " << j;
 }
 
 }  // namespace

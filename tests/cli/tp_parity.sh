@@ -2,7 +2,7 @@
 # tests/cli/tp_parity.sh -- tensor parallelism end to end against the single process at the same
 # global batch of 8 sequences (label mpi):
 #   reference   1 process, micro-batch 2 x grad-accum 4
-#   tp 2        2 ranks (dp 1), 2 x 4; and with --activation-checkpointing full
+#   tp 2        2 ranks (dp 1), 2 x 4; and with --activation-checkpointing full, selective
 #   tp 4        4 ranks (dp 1), 2 x 4
 #   tp 2 dp 2   4 ranks, 2 x 2 (DDP over dp)
 # Checked over 20 steps: loss and gradient norm per step and the final weights' fingerprint
@@ -19,7 +19,7 @@
 # ZeRO-1, and ZeRO-3 with --offload all, over dp 2 of tp 2: parity as above.
 # Checkpoints: a tp 1 checkpoint resumed at tp 2, a tp 2 x dp 2 ZeRO-3 one at tp 1 (one process):
 # steps 11-20 within 1e-5 and the consolidated step-20 weights within 1e-5 of the reference's.
-# Bad input: tp not dividing the heads; tp x pp not dividing the world; combinations not built.
+# Bad input: tp not dividing the heads or the kv heads; tp x pp not dividing the world.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -28,6 +28,14 @@ T=(train --device cpu --model tiny --steps 20 --log-every 100 --micro-batch 2)
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/ref" --save-every 10 --keep-last 0 --log-json "$work/ref.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --log-json "$work/tp2.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --activation-checkpointing full --log-json "$work/tp2_ac.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --activation-checkpointing selective --log-json "$work/tp2_sel.jsonl" >/dev/null
+# Dropout under tp: attention dropout draws from each tp rank's own stream (so it cannot match
+# the single process); the runs must be reproducible and activation checkpointing must replay
+# the same masks.
+for run in a b; do
+  mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --dropout 0.1 --log-json "$work/drop_$run.jsonl" >/dev/null
+done
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --dropout 0.1 --activation-checkpointing full --log-json "$work/drop_ac.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 4 --log-json "$work/tp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --log-json "$work/tp2dp2.jsonl" >/dev/null
 # ZeRO over dp of each tp slice.
@@ -45,7 +53,7 @@ d, here = sys.argv[1], sys.argv[2]
 sys.path.insert(0, here)
 from zero_expect import load, compare
 ref = load(f"{d}/ref.jsonl")
-for name, tp, dp, K in (("tp2", 2, 1, 4), ("tp2_ac", 2, 1, 4), ("tp4", 4, 1, 4), ("tp2dp2", 2, 2, 2)):
+for name, tp, dp, K in (("tp2", 2, 1, 4), ("tp2_ac", 2, 1, 4), ("tp2_sel", 2, 1, 4), ("tp4", 4, 1, 4), ("tp2dp2", 2, 2, 2)):
     run = load(f"{d}/{name}.jsonl")
     w = run[0]["world"]
     assert (w["tp"], w["dp"]) == (tp, dp), w
@@ -66,6 +74,12 @@ for name in ("tp2dp2_z1", "tp2dp2_z3"):
     run = load(f"{d}/{name}.jsonl")
     assert (run[0]["world"]["tp"], run[0]["world"]["dp"], run[0]["config"]["zero"] > 0) == (2, 2, True), name
     print(f"{name}: within {compare(ref, run, name, 1e-5):.1e} of the single process")
+losses = lambda n: [r["loss"] for r in load(f"{d}/{n}.jsonl") if r["type"] == "step"]
+assert losses("drop_a") == losses("drop_b"), "dropout under tp is not reproducible"
+worst = max(abs(x - y) / x for x, y in zip(losses("drop_a"), losses("drop_ac")))
+assert worst <= 1e-6, ("activation checkpointing did not replay the tp-region masks", worst)
+assert losses("drop_a") != losses("tp2") and losses("drop_a")[-1] < losses("drop_a")[0]
+print(f"dropout under tp 2: reproducible, recomputation within {worst:.1e}")
 from zero_expect import max_weight_diff, steps
 for name in ("to_tp2", "to_tp1"):
     run = load(f"{d}/{name}.jsonl")
@@ -85,5 +99,5 @@ expect_refused() {  # expect_refused NP REGEX ARGS...
 }
 expect_refused 2 "--tp 2 does not divide the attention heads" "${T[@]}" --tp 2 --n-head 3 --n-kv-head 3 --d-model 96
 expect_refused 2 "does not divide|not divisible" "${T[@]}" --tp 4
-expect_refused 2 "--tp 2 with --dropout is not supported yet" "${T[@]}" --tp 2 --dropout 0.1
+expect_refused 4 "--tp 4 does not divide the key/value heads" "${T[@]}" --tp 4 --n-kv-head 2
 echo "PASS"
