@@ -5,6 +5,7 @@
 #
 # Targets provided:
 #   kiln::torch     LibTorch 2.x (torch + c10, and c10_cuda / torch_cuda when it has CUDA)
+#   kiln::openmp    the OpenMP runtime LibTorch uses (link only; KILN_OPENMP_FLAGS to compile)
 #   MPI::MPI_CXX    Open MPI
 #   cxxopts::cxxopts, nlohmann_json::nlohmann_json, GTest::gtest / GTest::gtest_main
 #   CUDA::cudart    (when LibTorch has CUDA)
@@ -46,6 +47,37 @@ if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES OR CAFFE2_USE_CUDA)
   set(KILN_HAVE_CUDA ON)
 endif()
 message(STATUS "kiln: LibTorch ${Torch_VERSION} (${Torch_DIR}), CUDA: ${KILN_HAVE_CUDA}")
+
+# ---- OpenMP: LibTorch's thread pool in kiln's own loops -----------------------------------
+# at::parallel_for is a header template. Under LibTorch's OpenMP backend (the pip wheel's) it
+# splits its range only in a file compiled with OpenMP; elsewhere it runs on one thread. The few
+# kiln files that call it are compiled with KILN_OPENMP_FLAGS, and kiln links kiln::openmp: the
+# libgomp LibTorch itself loads (the wheel and the LibTorch zip ship one in lib/), so the process
+# has one OpenMP runtime and at::set_num_threads sets kiln's thread count too. With LibTorch's
+# native thread pool nothing is needed and both are empty.
+set(KILN_OPENMP_FLAGS "")
+add_library(kiln_openmp INTERFACE)
+file(STRINGS "${TORCH_INSTALL_PREFIX}/include/ATen/Config.h" _kiln_at_openmp
+  REGEX "^#define AT_PARALLEL_OPENMP 1")
+if(_kiln_at_openmp)
+  file(GLOB _kiln_torch_gomp "${TORCH_INSTALL_PREFIX}/lib/libgomp*.so*")
+  if(_kiln_torch_gomp)
+    list(GET _kiln_torch_gomp 0 _kiln_torch_gomp)
+    set(KILN_OPENMP_FLAGS -fopenmp)
+    target_link_libraries(kiln_openmp INTERFACE "${_kiln_torch_gomp}")
+  else()
+    find_package(OpenMP QUIET COMPONENTS CXX)
+    if(NOT OpenMP_CXX_FOUND)
+      message(FATAL_ERROR
+        "kiln: LibTorch at ${TORCH_INSTALL_PREFIX} runs at::parallel_for on OpenMP, but neither it "
+        "ships a libgomp nor was OpenMP found. Install the compiler's OpenMP runtime (Debian: "
+        "libgomp1, with gcc) or set OpenMP_CXX_FLAGS and OpenMP_CXX_LIB_NAMES.")
+    endif()
+    separate_arguments(KILN_OPENMP_FLAGS UNIX_COMMAND "${OpenMP_CXX_FLAGS}")
+    target_link_libraries(kiln_openmp INTERFACE ${OpenMP_CXX_LIBRARIES})
+  endif()
+endif()
+add_library(kiln::openmp ALIAS kiln_openmp)
 
 # ---- MPI -----------------------------------------------------------------------------------
 find_package(MPI QUIET COMPONENTS CXX)
