@@ -298,14 +298,21 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
   const bool first = st.stage == 0, last = st.stage == l.pp - 1;
   // tensor parallel: on the critical path (Megatron's all-reduces block the next GEMM)
   if (l.tp > 1) {
-    const double per_layer = l.recompute == Recompute::Full ? 6.0 : 4.0;
-    const double count = per_layer * static_cast<double>(st.blocks) * Kd;
-    out.push_back(collective("tp", "block activation all-reduces (" + std::to_string(static_cast<int>(per_layer)) +
-                                       " per layer and micro-batch)",
-                             l.tp, count * 2 * tok * d * a, k.tp_bw, k.tp, Window::Serial, K));
+    // kiln (parallel/tensor_parallel.h): forward, the row-parallel outputs in the compute dtype
+    // (a bytes; again in full recomputation); backward, the column-parallel inputs' gradients,
+    // fp32 (the LayerNorm outputs they flow into are fp32 under autocast).
+    const double fwd = l.recompute == Recompute::Full ? 4.0 : 2.0;
+    const double per_micro = static_cast<double>(st.blocks) * (fwd * 2 * tok * d * a + 2.0 * 2 * tok * d * 4);
+    out.push_back(collective("tp", "block activation all-reduces (2 forward" +
+                                       std::string(l.recompute == Recompute::Full ? " + 2 recomputed" : "") +
+                                       ", 2 backward per layer and micro-batch)",
+                             l.tp, Kd * per_micro, k.tp_bw, k.tp, Window::Serial, K));
+    // the gradient norm's split part, summed over tp once per step (one double); under ZeRO the
+    // squared norm rides in the verdict all-reduce over dp x tp instead
+    if (l.zero == 0) out.push_back(collective("tp", "gradient-norm all-reduce", l.tp, 2 * 8, k.tp_bw, k.tp, Window::Serial, 1));
     double edge = 0;
     if (first) edge += 2 * tok * d * 4;                       // vocabulary-parallel embedding, forward
-    if (last) edge += 2 * tok * d * a + 3 * 2 * tok * 4;      // head input gradient; cross-entropy max, sum-exp, target
+    if (last) edge += 2 * tok * d * 4 + 3 * 2 * tok * 4;      // head input gradient (fp32); cross-entropy max, sum-exp, target
     if (edge > 0) {
       out.push_back(collective("tp", "embedding / head / cross-entropy all-reduces", l.tp, Kd * edge, k.tp_bw, k.tp,
                                Window::Serial, K));

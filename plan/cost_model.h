@@ -64,10 +64,12 @@
 //      ZeRO-3  reduce       K (4 Psi' + 4 (Psi' - n_0') + 4 Psi') + 24
 //              local        K (4 Psi' + 4 (Psi' - n_0')) + 4 Psi' + 24
 //    i.e. DDP and ZeRO-1/2 move 2 Psi, ZeRO-3 3 Psi per step (anchors s7.3), in fp32 here.
-//    tp (Megatron; Korthikanti s4.2.2): per layer and micro-batch 4 all-reduces of b T d a bytes
-//    (2 forward, 2 backward; 6 with full recomputation), plus the vocabulary-parallel
-//    embedding's forward all-reduce (b T d 4), the head's input-gradient all-reduce (b T d a) and
-//    the cross-entropy's three (b T 4 each). pp: each micro-batch's boundary activation b T d 4
+//    tp (Megatron; Korthikanti s4.2.2; kiln's parallel/tensor_parallel.h): per layer and
+//    micro-batch 2 forward all-reduces of the row-parallel outputs, b T d a bytes (4 with full
+//    recomputation), and 2 backward of the column-parallel inputs' gradients, b T d 4 (fp32: the
+//    LayerNorm outputs they flow into are fp32 under autocast), plus the vocabulary-parallel
+//    embedding's forward all-reduce (b T d 4), the head's input-gradient all-reduce (b T d 4),
+//    the cross-entropy's three (b T 4 each), and without ZeRO the norm's 8-byte all-reduce. pp: each micro-batch's boundary activation b T d 4
 //    sent forward and its gradient backward (a middle stage sends both), and the tied wte
 //    gradient all-reduced between the first and last stages (2 x 4 V' d / t).
 //

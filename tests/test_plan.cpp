@@ -277,13 +277,16 @@ TEST(PlanComm, RingFactorAndLinks) {
   const Plan q = make_plan(tiny(), two, layout(4, 0));
   EXPECT_EQ(q.stages[0].comm[0].link, "inter-node");
   EXPECT_DOUBLE_EQ(q.stages[0].comm[0].seconds, ar.wire_bytes / 0.1e9);
-  // tp 2: 4 all-reduces per layer and micro-batch of b T d a bytes (2x each), plus the edges:
-  // embedding forward (b T d 4), head input gradient (b T d a), cross-entropy 3 x (b T 4)
+  // tp 2, per layer and micro-batch: 2 forward all-reduces of the row-parallel outputs, b T d a
+  // bytes (a = 2 here), and 2 backward of the column-parallel inputs' gradients, b T d 4 (fp32);
+  // each counted 2x; plus the edges: embedding forward (b T d 4), head input gradient
+  // (b T d 4), cross-entropy 3 x (b T 4); plus the gradient norm's 8-byte all-reduce (2x)
   Layout t = layout(1, 0, 1);
   t.tp = 2;
   const Plan r = make_plan(tiny(), toy_cluster(2), t);
   const double btd = 128.0 * 128;  // b T d with b 1, T 128, d 128
-  EXPECT_DOUBLE_EQ(r.stages[0].comm_bytes, 4 * 4 * 2 * btd * 2 + (2 * btd * 4 + 2 * btd * 2 + 3 * 2 * 128 * 4));
+  EXPECT_DOUBLE_EQ(r.stages[0].comm_bytes,
+                   4 * (2 * btd * 2 + 2 * btd * 4) * 2 + (2 * btd * 4 + 2 * btd * 4 + 3 * 2 * 128 * 4) + 2 * 8);
 }
 
 // ---- 5. time -------------------------------------------------------------------------------

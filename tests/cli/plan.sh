@@ -4,8 +4,8 @@
 # the model-state bytes and comm_bytes kiln predicts must EQUAL what the runs report (they are
 # accounting, not estimates; plan/compare.h).
 #
-# ZeRO runs (--zero 1|2|3, --offload, --zero-accum) are compared in the last block, which runs
-# when `kiln train --help` knows --zero-accum (the ZeRO branch); before that it says it skips.
+# ZeRO runs (--zero 1|2|3, --offload, --zero-accum) and tensor-parallel runs (alone, with DDP and
+# full recomputation, with ZeRO-3) are compared in the last blocks.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -113,9 +113,8 @@ expect_fail "not a JSON record" --compare "$work/junk.jsonl"
 expect_fail "no layout fits" --model gpt2-1.5b --gpu v100 --gpus-per-node 1 --device-memory-gb 0.5 --search
 
 # ---- --compare against real runs: ZeRO-0 and DDP --------------------------------------------------
-# The checker: every exact row equal. The counting of comm_bytes changes with the ZeRO branch
-# (2x for all_reduce); a log from before it (no model_state in its config record, DDP showing
-# 4 Psi + 8) is reported and tolerated for comm_bytes only, so this runs before and after the merge.
+# The checker: every exact row equal (parameters, FLOPs, tokens, model-state bytes, comm_bytes,
+# ZeRO's padded count).
 check_compare() {  # check_compare LOG
   "$KILN_BIN" plan --compare "$1" >"$1.txt"
   "$KILN_BIN" plan --compare "$1" --json >"$1.cmp.json"
@@ -127,27 +126,16 @@ cfg = json.loads(open(log).readline())
 rows = {r["name"]: r for r in c["rows"]}
 for name in ("params", "flops_per_token", "tokens_per_step"):
     assert rows[name]["equal"], rows[name]
-has_state = "model_state" in cfg
+assert "model_state" in cfg, "no model_state in the config record"
 for place in ("device", "host"):
     for kind in ("params", "grads", "optimizer"):
         r = rows[f"model_state.{place}.{kind}"]
-        if has_state:
-            assert r["equal"] and r["measured"] == r["predicted"], r
+        assert r["equal"] and r["measured"] == r["predicted"], r
 comm = rows["comm_bytes"]
-assert comm["measured"] is not None, comm
-if comm["measured"] != comm["predicted"]:
-    # pre-ZeRO kiln counted an all_reduce once: 4 Psi (+ 8 for the verdict at dp > 1), half of
-    # the 2 x 4 Psi (+ 16) it counts now
-    P = cfg["params"]
-    old = cfg["config"]["zero"] == 0 and comm["measured"] in (4 * P, 4 * P + 8) and comm["predicted"] == 2 * comm["measured"]
-    assert old and not has_state, ("comm_bytes differ", comm)
-    print(f"  NOTE {log.split('/')[-1]}: pre-ZeRO kiln counts an all_reduce once: measured {comm['measured']}, "
-          f"predicted {comm['predicted']} in the convention of the ZeRO branch (2x); equal after the merge")
-else:
-    assert comm["equal"]
-    assert c["exact_ok"], [r for r in c["rows"] if r["exact"] and r["equal"] is False]  # padded_params too
-print(f"  {log.split('/')[-1]}: comm_bytes {comm['measured']}, model state "
-      f"{'equal' if has_state else 'not reported by this kiln'}; peak memory {rows['peak_memory']['rel_error']:+.2%}")
+assert comm["measured"] is not None and comm["measured"] == comm["predicted"] and comm["equal"], comm
+assert c["exact_ok"], [r for r in c["rows"] if r["exact"] and r["equal"] is False]  # padded_params too
+print(f"  {log.split('/')[-1]}: comm_bytes {comm['measured']}, model state equal; "
+      f"peak memory {rows['peak_memory']['rel_error']:+.2%}")
 PY
 }
 
@@ -170,23 +158,24 @@ assert rows("single")["comm_bytes"]["measured"] == 0 == rows("single")["comm_byt
 assert rows("np1")["comm_bytes"]["predicted"] == rows("ddp2")["comm_bytes"]["predicted"] - 16 > 0
 PY
 
-# ---- --compare against ZeRO runs (the ZeRO branch) -------------------------------------------------
-"$KILN_BIN" train --help >"$work/train_help.txt"  # (not piped into grep -q: pipefail would see SIGPIPE)
-if grep -q -- "--zero-accum" "$work/train_help.txt"; then
-  echo "--compare, ZeRO:"
-  Z=(train --device cpu --model tiny --steps 2 --log-every 100 --micro-batch 2)
-  for np in 2 4; do
-    for cfg in "1 none reduce" "2 none reduce" "2 none local" "3 none reduce" "3 none local" \
-               "1 optimizer reduce" "2 optimizer local" "3 optimizer reduce" "3 all reduce" "3 all local"; do
-      read -r zero offload accum <<<"$cfg"
-      log="$work/z${zero}_${offload}_${accum}_np${np}.jsonl"
-      mpi "$np" "$KILN_BIN" "${Z[@]}" --grad-accum 2 --zero "$zero" --offload "$offload" --zero-accum "$accum" \
-        --log-json "$log" >/dev/null
-      python3 -c "import json,sys; c=json.loads(open(sys.argv[1]).readline()); assert 'model_state' in c, 'no model_state in the config record'" "$log"
-      check_compare "$log"
-    done
+# ---- --compare against ZeRO runs -----------------------------------------------------------------
+echo "--compare, ZeRO:"
+Z=(train --device cpu --model tiny --steps 2 --log-every 100 --micro-batch 2)
+for np in 2 4; do
+  for cfg in "1 none reduce" "2 none reduce" "2 none local" "3 none reduce" "3 none local" \
+             "1 optimizer reduce" "2 optimizer local" "3 optimizer reduce" "3 all reduce" "3 all local"; do
+    read -r zero offload accum <<<"$cfg"
+    log="$work/z${zero}_${offload}_${accum}_np${np}.jsonl"
+    mpi "$np" "$KILN_BIN" "${Z[@]}" --grad-accum 2 --zero "$zero" --offload "$offload" --zero-accum "$accum" \
+      --log-json "$log" >/dev/null
+    check_compare "$log"
   done
-else
-  echo "SKIP --compare against ZeRO runs: this kiln train has no --zero-accum (before the ZeRO branch)"
-fi
+done
+
+# ---- --compare against tensor-parallel runs --------------------------------------------------------
+echo "--compare, tensor parallel:"
+mpi 2 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --tp 2 --log-json "$work/tp2.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --tp 2 --activation-checkpointing full --log-json "$work/tp2dp2_ac.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --tp 2 --zero 3 --log-json "$work/tp2dp2_z3.jsonl" >/dev/null
+for log in tp2 tp2dp2_ac tp2dp2_z3; do check_compare "$work/$log.jsonl"; done
 echo "PASS"
