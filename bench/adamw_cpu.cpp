@@ -18,7 +18,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -37,7 +39,6 @@
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
-#include <cxxopts.hpp>
 #include <torch/version.h>
 
 #include "optim/cpu_adamw.h"
@@ -90,28 +91,34 @@ std::vector<at::Tensor> chunks_of(const at::Tensor& t, int64_t chunk) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cxxopts::Options opts("kiln_adamw_bench", "CPU AdamW throughput over one flat fp32 buffer");
-  auto add = opts.add_options();
-  add("n", "parameters", cxxopts::value<int64_t>()->default_value("100000000"));
-  add("threads", "intra-op threads (0: LibTorch's default)",
-      cxxopts::value<int>()->default_value("0"));
-  add("iters", "timed updates per row", cxxopts::value<int>()->default_value("10"));
-  add("chunk", "elements per tensor in the split foreach row",
-      cxxopts::value<int64_t>()->default_value("1000000"));
-  add("h,help", "this help");
-  const auto args = opts.parse(argc, argv);
-  if (args.count("help")) {
-    std::printf("%s\n", opts.help().c_str());
-    return 0;
+  // --name value pairs, parsed here: cxxopts refuses a one-letter long flag such as --n.
+  int64_t n = 100000000, chunk = 1000000;
+  int threads = 0, iters = 10;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::printf("usage: kiln_adamw_bench [--n 100000000] [--threads T (0: LibTorch's default)] "
+                  "[--iters 10] [--chunk 1000000]\n");
+      return 0;
+    }
+    int64_t* target = flag == "--n" ? &n : flag == "--chunk" ? &chunk : nullptr;
+    int* small = flag == "--threads" ? &threads : flag == "--iters" ? &iters : nullptr;
+    char* end = nullptr;
+    const long long value = i + 1 < argc ? std::strtoll(argv[i + 1], &end, 10) : 0;
+    if ((!target && !small) || i + 1 >= argc || *end != '\0' || value < 0 ||
+        (small && value > INT32_MAX)) {
+      std::fprintf(stderr, "kiln_adamw_bench: bad flag or value at '%s' (see --help)\n", argv[i]);
+      return 2;
+    }
+    if (target) *target = value;
+    if (small) *small = static_cast<int>(value);
+    ++i;
   }
-  const int64_t n = args["n"].as<int64_t>();
-  const int iters = args["iters"].as<int>();
-  const int64_t chunk = args["chunk"].as<int64_t>();
-  if (args["threads"].as<int>() > 0) at::set_num_threads(args["threads"].as<int>());
   if (n <= 0 || iters <= 0 || chunk <= 0) {
     std::fprintf(stderr, "kiln_adamw_bench: --n, --iters and --chunk must be positive\n");
     return 2;
   }
+  if (threads > 0) at::set_num_threads(threads);
 
   at::manual_seed(0);
   at::Tensor p = at::randn({n}), g = at::randn({n}).mul_(1e-2);
@@ -176,7 +183,7 @@ int main(int argc, char** argv) {
   const double fused = median(rows[1].seconds);
   for (auto& r : rows) {
     const double sec = median(r.seconds);
-    std::printf("%-26s %10.1f %12.0f %8.1f %9.2fx\n", r.name.c_str(), sec * 1e3, n / sec / 1e6,
+    std::printf("%-26s %10.3f %12.0f %8.1f %9.2fx\n", r.name.c_str(), sec * 1e3, n / sec / 1e6,
                 28.0 * n / sec / 1e9, fused / sec);
   }
   return 0;
