@@ -27,16 +27,19 @@ at::Tensor grad_norm(const std::vector<at::Tensor>& params) {
 at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double grad_scale) {
   auto total = grad_norm(params);
   if (grad_scale != 1.0) total = total / grad_scale;
-  auto grads = grads_of(params);
-  if (grads.empty()) return total;
+  scale_gradients(grads_of(params), total, max_norm, grad_scale);
+  return total;
+}
+
+void scale_gradients(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm, double grad_scale) {
+  if (grads.empty()) return;
   if (max_norm > 0.0) {
-    auto coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
     if (grad_scale != 1.0) coef = coef / grad_scale;
     at::_foreach_mul_(grads, coef);
   } else if (grad_scale != 1.0) {
     at::_foreach_mul_(grads, 1.0 / grad_scale);
   }
-  return total;
 }
 
 }  // namespace kiln

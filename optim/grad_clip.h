@@ -20,4 +20,9 @@ at::Tensor grad_norm(const std::vector<at::Tensor>& params);
 // c g (the unscaling folded into the clipping multiply, one pass over the gradients).
 at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double grad_scale = 1.0);
 
+// The clipping multiply alone, for callers that compute the norm themselves (tensor parallelism
+// sums it over ranks): grads *= min(1, max_norm / (norm + 1e-6)) / grad_scale, with `norm` the
+// 0-dim norm of the unscaled gradients (no clipping if max_norm <= 0).
+void scale_gradients(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm, double grad_scale);
+
 }  // namespace kiln

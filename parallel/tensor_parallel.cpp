@@ -14,6 +14,7 @@
 
 #include "models/gpt.h"
 #include "optim/adamw.h"
+#include "optim/grad_clip.h"
 #include "runtime/error.h"
 
 namespace kiln {
@@ -351,13 +352,7 @@ at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, con
   tp->all_reduce(split_sum, ReduceOp::Sum)->wait();
   at::Tensor total = (split_sum[0] + replicated_sq).sqrt().to(at::kFloat);
   if (grad_scale != 1.0) total = total / grad_scale;
-  if (max_norm > 0.0) {
-    auto coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
-    if (grad_scale != 1.0) coef = coef / grad_scale;
-    at::_foreach_mul_(grads, coef);
-  } else if (grad_scale != 1.0) {
-    at::_foreach_mul_(grads, 1.0 / grad_scale);
-  }
+  scale_gradients(grads, total, max_norm, grad_scale);
   return total;
 }
 
