@@ -27,7 +27,9 @@ at::Tensor LayerNormImpl::forward(const at::Tensor& x) const {
 }
 
 AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard)
-    : n_head_(cfg.n_head / shard.tp), n_kv_head_(cfg.n_kv_head / shard.tp), head_dim_(cfg.head_dim()),
+    : n_head_(cfg.n_head / shard.tp),
+      n_kv_head_(cfg.n_kv_head >= shard.tp ? cfg.n_kv_head / shard.tp : 1),  // tp > kv heads: one, replicated
+      head_dim_(cfg.head_dim()),
       dropout_(cfg.dropout), ops_(shard.ops) {
   const int64_t d = cfg.d_model;
   // Column-split c_attn: this rank's q heads, then its k and v heads. Row-split c_proj.
@@ -43,7 +45,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t q_width = n_head_ * head_dim_, kv_width = n_kv_head_ * head_dim_;
-  auto qkv = ops_->column ? ops_->column(x, *c_attn) : c_attn->forward(x);  // [B, T, (H + 2 KV) h]
+  auto qkv = ops_->qkv      ? ops_->qkv(x, *c_attn)
+             : ops_->column ? ops_->column(x, *c_attn)
+                            : c_attn->forward(x);  // [B, T, (H + 2 KV) h]
   auto parts = qkv.split_with_sizes({q_width, kv_width, kv_width}, -1);
   // [B, T, heads, h] -> [B, heads, T, h], the layout SDPA expects.
   auto q = parts[0].view({B, T, n_head_, head_dim_}).transpose(1, 2);

@@ -55,6 +55,9 @@ struct LayerOps {
   // Mean cross-entropy of hidden @ wte^T [N, d] against targets [N] over the real vocabulary
   // (fp32), with wte this rank's vocabulary rows.
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> loss;
+  // y = x W^T + b of c_attn when it needs more than `column` (kv heads replicated over tp);
+  // empty: `column`.
+  std::function<at::Tensor(const at::Tensor&, const LinearImpl&)> qkv;
   // The sum over ranks of a row-split layer's partial products x_i W_i^T (no bias), for hooks
   // that compute the product themselves (MLPImpl::gelu_proj).
   std::function<at::Tensor(const at::Tensor&)> reduce;

@@ -61,6 +61,28 @@ struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
   static variable_list backward(AutogradContext* /*ctx*/, variable_list grads) { return {grads[0], at::Tensor()}; }
 };
 
+// Forward: identity on this rank's piece of a kv head that several tp ranks hold (tp > kv
+// heads). Backward: the gradient summed over the ranks holding the same head -- through one
+// all-reduce over tp of a [KV, ...] buffer where each rank fills its head's slot.
+struct SumOverKvSharers : public torch::autograd::Function<SumOverKvSharers> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, int64_t head, int64_t kv_heads, at::IValue tp) {
+    ctx->saved_data["tp"] = std::move(tp);
+    ctx->saved_data["head"] = head;
+    ctx->saved_data["kv"] = kv_heads;
+    return w;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t head = ctx->saved_data["head"].toInt(), kv = ctx->saved_data["kv"].toInt();
+    const at::Tensor& g = grads[0];
+    std::vector<int64_t> shape{kv};
+    for (auto s : g.sizes()) shape.push_back(s);
+    at::Tensor slots = at::zeros(shape, g.options());
+    slots[head].copy_(g);
+    group_of(ctx).all_reduce(slots, ReduceOp::Sum)->wait();
+    return {slots[head], at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // Cross-entropy over vocabulary-split logits (the header has the math).
 struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
@@ -147,7 +169,12 @@ void check_tensor_parallel(const GPTConfig& cfg, int64_t tp) {
     }
   };
   need(cfg.n_head, "the attention heads (--n-head)");
-  need(cfg.n_kv_head, "the key/value heads (--n-kv-head; replicating them over tp is not supported yet)");
+  // kv heads: divided over tp when tp divides them, replicated (each rank keeps the one its query
+  // heads use) when they divide tp.
+  if (cfg.n_kv_head % tp != 0 && tp % cfg.n_kv_head != 0) {
+    throw ConfigError("--tp " + std::to_string(tp) + " and the key/value heads (--n-kv-head " +
+                      std::to_string(cfg.n_kv_head) + ") must divide one another");
+  }
   need(cfg.d_model, "--d-model");
   need(cfg.mlp_hidden(), "the MLP width (4 d_model)");
   need(cfg.padded_vocab_size(), "the padded vocabulary");
@@ -201,6 +228,19 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
     return vocab_parallel_cross_entropy(at::linear(copy_to_tp(hidden, tp), wte), targets, vocab_start, vocab, tp);
   };
   ops->reduce = [tp](const at::Tensor& partial) { return reduce_from_tp(partial, tp); };
+  if (cfg.n_kv_head < shard.tp) {
+    // Replicated kv heads: rank r keeps head r KV / t; its k and v rows' gradients are summed
+    // over the t / KV ranks that share the head, so every copy takes the same step.
+    const int64_t q_rows = cfg.n_head / shard.tp * cfg.head_dim(), kv = cfg.n_kv_head;
+    const int64_t head = shard.rank * kv / shard.tp;
+    ops->qkv = [tp, q_rows, head, kv](const at::Tensor& x, const LinearImpl& l) {
+      auto tie = [&](const at::Tensor& w) {
+        const int64_t rest = w.size(0) - q_rows;
+        return at::cat({w.narrow(0, 0, q_rows), SumOverKvSharers::apply(w.narrow(0, q_rows, rest), head, kv, capsule(tp))});
+      };
+      return column_parallel_linear(x, tie(l.weight), tie(l.bias), tp);
+    };
+  }
   ops->in_tp_region = [r = shard.rank](c10::Device device, const std::function<at::Tensor()>& fn) {
     return with_rank_rng(device, r, fn);
   };
@@ -214,18 +254,24 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 // How a parameter is split: along `dim`, each of `sections` (consecutive pieces of that dim,
 // e.g. c_attn's q, k, v) divided into tp parts. Nothing for a replicated parameter.
+// A section is cut into `parts` pieces (tp, or the kv heads when tp replicates them); rank r
+// holds piece r parts / tp.
+struct Section {
+  int64_t size = 0, parts = 0;
+};
 struct Split {
   int64_t dim = 0;
-  std::vector<int64_t> sections;
+  std::vector<Section> sections;
 };
-std::optional<Split> split_of(const std::string& name, const at::Tensor& whole, const GPTConfig& cfg) {
-  if (name == "wte") return Split{0, {whole.size(0)}};
+std::optional<Split> split_of(const std::string& name, const at::Tensor& whole, const GPTConfig& cfg, int64_t t) {
+  if (name == "wte") return Split{0, {{whole.size(0), t}}};
   if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) {
     const int64_t q = cfg.n_head * cfg.head_dim(), kv = cfg.n_kv_head * cfg.head_dim();
-    return Split{0, {q, kv, kv}};
+    const int64_t kv_parts = std::min(cfg.n_kv_head, t);
+    return Split{0, {{q, t}, {kv, kv_parts}, {kv, kv_parts}}};
   }
-  if (ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias")) return Split{0, {whole.size(0)}};
-  if (ends_with(name, "c_proj.weight")) return Split{1, {whole.size(1)}};
+  if (ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias")) return Split{0, {{whole.size(0), t}}};
+  if (ends_with(name, "c_proj.weight")) return Split{1, {{whole.size(1), t}}};
   return std::nullopt;
 }
 }  // namespace
@@ -238,28 +284,28 @@ bool is_tensor_parallel(const std::string& name) {
 namespace {
 // Rank r's slice of parameter `name`'s whole tensor w (or w itself when replicated).
 at::Tensor slice_of(const std::string& name, const at::Tensor& w, const GPTConfig& cfg, int64_t t, int64_t r) {
-  auto split = split_of(name, w, cfg);
+  auto split = split_of(name, w, cfg, t);
   if (!split) return w;
   std::vector<at::Tensor> parts;
   int64_t offset = 0;
-  for (int64_t n : split->sections) {
-    parts.push_back(w.narrow(split->dim, offset, n).chunk(t, split->dim)[r]);
-    offset += n;
+  for (const auto& s : split->sections) {
+    parts.push_back(w.narrow(split->dim, offset, s.size).chunk(s.parts, split->dim)[r * s.parts / t]);
+    offset += s.size;
   }
   return at::cat(parts, split->dim);
 }
 // The whole tensor from every rank's slice (the inverse of slice_of).
 at::Tensor assemble(const std::string& name, const std::vector<at::Tensor>& pieces, const at::Tensor& like_whole,
                     const GPTConfig& cfg) {
-  auto split = split_of(name, like_whole, cfg);
-  std::vector<at::Tensor> sections;
   const int64_t t = static_cast<int64_t>(pieces.size());
+  auto split = split_of(name, like_whole, cfg, t);
+  std::vector<at::Tensor> sections;
   int64_t local_offset = 0;
-  for (int64_t n : split->sections) {
-    std::vector<at::Tensor> per_rank;
-    for (const auto& p : pieces) per_rank.push_back(p.narrow(split->dim, local_offset, n / t));
-    sections.push_back(at::cat(per_rank, split->dim));
-    local_offset += n / t;
+  for (const auto& s : split->sections) {
+    std::vector<at::Tensor> per_piece;  // piece j from the first rank holding it
+    for (int64_t j = 0; j < s.parts; ++j) per_piece.push_back(pieces[j * t / s.parts].narrow(split->dim, local_offset, s.size / s.parts));
+    sections.push_back(at::cat(per_piece, split->dim));
+    local_offset += s.size / s.parts;
   }
   return at::cat(sections, split->dim);
 }
@@ -331,6 +377,17 @@ void gather_to_whole(GPT& shard, const AdamW& shard_opt, GPT* whole, AdamW* whol
   if (whole_opt) whole_opt->set_steps_taken(shard_opt.steps_taken());
 }
 
+std::vector<std::pair<at::Tensor, double>> tp_weighted_pieces(const std::string& name, const at::Tensor& local,
+                                                              const GPT& model) {
+  const GPTConfig& cfg = model.config();
+  const int64_t t = model.shard().tp;
+  const bool qkv = ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias");
+  if (!qkv || cfg.n_kv_head >= t) return {{local, 1.0}};
+  const int64_t q_rows = cfg.n_head / t * cfg.head_dim();
+  return {{local.narrow(0, 0, q_rows), 1.0},
+          {local.narrow(0, q_rows, local.size(0) - q_rows), static_cast<double>(cfg.n_kv_head) / static_cast<double>(t)}};
+}
+
 at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& tp) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
@@ -340,9 +397,12 @@ at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, con
     if (!g.defined()) continue;
     grads.push_back(g);
     const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp
-    at::Tensor sq = at::linalg_vector_norm(g, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble);
-    at::Tensor& acc = is_tensor_parallel(item.key()) ? split_sq : replicated_sq;
-    acc = acc.defined() ? acc + sq : sq;
+    const bool split = is_tensor_parallel(item.key());
+    for (const auto& [piece, weight] : split ? tp_weighted_pieces(item.key(), g, model) : decltype(tp_weighted_pieces(item.key(), g, model)){{g, 1.0}}) {
+      at::Tensor sq = at::linalg_vector_norm(piece, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble) * weight;
+      at::Tensor& acc = split ? split_sq : replicated_sq;
+      acc = acc.defined() ? acc + sq : sq;
+    }
   }
   if (grads.empty()) return at::zeros({}, at::kFloat);
   const auto opts = grads.front().options().dtype(at::kDouble);

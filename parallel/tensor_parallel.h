@@ -31,6 +31,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -97,6 +99,11 @@ void gather_to_whole(GPT& shard, const AdamW& shard_opt, GPT* whole, AdamW* whol
                      const std::shared_ptr<Communicator>& tp);
 // Whether parameter `name` (GPT's names) is split over tp; the others are replicated.
 bool is_tensor_parallel(const std::string& name);
+// A split parameter's local tensor (or its gradient) as pieces with the weight each takes in a
+// sum over tp that counts every element of the whole model once: 1, except the kv rows of
+// c_attn when tp replicates the kv heads (each held by tp / KV ranks): KV / tp.
+std::vector<std::pair<at::Tensor, double>> tp_weighted_pieces(const std::string& name, const at::Tensor& local,
+                                                              const GPT& model);
 // The global gradient norm of a tensor-parallel model, clipped as optim/grad_clip.h does:
 // norm^2 = sum over tp of the split parameters' squares + the replicated ones' (counted once);
 // g <- g min(1, max_norm / (norm + 1e-6)) / grad_scale. Returns the norm / grad_scale.

@@ -56,6 +56,8 @@ void TrainConfig::validate() const {
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
 
   not_yet(pp != 1, "--pp " + std::to_string(pp), "pipeline parallelism");
+  not_yet(tp > gpt.n_kv_head && zero != 0, "--tp " + std::to_string(tp) + " above --n-kv-head with --zero",
+          "ZeRO over replicated kv heads");
   one_of("zero-accum", zero_accum, {"reduce", "local"});
   if (offload != "none" && zero == 0) {
     throw ConfigError("--offload " + offload + " needs ZeRO (--zero 1, 2 or 3): it moves the sharded optimizer state");

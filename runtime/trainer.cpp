@@ -577,8 +577,10 @@ json Trainer::run() {
       auto d = item.value().detach().to(at::kDouble);
       const double s1 = d.sum().item<double>(), s2 = d.pow(2).sum().item<double>();
       if (r.shape.tp > 1 && is_tensor_parallel(item.key())) {
-        split[0] += s1;
-        split[1] += s2;
+        for (const auto& [piece, weight] : tp_weighted_pieces(item.key(), d, *r.model)) {
+          split[0] += piece.sum().item<double>() * weight;
+          split[1] += piece.pow(2).sum().item<double>() * weight;
+        }
       } else {
         param_sum += s1;
         param_sq += s2;
