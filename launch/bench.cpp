@@ -52,7 +52,7 @@ json measure(TrainConfig t, const BenchConfig& b, const ProcessInfo& proc, int i
   t.log_every = t.steps;
   t.log_json = proc.rank == 0 ? "/tmp/kiln-bench-" + std::to_string(getpid()) + "-" + std::to_string(index) + ".jsonl" : "";
   t.validate();
-  const json summary = Trainer(t, proc).run();
+  Trainer(t, proc).run();
   if (proc.rank != 0) return json();
 
   std::ifstream in(t.log_json);
@@ -100,7 +100,6 @@ json measure(TrainConfig t, const BenchConfig& b, const ProcessInfo& proc, int i
   out["watts"] = energy && joules > 0 ? num(joules / seconds) : json(nullptr);
   out["joules_per_token"] = energy && joules > 0 ? num(joules / tokens) : json(nullptr);
   out["tflops_per_watt"] = energy && joules > 0 ? num(tokens * flops_per_token / 1e12 / joules) : json(nullptr);
-  (void)summary;
   return out;
 }
 
@@ -153,7 +152,6 @@ BenchArgs parse_bench_args(const std::vector<std::string>& args) {
       out.help_text = kBenchHelp;
       return out;
     }
-    if (a == "--warmup-steps" || a == "--bench-warmup") a = "--warmup";  // aliases
     if (a == "--measure") out.config.measure = positive(a, take());
     else if (a == "--warmup") out.config.warmup = positive(a, take());
     else if (a == "--max-micro-batch") out.config.max_micro_batch = positive(a, take());

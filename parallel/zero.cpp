@@ -59,8 +59,6 @@ ZeroAccum parse_zero_accum(const std::string& name) {
   if (name == "local") return ZeroAccum::Local;
   throw ConfigError("--zero-accum must be one of reduce, local (got '" + name + "')");
 }
-std::string to_string(Offload o) { return o == Offload::None ? "none" : o == Offload::Optimizer ? "optimizer" : "all"; }
-std::string to_string(ZeroAccum a) { return a == ZeroAccum::Reduce ? "reduce" : "local"; }
 
 // A parameter's part of this rank's shard: [offset, offset + length) of the shard.
 struct ZeroEngine::Segment {
@@ -273,9 +271,8 @@ void ZeroEngine::release(Unit& u) {
 // ---- gradients -----------------------------------------------------------------------------
 
 void ZeroEngine::begin_micro(int64_t micro) {
-  first_micro_ = micro == 0;
   last_micro_ = micro + 1 == cfg_.grad_accum;
-  if (first_micro_) {
+  if (micro == 0) {
     at::NoGradGuard no_grad;
     for (auto& u : units_) (u->grad_full.defined() && !streamed() ? u->grad_full : u->grad_shard).zero_();
   }

@@ -74,8 +74,6 @@ enum class ZeroAccum { Reduce, Local };
 
 Offload parse_offload(const std::string& name);      // none | optimizer | all
 ZeroAccum parse_zero_accum(const std::string& name);  // reduce | local
-std::string to_string(Offload o);
-std::string to_string(ZeroAccum a);
 
 struct ZeroConfig {
   int stage = 1;                        // 1, 2 or 3
@@ -140,8 +138,6 @@ class ZeroEngine {
 
   ModelStateBytes memory() const;
   int64_t padded_numel() const;     // psi'
-  int64_t steps_taken() const { return steps_; }
-  const ZeroConfig& config() const { return cfg_; }
 
  private:
   struct Unit;
@@ -166,7 +162,6 @@ class ZeroEngine {
   std::vector<Unit*> in_flight_;  // reductions launched and not yet finished, oldest first
   GradReadyHooks hooks_;
   bool last_micro_ = true;
-  bool first_micro_ = true;
   int64_t steps_ = 0;
 };
 
