@@ -48,17 +48,6 @@ std::vector<std::vector<at::Tensor>> units_of(GPT& model) {
 
 }  // namespace
 
-Offload parse_offload(const std::string& name) {
-  if (name == "none") return Offload::None;
-  if (name == "optimizer") return Offload::Optimizer;
-  if (name == "all") return Offload::All;
-  throw ConfigError("--offload must be one of none, optimizer, all (got '" + name + "')");
-}
-ZeroAccum parse_zero_accum(const std::string& name) {
-  if (name == "reduce") return ZeroAccum::Reduce;
-  if (name == "local") return ZeroAccum::Local;
-  throw ConfigError("--zero-accum must be one of reduce, local (got '" + name + "')");
-}
 
 // A parameter's part of this rank's shard: [offset, offset + length) of the shard.
 struct ZeroEngine::Segment {

@@ -62,18 +62,13 @@
 
 #include "optim/adamw.h"
 #include "parallel/grad_ready.h"
+#include "parallel/zero_options.h"
 #include "runtime/comm.h"
 
 namespace kiln {
 
 class GPT;
 class BlockImpl;
-
-enum class Offload { None, Optimizer, All };
-enum class ZeroAccum { Reduce, Local };
-
-Offload parse_offload(const std::string& name);      // none | optimizer | all
-ZeroAccum parse_zero_accum(const std::string& name);  // reduce | local
 
 struct ZeroConfig {
   int stage = 1;                        // 1, 2 or 3

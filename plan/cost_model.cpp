@@ -36,17 +36,6 @@ int64_t block_numel(const GPTConfig& m, int64_t t) {
 
 // ---- enums ----------------------------------------------------------------------------------
 
-Offload parse_offload(const std::string& v) {
-  if (v == "none") return Offload::None;
-  if (v == "optimizer") return Offload::Optimizer;
-  if (v == "all") return Offload::All;
-  throw ConfigError("--offload must be none, optimizer or all (got '" + v + "')");
-}
-ZeroAccum parse_zero_accum(const std::string& v) {
-  if (v == "reduce") return ZeroAccum::Reduce;
-  if (v == "local") return ZeroAccum::Local;
-  throw ConfigError("--zero-accum must be reduce or local (got '" + v + "')");
-}
 Recompute parse_recompute(const std::string& v) {
   if (v == "none") return Recompute::None;
   if (v == "selective") return Recompute::Selective;
@@ -58,8 +47,6 @@ Attention parse_attention(const std::string& v) {
   if (v == "math") return Attention::Math;
   throw ConfigError("--attention must be auto, flash or math (got '" + v + "')");
 }
-std::string to_string(Offload o) { return o == Offload::None ? "none" : o == Offload::Optimizer ? "optimizer" : "all"; }
-std::string to_string(ZeroAccum z) { return z == ZeroAccum::Reduce ? "reduce" : "local"; }
 std::string to_string(Recompute r) { return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full"; }
 std::string to_string(Attention a) { return a == Attention::Flash ? "flash" : "math"; }
 

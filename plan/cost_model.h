@@ -92,21 +92,21 @@
 #include <vector>
 
 #include "models/gpt_config.h"
+#include "parallel/zero_options.h"
 #include "plan/cluster.h"
 
 namespace kiln::plan {
 
-enum class Offload { None, Optimizer, All };
-enum class ZeroAccum { Reduce, Local };         // ZeRO-2/3 with K > 1: reduce-scatter every micro-step, or once
+using ::kiln::Offload;    // parallel/zero_options.h: the engine's own option values
+using ::kiln::ZeroAccum;  // ZeRO-2/3 with K > 1: reduce-scatter every micro-step, or once
+using ::kiln::parse_offload;
+using ::kiln::parse_zero_accum;
+using ::kiln::to_string;
 enum class Recompute { None, Selective, Full };  // --activation-checkpointing
 enum class Attention { Flash, Math };            // which attention kernel keeps what (section 3)
 
-Offload parse_offload(const std::string& s);
-ZeroAccum parse_zero_accum(const std::string& s);
 Recompute parse_recompute(const std::string& s);
 Attention parse_attention(const std::string& s);
-std::string to_string(Offload o);
-std::string to_string(ZeroAccum z);
 std::string to_string(Recompute r);
 std::string to_string(Attention a);
 
