@@ -96,18 +96,35 @@ GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts, ModelShard shard) 
   cfg_.validate();
   if (!shard_.ops) shard_.ops = std::make_shared<LayerOps>();
   const auto o = opts.dtype(at::kFloat);
-  // Under tensor parallelism wte holds this rank's rows of the padded vocabulary.
-  wte = register_parameter("wte", at::empty({cfg_.padded_vocab_size() / shard_.tp, cfg_.d_model}, o));
-  wpe = register_parameter("wpe", at::empty({cfg_.seq_len, cfg_.d_model}, o));
+  if (shard_.block_end < 0) shard_.block_end = cfg_.n_layer;
+  if (shard_.block_begin < 0 || shard_.block_begin > shard_.block_end || shard_.block_end > cfg_.n_layer) {
+    throw ConfigError("GPT: blocks [" + std::to_string(shard_.block_begin) + ", " + std::to_string(shard_.block_end) +
+                      ") are not a range of the model's " + std::to_string(cfg_.n_layer));
+  }
+  // Under tensor parallelism wte holds this rank's rows of the padded vocabulary; registered
+  // first, as in the whole model, so the parameter order is the whole model's order restricted.
+  if (shard_.embedding || shard_.head)
+    wte = register_parameter("wte", at::empty({cfg_.padded_vocab_size() / shard_.tp, cfg_.d_model}, o));
+  if (shard_.embedding) wpe = register_parameter("wpe", at::empty({cfg_.seq_len, cfg_.d_model}, o));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < cfg_.n_layer; ++i) h->push_back(std::make_shared<BlockImpl>(cfg_, o, shard_));
-  ln_f = register_module("ln_f", std::make_shared<LayerNormImpl>(cfg_.d_model, cfg_.layer_norm_eps, o));
+  for (int64_t i = 0; i < cfg_.n_layer; ++i) {
+    if (i >= shard_.block_begin && i < shard_.block_end) h->push_back(std::make_shared<BlockImpl>(cfg_, o, shard_));
+    else h->push_back(std::make_shared<torch::nn::Module>());  // another stage's block: keeps the numbering
+  }
+  if (shard_.head) ln_f = register_module("ln_f", std::make_shared<LayerNormImpl>(cfg_.d_model, cfg_.layer_norm_eps, o));
+}
+
+std::vector<std::shared_ptr<BlockImpl>> GPT::blocks() const {
+  std::vector<std::shared_ptr<BlockImpl>> out;
+  for (int64_t i = shard_.block_begin; i < shard_.block_end; ++i)
+    out.push_back(std::dynamic_pointer_cast<BlockImpl>(h->ptr(static_cast<size_t>(i))));
+  return out;
 }
 
 void GPT::init_weights(uint64_t seed) {
   if (wte.device().is_meta()) return;
-  if (shard_.tp > 1) {
-    throw Error("GPT::init_weights: a tensor-parallel shard is initialised by copying its slices of the whole "
+  if (!shard_.whole_model() || shard_.tp > 1) {
+    throw Error("GPT::init_weights: a tensor-parallel or pipeline shard is initialised by copying its slices of the whole "
                 "model (parallel/tensor_parallel.h: copy_to_shard), so every layout starts from the same weights");
   }
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -141,7 +158,8 @@ void GPT::init_weights(uint64_t seed) {
   if (pad > 0) wte.narrow(0, V, pad).zero_();
 }
 
-at::Tensor GPT::hidden(const at::Tensor& idx) {
+at::Tensor GPT::embed(const at::Tensor& idx) {
+  if (!shard_.embedding) throw Error("GPT::embed: this pipeline stage does not hold the embedding");
   const int64_t T = idx.size(1);
   if (T > cfg_.seq_len) {
     throw ConfigError("sequence of " + std::to_string(T) + " tokens is longer than the model's context (" +
@@ -149,21 +167,35 @@ at::Tensor GPT::hidden(const at::Tensor& idx) {
   }
   auto x = (shard_.ops->embed ? shard_.ops->embed(idx, wte) : at::embedding(wte, idx)) + wpe.narrow(0, 0, T);
   if (is_training() && cfg_.dropout > 0.0) x = at::dropout(x, cfg_.dropout, true);
-  for (const auto& m : *h) {
-    auto& block = *m->as<BlockImpl>();
+  return x;
+}
+
+at::Tensor GPT::run_blocks(const at::Tensor& x_in) {
+  at::Tensor x = x_in;
+  for (int64_t i = shard_.block_begin; i < shard_.block_end; ++i) {
+    auto& block = *h[static_cast<size_t>(i)]->as<BlockImpl>();
     x = block_runner ? block_runner(block, x) : block.forward(x);
   }
-  return ln_f->forward(x);
+  return x;
+}
+
+at::Tensor GPT::hidden(const at::Tensor& idx) {
+  if (!shard_.whole_model()) throw Error("GPT::hidden: a pipeline stage runs embed / run_blocks / head_loss");
+  return ln_f->forward(run_blocks(embed(idx)));
 }
 
 at::Tensor GPT::logits(const at::Tensor& idx) { return at::linear(hidden(idx), wte); }
 
 at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
-  if (shard_.ops->loss) {
-    auto x = hidden(idx);
-    return shard_.ops->loss(x.reshape({-1, x.size(-1)}), wte, targets.reshape({-1}));
-  }
-  auto lg = logits(idx);
+  if (!shard_.whole_model()) throw Error("GPT::loss: a pipeline stage runs embed / run_blocks / head_loss");
+  return head_loss(run_blocks(embed(idx)), targets);
+}
+
+at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets) {
+  if (!shard_.head) throw Error("GPT::head_loss: this pipeline stage does not hold the output layer");
+  auto x = ln_f->forward(x_in);
+  if (shard_.ops->loss) return shard_.ops->loss(x.reshape({-1, x.size(-1)}), wte, targets.reshape({-1}));
+  auto lg = at::linear(x, wte);
   const int64_t V = cfg_.vocab_size;
   if (lg.size(-1) != V) lg = lg.narrow(-1, 0, V);
   // In fp32 whatever the compute precision: log-sum-exp over the vocabulary needs its range.

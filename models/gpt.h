@@ -23,11 +23,18 @@
 // part of each split layer (heads, MLP columns, vocabulary rows) and applies those layers
 // through the LayerOps it is given; parallel/tensor_parallel.h makes both. With the default
 // shard (tp = 1, empty ops) the model is the plain one.
+//
+// Pipeline parallelism enters through ModelShard too: a stage holds blocks [block_begin,
+// block_end) (their parameters keep their whole-model names, h.<i>...), the first stage also the
+// embedding (wte, wpe), the last one ln_f and the tied output layer (its own copy of wte). A
+// stage runs embed() (first), run_blocks(), head_loss() (last); parallel/pipeline.h moves the
+// activations between stages.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -73,6 +80,11 @@ struct LayerOps {
 struct ModelShard {
   int64_t tp = 1, rank = 0;
   std::shared_ptr<const LayerOps> ops = std::make_shared<LayerOps>();
+  // Pipeline stage: the blocks [block_begin, block_end) (block_end -1: n_layer); `embedding`
+  // (first stage: wte lookup + wpe), `head` (last stage: ln_f and the tied output layer, wte).
+  int64_t block_begin = 0, block_end = -1;
+  bool embedding = true, head = true;
+  bool whole_model() const { return block_begin == 0 && block_end < 0 && embedding && head; }
 };
 
 class LayerNormImpl : public torch::nn::Module {
@@ -144,6 +156,15 @@ class GPT : public torch::nn::Module {
 
   // Residual stream after ln_f: [B, T] token ids -> [B, T, d].
   at::Tensor hidden(const at::Tensor& idx);
+  // The parts a pipeline stage runs (the whole model runs all three in hidden() / loss()):
+  // wte[idx] + wpe (first stage) [B, T] -> [B, T, d]; this stage's blocks [B, T, d] -> [B, T, d];
+  // ln_f, the tied output layer and the mean cross-entropy (last stage) -> scalar.
+  at::Tensor embed(const at::Tensor& idx);
+  at::Tensor run_blocks(const at::Tensor& x);
+  at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets);
+  // This stage's blocks in order (every block of the whole model). h has n_layer entries; those
+  // of other stages are empty placeholders without parameters.
+  std::vector<std::shared_ptr<BlockImpl>> blocks() const;
   // Logits over the padded vocabulary: [B, T] -> [B, T, V'].
   at::Tensor logits(const at::Tensor& idx);
   // Mean next-token cross-entropy: idx and targets [B, T] int64 -> scalar.
@@ -153,9 +174,9 @@ class GPT : public torch::nn::Module {
   const ModelShard& shard() const { return shard_; }
   int64_t num_params() const;  // counts the module's parameters (the tied wte once)
 
-  at::Tensor wte, wpe;  // [V', d], [T, d]
+  at::Tensor wte, wpe;  // [V', d], [T, d] (undefined on a pipeline stage that lacks them)
   torch::nn::ModuleList h;
-  std::shared_ptr<LayerNormImpl> ln_f;
+  std::shared_ptr<LayerNormImpl> ln_f;  // null on a pipeline stage other than the last
   // Hook that runs one block, called as block_runner(block, x) for x [B, T, d]; empty:
   // block.forward(x). (Set by parallel/activation_checkpoint.h.)
   std::function<at::Tensor(BlockImpl&, const at::Tensor&)> block_runner;

@@ -296,8 +296,8 @@ std::string to_string(ActivationCheckpointing mode) {
 
 void apply_activation_checkpointing(GPT& model, ActivationCheckpointing mode, CheckpointOptions opts) {
   model.block_runner = nullptr;
-  for (const auto& m : *model.h) {
-    auto& block = *m->as<BlockImpl>();
+  for (const auto& b : model.blocks()) {
+    auto& block = *b;
     block.attn->core = nullptr;
     block.mlp->gelu_proj = nullptr;
   }
@@ -312,8 +312,8 @@ void apply_activation_checkpointing(GPT& model, ActivationCheckpointing mode, Ch
       };
       break;
     case ActivationCheckpointing::Selective:
-      for (const auto& m : *model.h) {
-        auto& block = *m->as<BlockImpl>();
+      for (const auto& b : model.blocks()) {
+        auto& block = *b;
         block.attn->core = [opts](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double p) {
           CheckpointFn core = [p](const std::vector<at::Tensor>& in) {
             return std::vector<at::Tensor>{causal_attention(in[0], in[1], in[2], p)};

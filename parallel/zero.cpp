@@ -31,12 +31,25 @@ void alloc_storage(const at::Tensor& t) {
   s->set_nbytes(nbytes);
 }
 
-// The units of a GPT, in order: unit 0 = wte, wpe, ln_f; unit 1 + i = block i.
+// The units of a GPT, in order. The whole model: unit 0 = wte, wpe, ln_f; unit 1 + i = block i.
+// A pipeline stage (parallel/pipeline.h): wte alone first, where the stage holds it (the first and
+// the last stage each hold a copy, whose reduced gradient shards the tied-embedding sync adds
+// element by element, so both copies must be laid out and sharded alike); then wpe and ln_f,
+// where held, as one unit; then the stage's blocks. The blocks' units are the last
+// blocks().size() units.
 std::vector<std::vector<at::Tensor>> units_of(GPT& model) {
   std::vector<std::vector<at::Tensor>> units;
-  units.push_back({model.wte, model.wpe});
-  for (const auto& p : model.ln_f->parameters()) units[0].push_back(p);
-  for (const auto& m : *model.h) units.push_back(m->parameters());
+  const bool stage = !model.shard().whole_model();
+  std::vector<at::Tensor> outer;
+  if (model.wte.defined()) {
+    if (stage) units.push_back({model.wte});
+    else outer.push_back(model.wte);
+  }
+  if (model.wpe.defined()) outer.push_back(model.wpe);
+  if (model.ln_f)
+    for (const auto& p : model.ln_f->parameters()) outer.push_back(p);
+  if (!outer.empty()) units.push_back(std::move(outer));
+  for (const auto& b : model.blocks()) units.push_back(b->parameters());
   size_t covered = 0;
   for (const auto& u : units) covered += u.size();
   if (covered != model.parameters().size()) {
@@ -83,6 +96,10 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     : model_(model), device_(device), dp_(std::move(dp)), cfg_(cfg), adam_(adam), steps_(steps_taken) {
   if (cfg_.stage < 1 || cfg_.stage > 3) throw ConfigError("zero: stage must be 1, 2 or 3");
   if (cfg_.offload == Offload::All && cfg_.stage != 3) throw ConfigError("--offload all needs --zero 3");
+  if (cfg_.stage == 3 && !model_.shard().whole_model()) {
+    throw ConfigError("--zero 3 with --pp > 1 is not supported yet (its per-block gathers assume one forward and "
+                      "one backward per micro-batch in turn, not 1F1B's interleaving): use --zero 1 or 2");
+  }
   const int64_t n = dp_->size(), r = dp_->rank();
   const bool pin = device_.is_cuda();
   const auto dev = at::TensorOptions().dtype(at::kFloat).device(device_);
@@ -107,6 +124,8 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
       double weight = 1.0;
       for (const auto& t : cfg_.tp_replicated)
         if (t.is_same(u->params[k])) weight = 1.0 / static_cast<double>(cfg_.tp->size());
+      for (const auto& t : cfg_.not_counted)
+        if (t.is_same(u->params[k])) weight = 0.0;
       if (a < b) u->segments.push_back({a - lo, b - a, u->params[k].dim() >= 2, weight});
     }
 
@@ -184,7 +203,8 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     // Gather each block just before its forward (prefetching the next), free it after; gather
     // it again when backward reaches its output (prefetching the previous one).
     std::unordered_map<const BlockImpl*, size_t> unit_of;
-    for (size_t i = 0; i < model_.h->size(); ++i) unit_of[model_.h[i]->as<BlockImpl>()] = 1 + i;
+    const auto blocks = model_.blocks();
+    for (size_t i = 0; i < blocks.size(); ++i) unit_of[blocks[i].get()] = units_.size() - blocks.size() + i;
     inner_runner_ = model_.block_runner;
     auto inner = inner_runner_;
     model_.block_runner = [this, inner, unit_of](BlockImpl& block, const at::Tensor& x) {
@@ -334,6 +354,12 @@ void ZeroEngine::end_micro() {
   for (auto& u : units_) release(*u);
 }
 
+at::Tensor ZeroEngine::grad_shard_of(const at::Tensor& param) const {
+  for (const auto& u : units_)
+    if (u->params.size() == 1 && u->params[0].is_same(param)) return u->grad_shard;
+  throw Error("zero: grad_shard_of: the parameter is not alone in a unit");
+}
+
 at::Tensor ZeroEngine::local_grad_sq_norm() const {
   at::NoGradGuard no_grad;
   // On the CPU in double, shard by shard: LibTorch's CPU fp32 norm of a long vector is off by up
@@ -344,7 +370,7 @@ at::Tensor ZeroEngine::local_grad_sq_norm() const {
   };
   for (const auto& u : units_) {
     const auto& g = u->grad_shard;
-    if (!cfg_.tp) {
+    if (!cfg_.tp && cfg_.not_counted.empty()) {
       total += sq_norm(g).to(device_, at::kDouble);
       continue;
     }

@@ -83,6 +83,9 @@ struct ZeroConfig {
   // counts them once; param_moments() then also sums over tp.
   std::shared_ptr<Communicator> tp;                // nullptr: no tensor parallelism
   std::vector<at::Tensor> tp_replicated;           // the replicated parameters (model tensors)
+  // Parameters weighted 0 in the squared gradient norm and in param_moments(): the last pipeline
+  // stage's copy of the tied wte, which the first stage's copy already counts.
+  std::vector<at::Tensor> not_counted;
 };
 
 // Model-state bytes this rank holds, by kind and place (optimizer: the moments, plus the fp32
@@ -111,6 +114,11 @@ class ZeroEngine {
   void begin_micro(int64_t micro);
   // After its backward: waits for the reductions it launched (and launches any a hook did not).
   void end_micro();
+
+  // The reduced gradient shard (after the last end_micro of a step) of the unit that holds
+  // `param` alone -- a pipeline stage's wte (the tied-embedding sync adds the first and last
+  // stages' shards). Throws for a parameter that shares its unit.
+  at::Tensor grad_shard_of(const at::Tensor& param) const;
 
   // The squared L2 norm of this rank's reduced gradient shard (fp32 scalar on the device);
   // summed over dp it is the squared global norm.

@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "parallel/pipeline_layout.h"
 #include "runtime/error.h"
 
 namespace kiln {
@@ -55,7 +56,11 @@ void TrainConfig::validate() const {
   at_least("pp", static_cast<double>(pp), 1);
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
 
-  not_yet(pp != 1, "--pp " + std::to_string(pp), "pipeline parallelism");
+  pipeline_block_counts(gpt.n_layer, pp, pp_split);  // pp above the blocks, or a bad --pp-split
+  if (pp > 1 && zero == 3) {
+    throw ConfigError("--zero 3 with --pp " + std::to_string(pp) + " is not supported yet (ZeRO-3's per-block gathers "
+                      "assume each micro-batch's forward and backward in turn, not 1F1B's interleaving): use --zero 1 or 2");
+  }
   not_yet(tp > gpt.n_kv_head && zero != 0, "--tp " + std::to_string(tp) + " above --n-kv-head with --zero",
           "ZeRO over replicated kv heads");
   one_of("zero-accum", zero_accum, {"reduce", "local"});
@@ -117,6 +122,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["comm_init_timeout"] = comm_init_timeout;
   j["tp"] = tp;
   j["pp"] = pp;
+  j["pp_split"] = pp_split;
   j["zero"] = zero;
   j["offload"] = offload;
   j["zero_accum"] = zero_accum;

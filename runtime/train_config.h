@@ -46,6 +46,7 @@ struct TrainConfig {
   double comm_timeout = 300.0;       // seconds a collective may take before the job is aborted
   double comm_init_timeout = 900.0;  // the same, for start-up and the first step
   int64_t tp = 1, pp = 1;        // tensor / pipeline parallel sizes; dp = world / (tp pp)
+  std::string pp_split;          // blocks per pipeline stage, "4,4,3"; empty = balanced by count
   int64_t zero = 0;              // ZeRO stage 0..3
   std::string offload = "none";  // none | optimizer (ZeRO 1-3) | all (ZeRO-3)
   std::string zero_accum = "reduce";  // ZeRO-2/3 gradient accumulation: reduce | local

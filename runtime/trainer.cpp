@@ -26,6 +26,8 @@
 #include "optim/lr_schedule.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/ddp.h"
+#include "parallel/pipeline.h"
+#include "parallel/pipeline_layout.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
 #include "runtime/backend_choice.h"
@@ -107,6 +109,8 @@ struct Trainer::Run {
   std::vector<at::Tensor> params;
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<ZeroEngine> zero;            // --zero 1..3: shards, reductions and the step
+  std::unique_ptr<PipelineStage> pipe;         // --pp > 1: this rank's stage and its 1F1B schedule
+  std::vector<int64_t> stage_blocks;           // blocks per pipeline stage
   std::shared_ptr<Communicator> host_world;    // MPI over the world, for host tensors under NCCL
   std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
   std::unique_ptr<LossScaler> scaler;
@@ -123,7 +127,9 @@ struct Trainer::Run {
   LogSink log;
 
   int64_t comm_bytes() const {
-    return mesh ? mesh->world()->stats().bytes + mesh->dp()->stats().bytes + mesh->tp()->stats().bytes : int64_t{0};
+    return mesh ? mesh->world()->stats().bytes + mesh->dp()->stats().bytes + mesh->tp()->stats().bytes +
+                      mesh->pp()->stats().bytes
+                : int64_t{0};
   }
 };
 
@@ -181,12 +187,16 @@ void Trainer::setup() {
   // Built and initialised on the host; ZeRO moves only what its stage keeps on the device.
   // Tensor parallelism: every rank builds the whole model from the seed and keeps its slices, so
   // every layout starts from the same weights.
+  // Pipeline parallelism: each stage keeps its blocks (and the embedding / head) of that model.
   r.model = std::make_shared<GPT>(cfg_.gpt);
   r.model->init_weights(cfg_.seed);
-  std::shared_ptr<GPT> whole;  // tp > 1: the whole host model, until a resume has been sliced
-  if (r.shape.tp > 1) {
+  r.stage_blocks = pipeline_block_counts(cfg_.gpt.n_layer, r.shape.pp, cfg_.pp_split);
+  std::shared_ptr<GPT> whole;  // tp or pp > 1: the whole host model, until a resume has been sliced
+  if (r.shape.tp > 1 || r.shape.pp > 1) {
     whole = r.model;
-    r.model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp()));
+    ModelShard shard = r.shape.tp > 1 ? make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp()) : ModelShard{};
+    if (r.shape.pp > 1) shard = pipeline_stage_shard(std::move(shard), r.stage_blocks, r.mesh->coord().pp);
+    r.model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), std::move(shard));
     copy_to_shard(*whole, *r.model);
   }
   if (cfg_.zero == 0) r.model->to(device);
@@ -201,6 +211,9 @@ void Trainer::setup() {
   }
   const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
   r.optimizer = std::make_unique<AdamW>(r.params, adam);  // under ZeRO: the host state a resume loads into
+  if (r.shape.pp > 1) {
+    r.pipe = std::make_unique<PipelineStage>(*r.model, r.mesh->pp(), device, cfg_.micro_batch, r.precision);
+  }
   r.scaler = std::make_unique<LossScaler>(LossScalerConfig{r.precision == Precision::FP16, cfg_.loss_scale,
                                                            cfg_.initial_scale_power, cfg_.loss_scale_window,
                                                            cfg_.hysteresis, cfg_.min_loss_scale});
@@ -210,8 +223,8 @@ void Trainer::setup() {
   Communicator* resume_world = r.mesh ? (cfg_.zero > 0 || whole ? r.host_world.get() : r.mesh->world().get()) : nullptr;
   std::optional<Resumed> resumed;
   if (whole) {
-    // Tensor parallel: the checkpoint (always whole) loads into the whole host model, and each
-    // rank copies its slices of the weights and of the AdamW state.
+    // Tensor / pipeline parallel: the checkpoint (always whole) loads into the whole host model,
+    // and each rank copies its slices (its stage) of the weights and of the AdamW state.
     AdamW whole_opt(whole->parameters(), adam);
     resumed = resume_training(cfg_.resume, cfg_.save_dir, *whole, whole_opt, resume_world);
     if (resumed) {
@@ -241,6 +254,7 @@ void Trainer::setup() {
       for (const auto& item : r.model->named_parameters())
         if (!is_tensor_parallel(item.key())) zc.tp_replicated.push_back(item.value());
     }
+    if (r.pipe && r.pipe->last() && !r.pipe->first()) zc.not_counted.push_back(r.model->wte);  // the tied copy
     r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp(), zc, adam, resumed ? r.optimizer.get() : nullptr,
                                           r.progress.updates);
     r.optimizer.reset();
@@ -280,6 +294,8 @@ void Trainer::log_config() {
                {"config", cfg_.to_json()},
                {"world", {{"size", proc_.world_size}, {"dp", r.shape.dp}, {"tp", r.shape.tp}, {"pp", r.shape.pp},
                           {"backend", r.backend}, {"ddp_buckets", r.ddp ? r.ddp->num_buckets() : 0}}},
+               {"pipeline", {{"stages", r.shape.pp}, {"blocks", r.stage_blocks},
+                             {"bubble", bubble_fraction(r.shape.pp, static_cast<int>(cfg_.grad_accum))}}},
                {"zero", {{"stage", cfg_.zero}, {"offload", cfg_.offload}, {"accum", cfg_.zero_accum},
                          {"padded_params", r.zero ? json(r.zero->padded_numel()) : json(nullptr)}}},
                {"model_state", model_state_json(state)},
@@ -311,6 +327,18 @@ void Trainer::log_config() {
                 static_cast<long long>(cfg_.zero), r.shape.dp, cfg_.offload.c_str(),
                 (d.params + d.grads + d.optimizer) / 1e9, (h.params + h.grads + h.optimizer) / 1e9);
   }
+  if (r.shape.pp > 1) {
+    std::string split;
+    for (int64_t n : r.stage_blocks) split += (split.empty() ? "" : ",") + std::to_string(n);
+    std::printf("kiln: pipeline of %d stages (blocks %s), 1F1B over %lld micro-batches: bubble %.1f%% of each step\n",
+                r.shape.pp, split.c_str(), static_cast<long long>(cfg_.grad_accum),
+                100.0 * bubble_fraction(r.shape.pp, static_cast<int>(cfg_.grad_accum)));
+    if (cfg_.grad_accum < r.shape.pp) {
+      std::printf("kiln: warning: --grad-accum %lld is below --pp %d: the stages idle most of each step; use at least "
+                  "%d micro-batches (4 x pp keeps the bubble under 20%%)\n",
+                  static_cast<long long>(cfg_.grad_accum), r.shape.pp, r.shape.pp);
+    }
+  }
   if (!r.peak) std::printf("kiln: no peak FLOP/s known for '%s': MFU not reported (give --peak-tflops)\n", r.dev.name.c_str());
   std::fflush(stdout);
 }
@@ -321,13 +349,30 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   StepOutcome out;
   r.timer->start();
   out.loss_scale = r.scaler->scale();
-  at::manual_seed(step_seed(cfg_.seed, step, r.dp_rank));
+  // Pipeline stages draw from streams of their own (stage 0's is the unpipelined one).
+  at::manual_seed(step_seed(cfg_.seed ^ (static_cast<uint64_t>(r.mesh ? r.mesh->coord().pp : 0) << 40), step, r.dp_rank));
   if (r.ddp) r.ddp->zero_grad();
   else if (!r.zero) r.model->zero_grad(/*set_to_none=*/true);
 
   auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
   const double backward_factor = out.loss_scale / static_cast<double>(cfg_.grad_accum);
-  for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+  if (r.pipe) {
+    // 1F1B over the stages: the same hooks as below, around each micro-batch's backward.
+    PipelineHooks hooks;
+    hooks.before_backward = [&](int micro) {
+      if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);
+      if (r.zero) r.zero->begin_micro(micro);
+    };
+    hooks.after_backward = [&](int) {
+      if (r.zero) r.zero->end_micro();
+    };
+    hooks.after_action = [&](PipeAction::Type t) {
+      r.timer->mark(t == PipeAction::Type::Forward ? Phase::Forward : t == PipeAction::Type::Backward ? Phase::Backward : Phase::Comm);
+    };
+    loss_sum = r.pipe->train(static_cast<int>(cfg_.grad_accum), [&](int micro) { return r.loader->get(step, micro); },
+                             backward_factor, hooks);
+  }
+  for (int64_t micro = 0; micro < (r.pipe ? 0 : cfg_.grad_accum); ++micro) {
     if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);  // sync skipping
     if (r.zero) r.zero->begin_micro(micro);
     Batch batch = r.loader->get(step, micro);
@@ -349,10 +394,18 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
     r.ddp->finish_backward();
     r.timer->mark(Phase::Comm);
   }
+  if (r.pipe && (r.pipe->first() || r.pipe->last())) {
+    r.pipe->sync_tied_embedding(r.zero ? r.zero->grad_shard_of(r.model->wte) : r.model->wte.mutable_grad());
+    r.timer->mark(Phase::Comm);
+  }
   // DDP / one process: every rank holds the whole reduced gradient, so the norm and the clipping
   // are local. ZeRO: each rank holds a shard; the squared norms are summed with the verdict and
   // the clipping factor is applied by the sharded step.
+  // Pipeline: every stage holds its own parameters, so the squared norm is summed over the world
+  // with the verdict (each rank's share weighted so the sum counts every parameter once) and
+  // the clipping comes after it.
   at::Tensor norm = r.zero               ? r.zero->local_grad_sq_norm()
+                    : r.pipe             ? pipeline_grad_sq_norm_share(*r.model, r.shape.dp)
                     : r.shape.tp > 1 ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, out.loss_scale, r.mesh->tp())
                                      : clip_grad_norm(r.params, cfg_.grad_clip, out.loss_scale);
   r.timer->mark(Phase::Optimizer);
@@ -365,10 +418,14 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
                             at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat),
                             norm.to(loss_sum.device(), at::kFloat)});
   // ZeRO under tensor parallelism sums over dp x tp (the world, without pipeline stages): each
-  // rank's squared norm covers its tp slice, replicated parameters weighted 1/tp.
-  Communicator* verdict_group = r.zero && r.shape.tp > 1 ? r.mesh->world().get() : r.mesh ? r.mesh->dp().get() : nullptr;
-  if (r.mesh && (r.shape.dp > 1 || r.zero)) {
-    auto reduced = verdict.narrow(0, 0, r.zero ? 3 : 2);  // a contiguous view
+  // rank's squared norm covers its tp slice, replicated parameters weighted 1/tp. Pipeline: over
+  // the world, the loss coming from the last stage alone.
+  const bool over_world = r.pipe || (r.zero && r.shape.tp > 1);
+  Communicator* verdict_group = over_world ? r.mesh->world().get() : r.mesh ? r.mesh->dp().get() : nullptr;
+  if (r.pipe && !r.pipe->last()) verdict[0].zero_();
+  const bool reduce_verdict = r.mesh && (r.shape.dp > 1 || r.zero || r.pipe);
+  if (reduce_verdict) {
+    auto reduced = verdict.narrow(0, 0, r.zero || r.pipe ? 3 : 2);  // a contiguous view
     const auto t0 = Clock::now();
     verdict_group->all_reduce(reduced, ReduceOp::Sum)->wait();
     out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -376,9 +433,17 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   }
   const auto host = verdict.to(at::kDouble).cpu();
   const double* h = host.data_ptr<double>();
-  out.loss = h[0] / static_cast<double>(verdict_group && r.mesh && (r.shape.dp > 1 || r.zero) ? verdict_group->size() : 1);
+  const int loss_copies = r.pipe ? r.shape.dp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
+  out.loss = h[0] / static_cast<double>(loss_copies);
   const bool nonfinite = h[1] > 0.0;
-  out.norm = r.zero ? std::sqrt(h[2]) / out.loss_scale : h[2];
+  out.norm = r.zero || r.pipe ? std::sqrt(h[2]) / out.loss_scale : h[2];
+  if (r.pipe && !r.zero && !nonfinite) {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : r.params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    scale_gradients(grads, at::scalar_tensor(out.norm, at::TensorOptions().dtype(at::kFloat).device(device)), cfg_.grad_clip,
+                    out.loss_scale);
+  }
   if (r.precision == Precision::FP16) {
     out.skipped = r.scaler->update(nonfinite);
   } else if (nonfinite) {
@@ -416,7 +481,11 @@ double Trainer::evaluate(int64_t step) {
     r.model->eval();
     if (r.zero) r.zero->begin_forward_only();
     auto total = at::zeros({}, at::TensorOptions().device(device));
-    for (int64_t b = 0; b < cfg_.eval_batches; ++b) {
+    if (r.pipe) {  // forward through the stages; the last one's sum reaches every stage
+      total = r.pipe->evaluate(static_cast<int>(cfg_.eval_batches), [&](int b) { return r.val_loader->get(b, 0); });
+      r.mesh->pp()->all_reduce(total, ReduceOp::Sum)->wait();
+    }
+    for (int64_t b = 0; b < (r.pipe ? 0 : cfg_.eval_batches); ++b) {
       auto batch = r.val_loader->get(b, 0);
       AutocastScope autocast(r.precision, device.type());
       total += r.model->loss(batch.inputs.to(device), batch.targets.to(device)).to(at::kFloat);
@@ -517,31 +586,60 @@ json Trainer::run() {
     }
     const bool save_now = !cfg_.save_dir.empty() &&
                           ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || step + 1 == end_step);
-    if (save_now && (r.zero || r.shape.tp > 1)) {
-      // A whole host model and optimizer on rank 0, which it saves like any other run's: ZeRO's
-      // shards gathered over dp unit by unit (every dp rank takes part), into this tp slice's
-      // model on dp rank 0; tensor-parallel slices all-gathered over tp and reassembled.
+    if (save_now && (r.zero || r.shape.tp > 1 || r.pipe)) {
+      // A whole host model and optimizer on rank 0, which it saves like any other run's, in up
+      // to three gathers: ZeRO's shards over dp, unit by unit, into dp rank 0's copy of its part;
+      // tensor-parallel slices over tp into whole tensors on tp rank 0; the pipeline stages into
+      // rank 0's whole model.
       const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
-      std::shared_ptr<GPT> whole;
-      std::unique_ptr<AdamW> whole_opt;
+      std::shared_ptr<GPT> whole, part_model, stage_model;
+      std::unique_ptr<AdamW> whole_opt, part_opt_holder, stage_opt_holder;
       if (r.checkpointer) {
         whole = std::make_shared<GPT>(cfg_.gpt);
         whole_opt = std::make_unique<AdamW>(whole->parameters(), adam);
       }
-      if (r.shape.tp == 1) {
-        r.zero->consolidate(whole.get(), whole_opt.get());
-      } else if (!r.zero) {
-        gather_to_whole(*r.model, *r.optimizer, whole.get(), whole_opt.get(), r.mesh->tp());
-      } else {
-        const bool first_dp = r.mesh->coord().dp == 0;
-        std::shared_ptr<GPT> slice;
-        std::unique_ptr<AdamW> slice_opt;
-        if (first_dp) {
-          slice = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp()));
-          slice_opt = std::make_unique<AdamW>(slice->parameters(), adam);
+      const MeshCoord c = r.mesh->coord();
+      const bool first_dp = c.dp == 0, stage_writer = first_dp && c.tp == 0;
+      GPT* part = r.model.get();
+      AdamW* part_opt = r.optimizer.get();
+      if (r.zero) {
+        if (r.shape.tp == 1 && !r.pipe) {  // straight into the whole model (rank 0)
+          part = whole.get();
+          part_opt = whole_opt.get();
+        } else if (first_dp) {
+          part_model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), r.model->shard());
+          part_opt_holder = std::make_unique<AdamW>(part_model->parameters(), adam);
+          part = part_model.get();
+          part_opt = part_opt_holder.get();
+        } else {
+          part = nullptr;
+          part_opt = nullptr;
         }
-        r.zero->consolidate(slice.get(), slice_opt.get());
-        if (first_dp) gather_to_whole(*slice, *slice_opt, whole.get(), whole_opt.get(), r.mesh->tp());
+        r.zero->consolidate(part, part_opt);
+      }
+      if (r.shape.tp > 1 && first_dp) {
+        GPT* target = whole.get();  // rank 0: straight into the whole model
+        AdamW* target_opt = whole_opt.get();
+        if (!r.checkpointer && stage_writer) {  // another stage's writer: the stage, tp = 1
+          ModelShard st;
+          st.block_begin = r.model->shard().block_begin;
+          st.block_end = r.model->shard().block_end;
+          st.embedding = r.model->shard().embedding;
+          st.head = r.model->shard().head;
+          stage_model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), st);
+          stage_opt_holder = std::make_unique<AdamW>(stage_model->parameters(), adam);
+          target = stage_model.get();
+          target_opt = stage_opt_holder.get();
+        }
+        gather_to_whole(*part, *part_opt, target, target_opt, r.mesh->tp());
+        part = target;
+        part_opt = target_opt;
+      }
+      if (r.pipe) {
+        std::vector<int> writers;  // world rank of (stage s, dp 0, tp 0)
+        for (int st = 0; st < r.shape.pp; ++st) writers.push_back(st * r.shape.dp * r.shape.tp);
+        gather_stages(stage_writer ? part : nullptr, stage_writer ? part_opt : nullptr, whole.get(), whole_opt.get(),
+                      r.stage_blocks, writers, *r.host_world);
       }
       if (r.checkpointer) {
         last_saved = r.checkpointer->save(*whole, *whole_opt, r.progress,
@@ -573,7 +671,9 @@ json Trainer::run() {
     // Under tensor parallelism the split parameters' slices are summed over tp; the replicated
     // ones are counted once.
     auto split = at::zeros({2}, at::kDouble);
+    const bool tied_copy = r.pipe && r.pipe->last() && !r.pipe->first();  // counted on the first stage
     for (const auto& item : r.model->named_parameters()) {
+      if (tied_copy && item.key() == "wte") continue;
       auto d = item.value().detach().to(at::kDouble);
       const double s1 = d.sum().item<double>(), s2 = d.pow(2).sum().item<double>();
       if (r.shape.tp > 1 && is_tensor_parallel(item.key())) {
@@ -591,6 +691,14 @@ json Trainer::run() {
       param_sum += split[0].item<double>();
       param_sq += split[1].item<double>();
     }
+  }
+  if (r.pipe) {  // every stage's share
+    auto t = at::tensor({param_sum, param_sq}, at::kDouble);
+    if (!device.is_cpu()) t = t.to(device);
+    r.mesh->pp()->all_reduce(t, ReduceOp::Sum)->wait();
+    t = t.cpu();
+    param_sum = t[0].item<double>();
+    param_sq = t[1].item<double>();
   }
   const double mean_tps = timed_steps > 0 ? tokens_per_s_sum / static_cast<double>(timed_steps) : NAN;
   // Energy over the timed steps: average watts, joules per token, model TFLOP/s per watt.

@@ -1,0 +1,292 @@
+// parallel/pipeline.cpp -- a pipeline stage running the 1F1B schedule, the tied-embedding sync,
+// and the checkpoint gather of the stages.
+#include "parallel/pipeline.h"
+
+#include <algorithm>
+#include <map>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "models/gpt.h"
+#include "optim/adamw.h"
+#include "parallel/pipeline_layout.h"
+#include "parallel/tensor_parallel.h"
+#include "runtime/error.h"
+
+namespace kiln {
+
+ModelShard pipeline_stage_shard(ModelShard base, const std::vector<int64_t>& block_counts, int stage) {
+  const auto starts = pipeline_block_starts(block_counts);
+  const int pp = static_cast<int>(block_counts.size());
+  if (stage < 0 || stage >= pp) throw Error("pipeline: stage " + std::to_string(stage) + " of " + std::to_string(pp));
+  base.block_begin = starts[static_cast<size_t>(stage)];
+  base.block_end = starts[static_cast<size_t>(stage) + 1];
+  base.embedding = stage == 0;
+  base.head = stage + 1 == pp;
+  return base;
+}
+
+// One micro-batch's tensors on this stage, from its forward to its backward.
+struct PipelineStage::Slot {
+  at::Tensor input;        // the received activation (a leaf requiring grad); undefined on the first stage
+  at::Tensor output;       // the stage output sent on (or, on the last stage, the loss)
+  at::Tensor output_grad;  // its gradient, received from the next stage
+};
+
+PipelineStage::PipelineStage(GPT& model, std::shared_ptr<Communicator> pp, c10::Device device, int64_t micro_batch,
+                             Precision precision)
+    : model_(model), pp_(std::move(pp)), device_(device), micro_batch_(micro_batch), precision_(precision),
+      stage_(pp_->rank()), stages_(pp_->size()) {
+  const ModelShard& s = model_.shard();
+  if (s.embedding != first() || s.head != last()) {
+    throw Error("pipeline: the model is not stage " + std::to_string(stage_) + "'s part (build it with pipeline_stage_shard)");
+  }
+}
+
+namespace {
+// The sends and receives of one schedule step, posted together and waited for together.
+void exchange(Communicator& pp, int stage, const std::vector<PipeTransfer>& transfers,
+              std::map<int, at::Tensor>& inputs_in, std::map<int, at::Tensor>& grads_in,
+              const std::function<at::Tensor(const PipeTransfer&)>& outgoing, const at::TensorOptions& act,
+              at::IntArrayRef act_shape) {
+  std::vector<P2POp> ops;
+  for (const auto& t : transfers) {
+    switch (t.kind) {
+      case PipeTransfer::Kind::SendActivation: ops.push_back({P2POp::Kind::Send, outgoing(t), stage + 1}); break;
+      case PipeTransfer::Kind::SendGrad: ops.push_back({P2POp::Kind::Send, outgoing(t), stage - 1}); break;
+      case PipeTransfer::Kind::RecvActivation: {
+        auto buf = at::empty(act_shape, act);
+        inputs_in[t.micro] = buf;
+        ops.push_back({P2POp::Kind::Recv, buf, stage - 1});
+        break;
+      }
+      case PipeTransfer::Kind::RecvGrad: {
+        auto buf = at::empty(act_shape, act);
+        grads_in[t.micro] = buf;
+        ops.push_back({P2POp::Kind::Recv, buf, stage + 1});
+        break;
+      }
+    }
+  }
+  pp.send_recv(ops)->wait();
+}
+}  // namespace
+
+at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& batch, double backward_factor,
+                                const PipelineHooks& hooks) {
+  const GPTConfig& cfg = model_.config();
+  const std::vector<int64_t> shape{micro_batch_, cfg.seq_len, cfg.d_model};
+  const auto act = at::TensorOptions().dtype(at::kFloat).device(device_);
+  auto loss_sum = at::zeros({}, act);
+  std::map<int, Slot> live;  // micro-batches forwarded and not yet backwarded (or not yet sent back)
+  max_live_ = 0;
+
+  auto outgoing = [&](const PipeTransfer& t) -> at::Tensor {
+    Slot& s = live.at(t.micro);
+    if (t.kind == PipeTransfer::Kind::SendActivation) {
+      const at::Tensor& y = s.output;
+      if (y.scalar_type() != at::kFloat || y.sizes() != at::IntArrayRef(shape)) {
+        throw Error("pipeline: stage " + std::to_string(stage_) + " output is " + std::string(c10::toString(y.scalar_type())) +
+                    " " + c10::str(y.sizes()) + ", the transfers expect float " + c10::str(at::IntArrayRef(shape)));
+      }
+      return y.detach().contiguous();
+    }
+    at::Tensor g = s.input.grad();
+    if (!g.defined()) g = at::zeros(shape, act);  // the stage's output does not depend on its input
+    return g.contiguous();
+  };
+
+  for (const PipeAction& a : one_f_one_b(stages_, stage_, micros)) {
+    switch (a.type) {
+      case PipeAction::Type::Exchange: {
+        std::map<int, at::Tensor> inputs_in, grads_in;
+        exchange(*pp_, stage_, a.transfers, inputs_in, grads_in, outgoing, act, shape);
+        for (auto& [m, x] : inputs_in) live[m].input = x.requires_grad_(true);
+        for (auto& [m, g] : grads_in) live.at(m).output_grad = g;
+        for (const auto& t : a.transfers)
+          if (t.kind == PipeTransfer::Kind::SendGrad) live.erase(t.micro);  // micro t is done on this stage
+        break;
+      }
+      case PipeAction::Type::Forward: {
+        Slot& s = live[a.micro];
+        Batch b;
+        if (first() || last()) {
+          b = batch(a.micro);
+          b.inputs = b.inputs.to(device_, /*non_blocking=*/true);
+          b.targets = b.targets.to(device_, /*non_blocking=*/true);
+        }
+        AutocastScope autocast(precision_, device_.type());
+        at::Tensor y = model_.run_blocks(first() ? model_.embed(b.inputs) : s.input);
+        if (last()) {
+          s.output = model_.head_loss(y, b.targets);
+          loss_sum += s.output.detach().to(at::kFloat);
+        } else {
+          s.output = y;
+        }
+        max_live_ = std::max(max_live_, static_cast<int>(live.size()));
+        break;
+      }
+      case PipeAction::Type::Backward: {
+        if (hooks.before_backward) hooks.before_backward(a.micro);
+        Slot& s = live.at(a.micro);
+        if (last()) (s.output * backward_factor).backward();
+        else torch::autograd::backward({s.output}, {s.output_grad});
+        s.output = at::Tensor();
+        s.output_grad = at::Tensor();
+        if (hooks.after_backward) hooks.after_backward(a.micro);
+        if (first()) live.erase(a.micro);  // nothing to send back
+        break;
+      }
+    }
+    if (hooks.after_action) hooks.after_action(a.type);
+  }
+  if (!live.empty()) throw Error("pipeline: the schedule left " + std::to_string(live.size()) + " micro-batch(es) unfinished");
+  return loss_sum;
+}
+
+at::Tensor PipelineStage::evaluate(int micros, const std::function<Batch(int)>& batch) {
+  at::NoGradGuard no_grad;
+  const GPTConfig& cfg = model_.config();
+  const std::vector<int64_t> shape{micro_batch_, cfg.seq_len, cfg.d_model};
+  const auto act = at::TensorOptions().dtype(at::kFloat).device(device_);
+  auto loss_sum = at::zeros({}, act);
+  std::map<int, at::Tensor> outputs, inputs;
+  auto outgoing = [&](const PipeTransfer& t) { return outputs.at(t.micro).contiguous(); };
+  for (const PipeAction& a : forward_only(stages_, stage_, micros)) {
+    if (a.type == PipeAction::Type::Exchange) {
+      std::map<int, at::Tensor> unused;
+      exchange(*pp_, stage_, a.transfers, inputs, unused, outgoing, act, shape);
+      for (const auto& t : a.transfers)
+        if (t.kind == PipeTransfer::Kind::SendActivation) outputs.erase(t.micro);
+      continue;
+    }
+    if (a.type != PipeAction::Type::Forward) continue;
+    Batch b;
+    if (first() || last()) {
+      b = batch(a.micro);
+      b.inputs = b.inputs.to(device_);
+      b.targets = b.targets.to(device_);
+    }
+    AutocastScope autocast(precision_, device_.type());
+    at::Tensor y = model_.run_blocks(first() ? model_.embed(b.inputs) : inputs.at(a.micro));
+    inputs.erase(a.micro);
+    if (last()) loss_sum += model_.head_loss(y, b.targets).to(at::kFloat);
+    else outputs[a.micro] = y.to(at::kFloat);
+  }
+  return loss_sum;
+}
+
+void PipelineStage::sync_tied_embedding(at::Tensor grad) {
+  if (stages_ == 1 || !(first() || last())) return;
+  at::NoGradGuard no_grad;
+  const int peer = first() ? stages_ - 1 : 0;
+  at::Tensor mine = grad.contiguous();
+  at::Tensor other = at::empty_like(mine);
+  pp_->send_recv({{P2POp::Kind::Send, mine, peer}, {P2POp::Kind::Recv, other, peer}})->wait();
+  grad.add_(other);
+}
+
+at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp) {
+  at::NoGradGuard no_grad;
+  const bool tied_copy = model.shard().head && !model.shard().embedding;  // the last stage's wte
+  const double tp = static_cast<double>(model.shard().tp);
+  at::Tensor total;
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor& g = item.value().grad();
+    if (!g.defined() || (tied_copy && item.key() == "wte")) continue;
+    const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp
+    std::vector<std::pair<at::Tensor, double>> pieces{{g, 1.0 / tp}};
+    if (model.shard().tp > 1 && is_tensor_parallel(item.key())) pieces = tp_weighted_pieces(item.key(), g, model);
+    for (const auto& [piece, weight] : pieces) {
+      at::Tensor sq = at::linalg_vector_norm(piece, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble) * weight;
+      total = total.defined() ? total + sq : sq;
+    }
+  }
+  if (!total.defined()) {
+    const auto params = model.parameters();
+    total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(params.empty() ? at::kCPU : params[0].device()));
+  }
+  return total / static_cast<double>(dp);
+}
+
+namespace {
+// Whether whole-model parameter `name` belongs to stage s (the tied wte: to the first stage).
+bool in_stage(const std::string& name, int s, const std::vector<int64_t>& starts) {
+  const int pp = static_cast<int>(starts.size()) - 1;
+  if (name == "wte" || name == "wpe") return s == 0;
+  if (name.rfind("ln_f.", 0) == 0) return s == pp - 1;
+  if (name.rfind("h.", 0) == 0) {
+    const int64_t i = std::stoll(name.substr(2));
+    return i >= starts[static_cast<size_t>(s)] && i < starts[static_cast<size_t>(s) + 1];
+  }
+  throw Error("pipeline: no stage holds parameter " + name);
+}
+}  // namespace
+
+void gather_stages(const GPT* stage_model, const AdamW* stage_opt, GPT* whole, AdamW* whole_opt,
+                   const std::vector<int64_t>& block_counts, const std::vector<int>& writers, Communicator& world) {
+  at::NoGradGuard no_grad;
+  const auto starts = pipeline_block_starts(block_counts);
+  const int me = world.rank();
+  if (me == 0 && (!whole || !whole_opt)) throw Error("pipeline: gather_stages needs the whole model on rank 0");
+  for (int s = 0; s < static_cast<int>(writers.size()); ++s) {
+    const int writer = writers[static_cast<size_t>(s)];
+    if (me != writer && me != 0) continue;
+    if (me == writer && !stage_model) throw Error("pipeline: the writer of stage " + std::to_string(s) + " has no model");
+    // The stage's tensors in whole-model order: parameters, then first moments, then second.
+    std::vector<at::Tensor> params, m, v;
+    if (me == writer) {
+      for (const auto& item : stage_model->named_parameters()) {
+        if (!in_stage(item.key(), s, starts)) continue;  // the last stage's copy of wte
+        const auto st = stage_opt->state_of(item.value());
+        params.push_back(item.value().detach().cpu());
+        m.push_back(st.exp_avg.cpu());
+        v.push_back(st.exp_avg_sq.cpu());
+      }
+    }
+    std::vector<at::Tensor> dst;
+    if (me == 0)
+      for (const auto& item : whole->named_parameters())
+        if (in_stage(item.key(), s, starts)) dst.push_back(item.value());
+    auto unpack = [&](const std::vector<at::Tensor>& p, const std::vector<at::Tensor>& pm, const std::vector<at::Tensor>& pv) {
+      if (p.size() != dst.size()) throw Error("pipeline: stage " + std::to_string(s) + " holds another model's parameters");
+      for (size_t k = 0; k < dst.size(); ++k) {
+        const auto st = whole_opt->state_of(dst[k]);
+        dst[k].detach().copy_(p[k].view(dst[k].sizes()));
+        st.exp_avg.copy_(pm[k].view(dst[k].sizes()));
+        st.exp_avg_sq.copy_(pv[k].view(dst[k].sizes()));
+        st.step.fill_(static_cast<double>(whole_opt->steps_taken()));
+      }
+    };
+    if (me == writer && me == 0) {
+      whole_opt->set_steps_taken(stage_opt->steps_taken());
+      unpack(params, m, v);
+      continue;
+    }
+    int64_t n = 0;
+    for (const auto& t : me == 0 ? dst : params) n += t.numel();
+    at::Tensor flat = at::empty({3 * n}, at::kFloat);
+    if (me == writer) {
+      int64_t off = 0;
+      for (const auto* list : {&params, &m, &v})
+        for (const auto& t : *list) {
+          flat.narrow(0, off, t.numel()).copy_(t.reshape({-1}));
+          off += t.numel();
+        }
+      world.send_recv({{P2POp::Kind::Send, flat, 0}})->wait();
+      continue;
+    }
+    world.send_recv({{P2POp::Kind::Recv, flat, writer}})->wait();
+    std::vector<at::Tensor> lists[3];
+    int64_t off = 0;
+    for (auto& list : lists)
+      for (const auto& d : dst) {
+        list.push_back(flat.narrow(0, off, d.numel()));
+        off += d.numel();
+      }
+    unpack(lists[0], lists[1], lists[2]);
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,116 @@
+// parallel/pipeline.h -- pipeline parallelism: each of pp ranks holds one stage of the model
+// (parallel/pipeline_layout.h: contiguous blocks, the embedding on the first stage, ln_f and the
+// tied output layer on the last) and runs the 1F1B schedule of parallel/pipeline_schedule.h
+// (Narayanan et al., 2021) over point-to-point transfers of the pp group.
+//
+// A step of m micro-batches (m = --grad-accum), B = micro-batch, T = sequence, d = d_model:
+//   stage s forward of micro j:  x_j = recv from s-1 ([B, T, d] fp32; the first stage embeds
+//                                instead), y_j = blocks_s(x_j), send y_j to s+1 (the last stage
+//                                computes loss_j = CE(head(y_j)) instead)
+//   stage s backward of micro j: dy_j = recv from s+1 (the last stage backpropagates
+//                                loss_j S / m instead), dx_j = backward(y_j, dy_j), send dx_j
+//                                to s-1 (the first stage has none)
+// The sends and receives of one schedule step are posted together (one NCCL group, or
+// non-blocking MPI), so no order of ranks deadlocks. Shapes come from the config: nothing is
+// negotiated per message, and a stage output of another shape or dtype is an error.
+// Activations: a stage holds the graphs of at most min(pp - s, m) micro-batches at once (1F1B's
+// bound; GPipe would hold m). Bubble: (pp - 1) / (m + pp - 1) of each step is idle.
+// Traffic per step and boundary: m B T d 4 bytes of activations forward and the same of
+// gradients backward (CommStats counts the bytes sent).
+//
+// Tied embeddings: the first and last stages each hold a copy of wte (lookup and output layer).
+// After the data-parallel reduction their gradients g_0 and g_L are exchanged and each stage adds
+// the other's: g_0 + g_L on both (the same bits: IEEE addition commutes), the whole-model
+// gradient. Both copies take the same AdamW step and stay equal; the first stage's copy alone
+// counts in the gradient norm, the fingerprint and the checkpoint.
+//
+// Gradient sync over dp (DDP, or ZeRO-1/2) happens in the last micro-batch's backward, as
+// without pipelining; the loss is the mean over the micro-batches, computed on the last stage.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "data/loader.h"
+#include "parallel/pipeline_schedule.h"
+#include "runtime/comm.h"
+#include "runtime/precision.h"
+
+namespace kiln {
+
+class AdamW;
+class GPT;
+struct ModelShard;
+
+// `base` (a tensor-parallel shard, or the default one) restricted to pipeline stage `stage` of
+// the split `block_counts` (parallel/pipeline_layout.h).
+ModelShard pipeline_stage_shard(ModelShard base, const std::vector<int64_t>& block_counts, int stage);
+
+// What the trainer does around the schedule's actions.
+struct PipelineHooks {
+  std::function<void(int micro)> before_backward;  // DDP's sync flag, ZeRO's begin_micro
+  std::function<void(int micro)> after_backward;   // ZeRO's end_micro
+  std::function<void(PipeAction::Type)> after_action;  // the phase timer
+};
+
+class PipelineStage {
+ public:
+  // model: this stage's part (built with pipeline_stage_shard); pp: the pipeline group, whose
+  // rank is the stage. Activations are [micro_batch, seq_len, d_model] fp32 on `device`.
+  PipelineStage(GPT& model, std::shared_ptr<Communicator> pp, c10::Device device, int64_t micro_batch,
+                Precision precision);
+
+  int stage() const { return stage_; }
+  int stages() const { return stages_; }
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ + 1 == stages_; }
+
+  // One optimizer step: the forwards and backwards of `micros` micro-batches in 1F1B order.
+  // batch(j): micro-batch j (inputs are read by the first stage, targets by the last). The last
+  // stage backpropagates loss_j * backward_factor. Returns the sum of the micro-batch losses
+  // (fp32 scalar on the device; zero on the other stages).
+  at::Tensor train(int micros, const std::function<Batch(int)>& batch, double backward_factor,
+                   const PipelineHooks& hooks = {});
+  // Forward only, without autograd (evaluation): the sum of the losses of `micros`
+  // micro-batches, on the last stage (zero elsewhere).
+  at::Tensor evaluate(int micros, const std::function<Batch(int)>& batch);
+
+  // The tied wte's gradient summed over the first and last stages (see above); `grad` is the
+  // dp-reduced gradient, or ZeRO's reduced shard of it (laid out alike on both stages). A no-op
+  // on the other stages.
+  void sync_tied_embedding(at::Tensor grad);
+
+  // The most micro-batches whose activations the last train() held at once.
+  int max_live() const { return max_live_; }
+
+ private:
+  struct Slot;
+  GPT& model_;
+  std::shared_ptr<Communicator> pp_;
+  c10::Device device_;
+  int64_t micro_batch_;
+  Precision precision_;
+  int stage_, stages_;
+  int max_live_ = 0;
+};
+
+// The share of this rank's gradients in the squared global norm, for a sum over the whole
+// dp x tp x pp world (fp64 scalar on the gradients' device): parameters split over tp count
+// their tp_weighted_pieces, replicated ones 1/tp; the last stage's copy of the tied wte counts 0;
+// everything is divided by dp (every dp rank holds the same reduced gradients).
+at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp);
+
+// Checkpoints: every stage's parameters and AdamW state into the whole model on world rank 0.
+// Collective over `world` (host tensors: an MPI communicator): writers[s] is the world rank that
+// holds stage s whole (tensor-parallel slices already gathered) in stage_model / stage_opt; rank
+// 0 (the writer of stage 0) receives into whole / whole_opt. Other ranks pass nulls.
+void gather_stages(const GPT* stage_model, const AdamW* stage_opt, GPT* whole, AdamW* whole_opt,
+                   const std::vector<int64_t>& block_counts, const std::vector<int>& writers, Communicator& world);
+
+}  // namespace kiln
