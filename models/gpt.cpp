@@ -97,7 +97,8 @@ GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts, ModelShard shard) 
   if (!shard_.ops) shard_.ops = std::make_shared<LayerOps>();
   const auto o = opts.dtype(at::kFloat);
   if (shard_.block_end < 0) shard_.block_end = cfg_.n_layer;
-  if (shard_.block_begin < 0 || shard_.block_begin > shard_.block_end || shard_.block_end > cfg_.n_layer) {
+  if (shard_.block_begin < 0 || shard_.block_begin > shard_.block_end || shard_.block_end > cfg_.n_layer ||
+      (shard_.whole_model() && (shard_.block_begin != 0 || shard_.block_end != cfg_.n_layer))) {
     throw ConfigError("GPT: blocks [" + std::to_string(shard_.block_begin) + ", " + std::to_string(shard_.block_end) +
                       ") are not a range of the model's " + std::to_string(cfg_.n_layer));
   }

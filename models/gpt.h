@@ -84,7 +84,8 @@ struct ModelShard {
   // (first stage: wte lookup + wpe), `head` (last stage: ln_f and the tied output layer, wte).
   int64_t block_begin = 0, block_end = -1;
   bool embedding = true, head = true;
-  bool whole_model() const { return block_begin == 0 && block_end < 0 && embedding && head; }
+  // The only stage (GPT's constructor checks that it then holds every block).
+  bool whole_model() const { return embedding && head; }
 };
 
 class LayerNormImpl : public torch::nn::Module {
