@@ -10,6 +10,7 @@
 
 #include "models/gpt.h"
 #include "optim/adamw.h"
+#include "parallel/p2p.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/tensor_parallel.h"
 #include "runtime/error.h"
@@ -44,35 +45,6 @@ PipelineStage::PipelineStage(GPT& model, std::shared_ptr<Communicator> pp, c10::
   }
 }
 
-namespace {
-// The sends and receives of one schedule step, posted together and waited for together.
-void exchange(Communicator& pp, int stage, const std::vector<PipeTransfer>& transfers,
-              std::map<int, at::Tensor>& inputs_in, std::map<int, at::Tensor>& grads_in,
-              const std::function<at::Tensor(const PipeTransfer&)>& outgoing, const at::TensorOptions& act,
-              at::IntArrayRef act_shape) {
-  std::vector<P2POp> ops;
-  for (const auto& t : transfers) {
-    switch (t.kind) {
-      case PipeTransfer::Kind::SendActivation: ops.push_back({P2POp::Kind::Send, outgoing(t), stage + 1}); break;
-      case PipeTransfer::Kind::SendGrad: ops.push_back({P2POp::Kind::Send, outgoing(t), stage - 1}); break;
-      case PipeTransfer::Kind::RecvActivation: {
-        auto buf = at::empty(act_shape, act);
-        inputs_in[t.micro] = buf;
-        ops.push_back({P2POp::Kind::Recv, buf, stage - 1});
-        break;
-      }
-      case PipeTransfer::Kind::RecvGrad: {
-        auto buf = at::empty(act_shape, act);
-        grads_in[t.micro] = buf;
-        ops.push_back({P2POp::Kind::Recv, buf, stage + 1});
-        break;
-      }
-    }
-  }
-  pp.send_recv(ops)->wait();
-}
-}  // namespace
-
 at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& batch, double backward_factor,
                                 const PipelineHooks& hooks) {
   const GPTConfig& cfg = model_.config();
@@ -84,14 +56,7 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
 
   auto outgoing = [&](const PipeTransfer& t) -> at::Tensor {
     Slot& s = live.at(t.micro);
-    if (t.kind == PipeTransfer::Kind::SendActivation) {
-      const at::Tensor& y = s.output;
-      if (y.scalar_type() != at::kFloat || y.sizes() != at::IntArrayRef(shape)) {
-        throw Error("pipeline: stage " + std::to_string(stage_) + " output is " + std::string(c10::toString(y.scalar_type())) +
-                    " " + c10::str(y.sizes()) + ", the transfers expect float " + c10::str(at::IntArrayRef(shape)));
-      }
-      return y.detach().contiguous();
-    }
+    if (t.kind == PipeTransfer::Kind::SendActivation) return s.output.detach().contiguous();
     at::Tensor g = s.input.grad();
     if (!g.defined()) g = at::zeros(shape, act);  // the stage's output does not depend on its input
     return g.contiguous();
@@ -100,10 +65,9 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
   for (const PipeAction& a : one_f_one_b(stages_, stage_, micros)) {
     switch (a.type) {
       case PipeAction::Type::Exchange: {
-        std::map<int, at::Tensor> inputs_in, grads_in;
-        exchange(*pp_, stage_, a.transfers, inputs_in, grads_in, outgoing, act, shape);
-        for (auto& [m, x] : inputs_in) live[m].input = x.requires_grad_(true);
-        for (auto& [m, g] : grads_in) live.at(m).output_grad = g;
+        StageTransfers in = exchange(*pp_, stage_, a.transfers, outgoing, shape, act);
+        for (auto& [m, x] : in.activations) live[m].input = x.requires_grad_(true);
+        for (auto& [m, g] : in.grads) live.at(m).output_grad = g;
         for (const auto& t : a.transfers)
           if (t.kind == PipeTransfer::Kind::SendGrad) live.erase(t.micro);  // micro t is done on this stage
         break;
@@ -155,8 +119,7 @@ at::Tensor PipelineStage::evaluate(int micros, const std::function<Batch(int)>& 
   auto outgoing = [&](const PipeTransfer& t) { return outputs.at(t.micro).contiguous(); };
   for (const PipeAction& a : forward_only(stages_, stage_, micros)) {
     if (a.type == PipeAction::Type::Exchange) {
-      std::map<int, at::Tensor> unused;
-      exchange(*pp_, stage_, a.transfers, inputs, unused, outgoing, act, shape);
+      for (auto& [m, x] : exchange(*pp_, stage_, a.transfers, outgoing, shape, act).activations) inputs[m] = x;
       for (const auto& t : a.transfers)
         if (t.kind == PipeTransfer::Kind::SendActivation) outputs.erase(t.micro);
       continue;

@@ -1,7 +1,7 @@
 // parallel/pipeline.h -- pipeline parallelism: each of pp ranks holds one stage of the model
 // (parallel/pipeline_layout.h: contiguous blocks, the embedding on the first stage, ln_f and the
 // tied output layer on the last) and runs the 1F1B schedule of parallel/pipeline_schedule.h
-// (Narayanan et al., 2021) over point-to-point transfers of the pp group.
+// (Narayanan et al., 2021) over point-to-point transfers of the pp group (parallel/p2p.h).
 //
 // A step of m micro-batches (m = --grad-accum), B = micro-batch, T = sequence, d = d_model:
 //   stage s forward of micro j:  x_j = recv from s-1 ([B, T, d] fp32; the first stage embeds

@@ -568,6 +568,7 @@ json Trainer::run() {
              {"energy_j", step_joules ? json(*step_joules) : json(nullptr)},
              {"watts", step_joules ? json(*step_joules / step_s) : json(nullptr)}};
     if (r.ddp) rec["comm_buckets_in_backward"] = r.ddp->launched_in_backward();
+    if (r.pipe) rec["pp_live_max"] = r.pipe->max_live();  // micro-batches whose activations stage 0 held at once
     r.log.write(rec);
     if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == end_step || s.skipped)) {
       std::printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %s tok/s | %.2f TFLOP/s",

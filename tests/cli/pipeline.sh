@@ -95,6 +95,8 @@ for name, (dp, tp, pp, blocks) in runs.items():
         want += K * (1 + 4 * blocks[0]) * 2 * A
     got = {r["comm_bytes"] for r in run if r["type"] == "step"}
     assert got == {want}, (name, got, want)
+    live = {r["pp_live_max"] for r in run if r["type"] == "step"}
+    assert live == {min(pp, K)}, (name, live, "stage 0 must hold at most min(pp, m) micro-batches (1F1B)")
     print(f"{name}: within {worst:.1e} of the single process; comm_bytes {want} per step")
 for name in ("to_pp2", "to_pp1", "pp4_to_pp2"):
     run = load(f"{d}/{name}.jsonl")

@@ -1,0 +1,43 @@
+// parallel/p2p.cpp -- one schedule step's sends and receives, posted together.
+#include "parallel/p2p.h"
+
+#include <ATen/ATen.h>
+
+#include "runtime/error.h"
+
+namespace kiln {
+
+StageTransfers exchange(Communicator& pp, int stage, const std::vector<PipeTransfer>& transfers,
+                        const std::function<at::Tensor(const PipeTransfer&)>& outgoing, at::IntArrayRef shape,
+                        const at::TensorOptions& options) {
+  StageTransfers in;
+  std::vector<P2POp> ops;
+  for (const auto& t : transfers) {
+    switch (t.kind) {
+      case PipeTransfer::Kind::SendActivation:
+      case PipeTransfer::Kind::SendGrad: {
+        at::Tensor x = outgoing(t);
+        if (x.scalar_type() != at::kFloat || x.sizes() != shape || !x.is_contiguous()) {
+          throw Error("pipeline stage " + std::to_string(stage) + ": micro-batch " + std::to_string(t.micro) + "'s " +
+                      (t.kind == PipeTransfer::Kind::SendActivation ? "activation" : "gradient") + " is " +
+                      std::string(c10::toString(x.scalar_type())) + " " + c10::str(x.sizes()) +
+                      "; the stages exchange contiguous float " + c10::str(shape));
+        }
+        ops.push_back({P2POp::Kind::Send, x, t.kind == PipeTransfer::Kind::SendActivation ? stage + 1 : stage - 1});
+        break;
+      }
+      case PipeTransfer::Kind::RecvActivation:
+      case PipeTransfer::Kind::RecvGrad: {
+        const bool act = t.kind == PipeTransfer::Kind::RecvActivation;
+        at::Tensor buf = at::empty(shape, options);
+        (act ? in.activations : in.grads)[t.micro] = buf;
+        ops.push_back({P2POp::Kind::Recv, buf, act ? stage - 1 : stage + 1});
+        break;
+      }
+    }
+  }
+  pp.send_recv(ops)->wait();
+  return in;
+}
+
+}  // namespace kiln
