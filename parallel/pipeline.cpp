@@ -150,18 +150,29 @@ void PipelineStage::sync_tied_embedding(at::Tensor grad) {
   grad.add_(other);
 }
 
+std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, const at::Tensor& local, const GPT& model) {
+  const ModelShard& shard = model.shard();
+  if (name == "wte" && shard.head && !shard.embedding) return {{local.numel(), 0.0}};  // the tied copy
+  if (shard.tp == 1) return {{local.numel(), 1.0}};
+  if (!is_tensor_parallel(name)) return {{local.numel(), 1.0 / static_cast<double>(shard.tp)}};
+  std::vector<std::pair<int64_t, double>> runs;
+  for (const auto& [piece, weight] : tp_weighted_pieces(name, local, model)) runs.push_back({piece.numel(), weight});
+  return runs;
+}
+
 at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp) {
   at::NoGradGuard no_grad;
-  const bool tied_copy = model.shard().head && !model.shard().embedding;  // the last stage's wte
-  const double tp = static_cast<double>(model.shard().tp);
   at::Tensor total;
   for (const auto& item : model.named_parameters()) {
     const at::Tensor& g = item.value().grad();
-    if (!g.defined() || (tied_copy && item.key() == "wte")) continue;
+    if (!g.defined()) continue;
     const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp
-    std::vector<std::pair<at::Tensor, double>> pieces{{g, 1.0 / tp}};
-    if (model.shard().tp > 1 && is_tensor_parallel(item.key())) pieces = tp_weighted_pieces(item.key(), g, model);
-    for (const auto& [piece, weight] : pieces) {
+    const at::Tensor flat = g.reshape({-1});
+    int64_t start = 0;
+    for (const auto& [length, weight] : count_weights(item.key(), g, model)) {
+      const at::Tensor piece = flat.narrow(0, start, length);
+      start += length;
+      if (weight == 0.0) continue;
       at::Tensor sq = at::linalg_vector_norm(piece, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble) * weight;
       total = total.defined() ? total + sq : sq;
     }

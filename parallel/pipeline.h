@@ -100,10 +100,17 @@ class PipelineStage {
   int max_live_ = 0;
 };
 
+// How the elements of this rank's parameter `name` count in a sum over the dp x tp x pp world
+// that must count every element of the whole model once (gradient norms, weight fingerprints),
+// as runs of (elements, weight) over the flattened tensor: 1 for this rank's own slice of a split
+// parameter, KV/tp for c_attn's kv rows when tp replicates the kv heads, 1/tp for a parameter
+// replicated over tp, 0 for the last pipeline stage's copy of the tied wte (counted on the first).
+// (dp is not in it: data-parallel copies are counted by whoever sums over dp.)
+std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, const at::Tensor& local, const GPT& model);
+
 // The share of this rank's gradients in the squared global norm, for a sum over the whole
-// dp x tp x pp world (fp64 scalar on the gradients' device): parameters split over tp count
-// their tp_weighted_pieces, replicated ones 1/tp; the last stage's copy of the tied wte counts 0;
-// everything is divided by dp (every dp rank holds the same reduced gradients).
+// dp x tp x pp world (fp64 scalar on the gradients' device): count_weights' weights, divided by
+// dp (every dp rank holds the same reduced gradients).
 at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp);
 
 // Checkpoints: every stage's parameters and AdamW state into the whole model on world rank 0.

@@ -8,7 +8,7 @@
 // Default split, balanced by block count: n_s = floor(L / pp), and the L mod pp extra blocks go
 // to the middle stages first (1, 2, .., pp-2), then to the first stage, last to the last stage.
 // The reason: the last stage's output layer and cross-entropy cost 2 V d FLOP per token forward
-// against a block's 24 d^2 + 4 T d (about 3 blocks' worth for GPT-2 small), and the first
+// against a block's 24 d^2 + 4 T d (4.5 blocks' worth for GPT-2 small at T 1024), and the first
 // stage's embedding lookup is almost free, so an uneven count is best spent away from the
 // last stage. For a split that weighs the head exactly, give one: --pp-split 4,4,3.
 #pragma once

@@ -76,8 +76,8 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
 // layers / t, the replicated ones (LayerNorm inputs, residual stream) whole.
 // Communication per layer and pass: two all-reduces of [B, T, d] (attention, MLP), plus the
 // embedding's forward all-reduce and three of [B T] floats for the loss.
-// KV heads are divided over tp and must divide by it (replicating them when tp exceeds them
-// is not built yet).
+// KV heads are divided over tp where tp divides them, replicated where tp exceeds them (each rank
+// keeps the head its query heads use; the sharers sum its rows' gradients; docs/tensor_parallel.md).
 struct ModelShard;
 class AdamW;
 class GPT;

@@ -66,7 +66,7 @@ std::vector<std::vector<at::Tensor>> units_of(GPT& model) {
 struct ZeroEngine::Segment {
   int64_t offset = 0, length = 0;
   bool decay = false;
-  double norm_weight = 1.0;  // 1/tp for a parameter replicated over tp (ZeroConfig::tp)
+  double norm_weight = 1.0;  // ZeroConfig::count_weights' weight of these elements
 };
 
 struct ZeroEngine::Unit {
@@ -120,13 +120,18 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     u->shard = u->padded / n;
     const int64_t lo = r * u->shard, hi = lo + u->shard;
     for (size_t k = 0; k < u->params.size(); ++k) {
-      const int64_t a = std::max(lo, u->offsets[k]), b = std::min(hi, u->offsets[k] + u->params[k].numel());
-      double weight = 1.0;
-      for (const auto& t : cfg_.tp_replicated)
-        if (t.is_same(u->params[k])) weight = 1.0 / static_cast<double>(cfg_.tp->size());
-      for (const auto& t : cfg_.not_counted)
-        if (t.is_same(u->params[k])) weight = 0.0;
-      if (a < b) u->segments.push_back({a - lo, b - a, u->params[k].dim() >= 2, weight});
+      // The parameter's elements in runs of one weight, each cut to this rank's shard.
+      std::vector<std::pair<int64_t, double>> runs;
+      if (cfg_.count_weights) runs = cfg_.count_weights(u->params[k]);
+      if (runs.empty()) runs = {{u->params[k].numel(), 1.0}};
+      int64_t start = u->offsets[k];
+      for (const auto& [length, weight] : runs) {
+        const int64_t a = std::max(lo, start), b = std::min(hi, start + length);
+        if (a < b) u->segments.push_back({a - lo, b - a, u->params[k].dim() >= 2, weight});
+        start += length;
+      }
+      if (start != u->offsets[k] + u->params[k].numel())
+        throw Error("zero: count_weights' runs do not cover a parameter of " + std::to_string(u->params[k].numel()));
     }
 
     // The whole unit, flattened on the host, and the optimizer state to start from.
@@ -370,11 +375,11 @@ at::Tensor ZeroEngine::local_grad_sq_norm() const {
   };
   for (const auto& u : units_) {
     const auto& g = u->grad_shard;
-    if (!cfg_.tp && cfg_.not_counted.empty()) {
+    if (!cfg_.count_weights) {
       total += sq_norm(g).to(device_, at::kDouble);
       continue;
     }
-    for (const auto& s : u->segments)  // weighted per parameter (replicated over tp: 1/tp)
+    for (const auto& s : u->segments)  // weighted (ZeroConfig::count_weights)
       total += sq_norm(g.narrow(0, s.offset, s.length)).to(device_, at::kDouble) * s.norm_weight;
   }
   return total.to(at::kFloat);

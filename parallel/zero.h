@@ -78,14 +78,15 @@ struct ZeroConfig {
   int64_t align = 64;                   // shard alignment, elements
   int max_in_flight = 2;                // reductions in flight before the oldest is waited for
   // Under tensor parallelism (parallel/tensor_parallel.h) the engine shards this rank's tp slice
-  // over dp. The parameters replicated over tp (LayerNorms, wpe, row biases) are weighted 1/tp in
-  // the squared gradient norm and in param_moments(), so that a sum over the whole dp x tp group
-  // counts them once; param_moments() then also sums over tp.
-  std::shared_ptr<Communicator> tp;                // nullptr: no tensor parallelism
-  std::vector<at::Tensor> tp_replicated;           // the replicated parameters (model tensors)
-  // Parameters weighted 0 in the squared gradient norm and in param_moments(): the last pipeline
-  // stage's copy of the tied wte, which the first stage's copy already counts.
-  std::vector<at::Tensor> not_counted;
+  // over dp; param_moments() then also sums over tp.
+  std::shared_ptr<Communicator> tp;  // nullptr: no tensor parallelism
+  // How a parameter's elements count in the squared gradient norm and in param_moments(), whose
+  // sums over the whole dp x tp (x pp) world must count every element of the model once: runs of
+  // (elements, weight) over the flattened parameter, in order. 1/tp for a parameter replicated
+  // over tp (LayerNorms, wpe, row biases); KV/tp for c_attn's kv rows when tp replicates the kv
+  // heads; 0 for the last pipeline stage's copy of the tied wte. Empty function (or an empty
+  // result): weight 1.
+  std::function<std::vector<std::pair<int64_t, double>>(const at::Tensor& param)> count_weights;
 };
 
 // Model-state bytes this rank holds, by kind and place (optimizer: the moments, plus the fp32

@@ -21,10 +21,6 @@ void at_least(const char* flag, double v, double lo) {
                       " (got " + nlohmann::json(v).dump() + ")");
   }
 }
-// A flag of the contract whose capability has not landed yet: refused, never ignored.
-void not_yet(bool used, const std::string& what, const char* capability) {
-  if (used) throw ConfigError(what + " is not supported yet (" + capability + " is not implemented in this build)");
-}
 }  // namespace
 
 void TrainConfig::validate() const {
@@ -61,8 +57,6 @@ void TrainConfig::validate() const {
     throw ConfigError("--zero 3 with --pp " + std::to_string(pp) + " is not supported yet (ZeRO-3's per-block gathers "
                       "assume each micro-batch's forward and backward in turn, not 1F1B's interleaving): use --zero 1 or 2");
   }
-  not_yet(tp > gpt.n_kv_head && zero != 0, "--tp " + std::to_string(tp) + " above --n-kv-head with --zero",
-          "ZeRO over replicated kv heads");
   one_of("zero-accum", zero_accum, {"reduce", "local"});
   if (offload != "none" && zero == 0) {
     throw ConfigError("--offload " + offload + " needs ZeRO (--zero 1, 2 or 3): it moves the sharded optimizer state");

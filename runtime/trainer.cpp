@@ -249,12 +249,17 @@ void Trainer::setup() {
     zc.offload = parse_offload(cfg_.offload);
     zc.accum = parse_zero_accum(cfg_.zero_accum);
     zc.grad_accum = cfg_.grad_accum;
-    if (r.shape.tp > 1) {
-      zc.tp = r.mesh->tp();
-      for (const auto& item : r.model->named_parameters())
-        if (!is_tensor_parallel(item.key())) zc.tp_replicated.push_back(item.value());
+    if (r.shape.tp > 1) zc.tp = r.mesh->tp();
+    if (r.shape.tp > 1 || r.shape.pp > 1) {
+      // Every element of the model counted once in the norm and the fingerprint (parallel/pipeline.h).
+      std::vector<std::pair<at::Tensor, std::string>> names;
+      for (const auto& item : r.model->named_parameters()) names.emplace_back(item.value(), item.key());
+      zc.count_weights = [names, model = r.model.get()](const at::Tensor& p) {
+        for (const auto& [t, name] : names)
+          if (t.is_same(p)) return count_weights(name, p, *model);
+        return std::vector<std::pair<int64_t, double>>{};
+      };
     }
-    if (r.pipe && r.pipe->last() && !r.pipe->first()) zc.not_counted.push_back(r.model->wte);  // the tied copy
     r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp(), zc, adam, resumed ? r.optimizer.get() : nullptr,
                                           r.progress.updates);
     r.optimizer.reset();

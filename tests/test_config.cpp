@@ -89,8 +89,12 @@ TEST(Cli, BadInputIsOneClearMessage) {
   for (const auto& p : {bad, unknown, typed, array}) std::remove(p.c_str());
 }
 
-TEST(Cli, CapabilitiesNotYetBuiltAreRefusedNotIgnored) {
-  EXPECT_TRUE(contains(error_of({"--pp", "2"}), "not supported yet"));
+TEST(Cli, PipelineFlagsAreValidated) {
+  // A combination not built yet is refused, never ignored.
+  EXPECT_TRUE(contains(error_of({"--pp", "2", "--zero", "3"}), "--zero 3 with --pp 2 is not supported yet"));
+  EXPECT_TRUE(contains(error_of({"--pp", "64"}), "--pp 64 is larger than the model's"));
+  EXPECT_TRUE(contains(error_of({"--pp", "2", "--pp-split", "1,1"}), "--pp-split '1,1' gives 2 stage(s) holding 2 block(s)"));
+  EXPECT_TRUE(contains(error_of({"--pp", "2", "--pp-split", "0,12"}), "must be a whole number >= 1"));
 }
 
 TEST(Cli, ZeroFlagsAreValidated) {

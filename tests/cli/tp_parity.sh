@@ -20,8 +20,9 @@
 # Checkpoints: a tp 1 checkpoint resumed at tp 2, a tp 2 x dp 2 ZeRO-3 one at tp 1 (one process):
 # steps 11-20 within 1e-5 and the consolidated step-20 weights within 1e-5 of the reference's.
 # GQA with tp above the kv heads (replicated): kv 1 at tp 2 (and its checkpoint), kv 2 at tp 4.
+# ZeRO-1 and ZeRO-3 over dp 2 of tp 2 with the kv head replicated: parity as above.
 # Bad input: tp not dividing the heads; tp and the kv heads not dividing one another; tp x pp
-# not dividing the world; ZeRO with replicated kv heads (not built).
+# not dividing the world.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -48,6 +49,9 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --zero 3 --offload all --log-j
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --n-kv-head 1 --tp 2 --save-dir "$work/kv1_tp2" --log-json "$work/kv1_tp2.jsonl" >/dev/null
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --n-kv-head 2 --log-json "$work/ref_kv2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --n-kv-head 2 --tp 4 --log-json "$work/kv2_tp4.jsonl" >/dev/null
+# ... under ZeRO over dp: the replicated kv rows count KV/tp in the sharded norm and fingerprint.
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --n-kv-head 1 --tp 2 --zero 1 --log-json "$work/kv1_tp2_z1.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --n-kv-head 1 --tp 2 --zero 3 --log-json "$work/kv1_tp2_z3.jsonl" >/dev/null
 # Checkpoints across tp sizes: tp 1 -> tp 2 (from the reference's step 10), tp 2 x dp 2 -> tp 1.
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --resume "$work/ref/step_00000010" --save-dir "$work/to_tp2" \
   --log-json "$work/to_tp2.jsonl" >/dev/null
@@ -82,7 +86,7 @@ for name in ("tp2dp2_z1", "tp2dp2_z3"):
     assert (run[0]["world"]["tp"], run[0]["world"]["dp"], run[0]["config"]["zero"] > 0) == (2, 2, True), name
     print(f"{name}: within {compare(ref, run, name, 1e-5):.1e} of the single process")
 from zero_expect import max_weight_diff
-for name, ref_name in (("kv1_tp2", "ref_kv1"), ("kv2_tp4", "ref_kv2")):
+for name, ref_name in (("kv1_tp2", "ref_kv1"), ("kv2_tp4", "ref_kv2"), ("kv1_tp2_z1", "ref_kv1"), ("kv1_tp2_z3", "ref_kv1")):
     line = f"{name}: within {compare(load(f'{d}/{ref_name}.jsonl'), load(f'{d}/{name}.jsonl'), name, 1e-5):.1e} of the single process"
     if name == "kv1_tp2":  # the replicated kv rows reassembled into the whole checkpoint
         w = max_weight_diff(f"{d}/ref_kv1/step_00000020/model.safetensors", f"{d}/kv1_tp2/step_00000020/model.safetensors")
@@ -115,5 +119,4 @@ expect_refused() {  # expect_refused NP REGEX ARGS...
 expect_refused 2 "--tp 2 does not divide the attention heads" "${T[@]}" --tp 2 --n-head 3 --n-kv-head 3 --d-model 96
 expect_refused 2 "does not divide|not divisible" "${T[@]}" --tp 4
 expect_refused 2 "--tp 2 and the key/value heads \(--n-kv-head 3\) must divide one another" "${T[@]}" --tp 2 --n-head 6 --n-kv-head 3 --d-model 96
-expect_refused 2 "above --n-kv-head with --zero is not supported yet" "${T[@]}" --tp 2 --n-kv-head 1 --zero 1
 echo "PASS"
