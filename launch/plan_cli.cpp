@@ -50,6 +50,7 @@ const std::vector<FlagHelp> kLayoutFlags = {
     {"dp", "data-parallel size (default: devices / (tp x pp))"},
     {"tp", "tensor-parallel size (default 1)"},
     {"pp", "pipeline-parallel size (default 1)"},
+    {"pp-split", "blocks per pipeline stage, e.g. 4,4,3 (default: balanced by count, extras to the middle stages; as kiln train)"},
     {"zero", "ZeRO stage 0-3 (default 0)"},
     {"offload", "none | optimizer | all (default none)"},
     {"zero-accum", "ZeRO-2/3 gradient accumulation: reduce (every micro-step) | local (default reduce)"},
@@ -264,6 +265,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     l = base;
     if (v.has("tp")) l.tp = v.integer("tp");
     if (v.has("pp")) l.pp = v.integer("pp");
+    if (v.has("pp-split")) l.pp_split = v.text("pp-split");
     if (l.tp < 1 || l.pp < 1) throw ConfigError("--tp and --pp must be at least 1");
     if (v.has("dp")) {
       l.dp = v.integer("dp");

@@ -94,6 +94,7 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
   l.dp = need<int64_t>(world, "dp", where);
   l.tp = need<int64_t>(world, "tp", where);
   l.pp = need<int64_t>(world, "pp", where);
+  l.pp_split = c.value("pp_split", std::string());
   l.zero = static_cast<int>(need<int64_t>(c, "zero", where));
   l.offload = parse_offload(need<std::string>(c, "offload", where));
   l.zero_accum = parse_zero_accum(c.value("zero_accum", std::string("reduce")));
@@ -126,7 +127,6 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
   res.plan = make_plan(model, cluster, l);
   const Plan& p = res.plan;
   const StagePlan& st = p.stages[0];  // rank 0's stage
-  const bool accounting = l.pp == 1;  // kiln's tp accounting is modelled exactly; pp not yet built
 
   auto add = [&](std::string name, std::string unit, std::optional<double> pred, std::optional<double> meas, bool exact,
                  std::string note = "") {
@@ -140,6 +140,21 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
   add("flops_per_token", "FLOP", p.flops_per_token, logged("flops_per_token"), true);
   add("tokens_per_step", "count", static_cast<double>(p.tokens_per_step), logged("tokens_per_step"), true);
 
+  // the pipeline's split of the blocks (the config record's pipeline.blocks), every stage
+  if (l.pp > 1) {
+    const json* blocks = config.contains("pipeline") && config.at("pipeline").is_object() &&
+                                 config.at("pipeline").contains("blocks") && config.at("pipeline").at("blocks").is_array()
+                             ? &config.at("pipeline").at("blocks")
+                             : nullptr;
+    for (const auto& stage : p.stages) {
+      std::optional<double> meas;
+      const auto i = static_cast<size_t>(stage.stage);
+      if (blocks && i < blocks->size() && blocks->at(i).is_number()) meas = blocks->at(i).get<double>();
+      add("pipeline.stage_" + std::to_string(stage.stage) + ".blocks", "count", static_cast<double>(stage.blocks), meas, true,
+          meas ? "" : "not in this log");
+    }
+  }
+
   // ZeRO's padded parameter count, Psi' (the config record's zero.padded_params)
   if (l.zero > 0) {
     std::optional<double> logged_padded;
@@ -147,7 +162,7 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
         config.at("zero").at("padded_params").is_number()) {
       logged_padded = config.at("zero").at("padded_params").get<double>();
     }
-    add("padded_params", "count", static_cast<double>(st.psi_padded), logged_padded, accounting,
+    add("padded_params", "count", static_cast<double>(st.psi_padded), logged_padded, true,
         logged_padded ? "" : "not in this log");
   }
 
@@ -164,7 +179,7 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
       } else {
         note = "not in this log (a kiln without ZeRO's model_state record)";
       }
-      add(std::string("model_state.") + place + "." + kind, "bytes", static_cast<double>(value), meas, accounting, note);
+      add(std::string("model_state.") + place + "." + kind, "bytes", static_cast<double>(value), meas, true, note);
     }
   }
 
@@ -184,7 +199,7 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
     if (s.contains("step_ms") && s.at("step_ms").is_number()) step_s.push_back(s.at("step_ms").get<double>() / 1e3);
   }
   if (!comm_note.empty()) comm.reset();
-  add("comm_bytes", "bytes", st.comm_bytes, comm, accounting, comm_note);
+  add("comm_bytes", "bytes", st.comm_bytes, comm, true, comm_note);
 
   const std::string cpu_note = cpu ? "CPU: process high-water mark, predicted with 0.4 GB for LibTorch itself" : "";
   add("peak_memory", "bytes", st.peak_device_bytes,

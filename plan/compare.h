@@ -2,13 +2,14 @@
 //
 // Reads a `kiln train --log-json` file (the last `config` record and the `step` records after
 // it; rank 0 wrote it, so the prediction is rank 0's: pipeline stage 0), rebuilds the run's
-// model and layout from the config record, evaluates the cost model on it and sets each
-// prediction beside its measurement with the relative error (predicted - measured) / measured:
-//   exact   parameters, FLOPs per token, tokens per step, ZeRO's padded count Psi', model-state
-//           bytes by kind (device and host: params, grads, optimizer; when the log reports
-//           them), comm_bytes per step.
-//           These are accounting, not estimates: they must be equal (tp = pp = 1; for tp/pp the
-//           cost model's traffic is Megatron's, not yet checked against kiln).
+// model and layout from the config record (its pp_split too), evaluates the cost model on it and
+// sets each prediction beside its measurement with the relative error (predicted - measured) /
+// measured:
+//   exact   parameters, FLOPs per token, tokens per step, with pp the blocks of every stage
+//           (the record's pipeline.blocks), and rank 0's (stage 0's): ZeRO's padded count Psi',
+//           model-state bytes by kind (device and host: params, grads, optimizer; when the log
+//           reports them), comm_bytes per step.
+//           These are accounting, not estimates: they must be equal, for any dp x tp x pp.
 //   model   peak memory (mem_gb, the allocator peak on a GPU or VmHWM on the CPU), step time
 //           (median after step 1) and MFU (mean after step 1); the latter two need a peak
 //           FLOP/s (the log's, or --peak-tflops) and use --achieved.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/pipeline_layout.h"
 #include "runtime/error.h"
 #include "runtime/metrics.h"
 
@@ -64,9 +65,9 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
   if (offload == Offload::Optimizer && zero < 1) throw ConfigError("--offload optimizer needs --zero 1, 2 or 3");
   if (offload == Offload::All && zero != 3) throw ConfigError("--offload all needs --zero 3 (parameters are sharded only there)");
-  if (zero >= 2 && pp > 1) {
-    throw ConfigError("--zero " + std::to_string(zero) + " with --pp " + s(pp) +
-                      " is not supported (pipeline stages accumulate over micro-batches: use --zero 0 or 1)");
+  if (zero == 3 && pp > 1) {  // kiln's refusal (runtime/train_config.cpp), word for word
+    throw ConfigError("--zero 3 with --pp " + s(pp) + " is not supported yet (ZeRO-3's per-block gathers "
+                      "assume each micro-batch's forward and backward in turn, not 1F1B's interleaving): use --zero 1 or 2");
   }
   if (micro_batch < 1) throw ConfigError("--micro-batch must be at least 1 (got " + s(micro_batch) + ")");
   if (grad_accum < 1) throw ConfigError("--grad-accum must be at least 1 (got " + s(grad_accum) + ")");
@@ -84,7 +85,7 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
                         ": one must divide the other (kv heads are split, or replicated when tp exceeds them)");
     }
   }
-  if (pp > m.n_layer) throw ConfigError("--pp " + s(pp) + " exceeds the model's " + s(m.n_layer) + " layers");
+  pipeline_block_counts(m.n_layer, pp, pp_split);  // pp above the blocks, or a bad --pp-split: kiln's messages
 }
 
 // ---- 1. training totals -------------------------------------------------------------------
@@ -104,19 +105,29 @@ TrainingTotals training_totals(double params, double tokens, double attention_fl
 
 // ---- 2. model-state bytes -------------------------------------------------------------------
 
-int64_t blocks_on_stage(const GPTConfig& m, int64_t pp, int64_t stage) {
-  return m.n_layer / pp + (stage < m.n_layer % pp ? 1 : 0);
+std::vector<int64_t> stage_blocks(const GPTConfig& m, const Layout& l) {
+  return pipeline_block_counts(m.n_layer, l.pp, l.pp_split);
 }
 
-std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int64_t stage) {
+// kiln's units (parallel/zero.cpp units_of). The whole model (pp 1): [wte, wpe, ln_f], then the
+// blocks. A pipeline stage: [wte] where it holds it (the first stage's, or the last stage's tied
+// copy: laid out alike, so the tied-embedding sync adds shard to shard), then [wpe, ln_f] as far
+// as it holds them, then its blocks.
+std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int64_t stage, const std::string& pp_split) {
   const int64_t d = m.d_model;
   const int64_t wte = m.padded_vocab_size() * d / tp, wpe = m.seq_len * d, ln_f = 2 * d;
-  int64_t outer = 0;
-  if (stage == 0) outer += wte + wpe;
-  if (stage == pp - 1) outer += ln_f + (pp > 1 ? wte : 0);  // the last stage's tied copy of wte
-  std::vector<int64_t> units{outer};
-  const int64_t blocks = blocks_on_stage(m, pp, stage);
-  for (int64_t i = 0; i < blocks; ++i) units.push_back(block_numel(m, tp));
+  const auto blocks = pipeline_block_counts(m.n_layer, pp, pp_split);
+  if (stage < 0 || stage >= pp) throw ConfigError("pipeline stage " + s(stage) + " of " + s(pp));
+  const bool first = stage == 0, last = stage == pp - 1;
+  std::vector<int64_t> units;
+  if (pp == 1) {
+    units.push_back(wte + wpe + ln_f);
+  } else {
+    if (first || last) units.push_back(wte);
+    const int64_t outer = (first ? wpe : 0) + (last ? ln_f : 0);
+    if (outer > 0) units.push_back(outer);
+  }
+  for (int64_t i = 0; i < blocks[static_cast<size_t>(stage)]; ++i) units.push_back(block_numel(m, tp));
   return units;
 }
 
@@ -244,10 +255,13 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
   const double Kd = static_cast<double>(K);
   std::vector<CommItem> out;
 
-  // data parallel (exact kiln accounting)
-  if (N > 1 || l.comm_in_world_of_one) {
+  const bool first = st.stage == 0, last = st.stage == l.pp - 1;
+  const bool pipelined = l.pp > 1;
+
+  // data parallel (exact kiln accounting). DDP runs with dp > 1, or a named backend in a world of
+  // one; ZeRO always has its dp communicator (kiln runs it under mpirun only), of one rank or more.
+  if (N > 1 || l.comm_in_world_of_one || l.zero > 0) {
     const double psi = static_cast<double>(st.psi), psi_p = static_cast<double>(st.psi_padded);
-    const double n0 = static_cast<double>(padded_numel(st.units[0], N));
     const bool reduce_each = l.zero_accum == ZeroAccum::Reduce && K > 1;
     auto dp = [&](std::string what, double bytes, Window w, int64_t occ) {
       out.push_back(collective("dp", std::move(what), N, bytes, k.dp_bw, k.dp, w, occ));
@@ -255,34 +269,46 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     switch (l.zero) {
       case 0:
         dp("gradient all-reduce (DDP buckets, last micro-step)", 2 * 4 * psi, Window::LastBackward, 1);
-        // the verdict is a dp collective only with more than one dp rank (a world of one
-        // under mpirun still runs the DDP wrapper, and decides its step alone)
-        if (N > 1) dp("step verdict all-reduce [loss, non-finite]", 2 * 8, Window::Serial, 1);
         break;
       case 1:
         dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
         dp("parameter all-gather after the step", 4 * psi_p, Window::Serial, 1);
-        dp("step verdict all-reduce [loss, non-finite, grad norm^2]", 2 * 12, Window::Serial, 1);
         break;
       case 2:
         if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * 4 * psi_p, Window::Backward, K);
         else dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
         dp("parameter all-gather after the step", 4 * psi_p, Window::Serial, 1);
-        dp("step verdict all-reduce [loss, non-finite, grad norm^2]", 2 * 12, Window::Serial, 1);
         break;
-      case 3:
+      case 3: {
+        // the outer units stay gathered from the forward to the backward of a micro-step
+        int64_t outer = 0;
+        for (size_t i = 0; i + static_cast<size_t>(st.blocks) < st.units.size(); ++i) outer += padded_numel(st.units[i], N);
+        const double n0 = static_cast<double>(outer);
         dp("forward parameter all-gathers", Kd * 4 * psi_p, Window::Forward, K);
         dp("backward parameter all-gathers (outer unit kept)", Kd * 4 * (psi_p - n0), Window::Backward, K);
         if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * 4 * psi_p, Window::Backward, K);
         else dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
-        dp("step verdict all-reduce [loss, non-finite, grad norm^2]", 2 * 12, Window::Serial, 1);
         break;
+      }
     }
+  }
+
+  // The step's verdict (runtime/trainer.cpp): [loss, non-finite] (8 B) over dp for DDP with more
+  // than one dp rank (a world of one under mpirun decides its step alone); [loss, non-finite,
+  // grad norm^2] (12 B) under ZeRO, over dp, or over dp x tp with tp; under pp always the 12 B
+  // over the whole world (every stage's squared norm, the loss from the last stage).
+  if (pipelined) {
+    out.push_back(collective("world", "step verdict all-reduce [loss, non-finite, grad norm^2]", l.devices(), 2 * 12,
+                             k.pp_bw, k.pp, Window::Serial, 1));
+  } else if (l.zero > 0) {
+    out.push_back(collective(l.tp > 1 ? "world" : "dp", "step verdict all-reduce [loss, non-finite, grad norm^2]",
+                             N * l.tp, 2 * 12, k.dp_bw, k.dp, Window::Serial, 1));  // dp x tp: within a node iff dp is
+  } else if (N > 1) {
+    out.push_back(collective("dp", "step verdict all-reduce [loss, non-finite]", N, 2 * 8, k.dp_bw, k.dp, Window::Serial, 1));
   }
 
   const double tok = static_cast<double>(l.micro_batch * m.seq_len);  // tokens per micro-batch
   const double d = static_cast<double>(m.d_model), a = l.compute_bytes;
-  const bool first = st.stage == 0, last = st.stage == l.pp - 1;
   // tensor parallel: on the critical path (Megatron's all-reduces block the next GEMM)
   if (l.tp > 1) {
     // kiln (parallel/tensor_parallel.h): forward, the row-parallel outputs in the compute dtype
@@ -294,26 +320,36 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
                                        std::string(l.recompute == Recompute::Full ? " + 2 recomputed" : "") +
                                        ", 2 backward per layer and micro-batch)",
                              l.tp, Kd * per_micro, k.tp_bw, k.tp, Window::Serial, K));
-    // the gradient norm's split part, summed over tp once per step (one double); under ZeRO the
-    // squared norm rides in the verdict all-reduce over dp x tp instead
-    if (l.zero == 0) out.push_back(collective("tp", "gradient-norm all-reduce", l.tp, 2 * 8, k.tp_bw, k.tp, Window::Serial, 1));
+    // the gradient norm's split part, summed over tp once per step (one double); under ZeRO or
+    // pp the squared norm rides in the verdict all-reduce instead
+    if (l.zero == 0 && !pipelined) {
+      out.push_back(collective("tp", "gradient-norm all-reduce", l.tp, 2 * 8, k.tp_bw, k.tp, Window::Serial, 1));
+    }
     double edge = 0;
     if (first) edge += 2 * tok * d * 4;                       // vocabulary-parallel embedding, forward
     if (last) edge += 2 * tok * d * 4 + 3 * 2 * tok * 4;      // head input gradient (fp32); cross-entropy max, sum-exp, target
-    if (edge > 0) {
-      out.push_back(collective("tp", "embedding / head / cross-entropy all-reduces", l.tp, Kd * edge, k.tp_bw, k.tp,
-                               Window::Serial, K));
-    }
+    const char* what = first && last ? "embedding / head / cross-entropy all-reduces"
+                       : first       ? "embedding all-reduce (forward)"
+                                     : "head input-gradient / cross-entropy all-reduces";
+    if (edge > 0) out.push_back(collective("tp", what, l.tp, Kd * edge, k.tp_bw, k.tp, Window::Serial, K));
   }
-  // pipeline: boundary activations and their gradients, then the tied embedding
-  if (l.pp > 1) {
+  // pipeline (parallel/pipeline.h): the bytes this rank sends. Per micro-batch its output
+  // [b, T, d] fp32 forward (not the last stage) and its input's gradient backward (not the
+  // first); once per step the tied wte's gradient to the other end (first <-> last stage):
+  // the whole V'/t x d slice, or under ZeRO this rank's shard of the wte unit.
+  if (pipelined) {
     const double directions = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
-    out.push_back(collective("pp", "boundary activations / gradients sent (fp32)", 2, Kd * directions * tok * d * 4,
-                             k.pp_bw, k.pp, Window::Serial, K, /*ring_factor=*/false));
+    const char* what = first ? "boundary activations sent forward (fp32)"
+                       : last ? "boundary gradients sent backward (fp32)"
+                              : "boundary activations forward and gradients backward (fp32)";
+    out.push_back(collective("pp", what, 2, Kd * directions * tok * d * 4, k.pp_bw, k.pp, Window::Serial, K,
+                             /*ring_factor=*/false));
     if (first || last) {
-      const double wte = static_cast<double>(m.padded_vocab_size()) * d / static_cast<double>(l.tp);
-      out.push_back(collective("pp", "tied wte gradient all-reduce (first <-> last stage)", 2, 2 * 4 * wte, k.pp_bw,
-                               k.pp, Window::Serial, 1));
+      const int64_t wte = m.padded_vocab_size() * m.d_model / l.tp;
+      const double sent = l.zero > 0 ? 4.0 * static_cast<double>(padded_numel(wte, N) / N) : 4.0 * static_cast<double>(wte);
+      out.push_back(collective("pp", std::string("tied wte gradient sent to the ") + (first ? "last" : "first") + " stage" +
+                                         (l.zero > 0 ? " (its dp shard)" : ""),
+                               2, sent, k.pp_bw, k.pp, Window::Serial, 1, /*ring_factor=*/false));
     }
   }
   // offload: host <-> device copies and the host AdamW
@@ -381,12 +417,21 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   const double n_block = static_cast<double>(block_numel(model, 1));
   if (l.recompute == Recompute::Full) p.recompute_flops_per_token = 2 * L * n_block + 4 * L * d * T;
   if (l.recompute == Recompute::Selective) p.recompute_flops_per_token = 4 * L * d * T;
-  const double per_device = tok / static_cast<double>(l.tp * l.pp) / cluster.sustained_flops();
-  p.forward_s = p.flops_per_token / 3.0 * per_device;
-  p.backward_s = (2.0 * p.flops_per_token / 3.0 + p.recompute_flops_per_token) * per_device;
   const double Kd = static_cast<double>(l.grad_accum);
-  p.compute_s = Kd * (p.forward_s + p.backward_s);
-  p.bubble_s = static_cast<double>(l.pp - 1) * (p.forward_s + p.backward_s);
+  const std::vector<int64_t> blocks = stage_blocks(model, l);
+  // Each stage's forward FLOPs per token (section 5): its blocks, and on the last stage the
+  // output layer and ln_f (2 x their parameters); the whole F/3 without pipelining.
+  const double per_device = tok / static_cast<double>(l.tp) / cluster.sustained_flops();
+  const double block_fwd = 2 * n_block + 4 * d * T, block_re = p.recompute_flops_per_token / L;
+  const double head_fwd = 2 * (static_cast<double>(model.padded_vocab_size()) * d + 2 * d);
+  auto stage_times = [&](StagePlan& st) {
+    const double Lb = static_cast<double>(st.blocks);
+    const bool pipelined = l.pp > 1;
+    const double f = pipelined ? Lb * block_fwd + (st.stage == l.pp - 1 ? head_fwd : 0.0) : p.flops_per_token / 3.0;
+    const double re = pipelined ? Lb * block_re : p.recompute_flops_per_token;
+    st.forward_s = f * per_device;
+    st.backward_s = (2.0 * f + re) * per_device;
+  };
 
   // per stage: memory and communication
   const Links links = links_for(l, cluster);
@@ -398,8 +443,9 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   for (int64_t s = 0; s < l.pp; ++s) {
     StagePlan st;
     st.stage = s;
-    st.blocks = blocks_on_stage(model, l.pp, s);
-    st.units = rank_units(model, l.tp, l.pp, s);
+    st.blocks = blocks[static_cast<size_t>(s)];
+    st.units = rank_units(model, l.tp, l.pp, s, l.pp_split);
+    stage_times(st);
     st.psi = sum_units(st.units);
     st.psi_padded = sum_padded(st.units, l.dp);
     st.state = model_state(st.units, l);
@@ -416,7 +462,9 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     double transient = 0;
     if (last) transient += tok * (a * Vp / static_cast<double>(l.tp) + logp);  // logits and the log-probs' gradient
     if (l.recompute == Recompute::Full) transient += none.layer_bytes(tok, l.tp);  // one layer recomputed
-    const int64_t max_block = st.units.size() > 1 ? padded_numel(st.units[1], l.dp) : 0;
+    const int64_t max_block = st.blocks > 0 ? padded_numel(block_numel(model, l.tp), l.dp) : 0;
+    int64_t outer_units = 0;  // the units before the blocks
+    for (size_t i = 0; i + static_cast<size_t>(st.blocks) < st.units.size(); ++i) outer_units += padded_numel(st.units[i], l.dp);
     // ZeRO-2/3 without a full local buffer: up to two units' full gradients in flight to their
     // reduce-scatter (parallel/zero.h: max_in_flight 2). ZeRO-3 also holds the outer unit
     // gathered through the micro-step and one block gathered plus the next one prefetched.
@@ -425,7 +473,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     const bool full_buffer = l.zero == 1 || (l.zero_accum == ZeroAccum::Local && l.grad_accum > 1);
     if (l.zero >= 2 && !full_buffer) transient += 2 * 4 * static_cast<double>(biggest);
     if (l.zero == 3) {
-      transient += 4 * static_cast<double>(padded_numel(st.units[0], l.dp)) + 2 * 4 * static_cast<double>(max_block);
+      transient += 4 * static_cast<double>(outer_units) + 2 * 4 * static_cast<double>(max_block);
     }
     st.transient_bytes = transient;
     st.peak_device_bytes = static_cast<double>(st.state.device.total()) + st.activation_bytes + transient + l.base_bytes;
@@ -434,14 +482,21 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     st.comm = stage_comm(p, st, links);
     for (const auto& it : st.comm)
       if (it.group != "host") st.comm_bytes += it.comm_bytes;
-    st.exposed_comm_s = exposed_seconds(st.comm, p.forward_s, p.backward_s, l.grad_accum);
+    st.exposed_comm_s = exposed_seconds(st.comm, st.forward_s, st.backward_s, l.grad_accum);
+    // its step: K micro-batches, the bubble's p - 1 micro-batch slots, its exposed communication
+    st.step_s = (Kd + static_cast<double>(l.pp - 1)) * (st.forward_s + st.backward_s) + st.exposed_comm_s;
     p.stages.push_back(std::move(st));
   }
   for (size_t i = 0; i < p.stages.size(); ++i) {
     if (p.stages[i].peak_device_bytes > p.stages[p.critical_stage].peak_device_bytes) p.critical_stage = static_cast<int64_t>(i);
-    if (p.stages[i].exposed_comm_s > p.stages[p.slowest_stage].exposed_comm_s) p.slowest_stage = static_cast<int64_t>(i);
+    if (p.stages[i].step_s > p.stages[p.slowest_stage].step_s) p.slowest_stage = static_cast<int64_t>(i);
   }
-  p.exposed_comm_s = p.stages[p.slowest_stage].exposed_comm_s;
+  const StagePlan& slow = p.stages[p.slowest_stage];
+  p.forward_s = slow.forward_s;
+  p.backward_s = slow.backward_s;
+  p.compute_s = Kd * (p.forward_s + p.backward_s);
+  p.bubble_s = static_cast<double>(l.pp - 1) * (p.forward_s + p.backward_s);
+  p.exposed_comm_s = slow.exposed_comm_s;
   p.step_s = p.compute_s + p.exposed_comm_s + p.bubble_s;
   p.tokens_per_s = static_cast<double>(p.tokens_per_step) / p.step_s;
   const double denom = static_cast<double>(l.devices()) * p.step_s * cluster.peak_flops;

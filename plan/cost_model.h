@@ -28,8 +28,12 @@
 //    Compare the ZeRO paper's (2 + 2 + K) Psi family (Rajbhandari et al. 2020, Fig. 1; anchors s7.2).
 //    With tp and pp the units are the rank's own: each block's matrices and column-parallel
 //    biases split over t (LayerNorms and row-parallel biases replicated; Megatron, Shoeybi et al.
-//    2019), the vocabulary-parallel wte split over t, blocks split over p by count (the first
-//    L mod p stages one more), wte + wpe on the first stage, ln_f + a tied copy of wte on the last.
+//    2019), the vocabulary-parallel wte split over t. pp (kiln's parallel/pipeline_layout.h and
+//    parallel/zero.cpp units_of): blocks split over p by count -- floor(L/p) each, the L mod p
+//    extra ones to the middle stages first, then the first, then the last; or --pp-split -- wte
+//    and wpe on the first stage, ln_f and a tied copy of wte on the last. A stage's units (p > 1):
+//    wte alone (first and last stage), then wpe and ln_f, those it holds, as one unit, then its
+//    blocks; a middle stage has only its blocks. With p = 1, unit 0 = wte, wpe, ln_f as above.
 //
 // 3. Activation bytes per token per layer: kiln's saved-tensor lists (docs/activation_
 //    checkpointing.md, measured on the CPU within 1%), written as Korthikanti et al. 2022 do
@@ -48,7 +52,8 @@
 //      replays: the CPU generator's 5056 bytes (and the CUDA generator's 16 on a GPU).
 //    GPU bf16 flash with dropout: none 34d + 4kv + 4H + 16, selective 26d + 4kv + 16, full 4d.
 //    Per rank: layers on the stage x b T x bytes, times the micro-batches in flight: 1F1B keeps
-//    min(p - s, K) of them on stage s, so the first stage holds p (Narayanan et al. 2021).
+//    min(p - s, K) of them on stage s, so the first stage holds min(p, K) (Narayanan et al.
+//    2021; kiln's parallel/pipeline.h).
 //    Outside the blocks: embedding indices (8 B/token), ln_f (r d + 8 + a d) and the fp32
 //    log-probabilities of the loss (4 V/token; 4 V'/t vocabulary-parallel), plus transients.
 //
@@ -68,21 +73,29 @@
 //    micro-batch 2 forward all-reduces of the row-parallel outputs, b T d a bytes (4 with full
 //    recomputation), and 2 backward of the column-parallel inputs' gradients, b T d 4 (fp32: the
 //    LayerNorm outputs they flow into are fp32 under autocast), plus the vocabulary-parallel
-//    embedding's forward all-reduce (b T d 4), the head's input-gradient all-reduce (b T d 4),
-//    the cross-entropy's three (b T 4 each), and without ZeRO the norm's 8-byte all-reduce. pp: each micro-batch's boundary activation b T d 4
-//    sent forward and its gradient backward (a middle stage sends both), and the tied wte
-//    gradient all-reduced between the first and last stages (2 x 4 V' d / t).
+//    embedding's forward all-reduce (b T d 4; first stage), the head's input-gradient
+//    all-reduce (b T d 4) and the cross-entropy's three (b T 4 each; last stage), and with p = 1
+//    and no ZeRO the norm's 8-byte all-reduce.
+//    pp (kiln's parallel/pipeline.h; a send counts the bytes a rank sends): per micro-batch the
+//    first stage sends its output b T d 4 (fp32) forward, the last stage its input's gradient
+//    backward, a middle stage both; once per step the first and the last stage each send their
+//    tied wte gradient to the other, 4 V' d / t (under ZeRO only its dp shard of the wte unit,
+//    4 n_wte' / N). The step's verdict [loss, non-finite, grad norm^2] is one all-reduce over the
+//    whole world (2 x 12), with or without ZeRO, and replaces DDP's 16-byte one and tp's norm.
 //
 // 5. Time per optimizer step (per rank; the slowest stage sets it):
-//      t_f = (F/3) b T / (t p R),  t_b = (2F/3 + F_re) b T / (t p R)   per micro-batch
-//      F_re = recomputed FLOPs per token: full 2 L n_block + 4 L d T, selective 4 L d T
+//      t_f = F_s b T / (t R),  t_b = (2 F_s + F_re,s) b T / (t R)   per micro-batch on stage s:
+//      F_s = L_s (2 n_block + 4 d T) [+ 2 (V' d + 2 d) on the last stage: the output layer and
+//      ln_f], summing to F/3 over the stages (F/3 itself at p = 1); F_re,s = L_s x recomputed
+//      FLOPs per token and layer: full 2 n_block + 4 d T, selective 4 d T
 //      compute  = K (t_f + t_b)
 //      exposed  = serial comm (tp, pp p2p, post-step all-gathers, verdicts, offload copies and
 //                 the host AdamW) + per window max(0, comm overlapped there - window's compute)
 //                 (DDP buckets / ZeRO reduce-scatters behind backward, ZeRO-3 gathers behind the
 //                 phase they feed)
 //      bubble   = (p - 1)(t_f + t_b)       (1F1B: bubble fraction (p-1)/(K+p-1); Narayanan s2.2)
-//      step     = compute + exposed + bubble;   MFU = F x tokens per step / (devices x step x peak)
+//      step     = compute + exposed + bubble of the stage where that sum is largest;
+//      MFU = F x tokens per step / (devices x step x peak)
 //    Required bandwidth to hide a group's communication behind compute: b = C / t_compute, C the
 //    group's wire bytes per step; the cluster has it when b <= that link's busbw.
 #pragma once
@@ -121,6 +134,7 @@ struct Layout {
   int64_t micro_batch = 1;              // sequences per micro-batch per rank
   int64_t grad_accum = 1;               // micro-batches per optimizer step per dp rank (K)
   int compute_bytes = 2;                // a: 2 for bf16/fp16 autocast, 4 for fp32
+  std::string pp_split;                 // --pp-split "a,b,c": blocks per stage; empty = kiln's balanced default
   Attention attention = Attention::Flash;
   bool dropout = false;                 // dropout > 0 (masks kept)
   bool cpu = false;                     // runs on the CPU: 4-byte dropout masks, no CUDA generator
@@ -148,10 +162,13 @@ TrainingTotals training_totals(double params, double tokens, double attention_fl
                                const ClusterSpec& cluster);
 
 // ---- 2. model-state bytes -------------------------------------------------------------------
-// The parameter units a rank of pipeline stage `stage` holds (unit 0 = outer, possibly 0 on a
-// middle stage; then its blocks), with tp splitting as in section 2.
-std::vector<int64_t> rank_units(const GPTConfig& model, int64_t tp, int64_t pp, int64_t stage);
-int64_t blocks_on_stage(const GPTConfig& model, int64_t pp, int64_t stage);
+// The parameter units a rank of pipeline stage `stage` holds, in kiln's ZeRO order (section 2:
+// with pp > 1 wte alone, then wpe / ln_f, then the blocks; the outer units are the first
+// size() - blocks ones), with tp splitting as in section 2. `pp_split` as --pp-split.
+std::vector<int64_t> rank_units(const GPTConfig& model, int64_t tp, int64_t pp, int64_t stage,
+                                const std::string& pp_split = "");
+// Blocks per stage: kiln's split (parallel/pipeline_layout.h), the layout's --pp-split if given.
+std::vector<int64_t> stage_blocks(const GPTConfig& model, const Layout& layout);
 int64_t padded_numel(int64_t n, int64_t dp);  // ceil(n / 64 dp) 64 dp
 int64_t sum_padded(const std::vector<int64_t>& units, int64_t dp);
 int64_t sum_units(const std::vector<int64_t>& units);
@@ -195,7 +212,8 @@ struct CommItem {
 struct StagePlan {
   int64_t stage = 0;
   int64_t blocks = 0;
-  std::vector<int64_t> units;     // this rank's parameter units
+  std::vector<int64_t> units;     // this rank's parameter units (the outer ones, then one per block)
+  double forward_s = 0, backward_s = 0;  // this stage's compute per micro-batch
   int64_t psi = 0, psi_padded = 0;
   ModelState state;
   double activation_bytes = 0;    // kept activations, all in-flight micro-batches
@@ -205,6 +223,7 @@ struct StagePlan {
   std::vector<CommItem> comm;
   double comm_bytes = 0;          // sum of comm[].comm_bytes over the network groups (kiln's figure)
   double exposed_comm_s = 0;
+  double step_s = 0;              // (K + p - 1)(forward_s + backward_s) + exposed_comm_s: its step, bubble included
 };
 
 struct GroupBandwidth {
@@ -222,12 +241,12 @@ struct Plan {
   int64_t tokens_per_step = 0;
   double flops_per_token = 0;     // F (model)
   double recompute_flops_per_token = 0;
-  double forward_s = 0, backward_s = 0;  // t_f, t_b per micro-batch
+  double forward_s = 0, backward_s = 0;  // t_f, t_b per micro-batch, of the slowest stage
   double compute_s = 0, exposed_comm_s = 0, bubble_s = 0, step_s = 0;
   double tokens_per_s = 0, mfu = 0, hfu = 0;
   std::vector<StagePlan> stages;
   int64_t critical_stage = 0;     // the stage with the highest device peak (first such)
-  int64_t slowest_stage = 0;      // the stage with the most exposed communication
+  int64_t slowest_stage = 0;      // the stage with the longest step: its compute, exposed comm and bubble (first such)
   std::vector<GroupBandwidth> bandwidth;
   bool fits_device = true, fits_host = true;
   double peak_device_bytes() const { return stages[critical_stage].peak_device_bytes; }

@@ -68,6 +68,7 @@ std::string layout_flags(const Layout& l) {
                            to_string(l.offload).c_str(), to_string(l.recompute).c_str(),
                            static_cast<long long>(l.micro_batch), static_cast<long long>(l.grad_accum));
   if (l.zero >= 2 && l.grad_accum > 1) out += " --zero-accum " + to_string(l.zero_accum);
+  if (!l.pp_split.empty()) out += " --pp-split " + l.pp_split;
   return out;
 }
 
@@ -114,6 +115,8 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
     }
     stages.push_back({{"stage", st.stage},
                       {"blocks", st.blocks},
+                      {"forward_s", st.forward_s},
+                      {"backward_s", st.backward_s},
                       {"units", st.units},
                       {"psi", st.psi},
                       {"psi_padded", st.psi_padded},
@@ -124,6 +127,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
                       {"host_bytes", st.host_bytes},
                       {"comm_bytes", static_cast<int64_t>(std::llround(st.comm_bytes))},
                       {"exposed_comm_s", st.exposed_comm_s},
+                      {"step_s", st.step_s},
                       {"comm", comm}});
   }
   json bw = json::array();
@@ -142,7 +146,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
       {"layout",
        {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero}, {"offload", to_string(l.offload)},
         {"zero_accum", to_string(l.zero_accum)}, {"activation_checkpointing", to_string(l.recompute)},
-        {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
+        {"pp_split", l.pp_split}, {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
         {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"command", layout_flags(l)}}},
       {"compute",
        {{"tokens_per_step", p.tokens_per_step}, {"flops_per_token", p.flops_per_token},
@@ -242,8 +246,9 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   o += format("          %lld tokens per step: %s\n\n", static_cast<long long>(p.tokens_per_step), layout_flags(l).c_str());
 
   const StagePlan& st = p.stages[p.critical_stage];
-  o += format("memory per device (pipeline stage %lld of %lld: %lld blocks; Psi %lld, padded %lld)\n",
-              static_cast<long long>(st.stage), static_cast<long long>(l.pp), static_cast<long long>(st.blocks),
+  o += format("memory per device (pipeline stage %lld of %lld%s: %lld blocks; Psi %lld, padded %lld)\n",
+              static_cast<long long>(st.stage), static_cast<long long>(l.pp), l.pp > 1 ? ", the highest peak" : "",
+              static_cast<long long>(st.blocks),
               static_cast<long long>(st.psi), static_cast<long long>(st.psi_padded));
   o += format("  %-22s %14s %14s\n", "", "device", "host");
   o += format("  %-22s %14s %14s\n", "parameters", bytes(static_cast<double>(st.state.device.params)).c_str(), bytes(static_cast<double>(st.state.host.params)).c_str());
@@ -263,8 +268,23 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
                 p.fits_host ? "fits" : "DOES NOT FIT");
   }
 
+  if (l.pp > 1) {
+    // Every stage at a glance: the figures above are one stage's; a run's log is rank 0's (stage 0).
+    o += "\npipeline stages (per rank; a run's log reports rank 0, stage 0)\n";
+    o += format("  %-5s %6s %12s %14s %14s %14s %14s %12s %10s\n", "stage", "blocks", "Psi", "model state", "activations",
+                "peak", "comm_bytes", "micro-batch", "step");
+    for (const auto& s : p.stages) {
+      o += format("  %-5lld %6lld %12lld %14s %14s %14s %14.0f %12s %10s%s\n", static_cast<long long>(s.stage),
+                  static_cast<long long>(s.blocks), static_cast<long long>(s.psi), bytes(static_cast<double>(s.state.device.total())).c_str(),
+                  bytes(s.activation_bytes).c_str(), bytes(s.peak_device_bytes).c_str(), s.comm_bytes,
+                  duration(s.forward_s + s.backward_s).c_str(), duration(s.step_s).c_str(),
+                  s.stage == p.slowest_stage ? "  slowest" : "");
+    }
+  }
+
   const StagePlan& slow = p.stages[p.slowest_stage];
-  o += format("\ncommunication per step (a rank of stage %lld)\n", static_cast<long long>(slow.stage));
+  o += format("\ncommunication per step (a rank of pipeline stage %lld of %lld%s)\n", static_cast<long long>(slow.stage),
+              static_cast<long long>(l.pp), l.pp > 1 ? ", the slowest" : "");
   if (slow.comm.empty()) o += "  none\n";
   for (const auto& it : slow.comm) {
     if (it.link == "host-cpu") {
@@ -321,6 +341,11 @@ std::string compare_text(const CompareResult& r) {
   std::string o;
   o += format("compare: %s (%lld steps) against the cost model\n", r.log_path.c_str(), static_cast<long long>(r.steps));
   o += "  layout: " + describe(r.plan.layout) + "\n";
+  if (r.plan.layout.pp > 1) {
+    o += format("  predicted for rank 0, the rank that wrote the log: pipeline stage 0 of %lld, holding %lld of the %lld blocks\n",
+                static_cast<long long>(r.plan.layout.pp), static_cast<long long>(r.plan.stages[0].blocks),
+                static_cast<long long>(r.plan.model.n_layer));
+  }
   o += format("  %-28s %18s %18s %10s\n", "", "predicted", "measured", "rel. error");
   for (const auto& row : r.rows) {
     auto show = [&](const std::optional<double>& v) -> std::string {

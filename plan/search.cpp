@@ -49,7 +49,7 @@ std::string describe(const Layout& l) {
                 (l.zero >= 2 && l.grad_accum > 1) ? (l.zero_accum == ZeroAccum::Local ? " (accum local)" : " (accum reduce)") : "",
                 to_string(l.offload).c_str(), to_string(l.recompute).c_str(), static_cast<long long>(l.micro_batch),
                 static_cast<long long>(l.grad_accum));
-  return buf;
+  return l.pp_split.empty() ? std::string(buf) : std::string(buf) + ", pp split " + l.pp_split;
 }
 
 namespace {

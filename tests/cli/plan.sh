@@ -4,8 +4,11 @@
 # the model-state bytes and comm_bytes kiln predicts must EQUAL what the runs report (they are
 # accounting, not estimates; plan/compare.h).
 #
-# ZeRO runs (--zero 1|2|3, --offload, --zero-accum) and tensor-parallel runs (alone, with DDP and
-# full recomputation, with ZeRO-3) are compared in the last blocks.
+# ZeRO runs (--zero 1|2|3, --offload, --zero-accum), tensor-parallel runs (alone, with DDP and
+# full recomputation, with ZeRO-3) and pipeline-parallel runs (pp 2; pp 3, whose default split
+# 1,2,1 puts the extra block on the middle stage; dp 2 x pp 2 under ZeRO-1; tp 2 x pp 2) are
+# compared in the last blocks. A run's log is rank 0's, so a pipeline run checks stage 0's
+# figures, and every stage's block count.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -111,6 +114,27 @@ expect_fail "--model does not go with --params" --params 1e9 --model tiny
 expect_fail "--compare $work/missing.jsonl: cannot open" --compare "$work/missing.jsonl"
 expect_fail "not a JSON record" --compare "$work/junk.jsonl"
 expect_fail "no layout fits" --model gpt2-1.5b --gpu v100 --gpus-per-node 1 --device-memory-gb 0.5 --search
+expect_fail "--zero 3 with --pp 2 is not supported yet" --model tiny --gpus-per-node 2 --pp 2 --zero 3
+expect_fail "--pp-split '1,2' gives 2 stage\(s\) holding 3 block\(s\)" --model tiny --gpus-per-node 2 --pp 2 --pp-split 1,2
+expect_fail "--pp 8 is larger than the model's 4 blocks" --model tiny --pp 8
+expect_fail "--pp-split does not go with --compare" --compare "$work/junk.jsonl" --pp-split 2,2
+
+# ---- pipeline layouts: kiln's split of the blocks, ZeRO-2 allowed -----------------------------------
+plan --model gpt2-124m --gpus-per-node 5 --pp 5 --micro-batch 4 --grad-accum 8 --zero 2 --json >"$work/pp5.json"
+plan --model gpt2-124m --gpus-per-node 4 --pp 4 --pp-split 4,4,3,1 --micro-batch 4 --grad-accum 8 >"$work/pp4.txt"
+grep -q "pipeline stages" "$work/pp4.txt" && grep -q -- "--pp-split 4,4,3,1" "$work/pp4.txt" || { cat "$work/pp4.txt"; fail "pp text"; }
+python3 - "$work/pp5.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+st = p["stages"]
+# 12 blocks over 5 stages: 2 each, the 2 extra ones to the middle stages 1 and 2
+assert [s["blocks"] for s in st] == [2, 3, 3, 2, 2], [s["blocks"] for s in st]
+# ZeRO units: stage 0 [wte], [wpe], blocks; a middle stage blocks only; the last [wte copy], [ln_f], blocks
+V, d, T = 50304, 768, 1024
+assert st[0]["units"][:2] == [V * d, T * d] and len(st[0]["units"]) == 4, st[0]["units"]
+assert len(st[1]["units"]) == 3 and st[4]["units"][:2] == [V * d, 2 * d], (st[1]["units"], st[4]["units"])
+print("pipeline layout: gpt2-124m over 5 stages holds 2,3,3,2,2 blocks; ZeRO-2 with pp planned")
+PY
 
 # ---- --compare against real runs: ZeRO-0 and DDP --------------------------------------------------
 # The checker: every exact row equal (parameters, FLOPs, tokens, model-state bytes, comm_bytes,
@@ -178,4 +202,29 @@ mpi 2 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --tp 2 --log-json "$work/tp2.jsonl" >
 mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --tp 2 --activation-checkpointing full --log-json "$work/tp2dp2_ac.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --tp 2 --zero 3 --log-json "$work/tp2dp2_z3.jsonl" >/dev/null
 for log in tp2 tp2dp2_ac tp2dp2_z3; do check_compare "$work/$log.jsonl"; done
+
+# ---- --compare against pipeline-parallel runs ------------------------------------------------------
+# Stage 0's comm_bytes (kiln's rule, tests/cli/pipeline.sh): its K activations sent on, its tied
+# wte gradient sent to the last stage (the dp shard under ZeRO), the world's 24-byte verdict, plus
+# ZeRO-1's 8 Psi' or tp's (1 + 4 L_0) 2A per micro-batch; model state of its own units.
+echo "--compare, pipeline parallel:"
+mpi 2 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --pp 2 --log-json "$work/pp2.jsonl" >/dev/null
+mpi 3 "$KILN_BIN" "${Z[@]}" --grad-accum 3 --pp 3 --log-json "$work/pp3.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --pp 2 --zero 1 --log-json "$work/dp2pp2_z1.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --pp 2 --tp 2 --log-json "$work/tp2pp2.jsonl" >/dev/null
+for log in pp2 pp3 dp2pp2_z1 tp2pp2; do check_compare "$work/$log.jsonl"; done
+grep -q "predicted for rank 0, the rank that wrote the log: pipeline stage 0 of 3, holding 1 of the 4 blocks" "$work/pp3.jsonl.txt" || { cat "$work/pp3.jsonl.txt"; fail "pp3 compare text"; }
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+rows = lambda n: {r["name"]: r for r in json.load(open(f"{d}/{n}.jsonl.cmp.json"))["rows"]}
+# the split is checked stage by stage: pp 3 over 4 blocks is 1, 2, 1
+r = rows("pp3")
+assert [r[f"pipeline.stage_{s}.blocks"]["measured"] for s in range(3)] == [1, 2, 1], r
+# tiny, micro-batch 2: A = 2 x 128 x 128 x 4 = 131,072; wte 512 x 128 x 4 = 262,144
+A, wte = 131072, 262144
+assert rows("pp2")["comm_bytes"]["measured"] == 2 * A + wte + 24
+assert rows("pp3")["comm_bytes"]["measured"] == 3 * A + wte + 24
+print("pipeline: pp 3's split 1,2,1 and the comm_bytes of pp 2 / pp 3 by hand")
+PY
 echo "PASS"
