@@ -278,6 +278,14 @@ void Trainer::setup() {
 namespace {
 // This rank's model-state bytes by kind and place (parallel/zero.h's table): ZeRO's read off its
 // buffers; otherwise 4 B of parameter, 4 B of gradient and 8 B of AdamW moments per parameter.
+template <typename Run>
+ModelStateBytes model_state_bytes(const Run& r) {
+  if (r.zero) return r.zero->memory();
+  ModelStateBytes state;
+  const int64_t psi = r.model->num_params();  // this rank's (its tp slices, its stage)
+  state.device = {4 * psi, 4 * psi, 8 * psi};
+  return state;
+}
 json model_state_json(const ModelStateBytes& b) {
   auto place = [](const ModelStateBytes::Place& p) {
     return json{{"params", p.params}, {"grads", p.grads}, {"optimizer", p.optimizer}};
@@ -288,13 +296,7 @@ json model_state_json(const ModelStateBytes& b) {
 
 void Trainer::log_config() {
   Run& r = *run_;
-  ModelStateBytes state;
-  if (r.zero) {
-    state = r.zero->memory();
-  } else {
-    const int64_t psi = r.model->num_params();  // this rank's (its tp slices)
-    state.device = {4 * psi, 4 * psi, 8 * psi};
-  }
+  const ModelStateBytes state = model_state_bytes(r);
   r.log.write({{"type", "config"},
                {"config", cfg_.to_json()},
                {"world", {{"size", proc_.world_size}, {"dp", r.shape.dp}, {"tp", r.shape.tp}, {"pp", r.shape.pp},
@@ -516,6 +518,7 @@ json Trainer::run() {
 
   const auto run_start = Clock::now();
   double tokens_per_s_sum = 0.0, last_loss = NAN, last_eval = NAN;
+  int64_t last_comm_bytes = 0;  // this rank's, in the last step
   int64_t timed_steps = 0, skipped_steps = 0;
   double timed_joules = 0.0, timed_seconds = 0.0;  // over the timed steps, when the meter reads
   bool energy_ok = r.energy->available();
@@ -560,6 +563,7 @@ json Trainer::run() {
       ++timed_steps;
     }
     last_loss = s.loss;
+    last_comm_bytes = r.comm_bytes() - bytes_before;
     losses.push_back(s.loss);
     json rec{{"type", "step"},          {"step", step + 1},         {"loss", num(s.loss)},
              {"lr", s.lr},              {"grad_norm", num(s.norm)}, {"loss_scale", s.loss_scale},
@@ -706,6 +710,30 @@ json Trainer::run() {
     param_sum = t[0].item<double>();
     param_sq = t[1].item<double>();
   }
+  // Pipeline: the log's step records are stage 0's (rank 0's); the summary adds every stage's
+  // figures (its dp 0, tp 0 rank), gathered once at the end so no step's traffic includes them.
+  json stages = nullptr;
+  if (r.pipe) {
+    const ModelStateBytes st = model_state_bytes(r);
+    const MeshCoord c = r.mesh->coord();
+    const std::vector<int64_t> mine{c.pp, c.dp, c.tp, last_comm_bytes, r.model->num_params(),
+                                    st.device.params, st.device.grads, st.device.optimizer,
+                                    st.host.params, st.host.grads, st.host.optimizer};
+    const int64_t n = static_cast<int64_t>(mine.size());
+    at::Tensor row = at::tensor(mine, at::kLong), all = at::empty({proc_.world_size * n}, at::kLong);
+    r.host_world->all_gather(all, row)->wait();
+    stages = json::array();
+    const int64_t* a = all.data_ptr<int64_t>();
+    for (int w = 0; w < proc_.world_size; ++w) {
+      const int64_t* x = a + w * n;
+      if (x[1] != 0 || x[2] != 0) continue;  // dp 0, tp 0: one rank per stage, in stage order
+      ModelStateBytes b;
+      b.device = {x[5], x[6], x[7]};
+      b.host = {x[8], x[9], x[10]};
+      stages.push_back({{"stage", x[0]}, {"comm_bytes_last_step", x[3]}, {"params_local", x[4]},
+                        {"model_state", model_state_json(b)}});
+    }
+  }
   const double mean_tps = timed_steps > 0 ? tokens_per_s_sum / static_cast<double>(timed_steps) : NAN;
   // Energy over the timed steps: average watts, joules per token, model TFLOP/s per watt.
   const bool have_energy = energy_ok && timed_steps > 0 && timed_joules > 0.0;
@@ -730,6 +758,7 @@ json Trainer::run() {
                {"loss_scale", r.scaler->scale()},
                {"checkpoint", last_saved.empty() ? json(nullptr) : json(last_saved)},
                {"wall_s", std::chrono::duration<double>(Clock::now() - run_start).count()}};
+  if (r.pipe) summary["pipeline_stages"] = stages;
   r.log.write(summary);
   return summary;
 }

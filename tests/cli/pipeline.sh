@@ -16,8 +16,10 @@
 # and the squared norm is summed over stages -- measured about 2e-7. A micro-batch's gradient
 # dropped or doubled, a missing tied-embedding sync or a stage skipping its update moves these by
 # 1e-3 or more.
-# Also exactly: comm_bytes per step of rank 0 (stage 0), in runtime/comm.h's unit: per micro-step
-# its activation sent on (A = B T d x 4 bytes), the tied wte's gradient exchanged once (V'/tp d x 4,
+# Also exactly: comm_bytes per step of rank 0 (stage 0) -- and, without tp, every stage's last step
+# and model-state bytes, from the summary's pipeline_stages -- in runtime/comm.h's unit: per micro-step
+# its activation sent on (A = B T d x 4 bytes; a middle stage also sends a gradient back, the last
+# stage only gradients), the tied wte's gradient exchanged once by the end stages (V'/tp d x 4,
 # or its dp shard under ZeRO), the verdict's all-reduce of 3 floats over the world (2 x 12); plus
 # DDP's 2 x 4 psi_local, ZeRO-1's 8 psi' and ZeRO-2's (K + 1) 4 psi', and under tp stage 0's
 # all-reduces: (1 + 4 L_0) x 2A per micro-step (embedding; two per block forward and backward).
@@ -95,9 +97,30 @@ for name, (dp, tp, pp, blocks) in runs.items():
         want += K * (1 + 4 * blocks[0]) * 2 * A
     got = {r["comm_bytes"] for r in run if r["type"] == "step"}
     assert got == {want}, (name, got, want)
+    if tp == 1:  # every stage's last step and model state, from the summary (tp traffic: stage 0 only above)
+        rows = run[-1]["pipeline_stages"]
+        assert [r["stage"] for r in rows] == list(range(pp)), (name, rows)
+        for r in rows:
+            st = r["stage"]
+            first, last = st == 0, st == pp - 1
+            outer = ([Vp * dm] if first or last else []) , (Tn * dm if first else 0) + (2 * dm if last else 0)
+            n_local = sum(outer[0]) + outer[1] + blocks[st] * units(c)[1]
+            assert r["params_local"] == n_local, (name, st, r["params_local"], n_local)
+            want_s = (2 * K * A if not (first or last) else K * A) + 2 * 12
+            if c["zero"] == 0:
+                want_s += wte if first or last else 0
+                if dp > 1:
+                    want_s += 2 * 4 * n_local
+                assert r["model_state"]["device"] == {"params": 4 * n_local, "grads": 4 * n_local, "optimizer": 8 * n_local}, (name, st, r)
+            else:
+                P_s = sum(padded(u, dp) for u in outer[0]) + (padded(outer[1], dp) if outer[1] else 0) + blocks[st] * padded(units(c)[1], dp)
+                want_s += padded(Vp * dm, dp) * 4 // dp if first or last else 0
+                want_s += 8 * P_s if c["zero"] == 1 else (K + 1) * 4 * P_s
+            assert r["comm_bytes_last_step"] == want_s, (name, st, r["comm_bytes_last_step"], want_s)
     live = {r["pp_live_max"] for r in run if r["type"] == "step"}
     assert live == {min(pp, K)}, (name, live, "stage 0 must hold at most min(pp, m) micro-batches (1F1B)")
-    print(f"{name}: within {worst:.1e} of the single process; comm_bytes {want} per step")
+    print(f"{name}: within {worst:.1e} of the single process; comm_bytes {want} per step"
+          + (f"; all {pp} stages' last-step comm_bytes and model state exact" if tp == 1 else ""))
 for name in ("to_pp2", "to_pp1", "pp4_to_pp2"):
     run = load(f"{d}/{name}.jsonl")
     assert sorted(steps(run)) == list(range(11, 21)) and run[0]["resumed_from"], name
