@@ -32,6 +32,7 @@
 #include "parallel/zero.h"
 #include "runtime/backend_choice.h"
 #include "runtime/checkpoint.h"
+#include "runtime/consolidate.h"
 #include "runtime/comm_mpi.h"
 #if defined(KILN_WITH_CUDA)
 #include "runtime/comm_nccl.h"
@@ -597,60 +598,16 @@ json Trainer::run() {
     const bool save_now = !cfg_.save_dir.empty() &&
                           ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || step + 1 == end_step);
     if (save_now && (r.zero || r.shape.tp > 1 || r.pipe)) {
-      // A whole host model and optimizer on rank 0, which it saves like any other run's, in up
-      // to three gathers: ZeRO's shards over dp, unit by unit, into dp rank 0's copy of its part;
-      // tensor-parallel slices over tp into whole tensors on tp rank 0; the pipeline stages into
-      // rank 0's whole model.
+      // A whole host model and optimizer on rank 0 (runtime/consolidate.h), saved like any other.
       const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
-      std::shared_ptr<GPT> whole, part_model, stage_model;
-      std::unique_ptr<AdamW> whole_opt, part_opt_holder, stage_opt_holder;
+      std::shared_ptr<GPT> whole;
+      std::unique_ptr<AdamW> whole_opt;
       if (r.checkpointer) {
         whole = std::make_shared<GPT>(cfg_.gpt);
         whole_opt = std::make_unique<AdamW>(whole->parameters(), adam);
       }
-      const MeshCoord c = r.mesh->coord();
-      const bool first_dp = c.dp == 0, stage_writer = first_dp && c.tp == 0;
-      GPT* part = r.model.get();
-      AdamW* part_opt = r.optimizer.get();
-      if (r.zero) {
-        if (r.shape.tp == 1 && !r.pipe) {  // straight into the whole model (rank 0)
-          part = whole.get();
-          part_opt = whole_opt.get();
-        } else if (first_dp) {
-          part_model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), r.model->shard());
-          part_opt_holder = std::make_unique<AdamW>(part_model->parameters(), adam);
-          part = part_model.get();
-          part_opt = part_opt_holder.get();
-        } else {
-          part = nullptr;
-          part_opt = nullptr;
-        }
-        r.zero->consolidate(part, part_opt);
-      }
-      if (r.shape.tp > 1 && first_dp) {
-        GPT* target = whole.get();  // rank 0: straight into the whole model
-        AdamW* target_opt = whole_opt.get();
-        if (!r.checkpointer && stage_writer) {  // another stage's writer: the stage, tp = 1
-          ModelShard st;
-          st.block_begin = r.model->shard().block_begin;
-          st.block_end = r.model->shard().block_end;
-          st.embedding = r.model->shard().embedding;
-          st.head = r.model->shard().head;
-          stage_model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), st);
-          stage_opt_holder = std::make_unique<AdamW>(stage_model->parameters(), adam);
-          target = stage_model.get();
-          target_opt = stage_opt_holder.get();
-        }
-        gather_to_whole(*part, *part_opt, target, target_opt, r.mesh->tp());
-        part = target;
-        part_opt = target_opt;
-      }
-      if (r.pipe) {
-        std::vector<int> writers;  // world rank of (stage s, dp 0, tp 0)
-        for (int st = 0; st < r.shape.pp; ++st) writers.push_back(st * r.shape.dp * r.shape.tp);
-        gather_stages(stage_writer ? part : nullptr, stage_writer ? part_opt : nullptr, whole.get(), whole_opt.get(),
-                      r.stage_blocks, writers, *r.host_world);
-      }
+      consolidate_whole(*r.model, r.optimizer.get(), r.zero.get(), *r.mesh, *r.host_world, r.stage_blocks, adam,
+                        whole.get(), whole_opt.get());
       if (r.checkpointer) {
         last_saved = r.checkpointer->save(*whole, *whole_opt, r.progress,
                                           {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});
@@ -674,42 +631,7 @@ json Trainer::run() {
     tail /= static_cast<double>(k);
   }
   // A fingerprint of the final weights, for comparing runs (parity tests): sum and sum of squares.
-  double param_sum = 0.0, param_sq = 0.0;
-  if (r.zero) {
-    std::tie(param_sum, param_sq) = r.zero->param_moments();
-  } else {
-    // Under tensor parallelism the split parameters' slices are summed over tp; the replicated
-    // ones are counted once.
-    auto split = at::zeros({2}, at::kDouble);
-    const bool tied_copy = r.pipe && r.pipe->last() && !r.pipe->first();  // counted on the first stage
-    for (const auto& item : r.model->named_parameters()) {
-      if (tied_copy && item.key() == "wte") continue;
-      auto d = item.value().detach().to(at::kDouble);
-      const double s1 = d.sum().item<double>(), s2 = d.pow(2).sum().item<double>();
-      if (r.shape.tp > 1 && is_tensor_parallel(item.key())) {
-        for (const auto& [piece, weight] : tp_weighted_pieces(item.key(), d, *r.model)) {
-          split[0] += piece.sum().item<double>() * weight;
-          split[1] += piece.pow(2).sum().item<double>() * weight;
-        }
-      } else {
-        param_sum += s1;
-        param_sq += s2;
-      }
-    }
-    if (r.shape.tp > 1) {
-      r.mesh->tp()->all_reduce(split, ReduceOp::Sum)->wait();
-      param_sum += split[0].item<double>();
-      param_sq += split[1].item<double>();
-    }
-  }
-  if (r.pipe) {  // every stage's share
-    auto t = at::tensor({param_sum, param_sq}, at::kDouble);
-    if (!device.is_cpu()) t = t.to(device);
-    r.mesh->pp()->all_reduce(t, ReduceOp::Sum)->wait();
-    t = t.cpu();
-    param_sum = t[0].item<double>();
-    param_sq = t[1].item<double>();
-  }
+  const auto [param_sum, param_sq] = weights_fingerprint(*r.model, r.zero.get(), r.mesh.get(), device);
   // Pipeline: the log's step records are stage 0's (rank 0's); the summary adds every stage's
   // figures (its dp 0, tp 0 rank), gathered once at the end so no step's traffic includes them.
   json stages = nullptr;
