@@ -13,3 +13,12 @@ records = [json.loads(line) for line in open(sys.argv[1])]
 exec(sys.argv[2])
 PY
 }
+# expect_refused NP REGEX ARGS...: `mpi NP kiln ARGS` (the calling script's mpi function) must exit
+# 2 (a configuration error) with one "kiln: error:" line matching REGEX.
+expect_refused() {
+  local np=$1 regex=$2; shift 2
+  local code=0
+  mpi "$np" "$KILN_BIN" "$@" >/dev/null 2>"$work/err" || code=$?
+  [ "$code" -eq 2 ] && grep -Eq "kiln: error: .*$regex" "$work/err" || { cat "$work/err" >&2; fail "$* (want exit 2, '$regex')"; }
+  echo "refused: $(grep 'kiln: error' "$work/err" | head -n 1)"
+}

@@ -154,13 +154,6 @@ code=0; wait "$job" || code=$?
 grep -q "did not complete within 3 s (--comm-timeout)" "$work/stall.err" || fail "stall: no watchdog message: $(cat "$work/stall.err")"
 echo "stalled stage: job ended in $(( SECONDS - start ))s, exit $code: $(grep 'kiln: error' "$work/stall.err" | head -n 1)"
 
-expect_refused() {  # expect_refused NP REGEX ARGS...
-  local np=$1 regex=$2; shift 2
-  local code=0
-  mpi "$np" "$KILN_BIN" "$@" >/dev/null 2>"$work/err" || code=$?
-  [ "$code" -eq 2 ] && grep -Eq "kiln: error: .*$regex" "$work/err" || { cat "$work/err" >&2; fail "$* (want exit 2, '$regex')"; }
-  echo "refused: $(grep 'kiln: error' "$work/err" | head -n 1)"
-}
 expect_refused 2 "--pp 8 is larger than the model's 4 blocks" "${T[@]}" --pp 8
 expect_refused 2 "--pp-split '1,2' gives 2 stage\(s\) holding 3 block\(s\)" "${T[@]}" --pp 2 --pp-split 1,2
 expect_refused 2 "--pp-split '2,x'" "${T[@]}" --pp 2 --pp-split 2,x

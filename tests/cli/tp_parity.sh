@@ -109,13 +109,6 @@ for name in ("to_tp2", "to_tp1"):
     print(f"{name}: resumed, steps 11-20 within {worst:.1e}; step-20 weights within {w:.1e}")
 PY
 
-expect_refused() {  # expect_refused NP REGEX ARGS...
-  local np=$1 regex=$2; shift 2
-  local code=0
-  mpi "$np" "$KILN_BIN" "$@" >/dev/null 2>"$work/err" || code=$?
-  [ "$code" -ne 0 ] && grep -Eq "kiln: error: .*$regex" "$work/err" || { cat "$work/err" >&2; fail "$* (want '$regex')"; }
-  echo "refused: $(grep 'kiln: error' "$work/err")"
-}
 expect_refused 2 "--tp 2 does not divide the attention heads" "${T[@]}" --tp 2 --n-head 3 --n-kv-head 3 --d-model 96
 expect_refused 2 "does not divide|not divisible" "${T[@]}" --tp 4
 expect_refused 2 "--tp 2 and the key/value heads \(--n-kv-head 3\) must divide one another" "${T[@]}" --tp 2 --n-head 6 --n-kv-head 3 --d-model 96
