@@ -12,6 +12,7 @@
 #include "parallel/grad_ready.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/host_memory.h"
 
 namespace kiln {
 
@@ -103,7 +104,6 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
   const int64_t n = dp_->size(), r = dp_->rank();
   const bool pin = device_.is_cuda();
   const auto dev = at::TensorOptions().dtype(at::kFloat).device(device_);
-  const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU).pinned_memory(pin);
   at::NoGradGuard no_grad;
 
   for (auto& params : units_of(model_)) {
@@ -134,9 +134,14 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
         throw Error("zero: count_weights' runs do not cover a parameter of " + std::to_string(u->params[k].numel()));
     }
 
-    // The whole unit, flattened on the host, and the optimizer state to start from.
+    // The whole unit, flattened on the host, and the optimizer state to start from (zero on a
+    // fresh start: no whole-unit moments are made then).
     auto whole = at::zeros({u->padded}, at::kFloat);
-    auto m_whole = at::zeros({u->padded}, at::kFloat), v_whole = at::zeros({u->padded}, at::kFloat);
+    at::Tensor m_whole, v_whole;
+    if (resume) {
+      m_whole = at::zeros({u->padded}, at::kFloat);
+      v_whole = at::zeros({u->padded}, at::kFloat);
+    }
     for (size_t k = 0; k < u->params.size(); ++k) {
       const auto& p = u->params[k];
       whole.narrow(0, u->offsets[k], p.numel()).copy_(p.reshape({-1}));
@@ -154,7 +159,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
       u->flat.copy_(whole);
     } else {
       u->flat = at::empty({u->padded}, dev);
-      u->shard_params = at::empty({u->shard}, cfg_.offload == Offload::All ? host : dev);
+      u->shard_params = cfg_.offload == Offload::All ? host_buffer(u->shard, pin) : at::empty({u->shard}, dev);
       u->shard_params.copy_(own(whole));
     }
     for (size_t k = 0; k < u->params.size(); ++k) {
@@ -168,7 +173,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
 
     // Gradients.
     if (streamed()) {
-      u->grad_shard = at::zeros({u->shard}, cfg_.offload == Offload::All ? host : dev);
+      u->grad_shard = cfg_.offload == Offload::All ? host_buffer(u->shard, pin).zero_() : at::zeros({u->shard}, dev);
     } else {
       u->grad_full = at::zeros({u->padded}, dev);
       for (size_t k = 0; k < u->params.size(); ++k) {
@@ -178,14 +183,16 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
       u->grad_shard = own(u->grad_full);
     }
 
-    // Optimizer state.
+    // Optimizer state. On the host only the buffers a GPU copies to or from are page-locked
+    // (the master shard, the gradient shard); the moments are the CPU AdamW's alone.
     const bool on_host = cfg_.offload != Offload::None;
-    u->exp_avg = at::empty({u->shard}, on_host ? host : dev);
-    u->exp_avg_sq = at::empty({u->shard}, on_host ? host : dev);
-    u->exp_avg.copy_(own(m_whole));
-    u->exp_avg_sq.copy_(own(v_whole));
+    for (at::Tensor* m : {&u->exp_avg, &u->exp_avg_sq}) {
+      *m = on_host ? host_buffer(u->shard, /*pinned=*/false) : at::empty({u->shard}, dev);
+      if (resume) m->copy_(own(m == &u->exp_avg ? m_whole : v_whole));
+      else m->zero_();
+    }
     if (cfg_.offload == Offload::Optimizer) {
-      u->master = at::empty({u->shard}, host);
+      u->master = host_buffer(u->shard, pin);
       u->master.copy_(own(whole));
     } else if (cfg_.offload == Offload::All) {
       u->master = u->shard_params;
@@ -193,7 +200,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     if (on_host) {
       u->host_grad = u->grad_shard.device().is_cpu() && cfg_.offload == Offload::All && streamed()
                          ? u->grad_shard
-                         : at::zeros({u->shard}, host);
+                         : host_buffer(u->shard, pin).zero_();
     }
     u->pending = static_cast<int64_t>(u->params.size());
     units_.push_back(std::move(u));

@@ -283,7 +283,7 @@ std::string resolve_resume(const std::string& resume, const std::string& save_di
 }
 
 std::optional<Resumed> resume_training(const std::string& resume, const std::string& save_dir, GPT& model,
-                                       AdamW& optimizer, Communicator* world) {
+                                       const std::function<AdamW&()>& optimizer, Communicator* world) {
   const bool root = world == nullptr || world->rank() == 0;
   // Rank 0 alone looks at the files; its verdict travels as one string: a kind, then the
   // checkpoint directory or the error. Kinds: F fresh start, L loaded, C config error, D data error.
@@ -295,7 +295,7 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
       if (dir.empty()) {
         verdict = "F";
       } else {
-        state = read_checkpoint(dir, model, optimizer);
+        state = read_checkpoint(dir, model, optimizer());
         verdict = "L" + dir;
       }
     } catch (const ConfigError& e) {
@@ -315,8 +315,9 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   if (multi) {
     state = json::parse(broadcast_string(*world, root ? state.dump() : std::string(), device));
     at::NoGradGuard no_grad;
+    AdamW& opt = optimizer();
     for (auto& p : model.parameters()) {
-      auto st = optimizer.state_of(p);
+      auto st = opt.state_of(p);
       at::Tensor tensors[] = {p, st.exp_avg, st.exp_avg_sq, st.step};
       for (auto& t : tensors) world->broadcast(t, 0)->wait();
     }
@@ -327,7 +328,7 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   r.progress.updates = state.at("updates").get<int64_t>();
   r.progress.samples = state.at("samples").get<int64_t>();
   r.progress.loss_scaler = state.at("loss_scaler");
-  optimizer.set_steps_taken(r.progress.updates);
+  optimizer().set_steps_taken(r.progress.updates);
   return r;
 }
 

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -80,10 +81,13 @@ struct Resumed {
 // Resolves `resume` (resolve_resume) on rank 0 and, when it names a checkpoint, loads it into
 // the model's parameters and the optimizer's state on every rank: rank 0 reads and checks it,
 // then broadcasts over `world` (nullptr for a world of one). Returns nothing for a fresh start.
+// `optimizer` gives the AdamW to load the state into; it is called only when a checkpoint is
+// loaded, so a caller that needs one for nothing else (ZeRO: 8 B per parameter of whole-model
+// moments on the host) makes it only then.
 // A checkpoint of another model shape, a file whose CRC-32 differs from the recorded one, a
 // missing or misshapen tensor: ConfigError or DataError naming the checkpoint and the problem,
 // thrown on every rank together.
 std::optional<Resumed> resume_training(const std::string& resume, const std::string& save_dir, GPT& model,
-                                       AdamW& optimizer, Communicator* world);
+                                       const std::function<AdamW&()>& optimizer, Communicator* world);
 
 }  // namespace kiln

@@ -211,7 +211,13 @@ void Trainer::setup() {
     r.ddp->broadcast_parameters();
   }
   const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
-  r.optimizer = std::make_unique<AdamW>(r.params, adam);  // under ZeRO: the host state a resume loads into
+  // ZeRO-0 steps this AdamW. Under ZeRO it is only the host state a resume loads into (8 B per
+  // parameter), made when a checkpoint is loaded: a fresh start never holds it.
+  auto local_optimizer = [&]() -> AdamW& {
+    if (!r.optimizer) r.optimizer = std::make_unique<AdamW>(r.params, adam);
+    return *r.optimizer;
+  };
+  if (cfg_.zero == 0) local_optimizer();
   if (r.shape.pp > 1) {
     r.pipe = std::make_unique<PipelineStage>(*r.model, r.mesh->pp(), device, cfg_.micro_batch, r.precision);
   }
@@ -226,15 +232,19 @@ void Trainer::setup() {
   if (whole) {
     // Tensor / pipeline parallel: the checkpoint (always whole) loads into the whole host model,
     // and each rank copies its slices (its stage) of the weights and of the AdamW state.
-    AdamW whole_opt(whole->parameters(), adam);
-    resumed = resume_training(cfg_.resume, cfg_.save_dir, *whole, whole_opt, resume_world);
+    std::unique_ptr<AdamW> whole_opt;
+    auto whole_optimizer = [&]() -> AdamW& {
+      if (!whole_opt) whole_opt = std::make_unique<AdamW>(whole->parameters(), adam);
+      return *whole_opt;
+    };
+    resumed = resume_training(cfg_.resume, cfg_.save_dir, *whole, whole_optimizer, resume_world);
     if (resumed) {
       copy_to_shard(*whole, *r.model);
-      copy_state_to_shard(*whole, whole_opt, *r.model, *r.optimizer);
+      copy_state_to_shard(*whole, *whole_opt, *r.model, local_optimizer());
     }
     whole.reset();
   } else {
-    resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.model, *r.optimizer, resume_world);
+    resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.model, local_optimizer, resume_world);
   }
   if (resumed) {
     r.resumed_from = resumed->dir;
