@@ -37,7 +37,7 @@ std::function<void(TrainConfig&, const json&)> model_field(T GPTConfig::*member)
 const std::vector<Flag>& train_flags() {
   static const std::vector<Flag> flags = {
       // --model comes first: the preset is the base the other model flags override.
-      {"model", Kind::String, "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b",
+      {"model", Kind::String, "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b",
        [](TrainConfig& c, const json& v) {
          c.model = v.get<std::string>();
          c.gpt = GPTConfig::preset(c.model);

@@ -23,7 +23,7 @@ struct FlagHelp {
 
 // Grouped so that each mode can refuse the flags that do not belong to it.
 const std::vector<FlagHelp> kModelFlags = {
-    {"model", "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b"},
+    {"model", "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b"},
     {"n-layer", "transformer blocks (overrides the preset)"},
     {"n-head", "attention heads"},
     {"n-kv-head", "key/value heads (default: n-head)"},

@@ -21,7 +21,7 @@ GPTConfig gpt2(int64_t layers, int64_t heads, int64_t width) {
 }  // namespace
 
 std::vector<std::string> GPTConfig::preset_names() {
-  return {"tiny", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b"};
+  return {"tiny", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "gpt3-6.7b"};
 }
 
 GPTConfig GPTConfig::preset(const std::string& name) {
@@ -30,6 +30,11 @@ GPTConfig GPTConfig::preset(const std::string& name) {
   if (name == "gpt2-350m") return gpt2(24, 16, 1024);
   if (name == "gpt2-774m") return gpt2(36, 20, 1280);
   if (name == "gpt2-1.5b") return gpt2(48, 25, 1600);
+  if (name == "gpt3-6.7b") {  // GPT-3 6.7B (Brown et al. 2020, table 2.1): 2048 tokens of context
+    GPTConfig c = gpt2(32, 32, 4096);
+    c.seq_len = 2048;
+    return c;
+  }
   std::string names;
   for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
   throw ConfigError("unknown model '" + name + "' (presets: " + names + ")");

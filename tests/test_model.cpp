@@ -67,6 +67,12 @@ TEST(GPTConfig, PresetParameterCountsMatchModuleAndKnownValues) {
     EXPECT_EQ(cfg.padded_vocab_size(), 50304);
     EXPECT_EQ(cfg.seq_len, 1024);
   }
+  // GPT-3 6.7B's shape (L 32, d 4096, 32 heads, T 2048): 32 (12 d^2 + 13 d) + 50304 d + 2048 d + 2 d.
+  auto gpt3 = GPTConfig::preset("gpt3-6.7b");
+  EXPECT_EQ(gpt3.num_params(), 6'658'596'864);
+  EXPECT_EQ(GPT(gpt3, at::TensorOptions().device(at::kMeta)).num_params(), 6'658'596'864);
+  EXPECT_EQ(gpt3.seq_len, 2048);
+  EXPECT_EQ(gpt3.head_dim(), 128);
   auto tiny = GPTConfig::preset("tiny");
   GPT model(tiny, at::TensorOptions().device(at::kMeta));
   EXPECT_EQ(model.num_params(), tiny.num_params());
