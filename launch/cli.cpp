@@ -87,6 +87,7 @@ const std::vector<Flag>& train_flags() {
       {"hysteresis", Kind::Int, "overflows tolerated before the scale halves", field(&TrainConfig::hysteresis)},
       {"min-loss-scale", Kind::Float, "smallest dynamic scale", field(&TrainConfig::min_loss_scale)},
       {"activation-checkpointing", Kind::String, "none | full | selective", field(&TrainConfig::activation_checkpointing)},
+      {"loss-chunk-rows", Kind::Int, "rows per chunk of the output layer + cross-entropy (0: 256 MiB of fp32 logits; -1: the plain whole-logits way, to compare)", field(&TrainConfig::loss_chunk_rows)},
       {"on-nonfinite", Kind::String, "stop | skip: a non-finite loss or gradient norm (bf16, fp32) stops the run, or skips the step", field(&TrainConfig::on_nonfinite)},
       {"save-dir", Kind::String, "checkpoint directory", field(&TrainConfig::save_dir)},
       {"save-every", Kind::Int, "steps between checkpoints (0: only after the last step)", field(&TrainConfig::save_every)},

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "models/linear_cross_entropy.h"
 #include "runtime/error.h"
 
 namespace kiln {
@@ -196,11 +197,9 @@ at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets) {
   if (!shard_.head) throw Error("GPT::head_loss: this pipeline stage does not hold the output layer");
   auto x = ln_f->forward(x_in);
   if (shard_.ops->loss) return shard_.ops->loss(x.reshape({-1, x.size(-1)}), wte, targets.reshape({-1}));
-  auto lg = at::linear(x, wte);
-  const int64_t V = cfg_.vocab_size;
-  if (lg.size(-1) != V) lg = lg.narrow(-1, 0, V);
-  // In fp32 whatever the compute precision: log-sum-exp over the vocabulary needs its range.
-  return at::cross_entropy_loss(lg.reshape({-1, V}).to(at::kFloat), targets.reshape({-1}));
+  const auto x2 = x.reshape({-1, x.size(-1)});
+  if (loss_chunk_rows < 0) return plain_linear_cross_entropy(x2, wte, targets.reshape({-1}), cfg_.vocab_size);
+  return linear_cross_entropy(x2, wte, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows);
 }
 
 int64_t GPT::num_params() const {

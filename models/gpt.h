@@ -159,7 +159,8 @@ class GPT : public torch::nn::Module {
   at::Tensor hidden(const at::Tensor& idx);
   // The parts a pipeline stage runs (the whole model runs all three in hidden() / loss()):
   // wte[idx] + wpe (first stage) [B, T] -> [B, T, d]; this stage's blocks [B, T, d] -> [B, T, d];
-  // ln_f, the tied output layer and the mean cross-entropy (last stage) -> scalar.
+  // ln_f, the tied output layer and the mean cross-entropy (last stage) -> scalar; without tensor
+  // parallelism in chunks of rows, never holding the whole fp32 logits (loss_chunk_rows).
   at::Tensor embed(const at::Tensor& idx);
   at::Tensor run_blocks(const at::Tensor& x);
   at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets);
@@ -181,6 +182,10 @@ class GPT : public torch::nn::Module {
   // Hook that runs one block, called as block_runner(block, x) for x [B, T, d]; empty:
   // block.forward(x). (Set by parallel/activation_checkpoint.h.)
   std::function<at::Tensor(BlockImpl&, const at::Tensor&)> block_runner;
+  // Rows per chunk of the output layer + cross-entropy (models/linear_cross_entropy.h): 0 picks
+  // by size (256 MiB of fp32 logits per chunk); -1 runs the plain, whole-logits way (kept to
+  // compare against: `kiln train --loss-chunk-rows -1`).
+  int64_t loss_chunk_rows = 0;
 
  private:
   GPTConfig cfg_;

@@ -31,6 +31,7 @@ void TrainConfig::validate() const {
   at_least("steps", static_cast<double>(steps), 0);
   at_least("eval-every", static_cast<double>(eval_every), 0);
   at_least("eval-batches", static_cast<double>(eval_batches), 1);
+  at_least("loss-chunk-rows", static_cast<double>(loss_chunk_rows), -1);
   at_least("synthetic-tokens", static_cast<double>(synthetic_tokens), static_cast<double>(gpt.seq_len + 1));
   at_least("lr", lr, 0);
   at_least("warmup", static_cast<double>(warmup), 0);
@@ -128,6 +129,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["min_loss_scale"] = min_loss_scale;
   j["activation_checkpointing"] = activation_checkpointing;
   j["on_nonfinite"] = on_nonfinite;
+  j["loss_chunk_rows"] = loss_chunk_rows;
   j["save_dir"] = save_dir;
   j["save_every"] = save_every;
   j["keep_last"] = keep_last;

@@ -201,6 +201,7 @@ void Trainer::setup() {
     copy_to_shard(*whole, *r.model);
   }
   if (cfg_.zero == 0) r.model->to(device);
+  r.model->loss_chunk_rows = cfg_.loss_chunk_rows;
   r.model->train();
   // Parallelism applied from outside the model, in torchtitan's order: activation checkpointing,
   // then data parallelism (DDP or ZeRO).

@@ -1,12 +1,17 @@
 // tests/test_model.cpp -- GPT shapes, parameter counts, and the layers against plain
 // re-implementations written here from the equations.
+#include <malloc.h>
+
 #include <cmath>
+#include <cstdio>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include "models/gpt.h"
+#include "models/linear_cross_entropy.h"
 #include "optim/adamw.h"
 #include "runtime/error.h"
 
@@ -245,4 +250,118 @@ TEST(GPT, TinyModelOverfitsOneBatch) {
   // 64 random targets are memorised: from ln(100) ~ 4.6 to nearly zero.
   EXPECT_GT(first, 4.0);
   EXPECT_LT(last, 0.05);
+}
+
+// ---- models/linear_cross_entropy.h ---------------------------------------------------------
+
+namespace {
+
+struct LossAndGrads {
+  double loss;
+  at::Tensor gx, gw;
+};
+
+// x [N, d] and W [Vp, d] as leaves; backward from scale * loss.
+LossAndGrads run_head(const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& t, int64_t V, int64_t chunk,
+                      double scale = 1.0) {
+  auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  auto loss = chunk < 0 ? kiln::plain_linear_cross_entropy(x, w, t, V) : kiln::linear_cross_entropy(x, w, t, V, chunk);
+  (loss * scale).backward();
+  return {loss.item<double>(), x.grad(), w.grad()};
+}
+
+double rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
+int64_t heap_bytes() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+}
+
+}  // namespace
+
+// Chunked = plain, in fp32, for chunks that divide the rows, chunks that do not, one chunk and
+// the size-picked default, over a padded vocabulary (500 of 512 rows; the padding rows of W get
+// a zero gradient) and under a backward scale (gradient accumulation's 1/K). 1e-6 relative: the
+// same products, the loss summed in another order, fp32 rounding (6e-8) over sums of ~500 terms.
+TEST(LinearCrossEntropy, ChunkedEqualsPlainInFp32) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  const int64_t N = 50, d = 24, Vp = 512, V = 500;
+  auto x = at::randn({N, d}, gen), w = at::randn({Vp, d}, gen) * 0.3;
+  w.narrow(0, V, Vp - V).zero_();
+  auto t = at::randint(V, {N}, gen, at::kLong);
+  const auto ref = run_head(x, w, t, V, -1, 0.25);
+  for (int64_t chunk : {7, 10, 50, 64, 0}) {
+    const auto got = run_head(x, w, t, V, chunk, 0.25);
+    EXPECT_NEAR(got.loss, ref.loss, 1e-6 * ref.loss) << chunk;
+    EXPECT_LT(rel_diff(got.gx, ref.gx), 1e-6) << chunk;
+    EXPECT_LT(rel_diff(got.gw, ref.gw), 1e-6) << chunk;
+    EXPECT_EQ(got.gw.narrow(0, V, Vp - V).abs().max().item<double>(), 0.0) << chunk;
+  }
+}
+
+// Under bf16 autocast both ways make bf16 logits from the same products and round the same
+// fp32 gradient to bf16 before the two backward products: the loss agrees to fp32 summation
+// order, the gradients to bf16's rounding of a few elements (2^-8 relative).
+TEST(LinearCrossEntropy, ChunkedFollowsPlainUnderBf16Autocast) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(22);
+  const int64_t N = 64, d = 32, Vp = 256, V = 250;
+  auto x = at::randn({N, d}, gen), w = at::randn({Vp, d}, gen) * 0.3;
+  w.narrow(0, V, Vp - V).zero_();
+  auto t = at::randint(V, {N}, gen, at::kLong);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  const auto ref = run_head(x, w, t, V, -1);
+  const auto got = run_head(x, w, t, V, 16);
+  at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  EXPECT_EQ(got.gx.scalar_type(), at::kFloat);
+  EXPECT_EQ(got.gw.scalar_type(), at::kFloat);
+  EXPECT_NEAR(got.loss, ref.loss, 1e-5 * ref.loss);
+  EXPECT_LT(rel_diff(got.gx, ref.gx), 1.0 / 256);
+  EXPECT_LT(rel_diff(got.gw, ref.gw), 1.0 / 256);
+  // And it is a bf16 computation, not an fp32 one: the fp32 loss differs by bf16's rounding.
+  const auto fp32 = run_head(x, w, t, V, 16);
+  EXPECT_GT(std::abs(fp32.loss - got.loss), 1e-6 * fp32.loss);
+}
+
+// Between forward and backward the chunked way keeps dloss/dx and dloss/dW (N d + Vp d fp32
+// elements), the plain way (in fp32) the log-softmax of the V real columns (N V fp32; with a
+// compute dtype below fp32 also the logits in it). A warm-up call of each first, so lazily made
+// buffers (thread pools, kernels' scratch) are not counted.
+TEST(LinearCrossEntropy, KeepsOnlyTheGradientsForBackward) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  const int64_t N = 2048, d = 64, Vp = 4096, V = 4000;
+  auto x = at::randn({N, d}, gen).requires_grad_(true), w = (at::randn({Vp, d}, gen) * 0.1).requires_grad_(true);
+  auto t = at::randint(V, {N}, gen, at::kLong);
+  auto kept = [&](int64_t chunk) {
+    const int64_t before = heap_bytes();
+    auto loss = chunk < 0 ? kiln::plain_linear_cross_entropy(x, w, t, V) : kiln::linear_cross_entropy(x, w, t, V, chunk);
+    const int64_t bytes = heap_bytes() - before;
+    loss.backward();
+    x.mutable_grad() = at::Tensor();
+    w.mutable_grad() = at::Tensor();
+    return bytes;
+  };
+  kept(256);
+  kept(-1);
+  const int64_t predicted = (N * d + Vp * d) * 4, predicted_plain = N * V * 4;
+  const int64_t chunked = kept(256), plain = kept(-1);
+  std::printf("kept for backward: chunked %lld B (predicted %lld), plain %lld B (predicted %lld)\n",
+              static_cast<long long>(chunked), static_cast<long long>(predicted), static_cast<long long>(plain),
+              static_cast<long long>(predicted_plain));
+  EXPECT_NEAR(static_cast<double>(chunked), static_cast<double>(predicted), 0.03 * static_cast<double>(predicted));
+  EXPECT_NEAR(static_cast<double>(plain), static_cast<double>(predicted_plain), 0.03 * static_cast<double>(predicted_plain));
+}
+
+// Evaluation (no grad): no gradient is made, and the loss is the plain loss.
+TEST(LinearCrossEntropy, NoGradMakesNoGradient) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(24);
+  auto x = at::randn({40, 16}, gen), w = at::randn({128, 16}, gen).requires_grad_(true);
+  auto t = at::randint(128, {40}, gen, at::kLong);
+  at::NoGradGuard no_grad;
+  auto loss = kiln::linear_cross_entropy(x, w, t, 128, 8);
+  EXPECT_FALSE(loss.requires_grad());
+  EXPECT_NEAR(loss.item<double>(), kiln::plain_linear_cross_entropy(x, w, t, 128).item<double>(), 1e-6);
 }

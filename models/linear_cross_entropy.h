@@ -1,0 +1,45 @@
+// models/linear_cross_entropy.h -- the output layer and the mean cross-entropy in one step,
+// without ever holding the whole fp32 logits (the memory-efficient loss of issue 8).
+//
+// For hidden states x [N, d], the tied embedding W [Vp, d] (Vp = the padded vocabulary, whose
+// last Vp - V rows never meet a target) and targets t [N]:
+//   z = x W^T [N, Vp];   loss = (1/N) sum_i ( logsumexp_{v < V} z_iv - z_i,t_i )
+//   dloss/dz_iv = (softmax_{v < V}(z_i)_v - [v = t_i]) / N  (0 for v >= V)
+//   dloss/dx = G W,   dloss/dW = G^T x,   G = dloss/dz
+//
+// The plain way (GPT-2's, and kiln's before this file) keeps, for backward, the logits in the
+// compute dtype, an fp32 copy of the first V columns and the fp32 log-softmax: 2 + 4 + 4 bytes per
+// logit, 10 N Vp in all (8.2 GB for gpt2-124m at 16 x 1024 tokens), and makes the fp32 gradient
+// of each at backward. Here the rows go through in chunks of `chunk_rows`: a chunk's logits are
+// made, reduced to its loss and turned into its rows of G in place, in the compute dtype; after
+// the last chunk two matrix products give dloss/dx and dloss/dW, and only those are kept for
+// backward (N d + Vp d elements). Peak: G (N Vp in the compute dtype) plus one chunk's fp32 work.
+// The gradient is computed in the forward (as llm.c's fused classifier does): backward only
+// scales it by the incoming gradient. Under no-grad (evaluation) no G is made.
+//
+// Numerics: the logits are the same products, rounded to the compute dtype, and log-sum-exp and
+// softmax run in fp32 as before; G is rounded to the compute dtype as the plain way rounds its
+// gradient before the products. So bf16 and fp32 follow the plain way's arithmetic, up to the
+// order of the loss's sum over rows and the incoming gradient (1/K under accumulation) being
+// applied after the products rather than before. fp16 is not: its G (down to 1e-3 / N) would
+// underflow before the loss scale could lift it, so under fp16 autocast the plain way runs.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+namespace kiln {
+
+// The mean cross-entropy over the first `vocab` columns of x W^T. x [N, d] (any float dtype; the
+// products run in autocast's dtype when autocast is on for x's device), weight [Vp, d],
+// targets [N] int64. chunk_rows <= 0: rows per chunk such that a chunk's fp32 logits take at
+// most 256 MiB.
+at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
+                                int64_t vocab, int64_t chunk_rows = 0);
+
+// The plain way, for comparison and for fp16: cross_entropy(linear(x, W)[:, :V].float(), t).
+at::Tensor plain_linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
+                                      int64_t vocab);
+
+}  // namespace kiln
