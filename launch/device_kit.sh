@@ -350,6 +350,8 @@ gpu_tests() {   # LOGDIR; the `gpu` tests of tests/CMakeLists.txt, as ctest runs
 # seconds (KILN_DEVKIT_STEP_TIMEOUT overrides them all). Keep in step with docs/benchmarks.md.
 bench_steps=(
   "240 kiln bench --model gpt2-124m --precision bf16 --sweep --max-micro-batch 64 --json b124.json"
+  "120 kiln bench --model gpt2-124m --precision bf16 --micro-batch 16 --loss-chunk-rows -1 --json b124_loss_plain.json"
+  "120 kiln bench --model gpt2-124m --precision bf16 --micro-batch 16 --json b124_loss_chunked.json"
   "240 kiln bench --model gpt2-350m --precision bf16 --sweep --max-micro-batch 32 --json b350.json"
   "180 kiln bench --model gpt2-1.5b --precision bf16 --activation-checkpointing full --micro-batch 8 --json b1558.json"
   "300 mpirun -np 1 kiln bench --model gpt2-1.5b --precision bf16 --micro-batch 4 --zero 3 --offload all --activation-checkpointing full --device-memory-cap-gb 24 --json b1558_z3_offload_all_cap24.json"

@@ -7,13 +7,14 @@
 //   dloss/dz_iv = (softmax_{v < V}(z_i)_v - [v = t_i]) / N  (0 for v >= V)
 //   dloss/dx = G W,   dloss/dW = G^T x,   G = dloss/dz
 //
-// The plain way (GPT-2's, and kiln's before this file) keeps, for backward, the logits in the
-// compute dtype, an fp32 copy of the first V columns and the fp32 log-softmax: 2 + 4 + 4 bytes per
-// logit, 10 N Vp in all (8.2 GB for gpt2-124m at 16 x 1024 tokens), and makes the fp32 gradient
-// of each at backward. Here the rows go through in chunks of `chunk_rows`: a chunk's logits are
-// made, reduced to its loss and turned into its rows of G in place, in the compute dtype; after
-// the last chunk two matrix products give dloss/dx and dloss/dW, and only those are kept for
-// backward (N d + Vp d elements). Peak: G (N Vp in the compute dtype) plus one chunk's fp32 work.
+// The plain way (GPT-2's, and kiln's before this file) keeps the fp32 log-softmax (4 N V bytes)
+// for backward; under bf16 its forward holds the logits (2 N Vp), their fp32 copy and the
+// log-softmax at once, and its backward makes two fp32 gradients of that size beside the kept
+// one: 12 N V bytes at the peak (9.9 GB for gpt2-124m at 16 x 1024 tokens). Here the rows go
+// through in chunks of `chunk_rows`: a chunk's logits are made, reduced to its loss and turned
+// into its rows of G in place; after the last chunk two matrix products give dloss/dx and
+// dloss/dW, and only those are kept for backward ((N d + Vp d) 4 bytes: 0.2 GB there). Peak: G
+// in the compute dtype (2 N Vp: 1.65 GB there) plus one chunk's fp32 work (256 MiB by default).
 // The gradient is computed in the forward (as llm.c's fused classifier does): backward only
 // scales it by the incoming gradient. Under no-grad (evaluation) no G is made.
 //
