@@ -270,6 +270,19 @@ LossAndGrads run_head(const at::Tensor& x0, const at::Tensor& w0, const at::Tens
   return {loss.item<double>(), x.grad(), w.grad()};
 }
 
+// Hidden states x [N, d], an output layer W [Vp, d] whose padding rows (V..Vp) are zero, and
+// targets below V, drawn from `seed`.
+struct HeadCase {
+  at::Tensor x, w, t;
+};
+HeadCase head_case(uint64_t seed, int64_t N, int64_t d, int64_t Vp, int64_t V) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  HeadCase c{at::randn({N, d}, gen), at::randn({Vp, d}, gen) * 0.3, {}};
+  c.w.narrow(0, V, Vp - V).zero_();
+  c.t = at::randint(V, {N}, gen, at::kLong);
+  return c;
+}
+
 double rel_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
 }
@@ -286,11 +299,8 @@ int64_t heap_bytes() {
 // a zero gradient) and under a backward scale (gradient accumulation's 1/K). 1e-6 relative: the
 // same products, the loss summed in another order, fp32 rounding (6e-8) over sums of ~500 terms.
 TEST(LinearCrossEntropy, ChunkedEqualsPlainInFp32) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
-  const int64_t N = 50, d = 24, Vp = 512, V = 500;
-  auto x = at::randn({N, d}, gen), w = at::randn({Vp, d}, gen) * 0.3;
-  w.narrow(0, V, Vp - V).zero_();
-  auto t = at::randint(V, {N}, gen, at::kLong);
+  const int64_t Vp = 512, V = 500;
+  const auto [x, w, t] = head_case(21, 50, 24, Vp, V);
   const auto ref = run_head(x, w, t, V, -1, 0.25);
   for (int64_t chunk : {7, 10, 50, 64, 0}) {
     const auto got = run_head(x, w, t, V, chunk, 0.25);
@@ -305,11 +315,8 @@ TEST(LinearCrossEntropy, ChunkedEqualsPlainInFp32) {
 // fp32 gradient to bf16 before the two backward products: the loss agrees to fp32 summation
 // order, the gradients to bf16's rounding of a few elements (2^-8 relative).
 TEST(LinearCrossEntropy, ChunkedFollowsPlainUnderBf16Autocast) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(22);
-  const int64_t N = 64, d = 32, Vp = 256, V = 250;
-  auto x = at::randn({N, d}, gen), w = at::randn({Vp, d}, gen) * 0.3;
-  w.narrow(0, V, Vp - V).zero_();
-  auto t = at::randint(V, {N}, gen, at::kLong);
+  const int64_t V = 250;
+  const auto [x, w, t] = head_case(22, 64, 32, 256, V);
   at::autocast::set_autocast_enabled(at::kCPU, true);
   at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
   const auto ref = run_head(x, w, t, V, -1);
