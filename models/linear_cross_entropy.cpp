@@ -21,16 +21,17 @@ at::ScalarType compute_dtype_of(const at::Tensor& x) {
 }
 
 struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
-  // Runs with grad mode off (Function::apply); x and weight keep their requires_grad.
+  // Runs with grad mode off (Function::apply), so whether a gradient is wanted is decided by the
+  // caller (need_grad), where grad mode still says it: under evaluation's no-grad, wte keeps its
+  // requires_grad, and only the mode tells that no backward will come.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                            int64_t vocab, int64_t chunk_rows) {
+                            int64_t vocab, int64_t chunk_rows, bool need_grad) {
     const int64_t N = x.size(0), Vp = weight.size(0), V = vocab;
     // The products' operands, cast once to the compute dtype; autocast, still on here, then
     // leaves the products alone (their inputs are already in its dtype), and everything else
     // below runs in fp32 on fp32 tensors.
     const at::ScalarType dtype = compute_dtype_of(x);
     const at::Tensor xc = x.to(dtype), wc = weight.to(dtype);
-    const bool need_grad = x.requires_grad() || weight.requires_grad();
     if (chunk_rows <= 0) chunk_rows = std::max<int64_t>(1, (int64_t{256} << 20) / (4 * Vp));
 
     at::Tensor G;  // dloss/dz in the compute dtype
@@ -65,7 +66,7 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& g = grad_outputs[0];  // 0-dim: d(whatever backward started from)/dloss
     return {saved[0] * g.to(saved[0].scalar_type()), saved[1] * g.to(saved[1].scalar_type()), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -82,7 +83,8 @@ at::Tensor plain_linear_cross_entropy(const at::Tensor& x, const at::Tensor& wei
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
                                 int64_t vocab, int64_t chunk_rows) {
   if (compute_dtype_of(x) == at::kHalf) return plain_linear_cross_entropy(x, weight, targets, vocab);
-  return LinearCrossEntropyFunction::apply(x, weight, targets, vocab, chunk_rows);
+  const bool need_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  return LinearCrossEntropyFunction::apply(x, weight, targets, vocab, chunk_rows, need_grad);
 }
 
 }  // namespace kiln
