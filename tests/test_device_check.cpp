@@ -1,0 +1,78 @@
+// tests/test_device_check.cpp -- the device-check mode (runtime/device_check.h): which side each
+// way of making a CPU tensor lands on, and that a group of the run refuses host memory
+// (tests/test_comm_mpi.cpp has the MPI side; here the rules alone, in one process). Each test runs
+// in a process of its own (gtest_discover_tests), so the mode a test enables stays in that test.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+
+#include "runtime/device_check.h"
+#include "runtime/host_memory.h"
+
+namespace {
+const c10::Device kCpu(c10::kCPU);
+}
+
+TEST(DeviceCheck, OffUntilEnabled) {
+  EXPECT_FALSE(kiln::device_check_enabled());
+  EXPECT_FALSE(kiln::is_host_memory(at::ones({4})));  // no sides without the mode
+}
+
+TEST(DeviceCheck, FactoriesWithoutADeviceMakeHostMemory) {
+  kiln::enable_device_check();
+  EXPECT_TRUE(kiln::is_host_memory(at::ones({4})));
+  EXPECT_TRUE(kiln::is_host_memory(at::full({1}, 2.0, at::kDouble)));
+  EXPECT_TRUE(kiln::is_host_memory(at::tensor({1.0, 2.0}, at::kDouble)));
+  EXPECT_TRUE(kiln::is_host_memory(at::zeros({3}, at::TensorOptions().dtype(at::kFloat))));
+  EXPECT_FALSE(kiln::is_host_memory(at::zeros({3}, at::TensorOptions().device(kCpu))));
+}
+
+TEST(DeviceCheck, OpsTakeTheSideOfTheirInputs) {
+  kiln::enable_device_check();
+  const at::Tensor h = at::ones({4}), d = at::ones({4}, at::TensorOptions().device(kCpu));
+  EXPECT_TRUE(kiln::is_host_memory(h * 2));
+  EXPECT_TRUE(kiln::is_host_memory(h.to(at::kDouble).sum()));
+  EXPECT_TRUE(kiln::is_host_memory(h.narrow(0, 1, 2)));  // a view shares its base's memory
+  EXPECT_FALSE(kiln::is_host_memory(d * 2));
+  EXPECT_FALSE(kiln::is_host_memory(at::empty_like(d)));
+  EXPECT_FALSE(kiln::is_host_memory(at::zeros({2}, d.options())));
+  EXPECT_FALSE(kiln::is_host_memory(d + h));  // mixed: device (what the check cannot catch)
+  EXPECT_FALSE(kiln::is_host_memory(at::stack({d, h})));
+  EXPECT_TRUE(kiln::is_host_memory(h.to(kCpu)));  // .to() of the same device is the same memory
+}
+
+TEST(DeviceCheck, ToDeviceCopiesHostMemory) {
+  kiln::enable_device_check();
+  const at::Tensor h = at::arange(6, at::kFloat);
+  const at::Tensor d = kiln::to_device(h, kCpu);
+  EXPECT_FALSE(kiln::is_host_memory(d));
+  EXPECT_NE(d.data_ptr(), h.data_ptr());
+  EXPECT_TRUE(at::equal(d, h));
+  EXPECT_EQ(kiln::to_device(d, kCpu).data_ptr(), d.data_ptr());  // already there: itself
+}
+
+TEST(DeviceCheck, ModuleToDevicePlacesParameters) {
+  kiln::enable_device_check();
+  torch::nn::Linear lin(4, 3);
+  EXPECT_TRUE(kiln::is_host_memory(lin->weight));  // built on the host, as on a GPU run
+  const at::Tensor before = lin->weight.detach().clone();
+  kiln::module_to_device(*lin, kCpu);
+  EXPECT_FALSE(kiln::is_host_memory(lin->weight));
+  EXPECT_FALSE(kiln::is_host_memory(lin->bias));
+  EXPECT_TRUE(at::equal(lin->weight.detach(), before));
+  // Gradients of device parameters are device memory.
+  lin->forward(at::ones({2, 4})).sum().backward();
+  EXPECT_FALSE(kiln::is_host_memory(lin->weight.grad()));
+}
+
+TEST(DeviceCheck, DeliberateHostBuffersAndForeignMemoryAreHost) {
+  kiln::enable_device_check();
+  EXPECT_TRUE(kiln::is_host_memory(kiln::host_buffer(8, /*pinned=*/false)));
+  {
+    kiln::HostAllocationScope host;
+    EXPECT_TRUE(kiln::is_host_memory(at::zeros({2}, at::TensorOptions().device(kCpu))));
+  }
+  EXPECT_FALSE(kiln::is_host_memory(at::zeros({2}, at::TensorOptions().device(kCpu))));
+  std::vector<float> v(4, 1.0f);
+  EXPECT_TRUE(kiln::is_host_memory(at::from_blob(v.data(), {4})));
+}
