@@ -1,7 +1,9 @@
-// runtime/comm_mpi.cpp -- Communicator over MPI non-blocking collectives (CPU tensors).
+// runtime/comm_mpi.cpp -- Communicator over MPI non-blocking collectives (CPU tensors; CUDA ones staged).
 #include "runtime/comm_mpi.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <sstream>
@@ -10,7 +12,9 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "runtime/device_check.h"
 #include "runtime/error.h"
+#include "runtime/host_memory.h"
 #include "runtime/watchdog.h"
 
 namespace kiln {
@@ -47,44 +51,61 @@ void check_mpi(int rc, const std::string& what) {
   throw Error(what + " failed: " + std::string(msg, len));
 }
 
-// CUDA tensors travel through pinned host memory: copied to the host before the MPI call (a
-// synchronous copy, so whatever the compute stream wrote is complete) and copied back when the
-// Work completes. CPU tensors are used in place. This is also how several ranks share one GPU,
-// which NCCL refuses.
+// Staged tensors travel through host buffers of the communicator's pool (runtime/host_memory.h:
+// exact size, page-locked for CUDA tensors, reused across calls): copied to the host before the
+// MPI call (a synchronous copy, so whatever the compute stream wrote is complete) and copied
+// back when the Work completes, after the completion step has worked on the host buffer (Avg's
+// division). CUDA tensors are always staged; this is also how several ranks share one GPU, which
+// NCCL refuses. CPU tensors are used in place, unless the test-only setting stages them too
+// (MpiOptions::stage_cpu), so that the staged path and its completion order run in CPU tests.
 class Staging {
  public:
+  Staging(HostBufferPool& pool, bool stage_cpu) : pool_(pool), stage_cpu_(stage_cpu) {}
+  bool staged(const at::Tensor& t) const { return t.is_cuda() || stage_cpu_; }
   // A tensor MPI only reads.
   at::Tensor in(const at::Tensor& t) {
-    if (t.is_cpu()) return t;
-    auto h = host_like(t);
+    if (!staged(t)) return t;
+    auto h = pool_.take(t, t.is_cuda());
     h.copy_(t);
     keep_.push_back(h);
     return h;
   }
   // A tensor MPI writes (copy_in: and reads first).
   at::Tensor out(const at::Tensor& t, bool copy_in) {
-    if (t.is_cpu()) return t;
-    auto h = host_like(t);
+    if (!staged(t)) return t;
+    auto h = pool_.take(t, t.is_cuda());
     if (copy_in) h.copy_(t);
     back_.emplace_back(t, h);
     return h;
   }
-  // The completion step: `first` (on the host tensors), then the copies back to the device.
+  // The completion step: `first` (on the host buffers MPI wrote), then the copies back.
   std::function<void()> then(std::function<void()> first) const {
     if (back_.empty() && keep_.empty()) return first;
     return [first, back = back_, keep = keep_]() mutable {
       if (first) first();
-      for (auto& [device, host] : back) device.copy_(host);
+      for (auto& [target, host] : back) target.copy_(host);
     };
   }
 
  private:
-  static at::Tensor host_like(const at::Tensor& t) {
-    return at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-  }
+  HostBufferPool& pool_;
+  bool stage_cpu_;
   std::vector<std::pair<at::Tensor, at::Tensor>> back_;
   std::vector<at::Tensor> keep_;
 };
+
+// [offset, length) pieces of n elements, none longer than max (one empty piece when n is 0).
+std::vector<std::pair<int64_t, int64_t>> pieces_of(int64_t n, int64_t max) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t off = 0; off < n; off += max) out.emplace_back(off, std::min(max, n - off));
+  if (out.empty()) out.emplace_back(0, 0);
+  return out;
+}
+
+// The address of element `offset` of t (contiguous).
+void* at_element(const at::Tensor& t, int64_t offset) {
+  return static_cast<char*>(t.data_ptr()) + offset * static_cast<int64_t>(t.element_size());
+}
 
 class MpiWork final : public Work {
  public:
@@ -129,8 +150,10 @@ class MpiWork final : public Work {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, std::string name, std::shared_ptr<Watchdog> watchdog)
-      : name_(std::move(name)), watchdog_(std::move(watchdog)) {
+  MpiCommunicator(MPI_Comm comm, std::string name, std::shared_ptr<Watchdog> watchdog, MpiOptions options)
+      : name_(std::move(name)), watchdog_(std::move(watchdog)), options_(std::move(options)), pool_(HostBufferPool::make()) {
+    if (options_.max_count < 1 || options_.max_count > INT32_MAX)
+      throw Error("backend mpi: the piece size must be in [1, 2^31 - 1] elements (got " + std::to_string(options_.max_count) + ")");
     MPI_Comm_dup(comm, &comm_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
@@ -162,11 +185,16 @@ class MpiCommunicator final : public Communicator {
 
   std::shared_ptr<Work> all_reduce(at::Tensor& t, ReduceOp op) override {
     const std::string what = begin("all_reduce", t, 2);
-    Staging stage;
+    Staging stage(*pool_, options_.stage_cpu);
     at::Tensor h = stage.out(t, /*copy_in=*/true);
-    MPI_Request req;
-    call(what, MPI_Iallreduce(MPI_IN_PLACE, h.data_ptr(), count(h), type_of(h, what), mpi_op(h, op, what), comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, stage.then(averager(h, op)), what, watchdog_);
+    const MPI_Datatype type = type_of(h, what);
+    const MPI_Op mop = mpi_op(h, op, what);
+    std::vector<MPI_Request> reqs;
+    for (const auto& [off, len] : pieces_of(h.numel(), options_.max_count)) {
+      reqs.emplace_back();
+      call(what, MPI_Iallreduce(MPI_IN_PLACE, at_element(h, off), static_cast<int>(len), type, mop, comm_, &reqs.back()));
+    }
+    return std::make_shared<MpiWork>(std::move(reqs), stage.then(averager(h, op)), what, watchdog_);
   }
 
   std::shared_ptr<Work> reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
@@ -177,56 +205,87 @@ class MpiCommunicator final : public Communicator {
                   std::to_string(size_) + " x output (" + std::to_string(out.numel()) + ")");
     }
     check_tensor(out, what);
+    Staging stage(*pool_, options_.stage_cpu);
     // In place (out is this rank's chunk of in, NCCL's in-place form): MPI's own in-place form
-    // puts the result at the start of the buffer instead, so the result goes to a scratch tensor
-    // and is copied into out when the call completes.
-    const bool in_place = is_chunk_of(out, in, rank_);
-    at::Tensor target = in_place ? at::empty_like(out) : out;
-    Staging stage;
+    // puts the result at the start of the buffer instead, so an unstaged result goes to a scratch
+    // tensor and is copied into out when the call completes (a staged one has its own buffer).
+    const bool scratch = is_chunk_of(out, in, rank_) && !stage.staged(out);
+    at::Tensor target = scratch ? at::empty_like(out) : out;
     at::Tensor hin = stage.in(in), hout = stage.out(target, /*copy_in=*/false);
-    MPI_Request req;
-    call(what, MPI_Ireduce_scatter_block(hin.data_ptr(), hout.data_ptr(), count(hout), type_of(hin, what),
-                                         mpi_op(hin, op, what), comm_, &req));
-    auto finish = stage.then(averager(target, op));
-    if (in_place) {
+    const MPI_Datatype type = type_of(hin, what);
+    const MPI_Op mop = mpi_op(hin, op, what);
+    const int64_t chunk = out.numel();
+    std::vector<MPI_Request> reqs;
+    if (in.numel() <= options_.max_count) {
+      reqs.emplace_back();
+      call(what, MPI_Ireduce_scatter_block(hin.data_ptr(), hout.data_ptr(), static_cast<int>(chunk), type, mop, comm_, &reqs.back()));
+    } else {
+      // Too large for one call: chunk r is reduced onto rank r, piece by piece.
+      for (int r = 0; r < size_; ++r) {
+        for (const auto& [off, len] : pieces_of(chunk, options_.max_count)) {
+          reqs.emplace_back();
+          call(what, MPI_Ireduce(at_element(hin, r * chunk + off), r == rank_ ? at_element(hout, off) : nullptr,
+                                 static_cast<int>(len), type, mop, r, comm_, &reqs.back()));
+        }
+      }
+    }
+    // The average is taken on the buffer MPI wrote, before any copy back.
+    auto finish = stage.then(averager(hout, op));
+    if (scratch) {
       finish = [finish, target, out]() mutable {
         if (finish) finish();
         out.copy_(target);
       };
     }
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, std::move(finish), what, watchdog_);
+    return std::make_shared<MpiWork>(std::move(reqs), std::move(finish), what, watchdog_);
   }
 
   std::shared_ptr<Work> all_gather(at::Tensor& out, const at::Tensor& in) override {
     const std::string what = begin("all_gather", out);
     check_same_dtype(out, in, what);
-    check_tensor(out, what);
+    check_tensor(in, what);
     if (out.numel() != in.numel() * size_) {
       throw Error(what + ": output has " + std::to_string(out.numel()) + " elements, need " +
                   std::to_string(size_) + " x input (" + std::to_string(in.numel()) + ")");
     }
-    // In place (in is this rank's chunk of out): MPI_IN_PLACE, which takes this rank's
-    // contribution from its place in the output.
+    // In place (in is this rank's chunk of out): this rank's contribution is already in place.
     const bool in_place = is_chunk_of(in, out, rank_);
-    Staging stage;
+    Staging stage(*pool_, options_.stage_cpu);
     at::Tensor hout = stage.out(out, /*copy_in=*/in_place);
-    at::Tensor hin = in_place ? at::Tensor() : stage.in(in);
-    MPI_Request req;
     const MPI_Datatype type = type_of(hout, what);
-    const int n = count(in);
-    call(what, MPI_Iallgather(in_place ? MPI_IN_PLACE : hin.data_ptr(), in_place ? 0 : n, in_place ? MPI_DATATYPE_NULL : type,
-                              hout.data_ptr(), n, type, comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, stage.then(nullptr), what, watchdog_);
+    const int64_t chunk = in.numel();
+    std::vector<MPI_Request> reqs;
+    if (out.numel() <= options_.max_count) {
+      at::Tensor hin = in_place ? at::Tensor() : stage.in(in);
+      const int n = static_cast<int>(chunk);
+      reqs.emplace_back();
+      call(what, MPI_Iallgather(in_place ? MPI_IN_PLACE : hin.data_ptr(), in_place ? 0 : n, in_place ? MPI_DATATYPE_NULL : type,
+                                hout.data_ptr(), n, type, comm_, &reqs.back()));
+    } else {
+      // Too large for one call: each rank's chunk is broadcast from it, piece by piece.
+      if (!in_place) hout.view({-1}).narrow(0, rank_ * chunk, chunk).copy_(in.reshape({-1}));
+      for (int r = 0; r < size_; ++r) {
+        for (const auto& [off, len] : pieces_of(chunk, options_.max_count)) {
+          reqs.emplace_back();
+          call(what, MPI_Ibcast(at_element(hout, r * chunk + off), static_cast<int>(len), type, r, comm_, &reqs.back()));
+        }
+      }
+    }
+    return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_);
   }
 
   std::shared_ptr<Work> broadcast(at::Tensor& t, int root) override {
     const std::string what = begin("broadcast", t);
     if (root < 0 || root >= size_) throw Error(what + ": root " + std::to_string(root) + " is not a rank of the group");
-    Staging stage;
+    Staging stage(*pool_, options_.stage_cpu);
     at::Tensor h = stage.out(t, /*copy_in=*/rank_ == root);
-    MPI_Request req;
-    call(what, MPI_Ibcast(h.data_ptr(), count(h), type_of(h, what), root, comm_, &req));
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, stage.then(nullptr), what, watchdog_);
+    const MPI_Datatype type = type_of(h, what);
+    std::vector<MPI_Request> reqs;
+    for (const auto& [off, len] : pieces_of(h.numel(), options_.max_count)) {
+      reqs.emplace_back();
+      call(what, MPI_Ibcast(at_element(h, off), static_cast<int>(len), type, root, comm_, &reqs.back()));
+    }
+    return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_);
   }
 
   std::shared_ptr<Work> send_recv(const std::vector<P2POp>& ops) override {
@@ -234,10 +293,11 @@ class MpiCommunicator final : public Communicator {
     for (const auto& op : ops)
       if (op.kind == P2POp::Kind::Send) bytes += op.tensor.nbytes();
     const std::string what = begin_bytes("send_recv", bytes);
-    std::vector<MPI_Request> reqs(ops.size());
-    Staging stage;
+    std::vector<MPI_Request> reqs;
+    Staging stage(*pool_, options_.stage_cpu);
     // Receives first, then sends: with every request non-blocking, no pairing order can deadlock.
-    size_t i = 0;
+    // A message over the piece size travels as several, which MPI matches in order (same peer,
+    // same tag, same communicator).
     for (int pass = 0; pass < 2; ++pass) {
       for (const auto& op : ops) {
         const bool recv = op.kind == P2POp::Kind::Recv;
@@ -246,9 +306,12 @@ class MpiCommunicator final : public Communicator {
         if (op.peer < 0 || op.peer >= size_) throw Error(what + ": peer " + std::to_string(op.peer) + " is not a rank of the group");
         const at::Tensor h = recv ? stage.out(op.tensor, /*copy_in=*/false) : stage.in(op.tensor);
         const MPI_Datatype type = type_of(h, what);
-        call(what, recv ? MPI_Irecv(h.data_ptr(), count(h), type, op.peer, kP2PTag, comm_, &reqs[i])
-                        : MPI_Isend(h.data_ptr(), count(h), type, op.peer, kP2PTag, comm_, &reqs[i]));
-        ++i;
+        for (const auto& [off, len] : pieces_of(h.numel(), options_.max_count)) {
+          reqs.emplace_back();
+          const int n = static_cast<int>(len);
+          call(what, recv ? MPI_Irecv(at_element(h, off), n, type, op.peer, kP2PTag, comm_, &reqs.back())
+                          : MPI_Isend(at_element(h, off), n, type, op.peer, kP2PTag, comm_, &reqs.back()));
+        }
       }
     }
     return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_);
@@ -265,7 +328,7 @@ class MpiCommunicator final : public Communicator {
     begin_bytes("split", 0);
     MPI_Comm sub;
     call("split", MPI_Comm_split(comm_, color, key, &sub));
-    auto c = std::make_shared<MpiCommunicator>(sub, name, watchdog_);
+    auto c = std::make_shared<MpiCommunicator>(sub, name, watchdog_, options_);
     MPI_Comm_free(&sub);
     return c;
   }
@@ -276,8 +339,9 @@ class MpiCommunicator final : public Communicator {
   // Advances the sequence number and counters; returns the description errors carry.
   // factor: the ring factor CommStats counts (2 for all_reduce).
   std::string begin(const char* op, const at::Tensor& t, int factor = 1) {
-    check_tensor(t, op);
-    return begin_bytes(op, factor * static_cast<int64_t>(t.nbytes()));
+    const std::string what = begin_bytes(op, t.defined() ? factor * static_cast<int64_t>(t.nbytes()) : 0);
+    check_tensor(t, what);
+    return what;
   }
   // Whether `part` is exactly chunk `index` of `whole` (same storage, contiguous).
   static bool is_chunk_of(const at::Tensor& part, const at::Tensor& whole, int index) {
@@ -293,18 +357,27 @@ class MpiCommunicator final : public Communicator {
     s << "rank " << world_rank_ << ": " << op << " #" << seq << " on group '" << name_ << "' (mpi, " << bytes << " bytes)";
     return s.str();
   }
+  // The tensor rules: defined, contiguous, on the CPU or a GPU; and, for a group of the run (with
+  // a device), on the run's device -- in device memory under the check mode (device_check.h).
   void check_tensor(const at::Tensor& t, const std::string& what) const {
     if (!t.defined()) throw Error(what + ": undefined tensor");
     if (!t.device().is_cpu() && !t.device().is_cuda())
       throw Error(what + ": backend mpi does not support " + t.device().str() + " tensors");
     if (!t.is_contiguous()) throw Error(what + ": tensor must be contiguous");
+    if (!options_.device) return;
+    const c10::Device& d = *options_.device;
+    if (d.is_cuda() && (!t.is_cuda() || t.device().index() != d.index())) {
+      throw Error(what + ": a " + t.device().str() + " tensor, but the group runs on " + d.str() +
+                  ", the run's device (NCCL would refuse it): make it there (kiln::to_device)");
+    }
+    if (d.is_cpu() && !t.is_cpu()) throw Error(what + ": a " + t.device().str() + " tensor, but the group runs on the CPU");
+    if (is_host_memory(t)) {
+      throw Error(what + ": a tensor in host memory, where the run's device is required (KILN_DEVICE_CHECK: on a GPU, "
+                  "NCCL would refuse it); make it on the run's device (kiln::to_device, or options naming the device)");
+    }
   }
   static void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
     if (a.scalar_type() != b.scalar_type()) throw Error(what + ": input and output dtypes differ");
-  }
-  static int count(const at::Tensor& t) {
-    if (t.numel() > INT32_MAX) throw Error("backend mpi: tensors over 2^31 elements are not supported");
-    return static_cast<int>(t.numel());
   }
   static MPI_Datatype type_of(const at::Tensor& t, const std::string& what) {
     switch (t.scalar_type()) {
@@ -342,15 +415,37 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1, world_rank_ = 0;
   MPI_Op bf16_ops_[3]{}, fp16_ops_[3]{};
   std::shared_ptr<Watchdog> watchdog_;
+  MpiOptions options_;
+  std::shared_ptr<HostBufferPool> pool_;  // staging buffers
   std::atomic<uint64_t> seq_{0};
   std::atomic<int64_t> calls_{0}, bytes_{0};
 };
 
 }  // namespace
 
+MpiOptions MpiOptions::from_env(std::optional<c10::Device> device) {
+  MpiOptions o;
+  o.device = device;
+  const char* stage = std::getenv("KILN_MPI_STAGE_ALL");
+  o.stage_cpu = stage != nullptr && std::string(stage) == "1";
+  if (const char* max = std::getenv("KILN_MPI_MAX_COUNT")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(max, &end, 10);
+    if (end == max || *end != '\0' || v < 1 || v > INT32_MAX)
+      throw ConfigError(std::string("KILN_MPI_MAX_COUNT must be an integer in [1, 2147483647] (got '") + max + "')");
+    o.max_count = v;
+  }
+  return o;
+}
+
 std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name,
-                                                    std::shared_ptr<Watchdog> watchdog) {
-  return std::make_shared<MpiCommunicator>(comm, name, std::move(watchdog));
+                                                    std::shared_ptr<Watchdog> watchdog, std::optional<c10::Device> device) {
+  return std::make_shared<MpiCommunicator>(comm, name, std::move(watchdog), MpiOptions::from_env(device));
+}
+
+std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, const std::string& name,
+                                                    std::shared_ptr<Watchdog> watchdog, MpiOptions options) {
+  return std::make_shared<MpiCommunicator>(comm, name, std::move(watchdog), std::move(options));
 }
 
 }  // namespace kiln

@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include "runtime/comm_mpi.h"
+#include "runtime/device_check.h"
 #include "runtime/env.h"
 #include "runtime/mesh.h"
 #include "runtime/error.h"
@@ -161,6 +162,105 @@ TEST(MpiComm, UnsupportedInputIsRefusedWithItsName) {
   auto strided = at::ones({4, 4}, at::kFloat).t();
   strided = strided.narrow(0, 0, 2);
   EXPECT_THROW(c.all_reduce(strided, kiln::ReduceOp::Sum), kiln::Error);
+}
+
+// Avg of a reduce-scatter into a separate output, every float dtype. Under KILN_MPI_STAGE_ALL=1
+// (mpi.comm_staged_split) the result travels back from a host buffer: the division must land on
+// the buffer MPI wrote, before the copy back (it once landed on the target, then the copy of the
+// sum overwrote it).
+TEST(MpiComm, ReduceScatterAverage) {
+  auto& c = *g_world;
+  const int n = c.size(), r = c.rank();
+  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
+    auto in = ramp(4 * n, r + 1, dtype);
+    auto out = at::empty({4}, in.options());
+    c.reduce_scatter(out, in, kiln::ReduceOp::Avg)->wait();
+    expect_equal(out, at::arange(4 * r + 1, 4 * r + 5, at::kDouble) * ((n + 1) / 2.0), "reduce_scatter avg");
+  }
+}
+
+// Every collective and a send / receive on messages longer than the piece size, through a group
+// that splits above 3 elements and stages CPU tensors (the paths of a message over 2^31 elements
+// and of CUDA tensors), against the same calls on the world.
+TEST(MpiComm, SplitAndStagedPathsAgree) {
+  kiln::MpiOptions options;
+  options.max_count = 3;
+  options.stage_cpu = true;
+  auto small = kiln::make_mpi_communicator(MPI_COMM_WORLD, "pieces", nullptr, options);
+  auto& c = *g_world;
+  const int n = c.size(), r = c.rank();
+  for (auto dtype : {at::kFloat, at::kLong, at::kBFloat16}) {
+    for (auto op : {kiln::ReduceOp::Sum, kiln::ReduceOp::Avg, kiln::ReduceOp::Max}) {
+      if (op == kiln::ReduceOp::Avg && dtype == at::kLong) continue;
+      auto a = ramp(11, r + 1, dtype), b = a.clone();
+      c.all_reduce(a, op)->wait();
+      small->all_reduce(b, op)->wait();
+      expect_equal(b, a, "split all_reduce");
+      auto in = ramp(7 * n, r + 1, dtype);
+      auto o1 = at::empty({7}, in.options()), o2 = at::empty({7}, in.options());
+      c.reduce_scatter(o1, in, op)->wait();
+      small->reduce_scatter(o2, in, op)->wait();
+      expect_equal(o2, o1, "split reduce_scatter");
+      auto buf = in.clone();  // in place: this rank's chunk of the input
+      auto own = buf.narrow(0, 7 * r, 7);
+      small->reduce_scatter(own, buf, op)->wait();
+      expect_equal(own, o1, "split in-place reduce_scatter");
+    }
+    auto mine = ramp(5, r + 1, dtype);
+    auto g1 = at::empty({5 * n}, mine.options()), g2 = at::full({5 * n}, -1, mine.options());
+    c.all_gather(g1, mine)->wait();
+    small->all_gather(g2, mine)->wait();
+    expect_equal(g2, g1, "split all_gather");
+    auto g3 = at::full({5 * n}, -1, mine.options());
+    g3.narrow(0, 5 * r, 5).copy_(mine);
+    small->all_gather(g3, g3.narrow(0, 5 * r, 5))->wait();
+    expect_equal(g3, g1, "split in-place all_gather");
+    for (int root = 0; root < n; ++root) {
+      auto t = at::full({8}, r + 1, dtype);
+      small->broadcast(t, root)->wait();
+      expect_equal(t, at::full({8}, root + 1, at::kDouble), "split broadcast");
+    }
+    auto out = ramp(10, r + 1, dtype), got = at::empty({10}, out.options());
+    small->send_recv({{kiln::P2POp::Kind::Send, out, (r + 1) % n}, {kiln::P2POp::Kind::Recv, got, (r - 1 + n) % n}})->wait();
+    expect_equal(got, ramp(10, (r - 1 + n) % n + 1, dtype), "split send_recv");
+  }
+  // One call, whatever the pieces: the sequence number and the traffic counted are the call's.
+  const auto before = small->stats();
+  const auto seq = small->sequence();
+  auto t = ramp(11, 1, at::kFloat);
+  small->all_reduce(t, kiln::ReduceOp::Sum)->wait();
+  EXPECT_EQ(small->sequence(), seq + 1);
+  EXPECT_EQ(small->stats().calls, before.calls + 1);
+  EXPECT_EQ(small->stats().bytes, before.bytes + 2 * 44);
+}
+
+// A group of the run refuses what NCCL would: on a CUDA run a CPU tensor; on a CPU run under the
+// device-check mode, a tensor in host memory (runtime/device_check.h). A host group (no device)
+// takes both.
+TEST(MpiComm, RunGroupsRefuseHostTensors) {
+  auto cuda_run = kiln::make_mpi_communicator(MPI_COMM_WORLD, "dp", nullptr, c10::Device(c10::kCUDA, 0));
+  auto t = at::ones({4}, at::kFloat);
+  try {
+    cuda_run->all_reduce(t, kiln::ReduceOp::Sum);
+    FAIL() << "a CPU tensor on a CUDA run's group must be refused";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the group runs on cuda:0"), std::string::npos) << e.what();
+  }
+  kiln::enable_device_check();
+  auto cpu_run = kiln::make_mpi_communicator(MPI_COMM_WORLD, "dp", nullptr, c10::Device(c10::kCPU));
+  auto host = at::full({1}, 1.0, at::kDouble);  // no device named: host memory
+  try {
+    cpu_run->all_reduce(host, kiln::ReduceOp::Sum);
+    FAIL() << "host memory on a run's group must be refused under the check";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a tensor in host memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("all_reduce #1 on group 'dp'"), std::string::npos) << e.what();
+  }
+  auto dev = kiln::to_device(host, c10::Device(c10::kCPU));
+  cpu_run->all_reduce(dev, kiln::ReduceOp::Sum)->wait();
+  EXPECT_EQ(dev.item<double>(), static_cast<double>(g_world->size()));
+  g_world->all_reduce(host, kiln::ReduceOp::Sum)->wait();  // the host group takes it
+  EXPECT_EQ(host.item<double>(), static_cast<double>(g_world->size()));
 }
 
 TEST(MpiComm, MeshAxisGroups) {
