@@ -51,15 +51,19 @@ void DistributedDataParallel::broadcast_parameters() {
     at::Tensor data = p.detach();  // shares p's storage: the broadcast lands in the parameter
     dp_->broadcast(data, 0)->wait();
   }
-  // Every rank must now hold the same weights: compare a checksum's max and min over dp.
-  double sum = 0.0;
-  for (const auto& p : params_) sum += p.detach().to(at::kDouble).abs().sum().item<double>();
-  auto hi = at::full({1}, sum, at::kDouble), lo = hi.clone();
+  // Every rank must now hold the same weights: compare a checksum's max and min over dp. The
+  // checksum is made on the parameters' device (the communicator may be NCCL, which refuses host
+  // tensors), and read once.
+  if (params_.empty()) return;
+  at::Tensor sum = at::zeros({1}, params_.front().options().dtype(at::kDouble));
+  for (const auto& p : params_) sum += p.detach().to(at::kDouble).abs().sum();
+  at::Tensor hi = sum, lo = sum.clone();
   dp_->all_reduce(hi, ReduceOp::Max)->wait();
   dp_->all_reduce(lo, ReduceOp::Min)->wait();
-  if (hi.item<double>() != lo.item<double>()) {
-    throw Error("ddp: parameters differ across dp ranks after the broadcast (checksums " +
-                std::to_string(lo.item<double>()) + " .. " + std::to_string(hi.item<double>()) + ")");
+  const double h = hi.item<double>(), l = lo.item<double>();
+  if (h != l) {
+    throw Error("ddp: parameters differ across dp ranks after the broadcast (checksums " + std::to_string(l) + " .. " +
+                std::to_string(h) + ")");
   }
 }
 

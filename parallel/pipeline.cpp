@@ -13,6 +13,7 @@
 #include "parallel/p2p.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/tensor_parallel.h"
+#include "runtime/device_check.h"
 #include "runtime/error.h"
 
 namespace kiln {
@@ -77,8 +78,8 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
         Batch b;
         if (first() || last()) {
           b = batch(a.micro);
-          b.inputs = b.inputs.to(device_, /*non_blocking=*/true);
-          b.targets = b.targets.to(device_, /*non_blocking=*/true);
+          b.inputs = to_device(b.inputs, device_, /*non_blocking=*/true);
+          b.targets = to_device(b.targets, device_, /*non_blocking=*/true);
         }
         AutocastScope autocast(precision_, device_.type());
         at::Tensor y = model_.run_blocks(first() ? model_.embed(b.inputs) : s.input);
@@ -128,8 +129,8 @@ at::Tensor PipelineStage::evaluate(int micros, const std::function<Batch(int)>& 
     Batch b;
     if (first() || last()) {
       b = batch(a.micro);
-      b.inputs = b.inputs.to(device_);
-      b.targets = b.targets.to(device_);
+      b.inputs = to_device(b.inputs, device_);
+      b.targets = to_device(b.targets, device_);
     }
     AutocastScope autocast(precision_, device_.type());
     at::Tensor y = model_.run_blocks(first() ? model_.embed(b.inputs) : inputs.at(a.micro));

@@ -15,6 +15,7 @@
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
+#include "runtime/device_check.h"
 #include "runtime/error.h"
 
 namespace kiln {
@@ -338,13 +339,13 @@ void copy_state_to_shard(GPT& whole, const AdamW& whole_opt, GPT& shard, AdamW& 
 }
 
 void gather_to_whole(GPT& shard, const AdamW& shard_opt, GPT* whole, AdamW* whole_opt,
-                     const std::shared_ptr<Communicator>& tp) {
+                     const std::shared_ptr<Communicator>& tp, c10::Device device) {
   at::NoGradGuard no_grad;
   const int64_t t = tp->size();
   torch::OrderedDict<std::string, at::Tensor> dst;
   if (whole) dst = whole->named_parameters();
   auto everyone = [&](const at::Tensor& local) {  // every rank's slice, on the host
-    at::Tensor mine = local.contiguous();
+    at::Tensor mine = to_device(local.contiguous(), device);
     at::Tensor all = at::empty({t * mine.numel()}, mine.options());
     tp->all_gather(all, mine.reshape({-1}))->wait();
     std::vector<at::Tensor> pieces;

@@ -94,9 +94,11 @@ void copy_to_shard(GPT& whole, GPT& shard);
 void copy_state_to_shard(GPT& whole, const AdamW& whole_opt, GPT& shard, AdamW& shard_opt);
 // Collective over tp: every split parameter and its AdamW moments all-gathered and reassembled;
 // written into `whole` / `whole_opt` (a tp = 1 model on the host, and an AdamW over it) where
-// they are not null (the rank that writes the checkpoint).
+// they are not null (the rank that writes the checkpoint). `shard` may live on the host (ZeRO's
+// consolidated part) or on the device; each tensor travels over tp from `device`, the run's device
+// (tp may be NCCL), one at a time.
 void gather_to_whole(GPT& shard, const AdamW& shard_opt, GPT* whole, AdamW* whole_opt,
-                     const std::shared_ptr<Communicator>& tp);
+                     const std::shared_ptr<Communicator>& tp, c10::Device device);
 // Whether parameter `name` (GPT's names) is split over tp; the others are replicated.
 bool is_tensor_parallel(const std::string& name);
 // A split parameter's local tensor (or its gradient) as pieces with the weight each takes in a

@@ -11,6 +11,7 @@
 #include "optim/cpu_adamw.h"
 #include "parallel/grad_ready.h"
 #include "runtime/device.h"
+#include "runtime/device_check.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
 
@@ -267,7 +268,7 @@ int64_t ZeroEngine::padded_numel() const {
 void ZeroEngine::gather_async(Unit& u) {
   if (u.state != Unit::State::Released) return;
   alloc_storage(u.flat);
-  u.ag_src = u.shard_params.device() == device_ ? u.shard_params : u.shard_params.to(device_, /*non_blocking=*/true);
+  u.ag_src = to_device(u.shard_params, device_, /*non_blocking=*/true);
   u.ag_work = dp_->all_gather(u.flat, u.ag_src);
   u.state = Unit::State::Gathering;
 }
@@ -465,7 +466,7 @@ void ZeroEngine::consolidate(GPT* model, AdamW* opt) {
   const auto dev = at::TensorOptions().dtype(at::kFloat).device(device_);
   auto gather = [&](const at::Tensor& shard) {
     auto whole = at::empty({shard.numel() * dp_->size()}, dev);
-    auto src = shard.device() == device_ ? shard : shard.to(device_);
+    auto src = to_device(shard, device_);
     dp_->all_gather(whole, src)->wait();
     return whole.cpu();
   };
@@ -501,8 +502,7 @@ std::pair<double, double> ZeroEngine::param_moments() {
       sq += piece.square().sum().item<double>() * s.norm_weight;
     }
   }
-  auto t = at::tensor({sum, sq}, at::kDouble);
-  if (!device_.is_cpu()) t = t.to(device_);
+  auto t = to_device(at::tensor({sum, sq}, at::kDouble), device_);
   dp_->all_reduce(t, ReduceOp::Sum)->wait();
   if (cfg_.tp) cfg_.tp->all_reduce(t, ReduceOp::Sum)->wait();
   t = t.cpu();

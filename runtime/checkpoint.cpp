@@ -20,6 +20,7 @@
 #include "models/hf_gpt2.h"
 #include "optim/adamw.h"
 #include "runtime/comm.h"
+#include "runtime/device_check.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
 
@@ -107,12 +108,12 @@ std::vector<int64_t> saved_steps(const std::string& dir) {
 
 // Broadcasts a string from rank 0 over `world` (a uint8 tensor on `device`).
 std::string broadcast_string(Communicator& world, const std::string& s, const c10::Device& device) {
-  auto len = at::tensor({static_cast<int64_t>(s.size())}, at::kLong).to(device);
+  auto len = to_device(at::tensor({static_cast<int64_t>(s.size())}, at::kLong), device);
   world.broadcast(len, 0)->wait();
   const int64_t n = len.cpu().item<int64_t>();
   auto bytes = at::empty({n}, at::kByte);
   if (world.rank() == 0 && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), s.data(), static_cast<size_t>(n));
-  bytes = bytes.to(device);
+  bytes = to_device(bytes, device);
   if (n > 0) world.broadcast(bytes, 0)->wait();
   bytes = bytes.cpu();
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(n));

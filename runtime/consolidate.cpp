@@ -10,12 +10,14 @@
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
+#include "runtime/device_check.h"
 #include "runtime/mesh.h"
 
 namespace kiln {
 
 void consolidate_whole(GPT& model, AdamW* optimizer, ZeroEngine* zero, const Mesh& mesh, Communicator& host_world,
-                       const std::vector<int64_t>& stage_blocks, const AdamWConfig& adam, GPT* whole, AdamW* whole_opt) {
+                       const std::vector<int64_t>& stage_blocks, const AdamWConfig& adam, GPT* whole, AdamW* whole_opt,
+                       c10::Device device) {
   const MeshShape& shape = mesh.shape();
   const MeshCoord& c = mesh.coord();
   const bool first_dp = c.dp == 0, stage_writer = first_dp && c.tp == 0;
@@ -52,7 +54,7 @@ void consolidate_whole(GPT& model, AdamW* optimizer, ZeroEngine* zero, const Mes
       target = stage_model.get();
       target_opt = stage_opt_holder.get();
     }
-    gather_to_whole(*part, *part_opt, target, target_opt, mesh.tp());
+    gather_to_whole(*part, *part_opt, target, target_opt, mesh.tp(), device);
     part = target;
     part_opt = target_opt;
   }
@@ -83,7 +85,7 @@ std::pair<double, double> weights_fingerprint(GPT& model, ZeroEngine* zero, cons
     }
   }
   if (!mesh) return {sum, sq};
-  auto t = at::tensor({sum, sq}, at::kDouble).to(device);
+  auto t = to_device(at::tensor({sum, sq}, at::kDouble), device);
   if (!zero && mesh->shape().tp > 1) mesh->tp()->all_reduce(t, ReduceOp::Sum)->wait();
   if (mesh->shape().pp > 1) mesh->pp()->all_reduce(t, ReduceOp::Sum)->wait();
   t = t.cpu();

@@ -29,10 +29,12 @@ struct AdamWConfig;
 
 // Collective over the world. model / optimizer: this rank's part and its AdamW (optimizer null
 // under ZeRO, which holds the state); host_world: an MPI communicator over the world (host
-// tensors); stage_blocks: blocks per pipeline stage. whole / whole_opt: on rank 0, a tp = 1 whole
+// tensors); stage_blocks: blocks per pipeline stage; device: the run's device, where the tensors
+// of the dp and tp gathers live. whole / whole_opt: on rank 0, a tp = 1 whole
 // host model and an AdamW over it, written; null elsewhere.
 void consolidate_whole(GPT& model, AdamW* optimizer, ZeroEngine* zero, const Mesh& mesh, Communicator& host_world,
-                       const std::vector<int64_t>& stage_blocks, const AdamWConfig& adam, GPT* whole, AdamW* whole_opt);
+                       const std::vector<int64_t>& stage_blocks, const AdamWConfig& adam, GPT* whole, AdamW* whole_opt,
+                       c10::Device device);
 
 // The fingerprint of the weights, for comparing runs: the sum and the sum of squares (double) of
 // every element of the whole model, whatever the layout. Each rank's elements are weighted as

@@ -38,6 +38,7 @@
 #include "runtime/comm_nccl.h"
 #endif
 #include "runtime/device.h"
+#include "runtime/device_check.h"
 #include "runtime/energy.h"
 #include "runtime/error.h"
 #include "runtime/log_sink.h"
@@ -169,11 +170,12 @@ void Trainer::setup() {
 #if defined(KILN_WITH_CUDA)
     if (r.backend == "nccl") world = make_nccl_communicator(MPI_COMM_WORLD, "world", device.index(), r.watchdog);
 #endif
-    if (!world) world = make_mpi_communicator(MPI_COMM_WORLD, "world", r.watchdog);
+    if (!world) world = make_mpi_communicator(MPI_COMM_WORLD, "world", r.watchdog, device);
     r.mesh = std::make_unique<Mesh>(std::move(world), r.shape);
     r.dp_rank = r.mesh->coord().dp;
-    // Checkpoints move host tensors, which NCCL cannot: they go over MPI.
-    r.host_world = r.backend == "mpi" ? r.mesh->world() : make_mpi_communicator(MPI_COMM_WORLD, "host", r.watchdog);
+    // Checkpoints move host tensors, which NCCL cannot and the run's groups refuse: they go over
+    // a host group of their own (MPI, no device; its traffic is not the steps' comm_bytes).
+    r.host_world = make_mpi_communicator(MPI_COMM_WORLD, "host", r.watchdog);
   }
 
   r.train_data = training_data(cfg_);
@@ -200,7 +202,7 @@ void Trainer::setup() {
     r.model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), std::move(shard));
     copy_to_shard(*whole, *r.model);
   }
-  if (cfg_.zero == 0) r.model->to(device);
+  if (cfg_.zero == 0) module_to_device(*r.model, device);
   r.model->loss_chunk_rows = cfg_.loss_chunk_rows;
   r.model->train();
   // Parallelism applied from outside the model, in torchtitan's order: activation checkpointing,
@@ -398,7 +400,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
     at::Tensor loss;
     {
       AutocastScope autocast(r.precision, device.type());
-      loss = r.model->loss(batch.inputs.to(device, /*non_blocking=*/true), batch.targets.to(device, /*non_blocking=*/true));
+      loss = r.model->loss(to_device(batch.inputs, device, /*non_blocking=*/true), to_device(batch.targets, device, /*non_blocking=*/true));
     }
     r.timer->mark(Phase::Forward);
     (loss * backward_factor).backward();
@@ -507,7 +509,7 @@ double Trainer::evaluate(int64_t step) {
     for (int64_t b = 0; b < (r.pipe ? 0 : cfg_.eval_batches); ++b) {
       auto batch = r.val_loader->get(b, 0);
       AutocastScope autocast(r.precision, device.type());
-      total += r.model->loss(batch.inputs.to(device), batch.targets.to(device)).to(at::kFloat);
+      total += r.model->loss(to_device(batch.inputs, device), to_device(batch.targets, device)).to(at::kFloat);
     }
     if (r.zero) r.zero->end_forward_only();
     r.model->train();
@@ -618,7 +620,7 @@ json Trainer::run() {
         whole_opt = std::make_unique<AdamW>(whole->parameters(), adam);
       }
       consolidate_whole(*r.model, r.optimizer.get(), r.zero.get(), *r.mesh, *r.host_world, r.stage_blocks, adam,
-                        whole.get(), whole_opt.get());
+                        whole.get(), whole_opt.get(), device);
       if (r.checkpointer) {
         last_saved = r.checkpointer->save(*whole, *whole_opt, r.progress,
                                           {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});
