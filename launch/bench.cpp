@@ -75,9 +75,11 @@ json measure(TrainConfig t, const BenchConfig& b, const ProcessInfo& proc, int i
     if (r["energy_j"].is_null()) energy = false;
     else joules += r["energy_j"].get<double>();
   }
+  // The job's figures and per device (runtime/job_devices.h): mfu = tflops_job / (G x peak).
   const double tps = tokens / seconds;
   const double flops_per_token = config["flops_per_token"].get<double>();
-  const double tflops = tps * flops_per_token / 1e12;
+  const double devices = config["devices"].get<double>();
+  const double tflops_job = tps * flops_per_token / 1e12;
   json out{{"model", t.model},
            {"params", config["params"]},
            {"precision", t.precision},
@@ -88,15 +90,19 @@ json measure(TrainConfig t, const BenchConfig& b, const ProcessInfo& proc, int i
            {"offload", t.offload},
            {"world", config["world"]},
            {"device", config["device"]},
+           {"devices", config["devices"]},
            {"measured_steps", n},
            {"tokens_per_s", num(tps)},
-           {"tflops", num(tflops)},
-           {"mfu", config["peak_tflops"].is_null() ? json(nullptr) : num(tflops / config["peak_tflops"].get<double>())},
+           {"tflops", num(tflops_job / devices)},
+           {"tflops_job", num(tflops_job)},
+           {"mfu", config["peak_tflops"].is_null() ? json(nullptr)
+                                                   : num(tflops_job / (devices * config["peak_tflops"].get<double>()))},
            {"peak_mem_gb", mem_gb},
            {"model_state", config["model_state"]},
            {"fits", true}};
   for (int k = 0; k < 4; ++k) out[phase_key[k]] = phase[k] / static_cast<double>(n);
   out["step_ms"] = seconds * 1e3 / static_cast<double>(n);
+  // The step records' energy is the job's (every device's, summed by the trainer).
   out["watts"] = energy && joules > 0 ? num(joules / seconds) : json(nullptr);
   out["joules_per_token"] = energy && joules > 0 ? num(joules / tokens) : json(nullptr);
   out["tflops_per_watt"] = energy && joules > 0 ? num(tokens * flops_per_token / 1e12 / joules) : json(nullptr);
@@ -111,17 +117,19 @@ std::string cell(const json& v, const char* fmt, double scale = 1.0) {
 }
 
 void print_table(const std::vector<json>& runs, const json* best) {
-  std::printf("\n%5s %-9s %10s %8s %6s %7s %7s %7s %7s %7s %6s %8s %9s\n", "micro", "ac", "tokens/s", "TFLOP/s", "MFU",
-              "mem GB", "fwd ms", "bwd ms", "comm ms", "opt ms", "W", "J/token", "TFLOP/s/W");
+  // TFLOP/s per device, then the job's; W and J/token: the job's (every device).
+  std::printf("\n%5s %-9s %10s %8s %8s %6s %7s %7s %7s %7s %7s %6s %8s %9s\n", "micro", "ac", "tokens/s", "TFLOP/s",
+              "job TF/s", "MFU", "mem GB", "fwd ms", "bwd ms", "comm ms", "opt ms", "W", "J/token", "TFLOP/s/W");
   for (const auto& r : runs) {
     if (!r["fits"].get<bool>()) {
       std::printf("%5lld %-9s %10s\n", static_cast<long long>(r["micro_batch"].get<int64_t>()),
                   r["activation_checkpointing"].get<std::string>().c_str(), "out of memory");
       continue;
     }
-    std::printf("%5lld %-9s %10s %8s %6s %7s %7s %7s %7s %7s %6s %8s %9s%s\n",
+    std::printf("%5lld %-9s %10s %8s %8s %6s %7s %7s %7s %7s %7s %6s %8s %9s%s\n",
                 static_cast<long long>(r["micro_batch"].get<int64_t>()), r["activation_checkpointing"].get<std::string>().c_str(),
-                cell(r["tokens_per_s"], "%.0f").c_str(), cell(r["tflops"], "%.2f").c_str(), cell(r["mfu"], "%.1f%%", 100).c_str(),
+                cell(r["tokens_per_s"], "%.0f").c_str(), cell(r["tflops"], "%.2f").c_str(),
+                cell(r["tflops_job"], "%.2f").c_str(), cell(r["mfu"], "%.1f%%", 100).c_str(),
                 cell(r["peak_mem_gb"], "%.2f").c_str(), cell(r["forward_ms"], "%.1f").c_str(), cell(r["backward_ms"], "%.1f").c_str(),
                 cell(r["exposed_comm_ms"], "%.1f").c_str(), cell(r["optimizer_ms"], "%.1f").c_str(), cell(r["watts"], "%.0f").c_str(),
                 cell(r["joules_per_token"], "%.4f").c_str(), cell(r["tflops_per_watt"], "%.3f").c_str(),
@@ -196,10 +204,11 @@ json run_bench(const BenchConfig& cfg, const ProcessInfo& proc) {
     if (!best || r["tokens_per_s"].get<double>() > (*best)["tokens_per_s"].get<double>()) best = &r;
   }
   const json& first = runs.front();
-  std::printf("\nkiln bench: %s, %s, %lld rank(s), %lld measured steps after %lld warm-up, on %s\n",
+  std::printf("\nkiln bench: %s, %s, %lld rank(s), %lld measured steps after %lld warm-up, on %s x %lld\n",
               cfg.train.model.c_str(), cfg.train.precision.c_str(), static_cast<long long>(proc.world_size),
               static_cast<long long>(cfg.measure), static_cast<long long>(cfg.warmup),
-              first.contains("device") ? first["device"].get<std::string>().c_str() : "?");
+              first.contains("device") ? first["device"].get<std::string>().c_str() : "?",
+              first.contains("devices") ? static_cast<long long>(first["devices"].get<int64_t>()) : 0LL);
   print_table(runs, best);
   if (best && cfg.sweep) {
     std::printf("best: micro-batch %lld with activation checkpointing %s, %.0f tokens/s\n",

@@ -4,14 +4,16 @@
 // A bench run is a `kiln train` run (any model, layout and precision flags) of warmup +
 // measure steps on the built-in synthetic corpus, without checkpoints or evaluation. Over the
 // measured steps only:
-//   tokens/s      = sum(tokens) / sum(step time)
-//   TFLOP/s       = tokens/s x FLOPs per token / 1e12            (docs/metrics.md)
-//   MFU           = TFLOP/s / device peak
+//   tokens/s      = sum(tokens) / sum(step time)                 (the job's: the global batch)
+//   TFLOP/s job   = tokens/s x FLOPs per token / 1e12            (docs/metrics.md)
+//   TFLOP/s       = TFLOP/s job / G, per device; G = the job's distinct devices (the config
+//                   record's devices, runtime/job_devices.h: ranks on one GPU count it once)
+//   MFU           = TFLOP/s job / (G x device peak)
 //   peak memory   = the run's own peak (reset when it starts)
 //   time split    = forward, backward, exposed communication, optimizer: means per step, from
 //                   CUDA events (runtime/phase_timer.h)
-//   energy        = NVML's energy counter over the measured steps (runtime/energy.h):
-//                   watts = J / s, J per token, model TFLOP/s per watt
+//   energy        = NVML's energy counters over the measured steps, summed over the G devices
+//                   (runtime/energy.h): watts = J / s, J per token, model TFLOP/s per watt
 // --sweep tries micro-batch sizes 1, 2, 4, ... up to --max-micro-batch under each activation-
 // checkpointing mode (none, selective, full), stops a mode at its first out-of-memory, and
 // picks the configuration with the most tokens/s. The global batch changes with the micro-

@@ -96,7 +96,7 @@ const std::vector<Flag>& train_flags() {
       {"resume", Kind::String, "auto (latest in --save-dir, if any) | none | PATH (a checkpoint or a save dir)", field(&TrainConfig::resume)},
       {"log-json", Kind::String, "JSONL log file (rank 0)", field(&TrainConfig::log_json)},
       {"log-every", Kind::Int, "console line every N steps", field(&TrainConfig::log_every)},
-      {"peak-tflops", Kind::Float, "device peak TFLOP/s for MFU (default: from the device table)", field(&TrainConfig::peak_tflops)},
+      {"peak-tflops", Kind::Float, "peak TFLOP/s of one device for MFU, on the CPU of one rank's share of the cores (default: from the device table)", field(&TrainConfig::peak_tflops)},
       {"device-memory-cap-gb", Kind::Float, "CUDA: let this process's allocator hold at most this many GB, as on a smaller GPU (0: no cap)", field(&TrainConfig::device_memory_cap_gb)},
   };
   return flags;

@@ -208,14 +208,21 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
   std::optional<double> meas_step = step_s.empty() ? std::nullopt : std::optional<double>(median(step_s));
   add("step_s", "s", res.timing ? std::optional<double>(p.step_s) : std::nullopt, meas_step, false,
       res.timing ? "median after step 1" : no_peak);
-  // MFU measured from the median step time against the same peak the prediction uses.
+  // MFU measured from the median step time against the same peak the prediction uses, as the
+  // trainer defines it: the job's model FLOP/s / (distinct devices x peak). The devices are the
+  // config record's (ranks sharing a GPU count it once; a log without them: one per rank). The
+  // model gives every rank a device of its own, so it predicts for dp x tp x pp devices.
+  const double devices = logged("devices").value_or(static_cast<double>(l.devices()));
+  std::string mfu_note = res.timing ? "from the median step time" : no_peak;
+  if (devices != static_cast<double>(l.devices())) {
+    mfu_note += "; the run's " + std::to_string(l.devices()) + " ranks shared " + std::to_string(static_cast<int64_t>(devices)) +
+                " device(s), the model gives each rank its own";
+  }
   std::optional<double> meas_mfu;
   if (meas_step && res.timing) {
-    meas_mfu = p.flops_per_token * static_cast<double>(p.tokens_per_step) / *meas_step /
-               (static_cast<double>(l.devices()) * cluster.peak_flops);
+    meas_mfu = p.flops_per_token * static_cast<double>(p.tokens_per_step) / *meas_step / (devices * cluster.peak_flops);
   }
-  add("mfu", "fraction", res.timing ? std::optional<double>(p.mfu) : std::nullopt, meas_mfu, false,
-      res.timing ? "from the median step time" : no_peak);
+  add("mfu", "fraction", res.timing ? std::optional<double>(p.mfu) : std::nullopt, meas_mfu, false, mfu_note);
   if (res.timing && meas_step) {
     // The fraction of peak the run's arithmetic sustained: the measured step less the predicted
     // exposed communication, less the bubble (which scales with compute: (pp-1)/K of it).
@@ -223,6 +230,7 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
     if (compute < 0.5 * *meas_step) compute = *meas_step;  // the comm estimate is off: keep it all
     compute /= 1.0 + static_cast<double>(l.pp - 1) / static_cast<double>(l.grad_accum);
     const double hw = (p.flops_per_token + p.recompute_flops_per_token) * static_cast<double>(p.tokens_per_step);
+    // Per device of the model (one per rank), so that --achieved reproduces this run's step time.
     res.calibrated_achieved = hw / compute / (static_cast<double>(l.devices()) * cluster.peak_flops);
   }
   return res;

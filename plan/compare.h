@@ -11,8 +11,9 @@
 //           reports them), comm_bytes per step.
 //           These are accounting, not estimates: they must be equal, for any dp x tp x pp.
 //   model   peak memory (mem_gb, the allocator peak on a GPU or VmHWM on the CPU), step time
-//           (median after step 1) and MFU (mean after step 1); the latter two need a peak
-//           FLOP/s (the log's, or --peak-tflops) and use --achieved.
+//           (median after step 1) and MFU (from that median: the job's model FLOP/s / (devices
+//           x peak), devices being the config record's distinct devices, as the trainer logs
+//           it); the latter two need a peak FLOP/s (the log's, or --peak-tflops) and use --achieved.
 // It also reports the achieved fraction the run implies, to calibrate --achieved with:
 //   achieved = measured model FLOP/s x (F + F_recompute) / F / peak.
 #pragma once

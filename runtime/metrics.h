@@ -9,10 +9,11 @@
 // kiln keeps the full-square convention so its MFU compares with nanoGPT, torchtitan and PaLM.
 // For gpt2-124m at T = 1024: N = 123,689,472, F = 855.4 MFLOP per token.
 //
-//   MFU = tokens_per_s * F / peak
-// peak is the device's dense BF16 tensor-core rate from the table below; an unknown device
-// gets no MFU unless --peak-tflops is given. Recomputation (activation checkpointing) is
-// never counted in F.
+//   MFU = tokens_per_s * F / (G * peak)
+// tokens_per_s is the job's (the global batch), G the job's distinct devices
+// (runtime/job_devices.h), peak one device's dense BF16 tensor-core rate from the table below;
+// an unknown device gets no MFU unless --peak-tflops is given. Recomputation (activation
+// checkpointing) is never counted in F.
 #pragma once
 
 #include <cstdint>

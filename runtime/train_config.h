@@ -68,7 +68,7 @@ struct TrainConfig {
   std::string resume = "auto"; // auto (latest in save_dir, if any) | none | PATH
   std::string log_json;        // JSONL log path; empty = none
   int64_t log_every = 1;       // console line every N steps
-  double peak_tflops = 0.0;    // device peak for MFU; 0 = from the device table
+  double peak_tflops = 0.0;    // one device's peak for MFU, TFLOP/s (CPU: one rank's share); 0 = from the device table
   double device_memory_cap_gb = 0.0;  // CUDA: cap this process's allocator at this many GB; 0 = none
 
   double resolved_min_lr() const { return min_lr < 0.0 ? lr / 10.0 : min_lr; }

@@ -41,6 +41,7 @@
 #include "runtime/device_check.h"
 #include "runtime/energy.h"
 #include "runtime/error.h"
+#include "runtime/job_devices.h"
 #include "runtime/log_sink.h"
 #include "runtime/mesh.h"
 #include "runtime/metrics.h"
@@ -124,6 +125,7 @@ struct Trainer::Run {
   std::optional<double> peak;
   std::unique_ptr<PhaseTimer> timer;    // forward / backward / comm / optimizer split of a step
   std::unique_ptr<EnergyMeter> energy;  // the GPU's energy counter (unavailable on the CPU)
+  std::unique_ptr<JobDevices> devices;  // distinct devices of the job; the energy summed over them
   double flops_per_token = 0.0;
   int64_t tokens_per_step = 0;
   LogSink log;
@@ -177,6 +179,10 @@ void Trainer::setup() {
     // a host group of their own (MPI, no device; its traffic is not the steps' comm_bytes).
     r.host_world = make_mpi_communicator(MPI_COMM_WORLD, "host", r.watchdog);
   }
+  // The job's distinct devices and the energy summed over them, over a communicator of their
+  // own: the mesh's (host_world too, under the MPI backend) are counted in comm_bytes.
+  std::shared_ptr<Communicator> metrics_world;
+  if (r.mesh) metrics_world = make_mpi_communicator(MPI_COMM_WORLD, "metrics", r.watchdog);
 
   r.train_data = training_data(cfg_);
   const BatchLayout layout{cfg_.micro_batch, cfg_.grad_accum, r.shape.dp, r.dp_rank};
@@ -284,6 +290,7 @@ void Trainer::setup() {
   reset_peak_memory(device);  // this run's peak, even in a process that ran others (kiln bench)
   r.timer = std::make_unique<PhaseTimer>(device);
   r.energy = std::make_unique<EnergyMeter>(device);
+  r.devices = std::make_unique<JobDevices>(device, r.energy->available(), std::move(metrics_world));
   r.peak = cfg_.peak_tflops > 0 ? std::optional<double>(cfg_.peak_tflops) : peak_tflops_for(r.dev.name);
   r.tokens_per_step = layout.global_batch() * cfg_.gpt.seq_len;
   r.log = (cfg_.log_json.empty() || proc_.rank != 0) ? LogSink() : LogSink(cfg_.log_json, /*append=*/resumed.has_value());
@@ -326,6 +333,7 @@ void Trainer::log_config() {
                {"flops_per_token", r.flops_per_token},
                {"tokens_per_step", r.tokens_per_step},
                {"device", r.dev.name},
+               {"devices", r.devices->count()},
                {"peak_tflops", r.peak ? json(*r.peak) : json(nullptr)},
                {"compute_dtype", c10::toString(compute_dtype(r.precision))},
                {"resumed_from", r.resumed_from.empty() ? json(nullptr) : json(r.resumed_from)},
@@ -334,9 +342,9 @@ void Trainer::log_config() {
                          {"source", cfg_.data.empty() ? json("synthetic") : json(cfg_.data)}}},
                {"versions", versions()}});
   if (proc_.rank != 0) return;
-  std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d), %lld tokens/step, %lld steps\n",
+  std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d) on %d device(s), %lld tokens/step, %lld steps\n",
               cfg_.model.c_str(), static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(),
-              r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp,
+              r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp, r.devices->count(),
               static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
   if (!r.resumed_from.empty()) {
     std::printf("kiln: resumed from %s at step %lld\n", r.resumed_from.c_str(), static_cast<long long>(r.progress.step));
@@ -534,8 +542,9 @@ json Trainer::run() {
   double tokens_per_s_sum = 0.0, last_loss = NAN, last_eval = NAN;
   int64_t last_comm_bytes = 0;  // this rank's, in the last step
   int64_t timed_steps = 0, skipped_steps = 0;
-  double timed_joules = 0.0, timed_seconds = 0.0;  // over the timed steps, when the meter reads
-  bool energy_ok = r.energy->available();
+  double timed_joules = 0.0, timed_seconds = 0.0;  // over the timed steps, when the meters read
+  bool energy_ok = r.devices->energy_known();  // every rank's meter: the job's joules can be summed
+  const double devices = static_cast<double>(r.devices->count());
   std::vector<double> losses;
   std::string last_saved;
   const int64_t first_step = r.progress.step;
@@ -553,16 +562,18 @@ json Trainer::run() {
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
     const auto joules_after = r.energy->joules();
     const auto phase_ms = r.timer->read();
-    std::optional<double> step_joules;
-    if (joules_before && joules_after) step_joules = *joules_after - *joules_before;
-    else energy_ok = false;
+    // The job's joules: every device's, summed (collective only when every meter reads).
+    const std::optional<double> step_joules = r.devices->job_joules(joules_before, joules_after);
+    if (!step_joules) energy_ok = false;
     r.progress.step = step + 1;
     r.progress.samples = r.loader->samples_before(step + 1);
     r.progress.loss_scaler = r.scaler->state();
     if (s.skipped) ++skipped_steps;
 
+    // The job's figures, and per device (runtime/job_devices.h): mfu = tflops_job / (G x peak).
     const double tokens_per_s = static_cast<double>(r.tokens_per_step) / step_s;
-    const double tflops = tokens_per_s * r.flops_per_token / 1e12;
+    const double tflops_job = tokens_per_s * r.flops_per_token / 1e12;
+    const double tflops = tflops_job / devices;
     const double mem_gb = peak_memory_bytes(device) / 1e9;
     if (step == first_step && r.watchdog) {
       // Every rank switches to the short timeout together (after a barrier), or a fast rank
@@ -582,7 +593,8 @@ json Trainer::run() {
     json rec{{"type", "step"},          {"step", step + 1},         {"loss", num(s.loss)},
              {"lr", s.lr},              {"grad_norm", num(s.norm)}, {"loss_scale", s.loss_scale},
              {"skipped", s.skipped},    {"tokens", r.tokens_per_step}, {"tokens_per_s", tokens_per_s},
-             {"step_ms", step_s * 1e3}, {"tflops", tflops},         {"mfu", r.peak ? json(tflops / *r.peak) : json(nullptr)},
+             {"step_ms", step_s * 1e3}, {"tflops", tflops},         {"tflops_job", tflops_job},
+             {"mfu", r.peak ? json(tflops_job / (devices * *r.peak)) : json(nullptr)},
              {"mem_gb", mem_gb},        {"comm_bytes", r.comm_bytes() - bytes_before}, {"comm_ms", s.comm_ms},
              {"forward_ms", phase_ms[static_cast<size_t>(Phase::Forward)]},
              {"backward_ms", phase_ms[static_cast<size_t>(Phase::Backward)]},
@@ -594,10 +606,11 @@ json Trainer::run() {
     if (r.pipe) rec["pp_live_max"] = r.pipe->max_live();  // micro-batches whose activations stage 0 held at once
     r.log.write(rec);
     if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == end_step || s.skipped)) {
-      std::printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %s tok/s | %.2f TFLOP/s",
+      std::printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %s tok/s | %.2f TFLOP/s/device",
                   static_cast<long long>(step + 1), static_cast<long long>(cfg_.steps), s.loss, s.lr, s.norm,
                   step_s * 1e3, human(tokens_per_s).c_str(), tflops);
-      if (r.peak) std::printf(" | mfu %.1f%%", 100.0 * tflops / *r.peak);
+      if (r.devices->count() > 1) std::printf(" (job %.2f)", tflops_job);
+      if (r.peak) std::printf(" | mfu %.1f%%", 100.0 * tflops_job / (devices * *r.peak));
       std::printf(" | mem %.2f GB", mem_gb);
       if (r.precision == Precision::FP16) std::printf(" | scale %g", s.loss_scale);
       if (s.skipped) std::printf(" | skipped (%s)", r.precision == Precision::FP16 ? "overflow" : "non-finite");
@@ -670,7 +683,9 @@ json Trainer::run() {
     }
   }
   const double mean_tps = timed_steps > 0 ? tokens_per_s_sum / static_cast<double>(timed_steps) : NAN;
-  // Energy over the timed steps: average watts, joules per token, model TFLOP/s per watt.
+  const double mean_tflops_job = mean_tps * r.flops_per_token / 1e12;
+  // Energy of the job (every device) over the timed steps: average watts, joules per token,
+  // model TFLOP/s per watt.
   const bool have_energy = energy_ok && timed_steps > 0 && timed_joules > 0.0;
   const double timed_tokens = static_cast<double>(r.tokens_per_step * timed_steps);
   json summary{{"type", "summary"},
@@ -682,8 +697,9 @@ json Trainer::run() {
                {"mean_loss_last10", num(tail)},
                {"val_loss", num(last_eval)},
                {"mean_tokens_per_s", num(mean_tps)},
-               {"mean_tflops", num(mean_tps * r.flops_per_token / 1e12)},
-               {"mean_mfu", r.peak ? num(mean_tps * r.flops_per_token / 1e12 / *r.peak) : json(nullptr)},
+               {"mean_tflops", num(mean_tflops_job / devices)},
+               {"mean_tflops_job", num(mean_tflops_job)},
+               {"mean_mfu", r.peak ? num(mean_tflops_job / (devices * *r.peak)) : json(nullptr)},
                {"peak_mem_gb", peak_memory_bytes(device) / 1e9},
                {"mean_watts", have_energy ? json(timed_joules / timed_seconds) : json(nullptr)},
                {"joules_per_token", have_energy ? json(timed_joules / timed_tokens) : json(nullptr)},

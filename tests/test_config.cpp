@@ -1,4 +1,5 @@
-// tests/test_config.cpp -- flag and config-file parsing, validation messages, FLOPs and MFU peaks.
+// tests/test_config.cpp -- flag and config-file parsing, validation messages, FLOPs, MFU peaks
+// and the job's distinct devices (MFU's denominator).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -7,6 +8,7 @@
 
 #include "launch/cli.h"
 #include "runtime/error.h"
+#include "runtime/job_devices.h"
 #include "runtime/mesh.h"
 #include "runtime/metrics.h"
 
@@ -138,6 +140,30 @@ TEST(Metrics, PeakTable) {
   EXPECT_EQ(kiln::peak_tflops_for("NVIDIA A100-SXM4-80GB"), 312.0);
   EXPECT_FALSE(kiln::peak_tflops_for("cpu").has_value());
   EXPECT_FALSE(kiln::peak_tflops_for("Some Future GPU").has_value());
+}
+
+TEST(Metrics, DistinctDevicesCountSharedGpusOnce) {
+  // Four ranks, two hosts: ranks 0 and 2 share a GPU, rank 3 is on another host at the same bus id.
+  const std::vector<std::string> ids{"a/0000:3B:00.0", "a/0000:5E:00.0", "a/0000:3B:00.0", "b/0000:3B:00.0"};
+  EXPECT_EQ(kiln::device_roles(ids, 0).count, 3);
+  EXPECT_TRUE(kiln::device_roles(ids, 0).reads_energy);
+  EXPECT_TRUE(kiln::device_roles(ids, 1).reads_energy);
+  EXPECT_FALSE(kiln::device_roles(ids, 2).reads_energy);  // rank 0 reads the GPU they share
+  EXPECT_TRUE(kiln::device_roles(ids, 3).reads_energy);
+  EXPECT_EQ(kiln::device_roles({"a/cpu/rank 0", "a/cpu/rank 1"}, 1).count, 2);  // CPU: a device per rank
+  // Identities on the CPU name the rank, so G = W there.
+  const c10::Device cpu(c10::kCPU);
+  EXPECT_NE(kiln::device_identity(cpu, 0), kiln::device_identity(cpu, 1));
+}
+
+TEST(Metrics, WorldOfOneIsOneDevice) {
+  kiln::JobDevices one(c10::Device(c10::kCPU), /*meter_available=*/false, nullptr);
+  EXPECT_EQ(one.count(), 1);
+  EXPECT_FALSE(one.energy_known());
+  EXPECT_FALSE(one.job_joules(1.0, 2.0).has_value());  // no meter: unknown, whatever was read
+  kiln::JobDevices metered(c10::Device(c10::kCPU), /*meter_available=*/true, nullptr);
+  EXPECT_EQ(metered.job_joules(1.0, 3.5), 2.5);
+  EXPECT_FALSE(metered.job_joules(std::nullopt, 3.5).has_value());  // a failed read
 }
 
 TEST(Mesh, ResolveAndCoordinates) {

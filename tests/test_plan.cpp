@@ -660,6 +660,38 @@ TEST(PlanCompare, PipelineLogIsComparedExactlyForStageZero) {
   for (const auto& f : {path, other, given}) std::remove(f.c_str());
 }
 
+TEST(PlanCompare, MeasuredMfuIsTheTrainersOverTheLogsDevices) {
+  // dp 2 of tiny on one GPU shared by both ranks (devices 1) and on two (devices 2), peak 10
+  // TFLOP/s, every step 100 ms: the job's model FLOP/s is F x 1024 / 0.1, and the measured MFU
+  // divides it by devices x peak, as the trainer logs it; the model predicts for 2 devices.
+  auto log = [](const std::string& devices) {
+    std::string body =
+        std::string(R"({"type":"config","config":{"n_layer":4,"n_head":4,"n_kv_head":4,"d_model":128,"seq_len":128,)") +
+        R"("vocab_size":512,"dropout":0.0,"zero":0,"offload":"none","activation_checkpointing":"none",)" +
+        R"("micro_batch":2,"grad_accum":2,"precision":"bf16"},"device":"NVIDIA H100 80GB HBM3",)" + devices +
+        R"("params":875264,"flops_per_token":5939712.0,"tokens_per_step":1024,"peak_tflops":10.0,)" +
+        R"("world":{"size":2,"dp":2,"tp":1,"pp":1,"backend":"mpi"}})" + "\n";
+    for (int i = 1; i <= 3; ++i) body += R"({"type":"step","step":)" + std::to_string(i) + R"(,"step_ms":100.0})" "\n";
+    return write_log(body);
+  };
+  auto mfu = [](const CompareResult& r) {
+    for (const auto& x : r.rows)
+      if (x.name == "mfu") return x;
+    ADD_FAILURE() << "no mfu row";
+    return r.rows.front();
+  };
+  const double job = 5939712.0 * 1024 / 0.1;
+  const std::string shared = log(R"("devices":1,)"), own = log(R"("devices":2,)"), old = log("");
+  const CompareRow one = mfu(compare_with_log(shared, cluster_preset("h100"), false));
+  EXPECT_DOUBLE_EQ(*one.measured, job / (1 * 10e12));
+  EXPECT_NE(one.note.find("ranks shared 1 device"), std::string::npos) << one.note;
+  const CompareRow two = mfu(compare_with_log(own, cluster_preset("h100"), false));
+  EXPECT_DOUBLE_EQ(*two.measured, job / (2 * 10e12));
+  EXPECT_EQ(two.note, "from the median step time");
+  EXPECT_DOUBLE_EQ(*mfu(compare_with_log(old, cluster_preset("h100"), false)).measured, job / (2 * 10e12));  // one per rank
+  for (const auto& f : {shared, own, old}) std::remove(f.c_str());
+}
+
 TEST(PlanCompare, MalformedInputIsAConfigError) {
   EXPECT_THROW(compare_with_log("/nonexistent/run.jsonl", cluster_preset("h100"), false), ConfigError);
   const std::string junk = write_log("not json\n");

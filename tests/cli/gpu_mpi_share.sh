@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/cli/gpu_mpi_share.sh -- two ranks sharing one GPU through the MPI backend (CUDA tensors
-# staged through pinned host memory) against one process on that GPU, same global batch
-# (labels gpu, mpi). Exits 77 (CTest skip) with the reason when no GPU is visible.
+# staged through pinned host memory) against one process on that GPU, same global batch, and
+# the log counts the one GPU once (labels gpu, mpi). Exits 77 (CTest skip) with the reason when no GPU is visible.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
@@ -23,6 +23,9 @@ worst = max(max(rel(a[k], b[k]) for k in ("loss", "grad_norm")) for a, b in zip(
 worst = max(worst, rel(ref[-1]["param_sq"], run[-1]["param_sq"]))
 # Same tolerance and reasoning as tests/cli/ddp_parity.sh: only the order of fp32 sums differs.
 assert worst <= 1e-5, worst
-print(f"2 ranks on one GPU (MPI, staged) match one process within {worst:.2e}")
+# One GPU, counted once (runtime/job_devices.h): MFU is the job's FLOP/s over one peak.
+assert run[0]["devices"] == 1, run[0]["devices"]
+assert all(s["tflops"] == s["tflops_job"] for s in ss), ss[0]
+print(f"2 ranks on one GPU (MPI, staged) match one process within {worst:.2e}; devices 1")
 PY
 echo "PASS"
