@@ -57,16 +57,6 @@ at::Tensor to_hf_tensor(const HfSlot& slot, const at::Tensor& p, const GPTConfig
   return out;
 }
 
-// The HF names of a GPT2Model file ("wte.weight") gain GPT2LMHeadModel's "transformer." prefix.
-std::map<std::string, at::Tensor> with_transformer_prefix(const std::map<std::string, at::Tensor>& tensors) {
-  bool prefixed = false;
-  for (const auto& kv : tensors) prefixed = prefixed || starts_with(kv.first, "transformer.");
-  if (prefixed || !tensors.count("wte.weight")) return tensors;
-  std::map<std::string, at::Tensor> out;
-  for (const auto& [name, t] : tensors) out[name == "lm_head.weight" ? name : "transformer." + name] = t;
-  return out;
-}
-
 // "transformer.h.N.attn.bias" / ".attn.masked_bias": old GPT-2 files' causal-mask buffers.
 bool is_mask_buffer(const std::string& name) {
   return starts_with(name, "transformer.h.") && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias"));
@@ -105,19 +95,57 @@ NamedTensors to_hf_gpt2(const GPTConfig& cfg, const std::map<std::string, at::Te
   return out;
 }
 
-void load_hf_gpt2(GPT& model, const std::map<std::string, at::Tensor>& given) {
-  const std::map<std::string, at::Tensor> tensors = with_transformer_prefix(given);
-  const GPTConfig& cfg = model.config();
-  struct Pending {
-    at::Tensor param, src;
-    HfSlot slot;
-  };
-  std::vector<Pending> todo;
-  std::set<std::string> expected;
+std::string hf_name_of(const std::string& kiln_name) { return hf_slot(kiln_name).hf_name; }
 
-  // Every parameter, in the model's order, so the first missing one is the first reported.
+std::vector<int64_t> hf_shape_of(const std::string& kiln_name, at::IntArrayRef kiln_shape, const GPTConfig& cfg) {
+  return hf_shape(hf_slot(kiln_name), kiln_shape, cfg);
+}
+
+at::Tensor to_hf_layout(const std::string& kiln_name, const at::Tensor& t, const GPTConfig& cfg) {
+  const HfSlot slot = hf_slot(kiln_name);
+  at::Tensor out = t.detach();
+  if (slot.vocab_rows) out = out.narrow(0, 0, cfg.vocab_size);
+  if (slot.transposed) out = out.t();
+  return out.scalar_type() == at::kFloat ? out : out.to(at::kFloat);
+}
+
+at::Tensor from_hf_layout(const std::string& kiln_name, const at::Tensor& hf, const GPTConfig& cfg) {
+  const HfSlot slot = hf_slot(kiln_name);
+  at::Tensor src = slot.transposed ? hf.t() : hf;
+  std::vector<int64_t> shape = src.sizes().vec();
+  if (slot.vocab_rows) shape[0] = cfg.padded_vocab_size();
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  if (slot.vocab_rows) {
+    out.narrow(0, 0, cfg.vocab_size).copy_(src);
+    out.narrow(0, cfg.vocab_size, shape[0] - cfg.vocab_size).zero_();
+  } else {
+    out.copy_(src);
+  }
+  return out;
+}
+
+std::map<std::string, std::string> match_hf_gpt2(const GPTConfig& cfg, const std::vector<TensorSpec>& file,
+                                                 const std::function<at::Tensor(const std::string&)>& read) {
+  // The HF names of a GPT2Model file ("wte.weight") gain GPT2LMHeadModel's "transformer." prefix.
+  bool prefixed = false, bare_wte = false;
+  for (const auto& t : file) {
+    prefixed = prefixed || starts_with(t.name, "transformer.");
+    bare_wte = bare_wte || t.name == "wte.weight";
+  }
+  const bool add_prefix = !prefixed && bare_wte;
+  std::map<std::string, const TensorSpec*> tensors;  // canonical (prefixed) name -> file tensor
+  for (const auto& t : file) tensors[add_prefix && t.name != "lm_head.weight" ? "transformer." + t.name : t.name] = &t;
+  auto file_name = [&](const std::string& canonical) {
+    return add_prefix && canonical != "lm_head.weight" ? canonical.substr(std::string("transformer.").size()) : canonical;
+  };
+
+  // Every parameter, in the model's order, so the first missing one is the first reported. A
+  // model on the meta device gives the names and shapes without allocating anything.
+  GPT shape_model(cfg, at::TensorOptions().device(at::kMeta));
+  std::map<std::string, std::string> out;
+  std::set<std::string> expected;
   std::vector<std::string> missing;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+  for (const auto& item : shape_model.named_parameters(/*recurse=*/true)) {
     const HfSlot slot = hf_slot(item.key());
     expected.insert(slot.hf_name);
     auto it = tensors.find(slot.hf_name);
@@ -126,15 +154,15 @@ void load_hf_gpt2(GPT& model, const std::map<std::string, at::Tensor>& given) {
       continue;
     }
     const auto want = hf_shape(slot, item.value().sizes(), cfg);
-    if (it->second.sizes() != at::IntArrayRef(want)) {
-      throw ConfigError("checkpoint tensor '" + slot.hf_name + "' has shape " + shape_text(it->second.sizes()) +
+    if (it->second->shape != want) {
+      throw ConfigError("checkpoint tensor '" + slot.hf_name + "' has shape " + shape_text(it->second->shape) +
                         ", this model expects " + shape_text(want));
     }
-    if (!at::isFloatingType(it->second.scalar_type())) {
-      throw ConfigError("checkpoint tensor '" + slot.hf_name + "' has dtype " +
-                        std::string(c10::toString(it->second.scalar_type())) + ", not a floating-point type");
+    if (!at::isFloatingType(it->second->dtype)) {
+      throw ConfigError("checkpoint tensor '" + slot.hf_name + "' has dtype " + std::string(c10::toString(it->second->dtype)) +
+                        ", not a floating-point type");
     }
-    todo.push_back({item.value(), it->second, slot});
+    out[item.key()] = it->second->name;
   }
   if (!missing.empty()) {
     std::string more = missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : "";
@@ -143,24 +171,25 @@ void load_hf_gpt2(GPT& model, const std::map<std::string, at::Tensor>& given) {
   for (const auto& [name, t] : tensors) {
     if (expected.count(name) || is_mask_buffer(name)) continue;
     if (name == "lm_head.weight") {
-      const at::Tensor& wte = tensors.at("transformer.wte.weight");
-      if (t.sizes() == wte.sizes() && at::equal(t.to(at::kFloat), wte.to(at::kFloat))) continue;
+      const at::Tensor head = read(t->name), wte = read(file_name("transformer.wte.weight"));
+      if (head.sizes() == wte.sizes() && at::equal(head.to(at::kFloat), wte.to(at::kFloat))) continue;
       throw ConfigError("checkpoint tensor 'lm_head.weight' differs from 'transformer.wte.weight'; kiln ties the "
                         "output layer to the token embedding and cannot load an untied one");
     }
     throw ConfigError("checkpoint has tensor '" + name + "' that this model does not have (" +
                       std::to_string(cfg.n_layer) + " layers); is it from another model?");
   }
+  return out;
+}
 
+void load_hf_gpt2(GPT& model, const std::map<std::string, at::Tensor>& given) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : given) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  const auto names = match_hf_gpt2(model.config(), specs, [&](const std::string& name) { return given.at(name); });
+  // Everything checked before anything is copied: on a throw the model is unchanged.
   at::NoGradGuard no_grad;
-  for (auto& p : todo) {
-    at::Tensor src = p.slot.transposed ? p.src.t() : p.src;
-    if (p.slot.vocab_rows) {
-      p.param.narrow(0, 0, cfg.vocab_size).copy_(src);
-      p.param.narrow(0, cfg.vocab_size, p.param.size(0) - cfg.vocab_size).zero_();
-    } else {
-      p.param.copy_(src);
-    }
+  for (auto& item : model.named_parameters(/*recurse=*/true)) {
+    item.value().copy_(from_hf_layout(item.key(), given.at(names.at(item.key())), model.config()));
   }
 }
 

@@ -25,8 +25,10 @@
 // map to the same names (c_attn is then [d, d + 2kv]), but hf_gpt2_config() refuses them.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -44,6 +46,22 @@ NamedTensors to_hf_gpt2(const GPT& model);
 // for a model of shape `cfg`, e.g. parameters gathered from shards. Throws ConfigError naming a
 // missing parameter or one whose shape does not match `cfg`.
 NamedTensors to_hf_gpt2(const GPTConfig& cfg, const std::map<std::string, at::Tensor>& kiln_params);
+
+// One parameter at a time (a checkpoint streamed tensor by tensor). kiln_name: a whole-model
+// parameter name ("wte", "h.3.mlp.c_fc.weight"); t: that whole parameter in kiln's layout.
+std::string hf_name_of(const std::string& kiln_name);
+std::vector<int64_t> hf_shape_of(const std::string& kiln_name, at::IntArrayRef kiln_shape, const GPTConfig& cfg);
+// t as the HF file stores it (a view: rows cut, or transposed; the writer makes it contiguous).
+at::Tensor to_hf_layout(const std::string& kiln_name, const at::Tensor& t, const GPTConfig& cfg);
+// An HF tensor in kiln's layout, fp32 (vocabulary padding rows zero): a new tensor.
+at::Tensor from_hf_layout(const std::string& kiln_name, const at::Tensor& hf, const GPTConfig& cfg);
+
+// Checks a file's tensors (names, dtypes, shapes) against a model of shape `cfg` as load_hf_gpt2
+// does, without their data except an "lm_head.weight" (compared with the embedding through
+// `read`, which reads a tensor of the file by name). Returns, for each kiln parameter name, the
+// name of its tensor in the file ("transformer." prefix or not). Throws the same ConfigErrors.
+std::map<std::string, std::string> match_hf_gpt2(const GPTConfig& cfg, const std::vector<TensorSpec>& file,
+                                                 const std::function<at::Tensor(const std::string&)>& read);
 
 // Copies HF-layout tensors into the model's parameters (on the model's device; vocabulary padding
 // rows set to zero), converting floating dtypes to the parameter's. Names may carry the

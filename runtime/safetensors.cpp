@@ -85,21 +85,6 @@ struct Fd {
   }
 };
 
-// Writes all of buf, retrying partial writes and EINTR. Returns 0 or an errno value.
-int write_all(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return 0;
-}
-
 // Reads exactly n bytes at `offset`. Returns 0, an errno value, or -1 at an early end of file.
 int pread_all(int fd, void* buf, size_t n, uint64_t offset) {
   auto* p = static_cast<char*>(buf);
@@ -203,97 +188,40 @@ constexpr CrcTables kCrc = make_crc_tables();
 
 }  // namespace
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  // Refuse what the format cannot say.
-  std::vector<size_t> order(tensors.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].first < tensors[b].first; });
-  for (size_t i = 0; i < order.size(); ++i) {
-    const auto& [name, t] = tensors[order[i]];
-    if (name == "__metadata__") throw Error("cannot write " + path + ": '__metadata__' is reserved, not a tensor name");
-    if (i > 0 && tensors[order[i - 1]].first == name) {
-      throw Error("cannot write " + path + ": tensor name '" + name + "' is given twice");
+namespace {
+
+// Writes all of buf at `offset`, retrying partial writes and EINTR. Returns 0 or an errno value.
+int pwrite_all(int fd, const void* buf, size_t n, uint64_t offset) {
+  auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
     }
-    if (!t.defined()) throw Error("cannot write " + path + ": tensor '" + name + "' is undefined");
-    if (!dtype_name(t.scalar_type())) {
-      throw Error("cannot write " + path + ": tensor '" + name + "' has dtype " +
-                  std::string(c10::toString(t.scalar_type())) + ", which safetensors cannot store");
-    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
   }
-
-  // Data order, as the reference writer's: larger elements first, then by name. Every tensor then
-  // starts at a multiple of its element size (the data buffer starts 8-aligned), so a reader may
-  // map it in place. For a file of one dtype this is plain sorted-name order.
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return tensors[a].second.element_size() > tensors[b].second.element_size();
-  });
-
-  // Header: metadata first, then each tensor's dtype, shape and byte range, as the reference
-  // writer orders the fields. Shapes come from the tensors; no data is touched yet.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    header["__metadata__"] = std::move(m);
-  }
-  uint64_t offset = 0;
-  for (size_t i : order) {
-    const auto& [name, t] = tensors[i];
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-    nlohmann::ordered_json e = nlohmann::ordered_json::object();
-    e["dtype"] = dtype_name(t.scalar_type());
-    e["shape"] = nlohmann::ordered_json::array();
-    for (int64_t d : t.sizes()) e["shape"].push_back(d);
-    e["data_offsets"] = {offset, offset + bytes};
-    header[name] = std::move(e);
-    offset += bytes;
-  }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& ex) {  // a name or value that is not UTF-8
-    throw Error("cannot write " + path + ": header is not valid UTF-8 (" + ex.what() + ")");
-  }
-  text.append((8 - text.size() % 8) % 8, ' ');
-  unsigned char len[8];
-  const uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-
-  Fd f;
-  f.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (f.fd < 0) throw Error("cannot write " + path + ": " + errno_text(errno));
-  // A failed write leaves a partial file, which the reader refuses (its data ends early); the
-  // checkpoint writer works in a temporary directory and only renames a complete one into place.
-  auto check = [&](int err) {
-    if (err != 0) throw Error("cannot write " + path + ": " + errno_text(err));
-  };
-  check(write_all(f.fd, len, sizeof len));
-  check(write_all(f.fd, text.data(), text.size()));
-  for (size_t i : order) {
-    // One tensor at a time on the host: a model on the GPU is never copied whole.
-    at::Tensor cpu = tensors[i].second.detach().to(at::kCPU).contiguous();
-    check(write_all(f.fd, cpu.data_ptr(), cpu.nbytes()));
-  }
-  check(::fsync(f.fd) == 0 ? 0 : errno);
-  const int fd = f.fd;
-  f.fd = -1;  // close() is not retried: the descriptor is gone whatever it returns
-  check(::close(fd) == 0 ? 0 : errno);
+  return 0;
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw DataError(path + ": cannot open: " + errno_text(errno));
+// The header, parsed and checked against the file's size: metadata, entries, where data starts.
+struct Header {
+  std::map<std::string, std::string> metadata;
+  std::vector<Entry> entries;  // in header order
+  uint64_t data_start = 0;
+};
+
+Header read_header(int fd, const std::string& path) {
   struct stat st;
-  if (::fstat(f.fd, &st) != 0) throw DataError(path + ": cannot stat: " + errno_text(errno));
+  if (::fstat(fd, &st) != 0) throw DataError(path + ": cannot stat: " + errno_text(errno));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   auto read_at = [&](void* buf, size_t n, uint64_t at, const char* what) {
-    int err = pread_all(f.fd, buf, n, at);
+    int err = pread_all(fd, buf, n, at);
     if (err == -1) throw DataError(path + ": file ended while reading " + what + " (was it truncated while being read?)");
     if (err != 0) throw DataError(path + ": cannot read " + what + ": " + errno_text(err));
   };
-
   if (size < 8) {
     throw DataError(path + ": file is " + std::to_string(size) +
                     " bytes, too short for a safetensors file (8-byte header length first)");
@@ -320,8 +248,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   }
   if (!header.is_object()) throw DataError(path + ": header is JSON but not an object");
 
-  SafetensorsFile out;
-  std::vector<Entry> entries;
+  Header out;
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
       if (!value.is_object()) throw DataError(path + ": \"__metadata__\" is not a JSON object");
@@ -331,19 +258,20 @@ SafetensorsFile load_safetensors(const std::string& path) {
       }
       continue;
     }
-    entries.push_back(parse_entry(path, key, value));
+    out.entries.push_back(parse_entry(path, key, value));
   }
 
   // The byte ranges must tile the data buffer: sorted by offset, each begins where the last ended.
-  const uint64_t data_start = 8 + n, data_size = size - data_start;
-  for (const auto& e : entries) {
+  out.data_start = 8 + n;
+  const uint64_t data_size = size - out.data_start;
+  for (const auto& e : out.entries) {
     if (e.end > data_size) {
       throw DataError(path + ": tensor '" + e.name + "' has data_offsets " + range_text(e.begin, e.end) +
                       " outside the data buffer (" + std::to_string(data_size) + " bytes)");
     }
   }
   std::vector<const Entry*> by_offset;
-  for (const auto& e : entries) by_offset.push_back(&e);
+  for (const auto& e : out.entries) by_offset.push_back(&e);
   std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
@@ -366,15 +294,194 @@ SafetensorsFile load_safetensors(const std::string& path) {
                     " bytes at the end of the data buffer belong to no tensor (tensors end at " +
                     std::to_string(expected) + " of " + std::to_string(data_size) + ")");
   }
+  return out;
+}
 
-  // Data: read straight into each tensor's own memory (no staging copy, no alignment needs).
-  for (const auto& e : entries) {
-    std::vector<int64_t> shape(e.shape.begin(), e.shape.end());
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(e.type));
-    const std::string what = "tensor '" + e.name + "'";
-    if (e.end > e.begin) read_at(t.data_ptr(), e.end - e.begin, data_start + e.begin, what.c_str());
-    out.tensors[e.name] = std::move(t);
+}  // namespace
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorSpec> specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)) {
+  // Refuse what the format cannot say.
+  std::vector<size_t> order(specs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return specs[a].name < specs[b].name; });
+  for (size_t i = 0; i < order.size(); ++i) {
+    const TensorSpec& t = specs[order[i]];
+    if (t.name == "__metadata__") throw Error("cannot write " + path_ + ": '__metadata__' is reserved, not a tensor name");
+    if (i > 0 && specs[order[i - 1]].name == t.name) {
+      throw Error("cannot write " + path_ + ": tensor name '" + t.name + "' is given twice");
+    }
+    if (!dtype_name(t.dtype)) {
+      throw Error("cannot write " + path_ + ": tensor '" + t.name + "' has dtype " + std::string(c10::toString(t.dtype)) +
+                  ", which safetensors cannot store");
+    }
   }
+
+  // Data order, as the reference writer's: larger elements first, then by name. Every tensor then
+  // starts at a multiple of its element size (the data buffer starts 8-aligned), so a reader may
+  // map it in place. For a file of one dtype this is plain sorted-name order.
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return at::elementSize(specs[a].dtype) > at::elementSize(specs[b].dtype);
+  });
+
+  // Header: metadata first, then each tensor's dtype, shape and byte range, as the reference
+  // writer orders the fields.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header["__metadata__"] = std::move(m);
+  }
+  uint64_t offset = 0;
+  for (size_t i : order) {
+    const TensorSpec& t = specs[i];
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+    const uint64_t bytes = numel * at::elementSize(t.dtype);
+    nlohmann::ordered_json e = nlohmann::ordered_json::object();
+    e["dtype"] = dtype_name(t.dtype);
+    e["shape"] = nlohmann::ordered_json::array();
+    for (int64_t d : t.shape) e["shape"].push_back(d);
+    e["data_offsets"] = {offset, offset + bytes};
+    header[t.name] = std::move(e);
+    slots_[t.name] = Slot{t, offset, bytes, false};
+    order_.push_back(t.name);
+    offset += bytes;
+  }
+  data_bytes_ = offset;
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& ex) {  // a name or value that is not UTF-8
+    throw Error("cannot write " + path_ + ": header is not valid UTF-8 (" + ex.what() + ")");
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  unsigned char len[8];
+  const uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  data_start_ = 8 + n;
+
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error("cannot write " + path_ + ": " + errno_text(errno));
+  // A failed write leaves a partial file, which the reader refuses (its data ends early); the
+  // checkpoint writer works in a temporary directory and only renames a complete one into place.
+  auto check = [&](int err) {
+    if (err != 0) throw Error("cannot write " + path_ + ": " + errno_text(err));
+  };
+  check(pwrite_all(fd_, len, sizeof len, 0));
+  check(pwrite_all(fd_, text.data(), text.size(), 8));
+  crc_ = crc32_update(crc32_update(0, len, sizeof len), text.data(), text.size());
+  if (data_bytes_ > 0) check(::ftruncate(fd_, static_cast<off_t>(data_start_ + data_bytes_)) == 0 ? 0 : errno);
+  // Tensors of no bytes are written by being there.
+  for (auto& [name, slot] : slots_) slot.written = slot.bytes == 0;
+  while (next_ < order_.size() && slots_.at(order_[next_]).written) ++next_;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::write(const std::string& name, const at::Tensor& t) {
+  auto it = slots_.find(name);
+  if (it == slots_.end()) throw Error("cannot write " + path_ + ": tensor '" + name + "' is not in its header");
+  Slot& slot = it->second;
+  if (slot.written && slot.bytes > 0) throw Error("cannot write " + path_ + ": tensor '" + name + "' is written twice");
+  if (!t.defined()) throw Error("cannot write " + path_ + ": tensor '" + name + "' is undefined");
+  if (t.scalar_type() != slot.spec.dtype || t.sizes() != at::IntArrayRef(slot.spec.shape)) {
+    throw Error("cannot write " + path_ + ": tensor '" + name + "' is " + std::string(c10::toString(t.scalar_type())) + " " +
+                shape_text(std::vector<uint64_t>(t.sizes().begin(), t.sizes().end())) + ", its header says " +
+                std::string(c10::toString(slot.spec.dtype)) + " " +
+                shape_text(std::vector<uint64_t>(slot.spec.shape.begin(), slot.spec.shape.end())));
+  }
+  if (slot.bytes == 0) return;
+  // One tensor at a time on the host: a model on the GPU is never copied whole.
+  const at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
+  const int err = pwrite_all(fd_, cpu.data_ptr(), slot.bytes, data_start_ + slot.begin);
+  if (err != 0) throw Error("cannot write " + path_ + ": " + errno_text(err));
+  slot.written = true;
+  if (in_order_ && next_ < order_.size() && order_[next_] == name) {
+    crc_ = crc32_update(crc_, cpu.data_ptr(), slot.bytes);
+    ++next_;
+    while (next_ < order_.size() && slots_.at(order_[next_]).written && slots_.at(order_[next_]).bytes == 0) ++next_;
+  } else {
+    in_order_ = false;
+  }
+}
+
+uint32_t SafetensorsWriter::finish() {
+  for (const auto& name : order_)
+    if (!slots_.at(name).written) throw Error("cannot write " + path_ + ": tensor '" + name + "' was never written");
+  auto check = [&](int err) {
+    if (err != 0) throw Error("cannot write " + path_ + ": " + errno_text(err));
+  };
+  check(::fsync(fd_) == 0 ? 0 : errno);
+  const int fd = fd_;
+  fd_ = -1;  // close() is not retried: the descriptor is gone whatever it returns
+  check(::close(fd) == 0 ? 0 : errno);
+  return in_order_ ? crc_ : crc32_file(path_);
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) throw Error("cannot write " + path + ": tensor '" + name + "' is undefined");
+    specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  }
+  SafetensorsWriter w(path, std::move(specs), metadata);
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : tensors) by_name[name] = &t;
+  for (const auto& name : w.order()) w.write(name, *by_name.at(name));
+  w.finish();
+}
+
+SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw DataError(path_ + ": cannot open: " + errno_text(errno));
+  try {
+    Header h = read_header(fd_, path_);
+    metadata_ = std::move(h.metadata);
+    data_start_ = h.data_start;
+    for (const auto& e : h.entries) {
+      ranges_[e.name] = {specs_.size(), e.begin};
+      specs_.push_back({e.name, e.type, std::vector<int64_t>(e.shape.begin(), e.shape.end())});
+    }
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const TensorSpec& SafetensorsReader::spec(const std::string& name) const {
+  auto it = ranges_.find(name);
+  if (it == ranges_.end()) throw DataError(path_ + ": no tensor '" + name + "'");
+  return specs_[it->second.first];
+}
+
+at::Tensor SafetensorsReader::read(const std::string& name) const {
+  auto it = ranges_.find(name);
+  if (it == ranges_.end()) throw DataError(path_ + ": no tensor '" + name + "'");
+  const TensorSpec& s = specs_[it->second.first];
+  at::Tensor t = at::empty(s.shape, at::TensorOptions().dtype(s.dtype));
+  if (t.nbytes() == 0) return t;
+  // Data: read straight into the tensor's own memory (no staging copy, no alignment needs).
+  const int err = pread_all(fd_, t.data_ptr(), t.nbytes(), data_start_ + it->second.second);
+  if (err == -1) throw DataError(path_ + ": file ended while reading tensor '" + name + "' (was it truncated while being read?)");
+  if (err != 0) throw DataError(path_ + ": cannot read tensor '" + name + "': " + errno_text(err));
+  return t;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  SafetensorsReader r(path);
+  SafetensorsFile out;
+  out.metadata = r.metadata();
+  for (const auto& s : r.specs()) out.tensors[s.name] = r.read(s.name);
   return out;
 }
 

@@ -48,6 +48,80 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// One tensor of a file: its name, dtype and shape (what the header says of it).
+struct TensorSpec {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+};
+
+// A safetensors file written one tensor at a time: the header (every name, dtype, shape and byte
+// range, laid out as save_safetensors lays them out, so the bytes are the same) first, then each
+// tensor's bytes where the header puts them, in any order. Memory: one tensor at a time (the
+// caller's), plus nothing. A CRC-32 of the file is kept as it is written when the tensors arrive
+// in file order (order() gives it); otherwise finish() reads the file back for it.
+class SafetensorsWriter {
+ public:
+  // Creates (truncates) `path` and writes the header. Throws kiln::Error as save_safetensors does.
+  SafetensorsWriter(std::string path, std::vector<TensorSpec> specs, const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The tensor names in the order their bytes lie in the file.
+  const std::vector<std::string>& order() const { return order_; }
+  // Writes tensor `name` (any device; its shape and dtype must be the spec's). Once per name.
+  void write(const std::string& name, const at::Tensor& t);
+  // After every tensor is written: fsyncs and closes the file; returns its CRC-32. Throws if a
+  // tensor was never written.
+  uint32_t finish();
+  // Bytes of the whole file.
+  uint64_t file_bytes() const { return data_start_ + data_bytes_; }
+
+ private:
+  struct Slot {
+    TensorSpec spec;
+    uint64_t begin = 0, bytes = 0;
+    bool written = false;
+  };
+  std::string path_;
+  int fd_ = -1;
+  std::map<std::string, Slot> slots_;
+  std::vector<std::string> order_;
+  uint64_t data_start_ = 0, data_bytes_ = 0;
+  size_t next_ = 0;         // index in order_ of the next tensor in file order
+  bool in_order_ = true;    // every write so far came in file order: crc_ is the file's so far
+  uint32_t crc_ = 0;
+};
+
+// A safetensors file read one tensor at a time: the header is read and checked as
+// load_safetensors checks it (the byte ranges tile the data exactly), then tensors are read on
+// demand. Memory: the header, plus the tensors the caller reads.
+class SafetensorsReader {
+ public:
+  // Throws kiln::DataError "<path>: <problem>" for a missing/unreadable file or a malformed header.
+  explicit SafetensorsReader(std::string path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // The tensors' names, dtypes and shapes, in header order.
+  const std::vector<TensorSpec>& specs() const { return specs_; }
+  bool contains(const std::string& name) const { return ranges_.count(name) > 0; }
+  const TensorSpec& spec(const std::string& name) const;
+  // Reads tensor `name` into a new CPU tensor. Throws DataError for an unknown name or a read failure.
+  at::Tensor read(const std::string& name) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;
+  std::map<std::string, std::string> metadata_;
+  std::vector<TensorSpec> specs_;
+  std::map<std::string, std::pair<size_t, uint64_t>> ranges_;  // name -> (index in specs_, begin)
+};
+
 struct SafetensorsFile {
   std::map<std::string, at::Tensor> tensors;          // CPU, contiguous, each owning its memory
   std::map<std::string, std::string> metadata;        // "__metadata__" (empty when absent)
