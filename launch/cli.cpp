@@ -74,6 +74,7 @@ const std::vector<Flag>& train_flags() {
       {"backend", Kind::String, "auto | nccl | mpi", field(&TrainConfig::backend)},
       {"comm-timeout", Kind::Float, "seconds a collective may take before the job is aborted", field(&TrainConfig::comm_timeout)},
       {"comm-init-timeout", Kind::Float, "the same for start-up and the first step", field(&TrainConfig::comm_init_timeout)},
+      {"save-timeout", Kind::Float, "seconds the ranks wait while rank 0 writes or reads a checkpoint", field(&TrainConfig::save_timeout)},
       {"tp", Kind::Int, "tensor-parallel size", field(&TrainConfig::tp)},
       {"pp", Kind::Int, "pipeline-parallel size (1F1B; --grad-accum micro-batches per step)", field(&TrainConfig::pp)},
       {"pp-split", Kind::String, "blocks per pipeline stage, e.g. 4,4,3 (default: balanced by count, extras to the middle stages)", field(&TrainConfig::pp_split)},

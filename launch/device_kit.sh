@@ -273,6 +273,13 @@ PY
   export OPAL_PREFIX="$o/usr" OPAL_SYSCONFDIR="$o/etc/openmpi" \
     PMIX_MCA_mca_base_component_path="$o/$pmix_dir/lib/pmix"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  # One node and no ssh/rsh agent on the GPU machine: mpirun's default launcher (rsh) aborts at
+  # start-up looking for one; the isolated launcher starts the ranks itself, on this node only.
+  export OMPI_MCA_plm="${OMPI_MCA_plm:-isolated}"
+  # Binding off: mpirun binds each rank to one core by default (2 ranks or fewer), which leaves
+  # the host AdamW of --offload one thread; kiln divides the cores among a node's ranks itself
+  # (runtime/host_threads.h; the config record's host_threads says what each rank got).
+  export OMPI_MCA_hwloc_base_binding_policy="${OMPI_MCA_hwloc_base_binding_policy:-none}"
   # Shared-memory transport without cross-process memory attach (refused in some sandboxes).
   export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
   export HWLOC_PLUGINS_PATH="$o/hwloc-plugins"        # none: not the machine's, of another version

@@ -123,20 +123,22 @@ std::vector<std::shared_ptr<BlockImpl>> GPT::blocks() const {
   return out;
 }
 
-void GPT::init_weights(uint64_t seed) {
-  if (wte.device().is_meta()) return;
-  if (!shard_.whole_model() || shard_.tp > 1) {
-    throw Error("GPT::init_weights: a tensor-parallel or pipeline shard is initialised by copying its slices of the whole "
-                "model (parallel/tensor_parallel.h: copy_to_shard), so every layout starts from the same weights");
+void GPT::init_weights(uint64_t seed, const TensorSlicer& slice) {
+  auto mine = named_parameters(/*recurse=*/true);
+  if (mine.is_empty() || mine[0].value().device().is_meta()) return;
+  if (shard_.tp > 1 && !slice) {
+    throw Error("GPT::init_weights: a tensor-parallel shard needs the slicer of its layout (parallel/tensor_parallel.h: "
+                "tp_slicer), so every layout starts from the same weights");
   }
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
   at::NoGradGuard no_grad;
-  // Parameters in registration order, so the draws are the same on every run and device.
-  for (auto& item : named_parameters(/*recurse=*/true)) {
+  // Every parameter of the whole model in registration order, drawn whole on the CPU (one at a
+  // time), so the draws are the same on every run, device and layout; this model keeps its part.
+  const GPT whole(cfg_, at::TensorOptions().device(at::kMeta));
+  for (const auto& item : whole.named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
-    at::Tensor& p = item.value();
-    at::Tensor cpu = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat));
+    at::Tensor cpu = at::empty(item.value().sizes(), at::TensorOptions().dtype(at::kFloat));
     auto ends_with = [&](const std::string& s) {
       return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
     };
@@ -152,12 +154,14 @@ void GPT::init_weights(uint64_t seed) {
     } else {
       cpu.normal_(0.0, 0.02, gen);
     }
-    p.copy_(cpu);
+    if (name == "wte") {
+      // Padding rows of the vocabulary never meet a token or a target: kept at zero, their
+      // gradient and AdamW state stay zero too, so exporting only the real rows loses nothing.
+      const int64_t V = cfg_.vocab_size, pad = cfg_.padded_vocab_size() - V;
+      if (pad > 0) cpu.narrow(0, V, pad).zero_();
+    }
+    if (const at::Tensor* p = mine.find(name)) at::Tensor(*p).copy_(slice ? slice(name, cpu) : cpu);
   }
-  // Padding rows of the vocabulary never meet a token or a target: kept at zero, their gradient
-  // and AdamW state stay zero too, so exporting only the real rows loses nothing.
-  const int64_t V = cfg_.vocab_size, pad = cfg_.padded_vocab_size() - V;
-  if (pad > 0) wte.narrow(0, V, pad).zero_();
 }
 
 at::Tensor GPT::embed(const at::Tensor& idx) {

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -150,10 +151,14 @@ class GPT : public torch::nn::Module {
   GPT(const GPTConfig& cfg, const at::TensorOptions& opts = at::TensorOptions(), ModelShard shard = {});
 
   // GPT-2 initialisation, drawn on the CPU from a generator seeded with `seed`, so the weights
-  // are the same whatever the device: N(0, 0.02) for matrices and token embeddings, N(0, 0.01)
-  // for positions, N(0, 0.02/sqrt(2L)) for the residual projections (attn.c_proj, mlp.c_proj),
-  // zero biases, unit LayerNorm scales, zero padding rows of wte. No-op on the meta device.
-  void init_weights(uint64_t seed);
+  // are the same whatever the device and layout: N(0, 0.02) for matrices and token embeddings,
+  // N(0, 0.01) for positions, N(0, 0.02/sqrt(2L)) for the residual projections (attn.c_proj,
+  // mlp.c_proj), zero biases, unit LayerNorm scales, zero padding rows of wte. No-op on the meta
+  // device. A shard draws every parameter of the whole model, one at a time, and keeps its part:
+  // a pipeline stage its own parameters, a tensor-parallel shard `slice`(name, whole) of each
+  // (parallel/tensor_parallel.h: tp_slicer); no rank ever holds the whole model.
+  using TensorSlicer = std::function<at::Tensor(const std::string& name, const at::Tensor& whole)>;
+  void init_weights(uint64_t seed, const TensorSlicer& slice = nullptr);
 
   // Residual stream after ln_f: [B, T] token ids -> [B, T, d].
   at::Tensor hidden(const at::Tensor& idx);

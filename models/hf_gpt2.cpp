@@ -97,6 +97,8 @@ NamedTensors to_hf_gpt2(const GPTConfig& cfg, const std::map<std::string, at::Te
 
 std::string hf_name_of(const std::string& kiln_name) { return hf_slot(kiln_name).hf_name; }
 
+bool hf_rows_of_kiln(const std::string& kiln_name) { return !hf_slot(kiln_name).transposed; }
+
 std::vector<int64_t> hf_shape_of(const std::string& kiln_name, at::IntArrayRef kiln_shape, const GPTConfig& cfg) {
   return hf_shape(hf_slot(kiln_name), kiln_shape, cfg);
 }

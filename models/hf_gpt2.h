@@ -51,6 +51,8 @@ NamedTensors to_hf_gpt2(const GPTConfig& cfg, const std::map<std::string, at::Te
 // parameter name ("wte", "h.3.mlp.c_fc.weight"); t: that whole parameter in kiln's layout.
 std::string hf_name_of(const std::string& kiln_name);
 std::vector<int64_t> hf_shape_of(const std::string& kiln_name, at::IntArrayRef kiln_shape, const GPTConfig& cfg);
+// Whether the HF tensor is the kiln tensor itself, or its first rows (wte): not transposed.
+bool hf_rows_of_kiln(const std::string& kiln_name);
 // t as the HF file stores it (a view: rows cut, or transposed; the writer makes it contiguous).
 at::Tensor to_hf_layout(const std::string& kiln_name, const at::Tensor& t, const GPTConfig& cfg);
 // An HF tensor in kiln's layout, fp32 (vocabulary padding rows zero): a new tensor.

@@ -17,6 +17,10 @@
 
 namespace kiln {
 
+// What a checkpoint holds of each parameter: its values and AdamW's two moments (the step count,
+// the same for every parameter, is kept apart).
+enum class StatePart { Param, ExpAvg, ExpAvgSq };
+
 struct AdamWConfig {
   double beta1 = 0.9;         // first-moment decay
   double beta2 = 0.95;        // second-moment decay (GPT-2/3 recipe)

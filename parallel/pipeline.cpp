@@ -185,83 +185,17 @@ at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp) {
   return total / static_cast<double>(dp);
 }
 
-namespace {
-// Whether whole-model parameter `name` belongs to stage s (the tied wte: to the first stage).
-bool in_stage(const std::string& name, int s, const std::vector<int64_t>& starts) {
-  const int pp = static_cast<int>(starts.size()) - 1;
-  if (name == "wte" || name == "wpe") return s == 0;
-  if (name.rfind("ln_f.", 0) == 0) return s == pp - 1;
+int pipeline_stage_of(const std::string& name, const std::vector<int64_t>& block_counts) {
+  const auto starts = pipeline_block_starts(block_counts);
+  const int pp = static_cast<int>(block_counts.size());
+  if (name == "wte" || name == "wpe") return 0;
+  if (name.rfind("ln_f.", 0) == 0) return pp - 1;
   if (name.rfind("h.", 0) == 0) {
     const int64_t i = std::stoll(name.substr(2));
-    return i >= starts[static_cast<size_t>(s)] && i < starts[static_cast<size_t>(s) + 1];
+    for (int s = 0; s < pp; ++s)
+      if (i >= starts[static_cast<size_t>(s)] && i < starts[static_cast<size_t>(s) + 1]) return s;
   }
   throw Error("pipeline: no stage holds parameter " + name);
-}
-}  // namespace
-
-void gather_stages(const GPT* stage_model, const AdamW* stage_opt, GPT* whole, AdamW* whole_opt,
-                   const std::vector<int64_t>& block_counts, const std::vector<int>& writers, Communicator& world) {
-  at::NoGradGuard no_grad;
-  const auto starts = pipeline_block_starts(block_counts);
-  const int me = world.rank();
-  if (me == 0 && (!whole || !whole_opt)) throw Error("pipeline: gather_stages needs the whole model on rank 0");
-  for (int s = 0; s < static_cast<int>(writers.size()); ++s) {
-    const int writer = writers[static_cast<size_t>(s)];
-    if (me != writer && me != 0) continue;
-    if (me == writer && !stage_model) throw Error("pipeline: the writer of stage " + std::to_string(s) + " has no model");
-    // The stage's tensors in whole-model order: parameters, then first moments, then second.
-    std::vector<at::Tensor> params, m, v;
-    if (me == writer) {
-      for (const auto& item : stage_model->named_parameters()) {
-        if (!in_stage(item.key(), s, starts)) continue;  // the last stage's copy of wte
-        const auto st = stage_opt->state_of(item.value());
-        params.push_back(item.value().detach().cpu());
-        m.push_back(st.exp_avg.cpu());
-        v.push_back(st.exp_avg_sq.cpu());
-      }
-    }
-    std::vector<at::Tensor> dst;
-    if (me == 0)
-      for (const auto& item : whole->named_parameters())
-        if (in_stage(item.key(), s, starts)) dst.push_back(item.value());
-    auto unpack = [&](const std::vector<at::Tensor>& p, const std::vector<at::Tensor>& pm, const std::vector<at::Tensor>& pv) {
-      if (p.size() != dst.size()) throw Error("pipeline: stage " + std::to_string(s) + " holds another model's parameters");
-      for (size_t k = 0; k < dst.size(); ++k) {
-        const auto st = whole_opt->state_of(dst[k]);
-        dst[k].detach().copy_(p[k].view(dst[k].sizes()));
-        st.exp_avg.copy_(pm[k].view(dst[k].sizes()));
-        st.exp_avg_sq.copy_(pv[k].view(dst[k].sizes()));
-        st.step.fill_(static_cast<double>(whole_opt->steps_taken()));
-      }
-    };
-    if (me == writer && me == 0) {
-      whole_opt->set_steps_taken(stage_opt->steps_taken());
-      unpack(params, m, v);
-      continue;
-    }
-    int64_t n = 0;
-    for (const auto& t : me == 0 ? dst : params) n += t.numel();
-    at::Tensor flat = at::empty({3 * n}, at::kFloat);
-    if (me == writer) {
-      int64_t off = 0;
-      for (const auto* list : {&params, &m, &v})
-        for (const auto& t : *list) {
-          flat.narrow(0, off, t.numel()).copy_(t.reshape({-1}));
-          off += t.numel();
-        }
-      world.send_recv({{P2POp::Kind::Send, flat, 0}})->wait();
-      continue;
-    }
-    world.send_recv({{P2POp::Kind::Recv, flat, writer}})->wait();
-    std::vector<at::Tensor> lists[3];
-    int64_t off = 0;
-    for (auto& list : lists)
-      for (const auto& d : dst) {
-        list.push_back(flat.narrow(0, off, d.numel()));
-        off += d.numel();
-      }
-    unpack(lists[0], lists[1], lists[2]);
-  }
 }
 
 }  // namespace kiln

@@ -113,11 +113,8 @@ std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, c
 // dp (every dp rank holds the same reduced gradients).
 at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp);
 
-// Checkpoints: every stage's parameters and AdamW state into the whole model on world rank 0.
-// Collective over `world` (host tensors: an MPI communicator): writers[s] is the world rank that
-// holds stage s whole (tensor-parallel slices already gathered) in stage_model / stage_opt; rank
-// 0 (the writer of stage 0) receives into whole / whole_opt. Other ranks pass nulls.
-void gather_stages(const GPT* stage_model, const AdamW* stage_opt, GPT* whole, AdamW* whole_opt,
-                   const std::vector<int64_t>& block_counts, const std::vector<int>& writers, Communicator& world);
+// The stage whose copy of whole-model parameter `name` a checkpoint takes: the first for wte
+// and wpe (the last stage's wte is the tied copy), the last for ln_f, the stage of its block.
+int pipeline_stage_of(const std::string& name, const std::vector<int64_t>& block_counts);
 
 }  // namespace kiln

@@ -15,7 +15,6 @@
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
-#include "runtime/device_check.h"
 #include "runtime/error.h"
 
 namespace kiln {
@@ -282,10 +281,8 @@ bool is_tensor_parallel(const std::string& name) {
          ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias") || ends_with(name, "c_proj.weight");
 }
 
-namespace {
-// Rank r's slice of parameter `name`'s whole tensor w (or w itself when replicated).
-at::Tensor slice_of(const std::string& name, const at::Tensor& w, const GPTConfig& cfg, int64_t t, int64_t r) {
-  auto split = split_of(name, w, cfg, t);
+at::Tensor tp_slice_of(const std::string& name, const at::Tensor& w, const GPTConfig& cfg, int64_t t, int64_t r) {
+  auto split = t > 1 ? split_of(name, w, cfg, t) : std::nullopt;
   if (!split) return w;
   std::vector<at::Tensor> parts;
   int64_t offset = 0;
@@ -295,11 +292,12 @@ at::Tensor slice_of(const std::string& name, const at::Tensor& w, const GPTConfi
   }
   return at::cat(parts, split->dim);
 }
-// The whole tensor from every rank's slice (the inverse of slice_of).
-at::Tensor assemble(const std::string& name, const std::vector<at::Tensor>& pieces, const at::Tensor& like_whole,
-                    const GPTConfig& cfg) {
+
+at::Tensor tp_assemble(const std::string& name, const std::vector<at::Tensor>& pieces, at::IntArrayRef whole_shape,
+                       const GPTConfig& cfg) {
   const int64_t t = static_cast<int64_t>(pieces.size());
-  auto split = split_of(name, like_whole, cfg, t);
+  auto split = t > 1 ? split_of(name, at::empty(whole_shape, at::TensorOptions().device(at::kMeta)), cfg, t) : std::nullopt;
+  if (!split) return pieces.at(0);
   std::vector<at::Tensor> sections;
   int64_t local_offset = 0;
   for (const auto& s : split->sections) {
@@ -310,72 +308,9 @@ at::Tensor assemble(const std::string& name, const std::vector<at::Tensor>& piec
   }
   return at::cat(sections, split->dim);
 }
-void copy_checked(at::Tensor dst, const at::Tensor& src, const std::string& name) {
-  if (src.sizes() != dst.sizes()) throw Error("tensor parallel: " + name + " has the wrong shape for this layout");
-  dst.copy_(src);
-}
-}  // namespace
 
-void copy_to_shard(GPT& whole, GPT& shard) {
-  at::NoGradGuard no_grad;
-  const int64_t t = shard.shard().tp, r = shard.shard().rank;
-  auto src = whole.named_parameters();
-  for (const auto& item : shard.named_parameters())
-    copy_checked(item.value(), slice_of(item.key(), src[item.key()], whole.config(), t, r), item.key());
-}
-
-void copy_state_to_shard(GPT& whole, const AdamW& whole_opt, GPT& shard, AdamW& shard_opt) {
-  at::NoGradGuard no_grad;
-  const int64_t t = shard.shard().tp, r = shard.shard().rank;
-  auto src = whole.named_parameters();
-  for (const auto& item : shard.named_parameters()) {
-    const auto from = whole_opt.state_of(src[item.key()]);
-    const auto to = shard_opt.state_of(item.value());
-    copy_checked(to.exp_avg, slice_of(item.key(), from.exp_avg, whole.config(), t, r), item.key());
-    copy_checked(to.exp_avg_sq, slice_of(item.key(), from.exp_avg_sq, whole.config(), t, r), item.key());
-    to.step.copy_(from.step);
-  }
-  shard_opt.set_steps_taken(whole_opt.steps_taken());
-}
-
-void gather_to_whole(GPT& shard, const AdamW& shard_opt, GPT* whole, AdamW* whole_opt,
-                     const std::shared_ptr<Communicator>& tp, c10::Device device) {
-  at::NoGradGuard no_grad;
-  const int64_t t = tp->size();
-  torch::OrderedDict<std::string, at::Tensor> dst;
-  if (whole) dst = whole->named_parameters();
-  auto everyone = [&](const at::Tensor& local) {  // every rank's slice, on the host
-    at::Tensor mine = to_device(local.contiguous(), device);
-    at::Tensor all = at::empty({t * mine.numel()}, mine.options());
-    tp->all_gather(all, mine.reshape({-1}))->wait();
-    std::vector<at::Tensor> pieces;
-    for (const auto& c : all.cpu().chunk(t, 0)) pieces.push_back(c.view(local.sizes()));
-    return pieces;
-  };
-  for (const auto& item : shard.named_parameters()) {
-    const std::string& name = item.key();
-    const auto state = shard_opt.state_of(item.value());
-    const bool split = is_tensor_parallel(name);
-    std::vector<at::Tensor> values{item.value(), state.exp_avg, state.exp_avg_sq};
-    std::vector<at::Tensor> wholes;
-    for (const auto& v : values) {
-      if (!split) {
-        wholes.push_back(v.cpu());
-        continue;
-      }
-      auto pieces = everyone(v);
-      wholes.push_back(whole ? assemble(name, pieces, dst[name], shard.config()) : at::Tensor());
-    }
-    if (!whole) continue;
-    copy_checked(dst[name], wholes[0], name);
-    if (whole_opt) {
-      const auto to = whole_opt->state_of(dst[name]);
-      copy_checked(to.exp_avg, wholes[1], name);
-      copy_checked(to.exp_avg_sq, wholes[2], name);
-      to.step.copy_(state.step);
-    }
-  }
-  if (whole_opt) whole_opt->set_steps_taken(shard_opt.steps_taken());
+GPT::TensorSlicer tp_slicer(const GPTConfig& cfg, int64_t tp, int64_t rank) {
+  return [cfg, tp, rank](const std::string& name, const at::Tensor& whole) { return tp_slice_of(name, whole, cfg, tp, rank); };
 }
 
 std::vector<std::pair<at::Tensor, double>> tp_weighted_pieces(const std::string& name, const at::Tensor& local,

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -87,18 +88,14 @@ struct GPTConfig;
 // width or the padded vocabulary.
 void check_tensor_parallel(const GPTConfig& cfg, int64_t tp);
 ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_ptr<Communicator>& tp);
-// Copies this rank's slice of every parameter of `whole` (a tp = 1 model) into `shard`.
-void copy_to_shard(GPT& whole, GPT& shard);
-// The same for a checkpoint's AdamW state: whole_opt over `whole`'s parameters, shard_opt over
-// `shard`'s.
-void copy_state_to_shard(GPT& whole, const AdamW& whole_opt, GPT& shard, AdamW& shard_opt);
-// Collective over tp: every split parameter and its AdamW moments all-gathered and reassembled;
-// written into `whole` / `whole_opt` (a tp = 1 model on the host, and an AdamW over it) where
-// they are not null (the rank that writes the checkpoint). `shard` may live on the host (ZeRO's
-// consolidated part) or on the device; each tensor travels over tp from `device`, the run's device
-// (tp may be NCCL), one at a time.
-void gather_to_whole(GPT& shard, const AdamW& shard_opt, GPT* whole, AdamW* whole_opt,
-                     const std::shared_ptr<Communicator>& tp, c10::Device device);
+// Rank r's slice of whole-model parameter `name` under t-way tensor parallelism (w: its whole
+// tensor; w itself when the parameter is replicated or t is 1).
+at::Tensor tp_slice_of(const std::string& name, const at::Tensor& w, const GPTConfig& cfg, int64_t t, int64_t r);
+// The inverse: the whole tensor (of shape whole_shape) from pieces[r], rank r's slice, r < t.
+at::Tensor tp_assemble(const std::string& name, const std::vector<at::Tensor>& pieces, at::IntArrayRef whole_shape,
+                       const GPTConfig& cfg);
+// GPT::init_weights' slicer for tp rank `rank` of `tp`.
+std::function<at::Tensor(const std::string&, const at::Tensor&)> tp_slicer(const GPTConfig& cfg, int64_t tp, int64_t rank);
 // Whether parameter `name` (GPT's names) is split over tp; the others are replicated.
 bool is_tensor_parallel(const std::string& name);
 // A split parameter's local tensor (or its gradient) as pieces with the weight each takes in a

@@ -10,6 +10,7 @@
 #include "models/gpt.h"
 #include "optim/cpu_adamw.h"
 #include "parallel/grad_ready.h"
+#include "parallel/host_accumulator.h"
 #include "runtime/device.h"
 #include "runtime/device_check.h"
 #include "runtime/error.h"
@@ -94,8 +95,8 @@ struct ZeroEngine::Unit {
 };
 
 ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communicator> dp, ZeroConfig cfg,
-                       AdamWConfig adam, const AdamW* resume, int64_t steps_taken)
-    : model_(model), device_(device), dp_(std::move(dp)), cfg_(cfg), adam_(adam), steps_(steps_taken) {
+                       AdamWConfig adam)
+    : model_(model), device_(device), dp_(std::move(dp)), cfg_(cfg), adam_(adam) {
   if (cfg_.stage < 1 || cfg_.stage > 3) throw ConfigError("zero: stage must be 1, 2 or 3");
   if (cfg_.offload == Offload::All && cfg_.stage != 3) throw ConfigError("--offload all needs --zero 3");
   if (cfg_.stage == 3 && !model_.shard().whole_model()) {
@@ -135,22 +136,12 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
         throw Error("zero: count_weights' runs do not cover a parameter of " + std::to_string(u->params[k].numel()));
     }
 
-    // The whole unit, flattened on the host, and the optimizer state to start from (zero on a
-    // fresh start: no whole-unit moments are made then).
+    // The whole unit, flattened on the host. The optimizer state starts at zero (a resume loads
+    // its own afterwards, load_param).
     auto whole = at::zeros({u->padded}, at::kFloat);
-    at::Tensor m_whole, v_whole;
-    if (resume) {
-      m_whole = at::zeros({u->padded}, at::kFloat);
-      v_whole = at::zeros({u->padded}, at::kFloat);
-    }
     for (size_t k = 0; k < u->params.size(); ++k) {
       const auto& p = u->params[k];
       whole.narrow(0, u->offsets[k], p.numel()).copy_(p.reshape({-1}));
-      if (resume) {
-        auto st = resume->state_of(p);
-        m_whole.narrow(0, u->offsets[k], p.numel()).copy_(st.exp_avg.reshape({-1}));
-        v_whole.narrow(0, u->offsets[k], p.numel()).copy_(st.exp_avg_sq.reshape({-1}));
-      }
     }
     auto own = [&](const at::Tensor& t) { return t.narrow(0, lo, u->shard); };
 
@@ -189,8 +180,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     const bool on_host = cfg_.offload != Offload::None;
     for (at::Tensor* m : {&u->exp_avg, &u->exp_avg_sq}) {
       *m = on_host ? host_buffer(u->shard, /*pinned=*/false) : at::empty({u->shard}, dev);
-      if (resume) m->copy_(own(m == &u->exp_avg ? m_whole : v_whole));
-      else m->zero_();
+      m->zero_();
     }
     if (cfg_.offload == Offload::Optimizer) {
       u->master = host_buffer(u->shard, pin);
@@ -211,6 +201,11 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     Unit* u = up.get();
     for (size_t k = 0; k < u->params.size(); ++k) hooks_.add(u->params[k], [this, u, k] { on_grad_ready(*u, k); }, "zero");
   }
+  if (streamed() && cfg_.offload == Offload::All) {
+    int64_t largest = 0;
+    for (const auto& u : units_) largest = std::max(largest, u->shard);
+    host_adds_ = std::make_unique<HostAccumulator>(device_, largest);
+  }
 
   if (cfg_.stage == 3) {
     // Gather each block just before its forward (prefetching the next), free it after; gather
@@ -226,7 +221,10 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
       wait_gathered(u);
       if (i + 1 < units_.size()) gather_async(*units_[i + 1]);
       at::Tensor y = inner ? inner(block, x) : block.forward(x);
-      release(u);
+      // The last block's backward comes right after its forward: it stays gathered (FSDP's
+      // reshard_after_forward=False for the root's last module) instead of being released and
+      // gathered again with nothing to hide it. Without autograd (evaluation) it is released.
+      if (!(i + 1 == units_.size() && at::GradMode::is_enabled())) release(u);
       if (y.requires_grad()) {
         y.register_hook([this, i](const at::Tensor&) {
           wait_gathered(*units_[i]);
@@ -296,6 +294,7 @@ void ZeroEngine::begin_micro(int64_t micro) {
   last_micro_ = micro + 1 == cfg_.grad_accum;
   if (micro == 0) {
     at::NoGradGuard no_grad;
+    if (host_adds_) host_adds_->drain();
     for (auto& u : units_) (u->grad_full.defined() && !streamed() ? u->grad_full : u->grad_shard).zero_();
   }
   for (auto& u : units_) {
@@ -342,8 +341,10 @@ void ZeroEngine::finish_reduction(Unit& u) {
   u.rs_work.reset();
   if (streamed()) {
     at::NoGradGuard no_grad;
-    if (u.grad_shard.device() == u.rs_out.device()) u.grad_shard.add_(u.rs_out);
-    else u.grad_shard.add_(u.rs_out.to(u.grad_shard.device()));
+    // Offload all: the host shard takes the sum off this thread (parallel/host_accumulator.h);
+    // the reduction's output may go at once, its copy ordered on the stream.
+    if (host_adds_) host_adds_->add(u.rs_out, u.grad_shard);
+    else u.grad_shard.add_(u.rs_out);
     u.rs_out = at::Tensor();
     u.grad_full = at::Tensor();  // the unit's full gradient exists only while it is reduced
   }
@@ -368,6 +369,7 @@ void ZeroEngine::end_micro() {
 }
 
 at::Tensor ZeroEngine::grad_shard_of(const at::Tensor& param) const {
+  if (host_adds_) host_adds_->drain();
   for (const auto& u : units_)
     if (u->params.size() == 1 && u->params[0].is_same(param)) return u->grad_shard;
   throw Error("zero: grad_shard_of: the parameter is not alone in a unit");
@@ -375,22 +377,30 @@ at::Tensor ZeroEngine::grad_shard_of(const at::Tensor& param) const {
 
 at::Tensor ZeroEngine::local_grad_sq_norm() const {
   at::NoGradGuard no_grad;
+  if (host_adds_) host_adds_->drain();
   // On the CPU in double, shard by shard: LibTorch's CPU fp32 norm of a long vector is off by up
   // to 1e-6 relative (measured on the tiny model). CUDA reduces in a tree, accurately in fp32.
-  auto total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  // Shards on the host (offload all) sum on the host, and their total crosses to the device once.
   auto sq_norm = [](const at::Tensor& g) {
-    return at::linalg_vector_norm(g, 2, at::OptionalIntArrayRef(), false, g.is_cpu() ? at::kDouble : at::kFloat).square();
+    return at::linalg_vector_norm(g, 2, at::OptionalIntArrayRef(), false, g.is_cpu() ? at::kDouble : at::kFloat)
+        .square()
+        .to(at::kDouble);
   };
+  at::Tensor on_device = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  at::Tensor on_host;
   for (const auto& u : units_) {
     const auto& g = u->grad_shard;
+    at::Tensor& total = g.device() == device_ ? on_device : on_host;
+    auto accumulate = [&](const at::Tensor& sq) { total = total.defined() ? total + sq : sq; };
     if (!cfg_.count_weights) {
-      total += sq_norm(g).to(device_, at::kDouble);
+      accumulate(sq_norm(g));
       continue;
     }
     for (const auto& s : u->segments)  // weighted (ZeroConfig::count_weights)
-      total += sq_norm(g.narrow(0, s.offset, s.length)).to(device_, at::kDouble) * s.norm_weight;
+      accumulate(sq_norm(g.narrow(0, s.offset, s.length)) * s.norm_weight);
   }
-  return total.to(at::kFloat);
+  if (on_host.defined()) on_device = on_device + to_device(on_host, device_);
+  return on_device.to(at::kFloat);
 }
 
 // ---- the step ------------------------------------------------------------------------------
@@ -399,6 +409,7 @@ void ZeroEngine::step(double lr, double grad_factor) {
   at::NoGradGuard no_grad;
   ++steps_;
   const int64_t r = dp_->rank();
+  if (host_adds_) host_adds_->drain();
   if (cfg_.offload == Offload::None) {
     std::vector<at::Tensor> p[2], g[2], m[2], v[2], t[2];
     const auto step_t = at::full({}, static_cast<double>(steps_), at::TensorOptions().dtype(at::kFloat).device(device_));
@@ -459,36 +470,75 @@ void ZeroEngine::end_forward_only() {
 
 // ---- checkpoints and reports ---------------------------------------------------------------
 
-void ZeroEngine::consolidate(GPT* model, AdamW* opt) {
+std::pair<ZeroEngine::Unit*, size_t> ZeroEngine::locate(const at::Tensor& param) const {
+  for (const auto& u : units_)
+    for (size_t k = 0; k < u->params.size(); ++k)
+      if (u->params[k].is_same(param)) return {u.get(), k};
+  throw Error("zero: the parameter is not one of the engine's");
+}
+
+at::Tensor ZeroEngine::shard_of(Unit& u, StatePart part) {
+  switch (part) {
+    case StatePart::Param: return u.master.defined() ? u.master : param_shard(u);
+    case StatePart::ExpAvg: return u.exp_avg;
+    case StatePart::ExpAvgSq: return u.exp_avg_sq;
+  }
+  throw Error("zero: unknown state part");
+}
+
+at::Tensor ZeroEngine::gather_param(const at::Tensor& param, StatePart part) {
   at::NoGradGuard no_grad;
-  std::vector<std::vector<at::Tensor>> dst;
-  if (model) dst = units_of(*model);
-  const auto dev = at::TensorOptions().dtype(at::kFloat).device(device_);
-  auto gather = [&](const at::Tensor& shard) {
-    auto whole = at::empty({shard.numel() * dp_->size()}, dev);
-    auto src = to_device(shard, device_);
-    dp_->all_gather(whole, src)->wait();
-    return whole.cpu();
+  auto [u, k] = locate(param);
+  const int64_t n = dp_->size(), me = dp_->rank(), start = u->offsets[k], len = param.numel();
+  if (part == StatePart::Param && cfg_.stage < 3) {
+    // ZeRO-1/2 keep the whole unit on every rank (all-gathered after each step): no traffic.
+    if (me != 0) return at::Tensor();
+    return u->flat.narrow(0, start, len).view(param.sizes()).clone();
+  }
+  const at::Tensor shard = shard_of(*u, part);
+  // Rank q owns [q s, (q + 1) s) of the unit; the parameter is [start, start + len).
+  auto piece_of = [&](int64_t q) {
+    const int64_t a = std::max(start, q * u->shard), b = std::min(start + len, (q + 1) * u->shard);
+    return std::make_pair(a, std::max(a, b));
   };
-  for (size_t i = 0; i < units_.size(); ++i) {
-    Unit& u = *units_[i];
-    const at::Tensor params = cfg_.stage < 3 && cfg_.offload == Offload::None ? u.flat.cpu()
-                              : cfg_.stage < 3 ? gather(u.master)
-                                               : gather(u.shard_params);
-    const at::Tensor m = gather(u.exp_avg), v = gather(u.exp_avg_sq);
-    if (!model) continue;
-    for (size_t k = 0; k < u.params.size(); ++k) {
-      const auto& p = dst[i][k];
-      p.detach().copy_(params.narrow(0, u.offsets[k], p.numel()).view(p.sizes()));
-      if (opt) {
-        auto st = opt->state_of(p);
-        st.exp_avg.copy_(m.narrow(0, u.offsets[k], p.numel()).view(p.sizes()));
-        st.exp_avg_sq.copy_(v.narrow(0, u.offsets[k], p.numel()).view(p.sizes()));
-        st.step.fill_(static_cast<double>(steps_));
-      }
+  at::Tensor out;
+  std::vector<P2POp> ops;
+  at::Tensor sent;  // kept alive until the exchange completes
+  if (me == 0) {
+    out = at::empty({len}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    for (int64_t q = 0; q < n; ++q) {
+      const auto [a, b] = piece_of(q);
+      if (a == b) continue;
+      if (q == 0) out.narrow(0, a - start, b - a).copy_(shard.narrow(0, a, b - a));
+      else ops.push_back({P2POp::Kind::Recv, out.narrow(0, a - start, b - a), static_cast<int>(q)});
+    }
+  } else {
+    const auto [a, b] = piece_of(me);
+    if (a < b) {
+      sent = to_device(shard.narrow(0, a - me * u->shard, b - a), device_);
+      ops.push_back({P2POp::Kind::Send, sent, 0});
     }
   }
-  if (opt) opt->set_steps_taken(steps_);
+  if (!ops.empty()) dp_->send_recv(ops)->wait();
+  return me == 0 ? out.view(param.sizes()) : at::Tensor();
+}
+
+void ZeroEngine::load_param(const at::Tensor& param, StatePart part, const at::Tensor& local) {
+  at::NoGradGuard no_grad;
+  auto [u, k] = locate(param);
+  if (local.sizes() != param.sizes()) throw Error("zero: load_param: the tensor's shape is not the parameter's");
+  const int64_t me = dp_->rank(), start = u->offsets[k], len = param.numel();
+  const at::Tensor flat_local = local.reshape({-1});
+  if (part == StatePart::Param && cfg_.stage < 3) u->flat.narrow(0, start, len).copy_(flat_local);
+  const int64_t a = std::max(start, me * u->shard), b = std::min(start + len, (me + 1) * u->shard);
+  if (a >= b) return;
+  const at::Tensor src = flat_local.narrow(0, a - start, b - a);
+  if (part == StatePart::Param) {
+    if (cfg_.stage == 3) u->shard_params.narrow(0, a - me * u->shard, b - a).copy_(src);
+    if (u->master.defined() && !u->master.is_same(u->shard_params)) u->master.narrow(0, a - me * u->shard, b - a).copy_(src);
+    return;
+  }
+  shard_of(*u, part).narrow(0, a - me * u->shard, b - a).copy_(src);
 }
 
 std::pair<double, double> ZeroEngine::param_moments() {

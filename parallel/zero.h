@@ -16,9 +16,10 @@
 //   0      4 psi       4 psi       8 psi        DDP: 2 x 4 psi                     (all-reduce)
 //   1      4 psi'      4 psi'      8 psi'/N     4 psi' (reduce-scatter) + 4 psi' (all-gather)
 //   2      4 psi'      4 psi'/N    8 psi'/N     K 4 psi' + 4 psi'          (accum policy reduce)
-//   3      4 psi'/N    4 psi'/N    8 psi'/N     K (4 psi' + 4 (psi' - n_0') + 4 psi')  (reduce)
-//   ZeRO-3's traffic: each micro-step all-gathers every unit for forward, every block again for
-//   backward (unit 0 stays gathered through the micro-step), and reduce-scatters every gradient.
+//   3      4 psi'/N    4 psi'/N    8 psi'/N     K (4 psi' + 4 (psi' - n_0' - n_L') + 4 psi')  (reduce)
+//   ZeRO-3's traffic: each micro-step all-gathers every unit for forward, every block but the
+//   last again for backward (unit 0 stays gathered through the micro-step, the last block from
+//   its forward to its backward), and reduce-scatters every gradient.
 // Plus, every step, one all-reduce of [loss, non-finite flag, squared gradient norm] (12 B).
 //
 // Gradient accumulation under ZeRO-2/3 (K > 1), ZeroConfig::accum:
@@ -31,7 +32,8 @@
 // order of the floating-point additions. ZeRO-1 always keeps the full buffer (its definition).
 //
 // ZeRO-3 gathers. Before block i's forward its unit is all-gathered (and block i+1's gather is
-// issued: prefetch); after the forward its storage is freed. A hook on the block's output
+// issued: prefetch); after the forward its storage is freed -- except the last block's, whose
+// backward follows at once (as FSDP keeps its root's last module). A hook on the block's output
 // gathers it again when backward reaches the block (and prefetches block i-1); once all its
 // gradients have landed its storage is freed again. Unit 0 is gathered at the start of each
 // micro-step and freed when its gradients have landed. Storage is freed by releasing the
@@ -69,6 +71,7 @@ namespace kiln {
 
 class GPT;
 class BlockImpl;
+class HostAccumulator;
 
 struct ZeroConfig {
   int stage = 1;                        // 1, 2 or 3
@@ -101,11 +104,9 @@ struct ModelStateBytes {
 class ZeroEngine {
  public:
   // model: built and initialised on the host (fp32, CPU). Its parameters become views of the
-  // engine's buffers on `device`. resume: when not null, a host AdamW over `model`'s parameters
-  // holding the state to start from (a loaded checkpoint), with `steps_taken` updates applied.
-  // Collective over dp.
-  ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communicator> dp, ZeroConfig cfg, AdamWConfig adam,
-             const AdamW* resume = nullptr, int64_t steps_taken = 0);
+  // engine's buffers on `device`; the AdamW state starts at zero (a resume then loads parameters
+  // and state with load_param and set_steps_taken). Collective over dp.
+  ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communicator> dp, ZeroConfig cfg, AdamWConfig adam);
   ~ZeroEngine();
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -132,9 +133,17 @@ class ZeroEngine {
   void begin_forward_only();
   void end_forward_only();
 
-  // Collective over dp: the whole parameters and AdamW state, gathered unit by unit; written
-  // into `model` and `opt` on the rank where they are not null (rank 0 for a checkpoint).
-  void consolidate(GPT* model, AdamW* opt);
+  // Checkpoints, one parameter at a time (runtime/consolidate.h). gather_param: collective over
+  // dp -- each rank sends dp rank 0 its shard's piece of `param` (one of the model's parameters:
+  // this rank's tensor-parallel slice); on dp rank 0 the whole of it (param's shape, fp32, on the
+  // device), undefined elsewhere. ZeRO-1/2's parameters need no traffic (every rank holds them).
+  // load_param: `local` (param's shape, any device) into this rank's shards (and ZeRO-1/2's whole
+  // parameters); local, no communication.
+  at::Tensor gather_param(const at::Tensor& param, StatePart part);
+  void load_param(const at::Tensor& param, StatePart part, const at::Tensor& local);
+  // AdamW updates applied (its bias correction's t).
+  int64_t steps_taken() const { return steps_; }
+  void set_steps_taken(int64_t n) { steps_ = n; }
 
   // Collective over dp: the sum and the sum of squares of all parameters (in double), for
   // comparing runs.
@@ -155,6 +164,8 @@ class ZeroEngine {
   void wait_reductions(size_t keep);
   bool streamed() const;  // gradients reduce-scattered every micro-step (no full local buffer)
   at::Tensor param_shard(Unit& u);
+  std::pair<Unit*, size_t> locate(const at::Tensor& param) const;
+  at::Tensor shard_of(Unit& u, StatePart part);  // this rank's shard of the part (the master for Param)
 
   GPT& model_;
   std::function<at::Tensor(BlockImpl&, const at::Tensor&)> inner_runner_;  // the runner ZeRO-3 wraps
@@ -164,6 +175,7 @@ class ZeroEngine {
   AdamWConfig adam_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Unit*> in_flight_;  // reductions launched and not yet finished, oldest first
+  std::unique_ptr<HostAccumulator> host_adds_;  // offload all: reduced shards into the host shards
   GradReadyHooks hooks_;
   bool last_micro_ = true;
   int64_t steps_ = 0;

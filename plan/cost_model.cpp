@@ -280,12 +280,14 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
         dp("parameter all-gather after the step", 4 * psi_p, Window::Serial, 1);
         break;
       case 3: {
-        // the outer units stay gathered from the forward to the backward of a micro-step
+        // the outer units stay gathered from the forward to the backward of a micro-step, and so
+        // does the last block (parallel/zero.h)
         int64_t outer = 0;
         for (size_t i = 0; i + static_cast<size_t>(st.blocks) < st.units.size(); ++i) outer += padded_numel(st.units[i], N);
         const double n0 = static_cast<double>(outer);
+        const double n_last = st.blocks > 0 ? static_cast<double>(padded_numel(st.units.back(), N)) : 0.0;
         dp("forward parameter all-gathers", Kd * 4 * psi_p, Window::Forward, K);
-        dp("backward parameter all-gathers (outer unit kept)", Kd * 4 * (psi_p - n0), Window::Backward, K);
+        dp("backward parameter all-gathers (outer unit and last block kept)", Kd * 4 * (psi_p - n0 - n_last), Window::Backward, K);
         if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * 4 * psi_p, Window::Backward, K);
         else dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
         break;

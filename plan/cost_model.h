@@ -66,8 +66,8 @@
 //                                                     a world of one under mpirun: 2 x 4 Psi)
 //      ZeRO-1               4 Psi' + 4 Psi' + 24     (reduce-scatter, all-gather; 12 B verdict)
 //      ZeRO-2  reduce       K 4 Psi' + 4 Psi' + 24   local: 4 Psi' + 4 Psi' + 24
-//      ZeRO-3  reduce       K (4 Psi' + 4 (Psi' - n_0') + 4 Psi') + 24
-//              local        K (4 Psi' + 4 (Psi' - n_0')) + 4 Psi' + 24
+//      ZeRO-3  reduce       K (4 Psi' + 4 (Psi' - n_0' - n_L') + 4 Psi') + 24
+//              local        K (4 Psi' + 4 (Psi' - n_0' - n_L')) + 4 Psi' + 24
 //    i.e. DDP and ZeRO-1/2 move 2 Psi, ZeRO-3 3 Psi per step (anchors s7.3), in fp32 here.
 //    tp (Megatron; Korthikanti s4.2.2; kiln's parallel/tensor_parallel.h): per layer and
 //    micro-batch 2 forward all-reduces of the row-parallel outputs, b T d a bytes (4 with full

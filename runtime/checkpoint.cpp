@@ -1,7 +1,9 @@
-// runtime/checkpoint.cpp -- save (rank 0, atomic commit) and load (rank 0 reads, broadcast).
+// runtime/checkpoint.cpp -- save (gathered tensor by tensor, rank 0 writes, atomic commit) and load
+// (rank 0 checks and reads tensor by tensor, every rank keeps its part).
 #include "runtime/checkpoint.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -9,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
+#include <thread>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -18,9 +22,8 @@
 
 #include "models/gpt.h"
 #include "models/hf_gpt2.h"
-#include "optim/adamw.h"
 #include "runtime/comm.h"
-#include "runtime/device_check.h"
+#include "runtime/consolidate.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
 
@@ -79,17 +82,45 @@ json model_shape(const GPTConfig& c) {
           {"padded_vocab_size", c.padded_vocab_size()}};
 }
 
-// A test hook: KILN_TEST_CRASH_IN_SAVE=k kills this process (SIGKILL, no clean-up) in the
-// middle of its k-th save, after the weights are written and before the commit, so the
-// crash-safety of the commit protocol can be tested. Never set in a real run.
-void maybe_crash_in_save(int save_number) {
+// Test hooks (checkpoint.h): KILN_TEST_CRASH_IN_SAVE=k kills this process (SIGKILL, no clean-up)
+// in its k-th save at KILN_TEST_CRASH_POINT (default "weights"), so the crash-safety of the commit
+// protocol can be tested. Never set in a real run.
+void maybe_crash_in_save(int save_number, const char* point) {
   const char* v = std::getenv("KILN_TEST_CRASH_IN_SAVE");
-  if (v != nullptr && std::atoi(v) == save_number) {
-    std::fprintf(stderr, "kiln: KILN_TEST_CRASH_IN_SAVE=%d: killing this process mid-save\n", save_number);
-    std::fflush(stderr);
-    std::raise(SIGKILL);
-  }
+  const char* at = std::getenv("KILN_TEST_CRASH_POINT");
+  if (v == nullptr || std::atoi(v) != save_number) return;
+  if (std::string(at ? at : "weights") != point) return;
+  std::fprintf(stderr, "kiln: KILN_TEST_CRASH_IN_SAVE=%d: killing this process mid-save (%s)\n", save_number, point);
+  std::fflush(stderr);
+  std::raise(SIGKILL);
 }
+
+void maybe_slow_save() {
+  const char* v = std::getenv("KILN_TEST_SLOW_SAVE_S");
+  if (v == nullptr) return;
+  const double s = std::atof(v);
+  std::fprintf(stderr, "kiln: KILN_TEST_SLOW_SAVE_S=%g: the save sleeps\n", s);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+// Resident memory of this process now (VmRSS), in bytes: the samples of CheckpointIo.
+double resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) * 1024.0;
+  }
+  return 0.0;
+}
+
+// The highest resident memory above a baseline, over the samples taken.
+struct PeakTracker {
+  double base = resident_bytes(), peak = 0.0;
+  void sample() { peak = std::max(peak, resident_bytes() - base); }
+};
+
+bool complete(const fs::path& dir) { return fs::is_directory(dir) && fs::exists(dir / "trainer_state.json"); }
 
 // Step numbers of the complete checkpoints in dir, ascending.
 std::vector<int64_t> saved_steps(const std::string& dir) {
@@ -106,37 +137,80 @@ std::vector<int64_t> saved_steps(const std::string& dir) {
   return steps;
 }
 
-// Broadcasts a string from rank 0 over `world` (a uint8 tensor on `device`).
-std::string broadcast_string(Communicator& world, const std::string& s, const c10::Device& device) {
-  auto len = to_device(at::tensor({static_cast<int64_t>(s.size())}, at::kLong), device);
+// Broadcasts a string from rank 0 over the host group `world`.
+std::string broadcast_string(Communicator& world, const std::string& s) {
+  auto len = at::tensor({static_cast<int64_t>(s.size())}, at::kLong);
   world.broadcast(len, 0)->wait();
-  const int64_t n = len.cpu().item<int64_t>();
+  const int64_t n = len.item<int64_t>();
   auto bytes = at::empty({n}, at::kByte);
   if (world.rank() == 0 && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), s.data(), static_cast<size_t>(n));
-  bytes = to_device(bytes, device);
   if (n > 0) world.broadcast(bytes, 0)->wait();
-  bytes = bytes.cpu();
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(n));
 }
 
-// Rank 0's part of a load: read, check, copy into model and optimizer. Returns the state JSON.
-json read_checkpoint(const std::string& dir, GPT& model, AdamW& optimizer) {
+// The optimizer file's tensors of one parameter.
+const std::pair<const char*, CheckpointPart> kOptimizerParts[] = {
+    {"exp_avg/", CheckpointPart::ExpAvg}, {"exp_avg_sq/", CheckpointPart::ExpAvgSq}, {"step/", CheckpointPart::Step}};
+
+// The .old-<name>-<pid> directories of save_dir, for step directory `name` ("" for any).
+std::vector<fs::path> aside_copies(const std::string& save_dir, const std::string& name) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(save_dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind(".old-", 0) != 0) continue;
+    if (!name.empty() && f.rfind(".old-" + name + "-", 0) != 0) continue;
+    out.push_back(e.path());
+  }
+  return out;
+}
+
+// .old-step_N-* copies: deleted when step_N is in place and complete, moved back when it is not
+// (a save interrupted between its renames). Returns what it moved back.
+std::vector<std::string> settle_aside_copies(const std::string& save_dir) {
+  std::vector<std::string> restored;
+  std::error_code ec;
+  for (const auto& old : aside_copies(save_dir, "")) {
+    const std::string f = old.filename().string();          // .old-step_00000020-1234
+    const std::string name = f.substr(5, f.rfind('-') - 5);  // step_00000020
+    const fs::path target = fs::path(save_dir) / name;
+    if (complete(target) || !complete(old)) {
+      fs::remove_all(old, ec);
+      continue;
+    }
+    fs::remove_all(target, ec);  // an incomplete leftover, if any
+    fs::rename(old, target, ec);
+    if (ec) throw Error("checkpoint: cannot move " + old.string() + " back to " + target.string() + ": " + ec.message());
+    restored.push_back(name);
+  }
+  return restored;
+}
+
+// Rank 0's side of a load: the checked checkpoint, its files open.
+struct OpenCheckpoint {
+  json state;
+  std::unique_ptr<SafetensorsReader> model, optimizer;
+  std::map<std::string, std::string> model_names;  // kiln parameter -> tensor name in model.safetensors
+  int64_t bytes = 0;
+};
+
+OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, const GPTConfig& cfg) {
   const std::string where = "checkpoint " + dir;
   const std::string state_path = dir + "/trainer_state.json";
   if (!fs::exists(state_path)) throw ConfigError(where + ": no trainer_state.json (not a kiln checkpoint, or an incomplete one)");
-  json state;
+  OpenCheckpoint c;
   try {
-    state = json::parse(read_text(state_path));
+    c.state = json::parse(read_text(state_path));
   } catch (const json::exception& e) {
     throw DataError(where + ": trainer_state.json is not valid JSON (" + std::string(e.what()) + ")");
   }
-  if (state.value("format", "") != kFormat) throw DataError(where + ": trainer_state.json is not a kiln checkpoint state");
-  if (state.value("version", 0) != kFormatVersion) {
-    throw DataError(where + ": format version " + std::to_string(state.value("version", 0)) + ", this kiln reads " +
+  if (c.state.value("format", "") != kFormat) throw DataError(where + ": trainer_state.json is not a kiln checkpoint state");
+  if (c.state.value("version", 0) != kFormatVersion) {
+    throw DataError(where + ": format version " + std::to_string(c.state.value("version", 0)) + ", this kiln reads " +
                     std::to_string(kFormatVersion));
   }
-  const json want = model_shape(model.config());
-  const json have = state.value("model", json::object());
+  const json want = model_shape(cfg);
+  const json have = c.state.value("model", json::object());
   std::string diff;
   for (const auto& [key, value] : want.items()) {
     if (have.value(key, json()) != value) {
@@ -144,8 +218,8 @@ json read_checkpoint(const std::string& dir, GPT& model, AdamW& optimizer) {
     }
   }
   if (!diff.empty()) throw ConfigError(where + " is for another model shape: " + diff);
-  // Every file against the CRC-32 recorded when it was written.
-  for (const auto& [file, crc] : state.at("files").items()) {
+  // Every file against the CRC-32 recorded when it was written (read through, a buffer at a time).
+  for (const auto& [file, crc] : c.state.at("files").items()) {
     const std::string path = dir + "/" + file;
     if (!fs::exists(path)) throw DataError(where + ": " + file + " is missing");
     const uint32_t got = crc32_file(path);
@@ -153,85 +227,148 @@ json read_checkpoint(const std::string& dir, GPT& model, AdamW& optimizer) {
       throw DataError(where + ": " + file + " is corrupt (CRC-32 " + std::to_string(got) + ", recorded " +
                       std::to_string(crc.get<uint32_t>()) + ")");
     }
+    c.bytes += static_cast<int64_t>(fs::file_size(path));
   }
-  auto weights = load_safetensors(dir + "/model.safetensors");
+  // Every tensor there, with its shape, before anything is loaded.
+  c.model = std::make_unique<SafetensorsReader>(dir + "/model.safetensors");
   try {
-    load_hf_gpt2(model, weights.tensors);
+    c.model_names = match_hf_gpt2(cfg, c.model->specs(), [&](const std::string& n) { return c.model->read(n); });
   } catch (const ConfigError& e) {
     throw ConfigError(where + ": " + e.what());
   }
-  auto opt = load_safetensors(dir + "/optimizer.safetensors");
-  at::NoGradGuard no_grad;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const auto st = optimizer.state_of(item.value());
-    const std::pair<const char*, at::Tensor> parts[] = {
-        {"exp_avg/", st.exp_avg}, {"exp_avg_sq/", st.exp_avg_sq}, {"step/", st.step}};
-    for (const auto& [prefix, dst] : parts) {
-      const std::string key = prefix + item.key();
-      auto it = opt.tensors.find(key);
-      if (it == opt.tensors.end()) throw ConfigError(where + ": optimizer.safetensors has no tensor '" + key + "'");
-      if (it->second.sizes() != dst.sizes()) {
-        throw ConfigError(where + ": optimizer tensor '" + key + "' has shape " + c10::str(it->second.sizes()) +
-                          ", this model expects " + c10::str(dst.sizes()));
+  c.optimizer = std::make_unique<SafetensorsReader>(dir + "/optimizer.safetensors");
+  for (const auto& [name, shape] : whole.params()) {
+    for (const auto& [prefix, part] : kOptimizerParts) {
+      const std::string key = prefix + name;
+      if (!c.optimizer->contains(key)) throw ConfigError(where + ": optimizer.safetensors has no tensor '" + key + "'");
+      const auto want_shape = whole.shape_of(name, part);
+      if (c.optimizer->spec(key).shape != want_shape) {
+        throw ConfigError(where + ": optimizer tensor '" + key + "' has shape " + c10::str(at::IntArrayRef(c.optimizer->spec(key).shape)) +
+                          ", this model expects " + c10::str(at::IntArrayRef(want_shape)));
       }
-      at::Tensor(dst).copy_(it->second);
     }
   }
-  return state;
+  return c;
+}
+
+// Weight `kiln_name` from the model file, in kiln's layout (fp32): read straight into the whole
+// tensor where the layouts agree (the embedding's real rows are its first rows), through one copy
+// of the HF tensor where they do not (a transposed Conv1D weight, another dtype).
+at::Tensor read_weight(const SafetensorsReader& file, const std::string& file_name, const std::string& kiln_name,
+                       const std::vector<int64_t>& shape, const GPTConfig& cfg) {
+  const TensorSpec& spec = file.spec(file_name);
+  at::Tensor whole = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  if (spec.dtype == at::kFloat && hf_rows_of_kiln(kiln_name)) {
+    // The file's rows are the tensor's first rows (all of them but the embedding's padding).
+    const int64_t rows = spec.shape.empty() ? 1 : spec.shape[0];
+    if (shape.empty()) {
+      file.read_into(file_name, whole);
+    } else {
+      file.read_into(file_name, whole.narrow(0, 0, rows));
+      if (rows < shape[0]) whole.narrow(0, rows, shape[0] - rows).zero_();
+    }
+  } else {
+    whole.copy_(from_hf_layout(kiln_name, file.read(file_name), cfg));
+  }
+  return whole;
 }
 
 }  // namespace
 
-Checkpointer::Checkpointer(std::string save_dir, int64_t keep_last) : dir_(std::move(save_dir)), keep_last_(keep_last) {
+json CheckpointIo::to_json() const {
+  return json{{"bytes", bytes},
+              {"seconds", seconds},
+              {"gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0},
+              {"peak_extra_host_gb", peak_extra_bytes / 1e9}};
+}
+
+Checkpointer::Checkpointer(std::string save_dir, int64_t keep_last, bool writer)
+    : dir_(std::move(save_dir)), keep_last_(keep_last), writer_(writer) {
+  if (!writer_) return;
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec || !fs::is_directory(dir_)) throw ConfigError("--save-dir " + dir_ + ": cannot create the directory (" + ec.message() + ")");
 }
 
-std::string Checkpointer::save(const GPT& model, const AdamW& optimizer, const TrainProgress& progress, const json& run) {
+std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress, const json& run, CheckpointIo* io) {
+  const auto t0 = std::chrono::steady_clock::now();
   ++saves_;
+  PeakTracker peak;
+  const GPTConfig& cfg = state.config();
   const std::string name = step_name(progress.step);
   const std::string final_dir = dir_ + "/" + name;
   const std::string tmp = dir_ + "/.tmp-" + name + "-" + std::to_string(::getpid());
   std::error_code ec;
-  // Leftovers of crashed saves are never a checkpoint: clear them.
-  for (const auto& e : fs::directory_iterator(dir_, ec)) {
-    if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path(), ec);
+  if (writer_) {
+    // Leftovers of crashed saves are never a checkpoint: clear them (moving back an aside copy
+    // whose step is gone).
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path(), ec);
+    }
+    settle_aside_copies(dir_);
+    if (!fs::create_directory(tmp, ec)) throw Error("checkpoint: cannot create " + tmp + ": " + ec.message());
   }
-  if (!fs::create_directory(tmp, ec)) throw Error("checkpoint: cannot create " + tmp + ": " + ec.message());
 
-  // 1. every file into the temporary directory, each fsynced.
+  // 1. every file into the temporary directory, each fsynced; tensors in file order.
   json files = json::object();
-  save_safetensors(tmp + "/model.safetensors", to_hf_gpt2(model), {{"format", "pt"}});
-  files["model.safetensors"] = crc32_file(tmp + "/model.safetensors");
-  maybe_crash_in_save(saves_);
-  const GPTConfig& cfg = model.config();
-  if (cfg.n_kv_head == cfg.n_head) {
+  {
+    std::vector<TensorSpec> specs;
+    std::map<std::string, std::string> kiln_of;  // HF name -> kiln name
+    for (const auto& [pname, shape] : state.params()) {
+      specs.push_back({hf_name_of(pname), at::kFloat, hf_shape_of(pname, shape, cfg)});
+      kiln_of[specs.back().name] = pname;
+    }
+    std::unique_ptr<SafetensorsWriter> w;
+    if (writer_) w = std::make_unique<SafetensorsWriter>(tmp + "/model.safetensors", specs, hf_safetensors_metadata());
+    for (const auto& hf : safetensors_order(specs)) {
+      const std::string& pname = kiln_of.at(hf);
+      const at::Tensor whole = state.gather(pname, CheckpointPart::Param);
+      peak.sample();
+      if (w) w->write(hf, to_hf_layout(pname, whole, cfg));
+      peak.sample();
+    }
+    if (w) files["model.safetensors"] = w->finish();
+  }
+  if (writer_) maybe_crash_in_save(saves_, "weights");
+  if (writer_ && hf_gpt2_compatible(cfg)) {
     write_synced(tmp + "/config.json", hf_gpt2_config(cfg).dump(2) + "\n");
     files["config.json"] = crc32_file(tmp + "/config.json");
   }
-  NamedTensors opt;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const auto st = optimizer.state_of(item.value());
-    opt.emplace_back("exp_avg/" + item.key(), st.exp_avg.detach().cpu());
-    opt.emplace_back("exp_avg_sq/" + item.key(), st.exp_avg_sq.detach().cpu());
-    opt.emplace_back("step/" + item.key(), st.step.detach().cpu());
+  {
+    std::vector<TensorSpec> specs;
+    std::map<std::string, std::pair<std::string, CheckpointPart>> source;  // file name -> (parameter, part)
+    for (const auto& [pname, shape] : state.params()) {
+      for (const auto& [prefix, part] : kOptimizerParts) {
+        specs.push_back({prefix + pname, at::kFloat, state.shape_of(pname, part)});
+        source[specs.back().name] = {pname, part};
+      }
+    }
+    std::unique_ptr<SafetensorsWriter> w;
+    if (writer_) w = std::make_unique<SafetensorsWriter>(tmp + "/optimizer.safetensors", specs, std::map<std::string, std::string>{{"format", "kiln-adamw"}});
+    for (const auto& key : safetensors_order(specs)) {
+      const auto& [pname, part] = source.at(key);
+      const at::Tensor whole = state.gather(pname, part);
+      peak.sample();
+      if (w) w->write(key, whole);
+    }
+    if (w) files["optimizer.safetensors"] = w->finish();
   }
-  save_safetensors(tmp + "/optimizer.safetensors", opt, {{"format", "kiln-adamw"}});
-  files["optimizer.safetensors"] = crc32_file(tmp + "/optimizer.safetensors");
-  const json state{{"format", kFormat},
-                   {"version", kFormatVersion},
-                   {"step", progress.step},
-                   {"updates", progress.updates},
-                   {"samples", progress.samples},
-                   {"loss_scaler", progress.loss_scaler},
-                   {"model", model_shape(cfg)},
-                   {"rng", "dropout reseeded every step from (seed, step, dp rank): the step is the RNG state"},
-                   {"run", run},
-                   {"kiln_version", KILN_VERSION},
-                   {"files", files}};
-  write_synced(tmp + "/trainer_state.json", state.dump(2) + "\n");
+  if (!writer_) return "";
+
+  const json state_json{{"format", kFormat},
+                        {"version", kFormatVersion},
+                        {"step", progress.step},
+                        {"updates", progress.updates},
+                        {"samples", progress.samples},
+                        {"loss_scaler", progress.loss_scaler},
+                        {"model", model_shape(cfg)},
+                        {"rng", "dropout reseeded every step from (seed, step, dp rank): the step is the RNG state"},
+                        {"run", run},
+                        {"kiln_version", KILN_VERSION},
+                        {"files", files}};
+  write_synced(tmp + "/trainer_state.json", state_json.dump(2) + "\n");
   fsync_path(tmp, true);
+  maybe_slow_save();
 
   // 2. into place; an older checkpoint of the same step goes only once the new one is there.
   std::string aside;
@@ -239,6 +376,8 @@ std::string Checkpointer::save(const GPT& model, const AdamW& optimizer, const T
     aside = dir_ + "/.old-" + name + "-" + std::to_string(::getpid());
     fs::rename(final_dir, aside, ec);
     if (ec) throw Error("checkpoint: cannot move the old " + final_dir + " aside: " + ec.message());
+    fsync_path(dir_, true);
+    maybe_crash_in_save(saves_, "aside");
   }
   fs::rename(tmp, final_dir, ec);
   if (ec) throw Error("checkpoint: cannot rename " + tmp + " to " + final_dir + ": " + ec.message());
@@ -258,6 +397,13 @@ std::string Checkpointer::save(const GPT& model, const AdamW& optimizer, const T
       if (steps[static_cast<size_t>(i)] != progress.step) fs::remove_all(dir_ + "/" + step_name(steps[static_cast<size_t>(i)]), ec);
     }
   }
+  if (io) {
+    io->bytes = 0;
+    for (const auto& e : fs::directory_iterator(final_dir, ec))
+      if (e.is_regular_file()) io->bytes += static_cast<int64_t>(e.file_size());
+    io->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    io->peak_extra_bytes = peak.peak;
+  }
   return final_dir;
 }
 
@@ -268,7 +414,34 @@ std::string latest_checkpoint(const std::string& save_dir) {
   return save_dir + "/" + name;
 }
 
-std::string resolve_resume(const std::string& resume, const std::string& save_dir) {
+namespace {
+// `latest` of save_dir, repaired when it names a checkpoint that is gone (checkpoint.h).
+std::string recovered_latest(const std::string& save_dir, std::string* notice) {
+  const std::string latest = latest_checkpoint(save_dir);
+  if (latest.empty() || complete(latest)) {
+    settle_aside_copies(save_dir);
+    return latest;
+  }
+  const std::string name = fs::path(latest).filename().string();
+  const auto restored = settle_aside_copies(save_dir);
+  if (complete(latest)) {
+    if (notice) *notice = "recovered " + latest + " from its aside copy (a save was interrupted between its renames)";
+    return latest;
+  }
+  const auto steps = saved_steps(save_dir);
+  if (steps.empty()) {
+    throw ConfigError("--save-dir " + save_dir + ": latest names " + name + ", which is gone, and no complete checkpoint is left");
+  }
+  const std::string newest = save_dir + "/" + step_name(steps.back());
+  write_synced(save_dir + "/latest.tmp", step_name(steps.back()) + "\n");
+  if (std::rename((save_dir + "/latest.tmp").c_str(), (save_dir + "/latest").c_str()) != 0) io_error("cannot rename", save_dir + "/latest.tmp");
+  fsync_path(save_dir, true);
+  if (notice) *notice = "latest named " + name + ", which is gone; resuming from the newest complete checkpoint, " + newest;
+  return newest;
+}
+}  // namespace
+
+std::string resolve_resume(const std::string& resume, const std::string& save_dir, std::string* notice) {
   if (resume == "none") {
     if (!save_dir.empty() && !latest_checkpoint(save_dir).empty()) {
       throw ConfigError("--save-dir " + save_dir + " already holds checkpoints (latest: " + latest_checkpoint(save_dir) +
@@ -276,27 +449,29 @@ std::string resolve_resume(const std::string& resume, const std::string& save_di
     }
     return "";
   }
-  if (resume == "auto") return save_dir.empty() ? "" : latest_checkpoint(save_dir);
+  if (resume == "auto") return save_dir.empty() ? "" : recovered_latest(save_dir, notice);
   if (fs::exists(resume + "/trainer_state.json")) return resume;
-  const std::string latest = latest_checkpoint(resume);
-  if (!latest.empty()) return latest;
+  if (fs::exists(resume + "/latest")) return recovered_latest(resume, notice);
   throw ConfigError("--resume " + resume + ": no checkpoint there (neither a trainer_state.json nor a 'latest' file)");
 }
 
-std::optional<Resumed> resume_training(const std::string& resume, const std::string& save_dir, GPT& model,
-                                       const std::function<AdamW&()>& optimizer, Communicator* world) {
-  const bool root = world == nullptr || world->rank() == 0;
+std::optional<Resumed> resume_training(const std::string& resume, const std::string& save_dir, WholeModel& state,
+                                       Communicator* world) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool root = state.writer();
+  const GPTConfig& cfg = state.config();
+  PeakTracker peak;
   // Rank 0 alone looks at the files; its verdict travels as one string: a kind, then the
   // checkpoint directory or the error. Kinds: F fresh start, L loaded, C config error, D data error.
-  std::string verdict;
-  json state;
+  std::string verdict, notice;
+  OpenCheckpoint c;
   if (root) {
     try {
-      const std::string dir = resolve_resume(resume, save_dir);
+      const std::string dir = resolve_resume(resume, save_dir, &notice);
       if (dir.empty()) {
         verdict = "F";
       } else {
-        state = read_checkpoint(dir, model, optimizer());
+        c = open_checkpoint(dir, state, cfg);
         verdict = "L" + dir;
       }
     } catch (const ConfigError& e) {
@@ -305,31 +480,48 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
       verdict = std::string("D") + e.what();
     }
   }
-  const c10::Device device = model.wte.device();
   const bool multi = world != nullptr && world->size() > 1;
-  if (multi) verdict = broadcast_string(*world, verdict, device);
+  if (multi) verdict = broadcast_string(*world, verdict);
   const char kind = verdict[0];
   const std::string rest = verdict.substr(1);
   if (kind == 'C') throw ConfigError(rest);
   if (kind == 'D') throw DataError(rest);
   if (kind == 'F') return std::nullopt;
-  if (multi) {
-    state = json::parse(broadcast_string(*world, root ? state.dump() : std::string(), device));
-    at::NoGradGuard no_grad;
-    AdamW& opt = optimizer();
-    for (auto& p : model.parameters()) {
-      auto st = opt.state_of(p);
-      at::Tensor tensors[] = {p, st.exp_avg, st.exp_avg_sq, st.step};
-      for (auto& t : tensors) world->broadcast(t, 0)->wait();
+  json st = multi ? json::parse(broadcast_string(*world, root ? c.state.dump() : std::string())) : c.state;
+
+  // The tensors, one at a time: rank 0 reads each and every rank keeps its part.
+  for (const auto& [pname, shape] : state.params()) {
+    at::Tensor whole;
+    if (root) whole = read_weight(*c.model, c.model_names.at(pname), pname, shape, cfg);
+    peak.sample();
+    state.scatter(pname, CheckpointPart::Param, whole);
+  }
+  for (const auto& [pname, shape] : state.params()) {
+    for (const auto& [prefix, part] : kOptimizerParts) {
+      at::Tensor whole;
+      if (root) {
+        const std::string key = prefix + pname;
+        if (c.optimizer->spec(key).dtype == at::kFloat) {
+          whole = at::empty(c.optimizer->spec(key).shape, at::TensorOptions().dtype(at::kFloat));
+          c.optimizer->read_into(key, whole);
+        } else {
+          whole = c.optimizer->read(key).to(at::kFloat);
+        }
+      }
+      peak.sample();
+      state.scatter(pname, part, whole);
     }
   }
   Resumed r;
   r.dir = rest;
-  r.progress.step = state.at("step").get<int64_t>();
-  r.progress.updates = state.at("updates").get<int64_t>();
-  r.progress.samples = state.at("samples").get<int64_t>();
-  r.progress.loss_scaler = state.at("loss_scaler");
-  optimizer().set_steps_taken(r.progress.updates);
+  r.notice = notice;
+  r.progress.step = st.at("step").get<int64_t>();
+  r.progress.updates = st.at("updates").get<int64_t>();
+  r.progress.samples = st.at("samples").get<int64_t>();
+  r.progress.loss_scaler = st.at("loss_scaler");
+  r.io.bytes = c.bytes;
+  r.io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.io.peak_extra_bytes = peak.peak;
   return r;
 }
 

@@ -1,7 +1,8 @@
-// runtime/consolidate.cpp -- ZeRO, then tp, then pp: the gathers of a checkpoint.
+// runtime/consolidate.cpp -- one whole tensor at a time: ZeRO, then tp, then pp; and back.
 #include "runtime/consolidate.h"
 
 #include <memory>
+#include <string>
 
 #include <ATen/ATen.h>
 
@@ -11,59 +12,141 @@
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
 #include "runtime/device_check.h"
+#include "runtime/error.h"
 #include "runtime/mesh.h"
 
 namespace kiln {
 
-void consolidate_whole(GPT& model, AdamW* optimizer, ZeroEngine* zero, const Mesh& mesh, Communicator& host_world,
-                       const std::vector<int64_t>& stage_blocks, const AdamWConfig& adam, GPT* whole, AdamW* whole_opt,
-                       c10::Device device) {
-  const MeshShape& shape = mesh.shape();
-  const MeshCoord& c = mesh.coord();
-  const bool first_dp = c.dp == 0, stage_writer = first_dp && c.tp == 0;
-  std::shared_ptr<GPT> part_model, stage_model;
-  std::unique_ptr<AdamW> part_opt_holder, stage_opt_holder;
-  GPT* part = &model;
-  AdamW* part_opt = optimizer;
-  if (zero) {
-    if (shape.tp == 1 && shape.pp == 1) {  // straight into the whole model (rank 0)
-      part = whole;
-      part_opt = whole_opt;
-    } else if (first_dp) {
-      part_model = std::make_shared<GPT>(model.config(), at::TensorOptions(), model.shard());
-      part_opt_holder = std::make_unique<AdamW>(part_model->parameters(), adam);
-      part = part_model.get();
-      part_opt = part_opt_holder.get();
+namespace {
+const char* part_name(CheckpointPart part) {
+  switch (part) {
+    case CheckpointPart::Param: return "parameter";
+    case CheckpointPart::ExpAvg: return "exp_avg";
+    case CheckpointPart::ExpAvgSq: return "exp_avg_sq";
+    case CheckpointPart::Step: return "step";
+  }
+  return "?";
+}
+StatePart state_part(CheckpointPart part) {
+  return part == CheckpointPart::ExpAvg ? StatePart::ExpAvg : part == CheckpointPart::ExpAvgSq ? StatePart::ExpAvgSq : StatePart::Param;
+}
+}  // namespace
+
+WholeModel::WholeModel(GPT& model, AdamW* optimizer, ZeroEngine* zero, const Mesh* mesh, Communicator* host_world,
+                       std::vector<int64_t> stage_blocks, c10::Device device)
+    : model_(model), optimizer_(optimizer), zero_(zero), mesh_(mesh), host_(host_world),
+      stage_blocks_(std::move(stage_blocks)), device_(device) {
+  if (!zero_ && !optimizer_) throw Error("checkpoint: the model's state needs its AdamW or its ZeRO engine");
+  // A model on the meta device gives the whole model's names and shapes without allocating.
+  const GPT whole(model.config(), at::TensorOptions().device(at::kMeta));
+  for (const auto& item : whole.named_parameters(/*recurse=*/true)) params_.emplace_back(item.key(), item.value().sizes().vec());
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) local_.emplace(item.key(), item.value());
+  if (stage_blocks_.empty()) stage_blocks_ = {model.config().n_layer};
+}
+
+const GPTConfig& WholeModel::config() const { return model_.config(); }
+
+bool WholeModel::writer() const { return !mesh_ || mesh_->world()->rank() == 0; }
+
+std::vector<int64_t> WholeModel::shape_of(const std::string& name, CheckpointPart part) const {
+  if (part == CheckpointPart::Step) return {};
+  for (const auto& [n, shape] : params_)
+    if (n == name) return shape;
+  throw Error("checkpoint: the model has no parameter " + name);
+}
+
+at::Tensor WholeModel::local_part(const at::Tensor& param, CheckpointPart part) {
+  if (zero_) {
+    if (part == CheckpointPart::Step) {
+      return to_device(at::full({}, static_cast<double>(zero_->steps_taken()), at::kFloat), device_);
+    }
+    return zero_->gather_param(param, state_part(part));  // collective over dp
+  }
+  if (mesh_ && mesh_->coord().dp != 0) return at::Tensor();
+  return own_state(param, part);
+}
+
+at::Tensor WholeModel::own_state(const at::Tensor& param, CheckpointPart part) const {
+  if (part == CheckpointPart::Param) return param.detach();
+  const auto st = optimizer_->state_of(param);
+  return part == CheckpointPart::ExpAvg ? st.exp_avg : part == CheckpointPart::ExpAvgSq ? st.exp_avg_sq : st.step;
+}
+
+at::Tensor WholeModel::gather(const std::string& name, CheckpointPart part) {
+  at::NoGradGuard no_grad;
+  const MeshShape shape = mesh_ ? mesh_->shape() : MeshShape{};
+  const MeshCoord me = mesh_ ? mesh_->coord() : MeshCoord{};
+  const int stage = shape.pp > 1 ? pipeline_stage_of(name, stage_blocks_) : 0;
+  const std::vector<int64_t> whole_shape = shape_of(name, part);
+  at::Tensor whole;  // on the stage's writer
+  if (me.pp == stage) {
+    const auto it = local_.find(name);
+    if (it == local_.end()) throw Error("checkpoint: stage " + std::to_string(stage) + " lacks parameter " + name);
+    const at::Tensor* param = &it->second;
+    const at::Tensor local = local_part(*param, part);  // defined on dp rank 0
+    if (me.dp == 0) {
+      if (shape.tp > 1 && part != CheckpointPart::Step && is_tensor_parallel(name)) {
+        const at::Tensor mine = to_device(local.contiguous(), device_);
+        at::Tensor all = at::empty({shape.tp * mine.numel()}, mine.options());
+        mesh_->tp()->all_gather(all, mine.reshape({-1}))->wait();
+        if (me.tp == 0) {
+          const at::Tensor host = all.cpu();
+          std::vector<at::Tensor> pieces;
+          for (const auto& c : host.chunk(shape.tp, 0)) pieces.push_back(c.view(local.sizes()));
+          whole = tp_assemble(name, pieces, whole_shape, model_.config()).contiguous();
+        }
+      } else if (me.tp == 0) {
+        whole = local.to(at::kCPU, at::kFloat).contiguous();
+      }
+    }
+  }
+  const int writer_rank = stage * shape.dp * shape.tp;  // (stage, dp 0, tp 0): runtime/mesh.h's order
+  const int rank = mesh_ ? mesh_->world()->rank() : 0;
+  if (writer_rank != 0 && (rank == 0 || rank == writer_rank)) {
+    if (!host_) throw Error("checkpoint: gathering a pipeline stage needs the host group");
+    if (rank == 0) {
+      whole = at::empty(whole_shape, at::TensorOptions().dtype(at::kFloat));
+      host_->send_recv({{P2POp::Kind::Recv, whole, writer_rank}})->wait();
     } else {
-      part = nullptr;
-      part_opt = nullptr;
+      host_->send_recv({{P2POp::Kind::Send, whole, 0}})->wait();
+      whole = at::Tensor();
     }
-    zero->consolidate(part, part_opt);
   }
-  if (shape.tp > 1 && first_dp) {
-    GPT* target = whole;  // rank 0: straight into the whole model
-    AdamW* target_opt = whole_opt;
-    if (!whole && stage_writer) {  // another stage's writer: its stage, tp = 1
-      ModelShard st;
-      st.block_begin = model.shard().block_begin;
-      st.block_end = model.shard().block_end;
-      st.embedding = model.shard().embedding;
-      st.head = model.shard().head;
-      stage_model = std::make_shared<GPT>(model.config(), at::TensorOptions(), st);
-      stage_opt_holder = std::make_unique<AdamW>(stage_model->parameters(), adam);
-      target = stage_model.get();
-      target_opt = stage_opt_holder.get();
-    }
-    gather_to_whole(*part, *part_opt, target, target_opt, mesh.tp(), device);
-    part = target;
-    part_opt = target_opt;
+  if (rank == 0 && !whole.defined()) throw Error(std::string("checkpoint: no ") + part_name(part) + " of " + name + " reached rank 0");
+  return rank == 0 ? whole : at::Tensor();
+}
+
+void WholeModel::load_local(const at::Tensor& param, CheckpointPart part, const at::Tensor& slice) {
+  if (zero_) {
+    if (part == CheckpointPart::Step) zero_->set_steps_taken(static_cast<int64_t>(slice.item<double>()));
+    else zero_->load_param(param, state_part(part), slice);
+    return;
   }
-  if (shape.pp > 1) {
-    std::vector<int> writers;  // world rank of (stage s, dp 0, tp 0)
-    for (int s = 0; s < shape.pp; ++s) writers.push_back(s * shape.dp * shape.tp);
-    gather_stages(stage_writer ? part : nullptr, stage_writer ? part_opt : nullptr, whole, whole_opt, stage_blocks,
-                  writers, host_world);
+  at::Tensor dst = own_state(param, part);
+  if (dst.sizes() != slice.sizes()) {
+    throw Error(std::string("checkpoint: the ") + part_name(part) + " slice of this layout has another shape");
   }
+  dst.copy_(slice);
+  if (part == CheckpointPart::Step) optimizer_->set_steps_taken(static_cast<int64_t>(slice.item<double>()));
+}
+
+void WholeModel::scatter(const std::string& name, CheckpointPart part, const at::Tensor& whole) {
+  at::NoGradGuard no_grad;
+  const std::vector<int64_t> whole_shape = shape_of(name, part);
+  at::Tensor t = whole;
+  const bool multi = mesh_ && mesh_->world()->size() > 1;
+  if (multi) {
+    if (!host_) throw Error("checkpoint: loading over several ranks needs the host group");
+    if (!writer()) t = at::empty(whole_shape, at::TensorOptions().dtype(at::kFloat));
+    else t = whole.to(at::kFloat).contiguous();
+    host_->broadcast(t, 0)->wait();
+  }
+  const auto it = local_.find(name);
+  if (it == local_.end()) return;  // another stage's
+  const at::Tensor* param = &it->second;
+  const int64_t tp = mesh_ ? mesh_->shape().tp : 1, r = mesh_ ? mesh_->coord().tp : 0;
+  const at::Tensor slice = part == CheckpointPart::Step ? t : tp_slice_of(name, t, model_.config(), tp, r);
+  load_local(*param, part, slice);
 }
 
 std::pair<double, double> weights_fingerprint(GPT& model, ZeroEngine* zero, const Mesh* mesh, c10::Device device) {

@@ -1,6 +1,8 @@
 // runtime/phase_timer.cpp -- CUDA events or the host clock.
 #include "runtime/phase_timer.h"
 
+#include <utility>
+
 #if defined(KILN_WITH_CUDA)
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -28,6 +30,10 @@ struct PhaseTimer::CudaEvents {
     cudaEventElapsedTime(&ms, events[i], events[i + 1]);
     return ms;
   }
+  void keep_last() {  // the latest event becomes the first of the next interval
+    std::swap(events[0], events[used - 1]);
+    used = 1;
+  }
 #endif
 };
 
@@ -45,24 +51,21 @@ void PhaseTimer::start() {
   if (cuda_) {
     cuda_->used = 0;
     cuda_->record();
-    return;
   }
 #endif
-  host_.push_back(std::chrono::steady_clock::now());
+  start_time_ = std::chrono::steady_clock::now();
+  host_.push_back(start_time_);
 }
 
 void PhaseTimer::mark(Phase p) {
   phases_.push_back(p);
 #if defined(KILN_WITH_CUDA)
-  if (cuda_) {
-    cuda_->record();
-    return;
-  }
+  if (cuda_) cuda_->record();
 #endif
   host_.push_back(std::chrono::steady_clock::now());
 }
 
-std::array<double, kNumPhases> PhaseTimer::read() {
+std::array<double, kNumPhases> PhaseTimer::cut() {
   std::array<double, kNumPhases> ms{};
   for (size_t i = 0; i < phases_.size(); ++i) {
     double dt = 0.0;
@@ -72,6 +75,11 @@ std::array<double, kNumPhases> PhaseTimer::read() {
     if (!cuda_) dt = std::chrono::duration<double, std::milli>(host_[i + 1] - host_[i]).count();
     ms[static_cast<size_t>(phases_[i])] += dt;
   }
+  phases_.clear();
+#if defined(KILN_WITH_CUDA)
+  if (cuda_) cuda_->keep_last();
+#endif
+  host_ = {host_.back()};
   return ms;
 }
 

@@ -299,6 +299,18 @@ Header read_header(int fd, const std::string& path) {
 
 }  // namespace
 
+std::vector<std::string> safetensors_order(const std::vector<TensorSpec>& specs) {
+  std::vector<size_t> order(specs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return specs[a].name < specs[b].name; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return at::elementSize(specs[a].dtype) > at::elementSize(specs[b].dtype);
+  });
+  std::vector<std::string> names;
+  for (size_t i : order) names.push_back(specs[i].name);
+  return names;
+}
+
 SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorSpec> specs,
                                      const std::map<std::string, std::string>& metadata)
     : path_(std::move(path)) {
@@ -465,16 +477,26 @@ const TensorSpec& SafetensorsReader::spec(const std::string& name) const {
 }
 
 at::Tensor SafetensorsReader::read(const std::string& name) const {
+  const TensorSpec& s = spec(name);
+  at::Tensor t = at::empty(s.shape, at::TensorOptions().dtype(s.dtype));
+  read_into(name, t);
+  return t;
+}
+
+void SafetensorsReader::read_into(const std::string& name, const at::Tensor& dst) const {
   auto it = ranges_.find(name);
   if (it == ranges_.end()) throw DataError(path_ + ": no tensor '" + name + "'");
   const TensorSpec& s = specs_[it->second.first];
-  at::Tensor t = at::empty(s.shape, at::TensorOptions().dtype(s.dtype));
-  if (t.nbytes() == 0) return t;
+  int64_t numel = 1;
+  for (int64_t d : s.shape) numel *= d;
+  if (!dst.is_cpu() || !dst.is_contiguous() || dst.scalar_type() != s.dtype || dst.numel() != numel) {
+    throw DataError(path_ + ": tensor '" + name + "' cannot be read into the given tensor (dtype or size differs)");
+  }
+  if (dst.nbytes() == 0) return;
   // Data: read straight into the tensor's own memory (no staging copy, no alignment needs).
-  const int err = pread_all(fd_, t.data_ptr(), t.nbytes(), data_start_ + it->second.second);
+  const int err = pread_all(fd_, dst.data_ptr(), dst.nbytes(), data_start_ + it->second.second);
   if (err == -1) throw DataError(path_ + ": file ended while reading tensor '" + name + "' (was it truncated while being read?)");
   if (err != 0) throw DataError(path_ + ": cannot read tensor '" + name + "': " + errno_text(err));
-  return t;
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

@@ -55,6 +55,11 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 
+// The order in which the writer lays out tensors of these specs: larger elements first, then by
+// name (the reference writer's order). Ranks that produce tensors one at a time for a writer use it
+// to agree on the order without the file.
+std::vector<std::string> safetensors_order(const std::vector<TensorSpec>& specs);
+
 // A safetensors file written one tensor at a time: the header (every name, dtype, shape and byte
 // range, laid out as save_safetensors lays them out, so the bytes are the same) first, then each
 // tensor's bytes where the header puts them, in any order. Memory: one tensor at a time (the
@@ -112,6 +117,9 @@ class SafetensorsReader {
   const TensorSpec& spec(const std::string& name) const;
   // Reads tensor `name` into a new CPU tensor. Throws DataError for an unknown name or a read failure.
   at::Tensor read(const std::string& name) const;
+  // Reads tensor `name` into `dst` (a contiguous CPU tensor of its dtype and element count): no
+  // tensor of its own. Throws DataError for an unknown name, a mismatch or a read failure.
+  void read_into(const std::string& name, const at::Tensor& dst) const;
 
  private:
   std::string path_;

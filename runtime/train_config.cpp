@@ -46,6 +46,7 @@ void TrainConfig::validate() const {
   one_of("backend", backend, {"auto", "nccl", "mpi"});
   if (!(comm_timeout > 0)) throw ConfigError("--comm-timeout must be positive (seconds)");
   if (!(comm_init_timeout > 0)) throw ConfigError("--comm-init-timeout must be positive (seconds)");
+  if (!(save_timeout > 0)) throw ConfigError("--save-timeout must be positive (seconds)");
   one_of("offload", offload, {"none", "optimizer", "all"});
   one_of("precision", precision, {"fp32", "bf16", "fp16"});
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
@@ -115,6 +116,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["backend"] = backend;
   j["comm_timeout"] = comm_timeout;
   j["comm_init_timeout"] = comm_init_timeout;
+  j["save_timeout"] = save_timeout;
   j["tp"] = tp;
   j["pp"] = pp;
   j["pp_split"] = pp_split;

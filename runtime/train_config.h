@@ -45,6 +45,8 @@ struct TrainConfig {
   std::string backend = "auto";  // auto | nccl | mpi
   double comm_timeout = 300.0;       // seconds a collective may take before the job is aborted
   double comm_init_timeout = 900.0;  // the same, for start-up and the first step
+  double save_timeout = 1800.0;      // seconds the other ranks wait while rank 0 writes or reads a
+                                     // checkpoint (collectives of a save or load, not --comm-timeout)
   int64_t tp = 1, pp = 1;        // tensor / pipeline parallel sizes; dp = world / (tp pp)
   std::string pp_split;          // blocks per pipeline stage, "4,4,3"; empty = balanced by count
   int64_t zero = 0;              // ZeRO stage 0..3

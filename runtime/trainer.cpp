@@ -17,6 +17,7 @@
 #endif
 
 #include "data/loader.h"
+#include "data/prefetch.h"
 #include "data/synthetic.h"
 #include "data/token_dataset.h"
 #include "models/gpt.h"
@@ -39,6 +40,7 @@
 #endif
 #include "runtime/device.h"
 #include "runtime/device_check.h"
+#include "runtime/host_threads.h"
 #include "runtime/energy.h"
 #include "runtime/error.h"
 #include "runtime/job_devices.h"
@@ -118,12 +120,22 @@ struct Trainer::Run {
   std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
   std::unique_ptr<LossScaler> scaler;
   std::optional<LRSchedule> schedule;
-  std::unique_ptr<Checkpointer> checkpointer;  // rank 0, with --save-dir
+  std::unique_ptr<WholeModel> state;           // the whole model tensor by tensor, for checkpoints
+  std::unique_ptr<Checkpointer> checkpointer;  // every rank, with --save-dir (rank 0 writes)
+  std::string resume_notice;                   // a repair of the save directory at resume, or ""
+  std::optional<CheckpointIo> load_io;         // what the resume read
 
   TrainProgress progress;     // steps done, updates applied, data position, scaler state
   std::string resumed_from;   // checkpoint directory, or empty
   std::optional<double> peak;
+  HostThreads threads;                  // this rank's share of its node's cores
   std::unique_ptr<PhaseTimer> timer;    // forward / backward / comm / optimizer split of a step
+  std::unique_ptr<BatchPrefetcher> prefetch;  // the next step's micro-batches, made meanwhile
+  // A step's interval runs from the previous step's one host synchronisation (its verdict's read)
+  // to its own; a new chain starts at the first step and after an evaluation or a save.
+  bool chain_broken = true;
+  Clock::time_point interval_start;
+  std::optional<double> interval_joules;  // this rank's energy counter at interval_start
   std::unique_ptr<EnergyMeter> energy;  // the GPU's energy counter (unavailable on the CPU)
   std::unique_ptr<JobDevices> devices;  // distinct devices of the job; the energy summed over them
   double flops_per_token = 0.0;
@@ -140,6 +152,8 @@ struct Trainer::Run {
 struct Trainer::StepOutcome {
   double loss = NAN, norm = NAN, lr = 0.0, loss_scale = 1.0, comm_ms = 0.0;
   bool skipped = false;
+  std::array<double, kNumPhases> phase_ms{};  // the step's interval, by phase (PhaseTimer::cut)
+  std::chrono::steady_clock::time_point boundary;  // the end of its interval: the verdict's read
 };
 
 Trainer::Trainer(TrainConfig cfg, ProcessInfo proc) : cfg_(std::move(cfg)), proc_(proc) {}
@@ -153,11 +167,8 @@ void Trainer::setup() {
   r.precision = parse_precision(cfg_.precision);
   const c10::Device device = r.dev.device;
   if (cfg_.device_memory_cap_gb > 0) cap_device_memory(device, cfg_.device_memory_cap_gb);
-  // Several ranks on one node's CPUs share its cores: without an explicit OMP_NUM_THREADS each
-  // takes its share, or the intra-op thread pools oversubscribe the cores and crawl.
-  if (device.is_cpu() && proc_.local_size > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    at::set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / proc_.local_size));
-  }
+  // A node's ranks share its cores, on CPU and GPU runs alike (runtime/host_threads.h).
+  r.threads = divide_host_threads(proc_.local_size);
   // Communicators: always with several ranks; in a world of one only when a backend is named
   // (`mpirun -np 1 kiln train --backend nccl` runs the NCCL path and the DDP wrapper alone).
   const bool explicit_backend = cfg_.backend != "auto";
@@ -194,19 +205,15 @@ void Trainer::setup() {
   }
 
   // Built and initialised on the host; ZeRO moves only what its stage keeps on the device.
-  // Tensor parallelism: every rank builds the whole model from the seed and keeps its slices, so
-  // every layout starts from the same weights.
-  // Pipeline parallelism: each stage keeps its blocks (and the embedding / head) of that model.
-  r.model = std::make_shared<GPT>(cfg_.gpt);
-  r.model->init_weights(cfg_.seed);
+  // Tensor parallelism: this rank's slices; pipeline parallelism: this stage's blocks (and the
+  // embedding / head). Every layout draws the whole model's parameters from the seed one at a
+  // time and keeps its part, so every layout starts from the same weights.
   r.stage_blocks = pipeline_block_counts(cfg_.gpt.n_layer, r.shape.pp, cfg_.pp_split);
-  std::shared_ptr<GPT> whole;  // tp or pp > 1: the whole host model, until a resume has been sliced
-  if (r.shape.tp > 1 || r.shape.pp > 1) {
-    whole = r.model;
+  {
     ModelShard shard = r.shape.tp > 1 ? make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp()) : ModelShard{};
     if (r.shape.pp > 1) shard = pipeline_stage_shard(std::move(shard), r.stage_blocks, r.mesh->coord().pp);
     r.model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), std::move(shard));
-    copy_to_shard(*whole, *r.model);
+    r.model->init_weights(cfg_.seed, r.shape.tp > 1 ? tp_slicer(cfg_.gpt, r.shape.tp, r.mesh->coord().tp) : nullptr);
   }
   if (cfg_.zero == 0) module_to_device(*r.model, device);
   r.model->loss_chunk_rows = cfg_.loss_chunk_rows;
@@ -220,50 +227,10 @@ void Trainer::setup() {
     r.ddp->broadcast_parameters();
   }
   const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
-  // ZeRO-0 steps this AdamW. Under ZeRO it is only the host state a resume loads into (8 B per
-  // parameter), made when a checkpoint is loaded: a fresh start never holds it.
-  auto local_optimizer = [&]() -> AdamW& {
-    if (!r.optimizer) r.optimizer = std::make_unique<AdamW>(r.params, adam);
-    return *r.optimizer;
-  };
-  if (cfg_.zero == 0) local_optimizer();
-  if (r.shape.pp > 1) {
-    r.pipe = std::make_unique<PipelineStage>(*r.model, r.mesh->pp(), device, cfg_.micro_batch, r.precision);
-  }
-  r.scaler = std::make_unique<LossScaler>(LossScalerConfig{r.precision == Precision::FP16, cfg_.loss_scale,
-                                                           cfg_.initial_scale_power, cfg_.loss_scale_window,
-                                                           cfg_.hysteresis, cfg_.min_loss_scale});
-  r.schedule.emplace(LRSchedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.steps});
-
-  // Resume (rank 0 reads, every rank receives), then the checkpoint writer.
-  Communicator* resume_world = r.mesh ? (cfg_.zero > 0 || whole ? r.host_world.get() : r.mesh->world().get()) : nullptr;
-  std::optional<Resumed> resumed;
-  if (whole) {
-    // Tensor / pipeline parallel: the checkpoint (always whole) loads into the whole host model,
-    // and each rank copies its slices (its stage) of the weights and of the AdamW state.
-    std::unique_ptr<AdamW> whole_opt;
-    auto whole_optimizer = [&]() -> AdamW& {
-      if (!whole_opt) whole_opt = std::make_unique<AdamW>(whole->parameters(), adam);
-      return *whole_opt;
-    };
-    resumed = resume_training(cfg_.resume, cfg_.save_dir, *whole, whole_optimizer, resume_world);
-    if (resumed) {
-      copy_to_shard(*whole, *r.model);
-      copy_state_to_shard(*whole, *whole_opt, *r.model, local_optimizer());
-    }
-    whole.reset();
+  if (cfg_.zero == 0) {
+    r.optimizer = std::make_unique<AdamW>(r.params, adam);  // ZeRO-0 steps this AdamW
   } else {
-    resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.model, local_optimizer, resume_world);
-  }
-  if (resumed) {
-    r.resumed_from = resumed->dir;
-    r.progress = resumed->progress;
-    if (!r.progress.loss_scaler.empty()) r.scaler->load_state(r.progress.loss_scaler);
-    r.loader->resume_at(r.progress.step, r.progress.samples);
-  }
-  if (cfg_.zero > 0) {
-    // Every rank holds the same host model (same seed, or the broadcast checkpoint): each keeps
-    // its shards of it.
+    // Every rank holds the same host model (same seed): each keeps its shards of it.
     ZeroConfig zc;
     zc.stage = static_cast<int>(cfg_.zero);
     zc.offload = parse_offload(cfg_.offload);
@@ -280,11 +247,36 @@ void Trainer::setup() {
         return std::vector<std::pair<int64_t, double>>{};
       };
     }
-    r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp(), zc, adam, resumed ? r.optimizer.get() : nullptr,
-                                          r.progress.updates);
-    r.optimizer.reset();
+    r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp(), zc, adam);
   }
-  if (!cfg_.save_dir.empty() && proc_.rank == 0) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last);
+  if (r.shape.pp > 1) {
+    r.pipe = std::make_unique<PipelineStage>(*r.model, r.mesh->pp(), device, cfg_.micro_batch, r.precision);
+  }
+  r.scaler = std::make_unique<LossScaler>(LossScalerConfig{r.precision == Precision::FP16, cfg_.loss_scale,
+                                                           cfg_.initial_scale_power, cfg_.loss_scale_window,
+                                                           cfg_.hysteresis, cfg_.min_loss_scale});
+  r.schedule.emplace(LRSchedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.steps});
+
+  // The whole model, one tensor at a time (runtime/consolidate.h): what checkpoints read and
+  // write. Resume: rank 0 checks and reads, every rank keeps its part; while rank 0 reads alone,
+  // the others wait under --save-timeout.
+  r.state = std::make_unique<WholeModel>(*r.model, r.optimizer.get(), r.zero.get(), r.mesh.get(), r.host_world.get(),
+                                         r.stage_blocks, device);
+  std::optional<Resumed> resumed;
+  {
+    Watchdog::Window window(r.watchdog.get(), std::max(cfg_.save_timeout, cfg_.comm_init_timeout),
+                            "--save-timeout: rank 0 reads the checkpoint meanwhile");
+    resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.state, r.host_world.get());
+  }
+  if (resumed) {
+    r.resumed_from = resumed->dir;
+    r.resume_notice = resumed->notice;
+    r.load_io = resumed->io;
+    r.progress = resumed->progress;
+    if (!r.progress.loss_scaler.empty()) r.scaler->load_state(r.progress.loss_scaler);
+    r.loader->resume_at(r.progress.step, r.progress.samples);
+  }
+  if (!cfg_.save_dir.empty()) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last, proc_.rank == 0);
 
   r.flops_per_token = flops_per_token(cfg_.gpt);
   reset_peak_memory(device);  // this run's peak, even in a process that ran others (kiln bench)
@@ -334,6 +326,9 @@ void Trainer::log_config() {
                {"tokens_per_step", r.tokens_per_step},
                {"device", r.dev.name},
                {"devices", r.devices->count()},
+               {"host_threads", {{"intra_op", r.threads.intra_op}, {"cores", r.threads.cores},
+                                 {"cpus_allowed", r.threads.cpus_allowed}, {"ranks_on_node", r.threads.ranks_on_node},
+                                 {"rule", r.threads.rule}}},
                {"peak_tflops", r.peak ? json(*r.peak) : json(nullptr)},
                {"compute_dtype", c10::toString(compute_dtype(r.precision))},
                {"resumed_from", r.resumed_from.empty() ? json(nullptr) : json(r.resumed_from)},
@@ -341,13 +336,23 @@ void Trainer::log_config() {
                {"data", {{"tokens", r.train_data->num_tokens()}, {"samples", r.train_data->num_samples()},
                          {"source", cfg_.data.empty() ? json("synthetic") : json(cfg_.data)}}},
                {"versions", versions()}});
+  if (r.load_io) {
+    json rec{{"type", "checkpoint_load"}, {"dir", r.resumed_from}, {"step", r.progress.step}};
+    rec.update(r.load_io->to_json());
+    if (!r.resume_notice.empty()) rec["notice"] = r.resume_notice;
+    r.log.write(rec);
+  }
   if (proc_.rank != 0) return;
   std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d) on %d device(s), %lld tokens/step, %lld steps\n",
               cfg_.model.c_str(), static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(),
               r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp, r.devices->count(),
               static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
+  if (!r.resume_notice.empty()) std::printf("kiln: %s\n", r.resume_notice.c_str());
   if (!r.resumed_from.empty()) {
-    std::printf("kiln: resumed from %s at step %lld\n", r.resumed_from.c_str(), static_cast<long long>(r.progress.step));
+    const CheckpointIo& io = *r.load_io;
+    std::printf("kiln: resumed from %s at step %lld (%.3f GB in %.2f s, %.2f GB/s; rank 0's peak extra host memory %.3f GB)\n",
+                r.resumed_from.c_str(), static_cast<long long>(r.progress.step), io.bytes / 1e9, io.seconds,
+                io.seconds > 0 ? io.bytes / io.seconds / 1e9 : 0.0, io.peak_extra_bytes / 1e9);
   }
   if (r.zero) {
     const auto& d = state.device;
@@ -368,6 +373,11 @@ void Trainer::log_config() {
                   static_cast<long long>(cfg_.grad_accum), r.shape.pp, r.shape.pp);
     }
   }
+  if (cfg_.offload != "none" && r.threads.cpus_allowed == 1 && r.threads.cores > 1) {
+    std::printf("kiln: warning: this rank may run on 1 of the node's %d CPUs (mpirun binds each rank to a core by "
+                "default): the host AdamW of --offload runs on one thread; launch with --bind-to none\n",
+                r.threads.cores);
+  }
   if (!r.peak) std::printf("kiln: no peak FLOP/s known for '%s': MFU not reported (give --peak-tflops)\n", r.dev.name.c_str());
   std::fflush(stdout);
 }
@@ -376,7 +386,12 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   Run& r = *run_;
   const c10::Device device = r.dev.device;
   StepOutcome out;
-  r.timer->start();
+  if (r.chain_broken) {
+    r.timer->start();
+    r.interval_start = r.timer->start_time();
+    r.interval_joules = r.energy->joules();
+    r.chain_broken = false;
+  }
   out.loss_scale = r.scaler->scale();
   // Pipeline stages draw from streams of their own (stage 0's is the unpipelined one).
   at::manual_seed(step_seed(cfg_.seed ^ (static_cast<uint64_t>(r.mesh ? r.mesh->coord().pp : 0) << 40), step, r.dp_rank));
@@ -384,6 +399,8 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   else if (!r.zero) r.model->zero_grad(/*set_to_none=*/true);
 
   auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
+  // Made one step ahead (pinned on a GPU, so the non-blocking copies below overlap compute).
+  const std::vector<Batch> batches = r.prefetch->take(step);
   const double backward_factor = out.loss_scale / static_cast<double>(cfg_.grad_accum);
   if (r.pipe) {
     // 1F1B over the stages: the same hooks as below, around each micro-batch's backward.
@@ -398,13 +415,13 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
     hooks.after_action = [&](PipeAction::Type t) {
       r.timer->mark(t == PipeAction::Type::Forward ? Phase::Forward : t == PipeAction::Type::Backward ? Phase::Backward : Phase::Comm);
     };
-    loss_sum = r.pipe->train(static_cast<int>(cfg_.grad_accum), [&](int micro) { return r.loader->get(step, micro); },
+    loss_sum = r.pipe->train(static_cast<int>(cfg_.grad_accum), [&](int micro) { return batches.at(static_cast<size_t>(micro)); },
                              backward_factor, hooks);
   }
   for (int64_t micro = 0; micro < (r.pipe ? 0 : cfg_.grad_accum); ++micro) {
     if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);  // sync skipping
     if (r.zero) r.zero->begin_micro(micro);
-    Batch batch = r.loader->get(step, micro);
+    const Batch& batch = batches[static_cast<size_t>(micro)];
     at::Tensor loss;
     {
       AutocastScope autocast(r.precision, device.type());
@@ -460,7 +477,10 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
     out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     r.timer->mark(Phase::Comm);
   }
-  const auto host = verdict.to(at::kDouble).cpu();
+  const auto host = verdict.to(at::kDouble).cpu();  // the step's one host synchronisation
+  r.timer->mark(Phase::Comm);                        // its read: the verdict's copy to the host
+  out.phase_ms = r.timer->cut();
+  out.boundary = r.timer->cut_time();
   const double* h = host.data_ptr<double>();
   const int loss_copies = r.pipe ? r.shape.dp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
   out.loss = h[0] / static_cast<double>(loss_copies);
@@ -553,17 +573,19 @@ json Trainer::run() {
                 static_cast<long long>(first_step), static_cast<long long>(cfg_.steps));
   }
   const int64_t end_step = cfg_.stop_at_step > 0 ? std::min(cfg_.stop_at_step, cfg_.steps) : cfg_.steps;
+  r.prefetch = std::make_unique<BatchPrefetcher>(*r.loader, cfg_.grad_accum, device.is_cuda(), end_step);
   for (int64_t step = first_step; step < end_step; ++step) {
-    const auto t0 = Clock::now();
-    const auto joules_before = r.energy->joules();
     const int64_t bytes_before = r.comm_bytes();
     const StepOutcome s = train_step(step);
-    synchronize(device);
-    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    // No synchronisation here: the step's interval ended at its verdict's read (r.interval_start),
+    // and the update queued after it overlaps the next step's start.
+    const double step_s = std::chrono::duration<double>(s.boundary - r.interval_start).count();
+    r.interval_start = s.boundary;
     const auto joules_after = r.energy->joules();
-    const auto phase_ms = r.timer->read();
+    const auto& phase_ms = s.phase_ms;
     // The job's joules: every device's, summed (collective only when every meter reads).
-    const std::optional<double> step_joules = r.devices->job_joules(joules_before, joules_after);
+    const std::optional<double> step_joules = r.devices->job_joules(r.interval_joules, joules_after);
+    r.interval_joules = joules_after;
     if (!step_joules) energy_ok = false;
     r.progress.step = step + 1;
     r.progress.samples = r.loader->samples_before(step + 1);
@@ -580,6 +602,7 @@ json Trainer::run() {
       // could time out on a slow one still inside its long start-up.
       r.mesh->world()->barrier();
       r.watchdog->set_timeout(cfg_.comm_timeout);
+      r.chain_broken = true;
     }
     if (step > first_step) {  // the first step pays for allocation and kernel selection
       tokens_per_s_sum += tokens_per_s;
@@ -618,36 +641,39 @@ json Trainer::run() {
       std::fflush(stdout);
     }
     const bool eval_now = r.val_loader && ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || step + 1 == cfg_.steps);
+    const bool save_now = !cfg_.save_dir.empty() &&
+                          ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || step + 1 == end_step);
+    if (eval_now || save_now) {
+      synchronize(device);  // the update of this step, before its weights are read
+      r.chain_broken = true;
+    }
     if (eval_now) {
       last_eval = evaluate(step + 1);
     }
-    const bool save_now = !cfg_.save_dir.empty() &&
-                          ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || step + 1 == end_step);
-    if (save_now && (r.zero || r.shape.tp > 1 || r.pipe)) {
-      // A whole host model and optimizer on rank 0 (runtime/consolidate.h), saved like any other.
-      const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
-      std::shared_ptr<GPT> whole;
-      std::unique_ptr<AdamW> whole_opt;
-      if (r.checkpointer) {
-        whole = std::make_shared<GPT>(cfg_.gpt);
-        whole_opt = std::make_unique<AdamW>(whole->parameters(), adam);
+    if (save_now) {
+      // Every rank gathers, rank 0 writes (runtime/checkpoint.h). The others wait for rank 0 under
+      // --save-timeout, not --comm-timeout: in the save's collectives, and in the barrier after it,
+      // so that no rank enters the next step's collectives while rank 0 is still writing.
+      Watchdog::Window window(r.watchdog.get(), cfg_.save_timeout, "--save-timeout: rank 0 writes the checkpoint meanwhile");
+      CheckpointIo io;
+      const std::string dir = r.checkpointer->save(
+          *r.state, r.progress, {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}}, &io);
+      if (r.host_world) r.host_world->barrier();
+      if (rank0) {
+        last_saved = dir;
+        json rec{{"type", "checkpoint"}, {"step", step + 1}, {"dir", last_saved}};
+        rec.update(io.to_json());
+        r.log.write(rec);
+        std::printf("kiln: saved %s (%.3f GB in %.2f s, %.2f GB/s; rank 0's peak extra host memory %.3f GB)\n",
+                    last_saved.c_str(), io.bytes / 1e9, io.seconds, io.seconds > 0 ? io.bytes / io.seconds / 1e9 : 0.0,
+                    io.peak_extra_bytes / 1e9);
+        std::fflush(stdout);
       }
-      consolidate_whole(*r.model, r.optimizer.get(), r.zero.get(), *r.mesh, *r.host_world, r.stage_blocks, adam,
-                        whole.get(), whole_opt.get(), device);
-      if (r.checkpointer) {
-        last_saved = r.checkpointer->save(*whole, *whole_opt, r.progress,
-                                          {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});
-      }
-    } else if (save_now && r.checkpointer) {
-      last_saved = r.checkpointer->save(*r.model, *r.optimizer, r.progress,
-                                        {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}});
-    }
-    if (save_now && r.checkpointer) {
-      r.log.write({{"type", "checkpoint"}, {"step", step + 1}, {"dir", last_saved}});
-      std::printf("kiln: saved %s\n", last_saved.c_str());
-      std::fflush(stdout);
     }
   }
+
+  synchronize(device);  // the last update
+  r.prefetch.reset();
 
   double tail = NAN;
   if (!losses.empty()) {

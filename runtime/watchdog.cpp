@@ -51,8 +51,22 @@ uint64_t Watchdog::start(const std::string& what) { return start(what, nullptr);
 
 uint64_t Watchdog::start(const std::string& what, std::function<bool()> done) {
   std::lock_guard<std::mutex> lock(mu_);
-  inflight_[++next_] = Entry{what, Clock::now(), std::move(done)};
+  inflight_[++next_] = Entry{what, Clock::now(), std::move(done), window_s_, window_why_};
   return next_;
+}
+
+Watchdog::Window::Window(Watchdog* w, double seconds, std::string why) : w_(w) {
+  if (!w_) return;
+  std::lock_guard<std::mutex> lock(w_->mu_);
+  w_->window_s_ = seconds;
+  w_->window_why_ = std::move(why);
+}
+
+Watchdog::Window::~Window() {
+  if (!w_) return;
+  std::lock_guard<std::mutex> lock(w_->mu_);
+  w_->window_s_ = -1.0;
+  w_->window_why_.clear();
 }
 
 void Watchdog::complete(uint64_t token) {
@@ -144,10 +158,11 @@ void Watchdog::loop() {
       const auto now = Clock::now();
       for (const auto& [token, e] : inflight_) {
         const double age = std::chrono::duration<double>(now - e.start).count();
-        if (age > timeout_s_) {
+        const double limit = e.timeout_s >= 0.0 ? e.timeout_s : timeout_s_;
+        if (age > limit) {
           std::ostringstream m;
-          m << e.what << " did not complete within " << timeout_s_
-            << " s (--comm-timeout): a peer rank has stalled or died; aborting the job";
+          m << e.what << " did not complete within " << limit << " s ("
+            << (e.timeout_s >= 0.0 ? e.why : std::string("--comm-timeout")) << "): a peer rank has stalled or died; aborting the job";
           message = m.str();
           break;
         }

@@ -46,6 +46,22 @@ class Watchdog {
 
   void set_timeout(double seconds);
   double timeout() const;
+
+  // While one lives, operations started get `seconds` as their timeout instead of the watchdog's,
+  // and a timeout message names `why` (the flag that sets it, and what the peer is doing):
+  // checkpoints, where rank 0 writes or reads alone while the others wait in a collective, take
+  // --save-timeout, not --comm-timeout. Windows do not nest (a second one replaces the first
+  // until it ends).
+  class Window {
+   public:
+    Window(Watchdog* w, double seconds, std::string why);  // w null: nothing
+    ~Window();
+    Window(const Window&) = delete;
+    Window& operator=(const Window&) = delete;
+
+   private:
+    Watchdog* w_;
+  };
   // Registers an operation in flight; returns the token that complete() takes.
   uint64_t start(const std::string& what);
   // The same, for an operation the thread completes itself once `done()` returns true (polled
@@ -71,6 +87,8 @@ class Watchdog {
     std::string what;
     Clock::time_point start;
     std::function<bool()> done;  // empty: completed by complete() only
+    double timeout_s = -1.0;     // a window's (>= 0), else the watchdog's
+    std::string why;             // what the message names with it
   };
   struct HealthCheck {
     std::function<std::string()> check;
@@ -86,6 +104,8 @@ class Watchdog {
   std::map<uint64_t, HealthCheck> checks_;
   uint64_t next_ = 0;
   double timeout_s_;
+  double window_s_ = -1.0;  // an open Window's timeout, or -1
+  std::string window_why_;
   bool stop_ = false;
   std::function<void(const std::string&)> on_timeout_;
   std::thread thread_;

@@ -280,17 +280,18 @@ TEST(PlanComm, DdpAndZeroBytesPerStep) {
   Layout local2 = layout(4, 2, 3);
   local2.zero_accum = ZeroAccum::Local;
   EXPECT_EQ(comm_bytes(local2), 8 * P + 24);
-  // ZeRO-3, reduce: K (4 Psi' + 4 (Psi' - n_0') + 4 Psi') + 24 = 3 x 10,180,608 + 24 = 30,541,848
-  EXPECT_EQ(comm_bytes(layout(4, 3, 3)), 30541848);
-  EXPECT_EQ(comm_bytes(layout(4, 3, 3)), 3 * (4 * P + 4 * (P - kOuter) + 4 * P) + 24);
-  // ZeRO-3, local: K (4 Psi' + 4 (Psi' - n_0')) + 4 Psi' + 24 = 23,535,640
+  // ZeRO-3, reduce: K (4 Psi' + 4 (Psi' - n_0' - n_L') + 4 Psi') + 24, the outer unit and the
+  // last block (n_L' = 198,400) gathered once per micro-step: 3 x 9,387,008 + 24 = 28,161,048
+  EXPECT_EQ(comm_bytes(layout(4, 3, 3)), 28161048);
+  EXPECT_EQ(comm_bytes(layout(4, 3, 3)), 3 * (4 * P + 4 * (P - kOuter - 198400) + 4 * P) + 24);
+  // ZeRO-3, local: K (4 Psi' + 4 (Psi' - n_0' - n_L')) + 4 Psi' + 24 = 21,154,840
   Layout local3 = layout(4, 3, 3);
   local3.zero_accum = ZeroAccum::Local;
-  EXPECT_EQ(comm_bytes(local3), 23535640);
+  EXPECT_EQ(comm_bytes(local3), 21154840);
   // Offload moves no network bytes (host copies are not collectives)
   Layout off = layout(4, 3, 3);
   off.offload = Offload::All;
-  EXPECT_EQ(comm_bytes(off), 30541848);
+  EXPECT_EQ(comm_bytes(off), 28161048);
   // A world of one: nothing, unless a communicator exists (mpirun -np 1 --backend mpi): then the
   // DDP wrapper all-reduces the gradients, but the step's verdict stays local
   EXPECT_EQ(comm_bytes(layout(1, 0)), 0);
@@ -437,10 +438,10 @@ TEST(PlanTime, BubbleAndRecompute) {
 
 TEST(PlanTime, Zero3GathersHideBehindTheirPhase) {
   // ZeRO-3 at dp 2, K 1, 1 GB/s: forward gathers 4 Psi' x 1/2 over 1e9 vs t_f; backward
-  // gathers 4 (Psi' - n_0') and the reduce-scatter 4 Psi', halved, vs t_b; verdict 24 B x 1/2.
+  // gathers 4 (Psi' - n_0' - n_L') and the reduce-scatter 4 Psi', halved, vs t_b; verdict 24 B x 1/2.
   const Plan p = make_plan(tiny(), toy_cluster(2), layout(2, 3));
   const double P = kPsi;  // Psi' = Psi at dp 2 (both units already multiples of 128)
-  const double f = 4 * P / 2 / 1e9, b = (4 * (P - kOuter) + 4 * P) / 2 / 1e9, v = 24.0 / 2 / 1e9;
+  const double f = 4 * P / 2 / 1e9, b = (4 * (P - kOuter - kBlock) + 4 * P) / 2 / 1e9, v = 24.0 / 2 / 1e9;
   const double expect = std::max(0.0, f - p.forward_s) + std::max(0.0, b - p.backward_s) + v;
   EXPECT_NEAR(p.exposed_comm_s, expect, 1e-15);
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/cli/bench.sh -- `kiln bench` on the tiny model on the CPU (labels cli, mpi): the table and
 # the JSON report, figures consistent with each other (tokens/s from the step times, the phase
-# split inside the step, MFU = TFLOP/s / peak), the sweep's choice, a 2-rank ZeRO run, and bad
+# split adding up to the step, MFU = TFLOP/s / peak), the sweep's choice, a 2-rank ZeRO run, and bad
 # input. Energy is null here (no GPU); the speed figures of a CPU run mean nothing and are not
 # judged.
 source "$(dirname "$0")/common.sh"
@@ -21,7 +21,9 @@ assert abs(r["tokens_per_s"] - tokens_per_step / (r["step_ms"] / 1e3)) <= 1e-6 *
 assert abs(r["mfu"] - r["tflops"] / 2) <= 1e-12, r
 split = r["forward_ms"] + r["backward_ms"] + r["exposed_comm_ms"] + r["optimizer_ms"]
 assert r["forward_ms"] > 0 and r["backward_ms"] > 0 and r["optimizer_ms"] > 0, r
-assert 0.5 * r["step_ms"] <= split <= r["step_ms"], (split, r["step_ms"])
+# The phases and the step's time run between the same points (runtime/phase_timer.h: a step's
+# interval ends at its one host synchronisation): on the CPU they add up to it, to rounding.
+assert abs(split - r["step_ms"]) <= 1e-9 * r["step_ms"], (split, r["step_ms"])
 assert r["watts"] is None and r["joules_per_token"] is None and r["tflops_per_watt"] is None, r
 ms = r["model_state"]["device"]
 assert ms["params"] == 4 * r["params"] and ms["optimizer"] == 8 * r["params"], ms

@@ -70,6 +70,30 @@ compare "$work/straight.jsonl" "$work/after.jsonl" 6
 ! ls -a "$work/crash" | grep -q '^\.tmp-' || fail "the leftover temporary directory was not cleared"
 echo "a save killed midway left the previous checkpoint loadable"
 
+# ---- a crash between a save's two renames: step_10 already exists (a resumed run saves it
+# again), it is moved aside, and the process dies before the new one moves in. `latest` then
+# names a step_10 that is gone; the next resume moves the aside copy back (or, without it, takes
+# the newest complete checkpoint) and says so.
+"$KILN_BIN" "${T[@]}" --steps 20 --stop-at-step 10 --save-every 5 --save-dir "$work/aside" >/dev/null
+code=0
+KILN_TEST_CRASH_IN_SAVE=1 KILN_TEST_CRASH_POINT=aside "$KILN_BIN" "${T[@]}" --steps 20 --stop-at-step 10 --save-every 5 \
+  --save-dir "$work/aside" --resume "$work/aside/step_00000005" >/dev/null 2>"$work/err" || code=$?
+[ "$code" -eq 137 ] || { cat "$work/err"; fail "the aside crash hook did not kill the run (exit $code)"; }
+[ ! -e "$work/aside/step_00000010" ] && [ "$(cat "$work/aside/latest")" = "step_00000010" ] ||
+  fail "the crash did not leave latest naming a missing step_00000010"
+ls -a "$work/aside" | grep -q '^\.old-step_00000010-' || fail "no aside copy of step_00000010"
+cp -r "$work/aside" "$work/aside2"
+rm -rf "$work/aside2"/.old-*
+"$KILN_BIN" "${T[@]}" --steps 20 --save-dir "$work/aside" --log-json "$work/aside.jsonl" >"$work/out"
+grep -q "recovered .*step_00000010 from its aside copy" "$work/out" || { cat "$work/out"; fail "no recovery notice"; }
+compare "$work/straight.jsonl" "$work/aside.jsonl" 11
+! ls -a "$work/aside" | grep -q '^\.old-' || fail "the aside copy was not cleared"
+"$KILN_BIN" "${T[@]}" --steps 20 --save-dir "$work/aside2" --log-json "$work/aside2.jsonl" >"$work/out"
+grep -q "latest named step_00000010, which is gone; resuming from the newest complete checkpoint" "$work/out" ||
+  { cat "$work/out"; fail "no fallback notice"; }
+compare "$work/straight.jsonl" "$work/aside2.jsonl" 6
+echo "a crash between a save's renames: the aside copy moved back, or the newest complete checkpoint taken"
+
 # ---- refusals
 expect_fail() {  # expect_fail CODE REGEX ARGS...
   local want=$1 regex=$2; shift 2

@@ -6,6 +6,8 @@
 #     ranks (4 x 1), the same global batch of 16: steps 11-20 match a straight 4-rank run
 #     within a relative 1e-5, the DDP parity tolerance (tests/cli/ddp_parity.sh says why):
 #     before step 10 the two runs summed their gradients in different orders.
+#   A save slower than --comm-timeout finishes (the others wait under --save-timeout) and resumes
+#     by replay; one slower than --save-timeout ends the job with a line naming it.
 #   A refused checkpoint fails on every rank together: one line, exit 2, no hang.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
@@ -49,6 +51,36 @@ for key in ("param_sum", "param_sq"):
 assert worst <= 1e-5, worst
 print(f"saved at 2 ranks, resumed at 4: steps 11-20 and final weights within {worst:.1e} of the 4-rank run")
 PY
+
+# ---- saves and loads are not bounded by --comm-timeout: rank 0 writes (reads) alone while the
+# other rank waits in a collective. A save that takes 4 s against a 2 s --comm-timeout (test hook)
+# finishes, and its checkpoint resumes by replay; one that outlasts --save-timeout ends the job
+# with a line naming it.
+KILN_TEST_SLOW_SAVE_S=4 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --stop-at-step 10 --save-every 5 --save-dir "$work/slow" \
+  --comm-timeout 2 >/dev/null 2>"$work/err" || { cat "$work/err"; fail "a save slower than --comm-timeout ended the job"; }
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --save-dir "$work/slow" --comm-timeout 2 --log-json "$work/slow.jsonl" >/dev/null
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
+a = {r["step"]: r for r in load("np2") if r["type"] == "step"}
+recs = load("slow")
+b = {r["step"]: r for r in recs if r["type"] == "step"}
+assert sorted(b) == list(range(11, 21)), sorted(b)
+assert all(b[s]["loss"] == a[s]["loss"] for s in b)
+ld = [r for r in recs if r["type"] == "checkpoint_load"]
+assert len(ld) == 1 and ld[0]["bytes"] > 0 and ld[0]["step"] == 10, ld
+saves = [r for r in recs if r["type"] == "checkpoint"]
+assert saves and all(r["bytes"] > 0 and r["seconds"] > 0 and "peak_extra_host_gb" in r for r in saves), saves
+print("a save slower than --comm-timeout finished; its checkpoint replayed steps 11-20 exactly")
+PY
+code=0
+KILN_TEST_SLOW_SAVE_S=8 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --stop-at-step 5 --save-dir "$work/slower" --comm-timeout 1 \
+  --save-timeout 2 >/dev/null 2>"$work/err" || code=$?
+[ "$code" -ne 0 ] || fail "a save over --save-timeout did not end the job"
+grep -q "did not complete within 2 s (--save-timeout: rank 0 writes the checkpoint meanwhile)" "$work/err" ||
+  { cat "$work/err"; fail "the timeout message does not name --save-timeout"; }
+echo "ok: a save over --save-timeout ends the job naming it"
 
 code=0
 mpi 2 "$KILN_BIN" "${T[@]}" --n-layer 3 --grad-accum 2 --steps 22 --resume "$work/ck" >"$work/out" 2>"$work/err" || code=$?

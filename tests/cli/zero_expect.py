@@ -46,7 +46,8 @@ def expected(config_record):
     if stage < 3:
         comm = rs + 4 * P + verdict
     else:
-        comm = K * (4 * P + 4 * (P - us[0])) + rs + verdict
+        # forward gathers every unit; backward every block but the last (kept from its forward)
+        comm = K * (4 * P + 4 * (P - us[0] - us[-1])) + rs + verdict
     return {"device": dev, "host": host}, comm
 
 
