@@ -252,12 +252,21 @@ OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, 
 }
 
 // Weight `kiln_name` from the model file, in kiln's layout (fp32): read straight into the whole
-// tensor where the layouts agree (the embedding's real rows are its first rows), through one copy
-// of the HF tensor where they do not (a transposed Conv1D weight, another dtype).
+// tensor where the layouts agree (the embedding's real rows are its first rows); a transposed
+// Conv1D weight through `scratch`, one buffer reused for all of them (a fresh one per tensor
+// leaves the allocator's heap holding tens of MB after the load); another dtype through a copy.
 at::Tensor read_weight(const SafetensorsReader& file, const std::string& file_name, const std::string& kiln_name,
-                       const std::vector<int64_t>& shape, const GPTConfig& cfg) {
+                       const std::vector<int64_t>& shape, const GPTConfig& cfg, at::Tensor& scratch) {
   const TensorSpec& spec = file.spec(file_name);
   at::Tensor whole = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  if (spec.dtype == at::kFloat && !hf_rows_of_kiln(kiln_name)) {
+    const int64_t n = whole.numel();
+    if (!scratch.defined() || scratch.numel() < n) scratch = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
+    const at::Tensor hf = scratch.narrow(0, 0, n).view(spec.shape);
+    file.read_into(file_name, hf);
+    whole.copy_(hf.t());  // Conv1D [in, out] -> Linear [out, in]
+    return whole;
+  }
   if (spec.dtype == at::kFloat && hf_rows_of_kiln(kiln_name)) {
     // The file's rows are the tensor's first rows (all of them but the embedding's padding).
     const int64_t rows = spec.shape.empty() ? 1 : spec.shape[0];
@@ -490,9 +499,10 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   json st = multi ? json::parse(broadcast_string(*world, root ? c.state.dump() : std::string())) : c.state;
 
   // The tensors, one at a time: rank 0 reads each and every rank keeps its part.
+  at::Tensor scratch;
   for (const auto& [pname, shape] : state.params()) {
     at::Tensor whole;
-    if (root) whole = read_weight(*c.model, c.model_names.at(pname), pname, shape, cfg);
+    if (root) whole = read_weight(*c.model, c.model_names.at(pname), pname, shape, cfg, scratch);
     peak.sample();
     state.scatter(pname, CheckpointPart::Param, whole);
   }
