@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "data/loader.h"
+#include "data/prefetch.h"
 #include "data/prep.h"
 #include "data/synthetic.h"
 #include "runtime/error.h"
@@ -310,6 +311,23 @@ TEST(DataLoaderTest, RanksTogetherEqualTheSingleRankBatch) {
     EXPECT_TRUE(at::equal(at::cat(got_y).narrow(1, 0, T - 1), at::cat(got_x).narrow(1, 1, T - 1)));
   }
   EXPECT_EQ(rank1.position(3, 1, 1), 3 * 8 + 4 + 2 + 1);
+}
+
+// The prefetcher hands out exactly DataLoader::get()'s batches: in order, after a jump (a resume
+// starts elsewhere), and nothing past the last step.
+TEST(DataLoaderTest, PrefetcherGivesTheLoadersBatches) {
+  auto ds = counting_dataset(401, 4);
+  const DataLoader loader(ds, 7, true, BatchLayout{2, 3, 1, 0});
+  BatchPrefetcher prefetch(loader, 3, /*pinned=*/false, /*last_step=*/12);
+  for (int64_t step : {0, 1, 2, 3, 7, 8, 11, 5}) {
+    const std::vector<Batch> got = prefetch.take(step);
+    ASSERT_EQ(got.size(), 3u);
+    for (int64_t m = 0; m < 3; ++m) {
+      const Batch want = loader.get(step, m);
+      EXPECT_TRUE(at::equal(got[static_cast<size_t>(m)].inputs, want.inputs)) << step << " " << m;
+      EXPECT_TRUE(at::equal(got[static_cast<size_t>(m)].targets, want.targets)) << step << " " << m;
+    }
+  }
 }
 
 TEST(DataLoaderTest, RejectsBadLayouts) {
