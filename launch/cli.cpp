@@ -15,7 +15,7 @@ namespace {
 
 using json = nlohmann::json;
 
-enum class Kind { Int, Float, String, List };
+enum class Kind { Int, Float, String, List, Bool };
 
 // One `kiln train` setting: its flag name, type, help, and where it lands in TrainConfig.
 struct Flag {
@@ -97,6 +97,9 @@ const std::vector<Flag>& train_flags() {
       {"resume", Kind::String, "auto (latest in --save-dir, if any) | none | PATH (a checkpoint or a save dir)", field(&TrainConfig::resume)},
       {"log-json", Kind::String, "JSONL log file (rank 0)", field(&TrainConfig::log_json)},
       {"log-every", Kind::Int, "console line every N steps", field(&TrainConfig::log_every)},
+      {"allow-config-change", Kind::Bool, "resume even when the data, seed, global batch, optimizer or precision differ from the checkpoint's (listed in the config record)", field(&TrainConfig::allow_config_change)},
+      {"stop-signals", Kind::List, "signals that stop the run after the step under way, save and exit 75 (INT,TERM,USR1; '' for none)", field(&TrainConfig::stop_signals)},
+      {"max-wall-time", Kind::Float, "seconds: stop and save before the run would pass this time (0: no limit)", field(&TrainConfig::max_wall_time)},
       {"peak-tflops", Kind::Float, "peak TFLOP/s of one device for MFU, on the CPU of one rank's share of the cores (default: from the device table)", field(&TrainConfig::peak_tflops)},
       {"device-memory-cap-gb", Kind::Float, "CUDA: let this process's allocator hold at most this many GB, as on a smaller GPU (0: no cap)", field(&TrainConfig::device_memory_cap_gb)},
   };
@@ -109,6 +112,7 @@ const char* kind_name(Kind k) {
     case Kind::Float: return "a number";
     case Kind::String: return "a string";
     case Kind::List: return "a list of strings";
+    case Kind::Bool: return "true or false";
   }
   return "?";
 }
@@ -129,6 +133,10 @@ json typed_from_text(const Flag& f, const std::string& text) {
         return json(v);
       }
       case Kind::String: return json(text);
+      case Kind::Bool:
+        if (text == "true" || text == "1") return json(true);
+        if (text == "false" || text == "0") return json(false);
+        break;
       case Kind::List: {
         json list = json::array();
         size_t start = 0;
@@ -148,7 +156,7 @@ json typed_from_text(const Flag& f, const std::string& text) {
 
 // A config-file value, checked against the flag's type; throws ConfigError naming the key.
 json typed_from_json(const Flag& f, const json& v, const std::string& file) {
-  const bool ok = (f.kind == Kind::Int && v.is_number_integer()) ||
+  const bool ok = (f.kind == Kind::Int && v.is_number_integer()) || (f.kind == Kind::Bool && v.is_boolean()) ||
                   (f.kind == Kind::Float && v.is_number()) || (f.kind == Kind::String && v.is_string()) ||
                   (f.kind == Kind::List && (v.is_string() || (v.is_array() && std::all_of(v.begin(), v.end(),
                                                                   [](const json& e) { return e.is_string(); }))));
@@ -201,7 +209,10 @@ TrainArgs parse_train_args(const std::vector<std::string>& args) {
   cxxopts::Options opts("kiln train", "Train a GPT model.");
   opts.add_options()("h,help", "show this help")("config", "JSON file of settings (keys = flag names)",
                                                  cxxopts::value<std::string>());
-  for (const auto& f : train_flags()) opts.add_options()(f.name, f.help, cxxopts::value<std::string>());
+  for (const auto& f : train_flags()) {
+    if (f.kind == Kind::Bool) opts.add_options()(f.name, f.help, cxxopts::value<std::string>()->implicit_value("true"));
+    else opts.add_options()(f.name, f.help, cxxopts::value<std::string>());
+  }
   auto result = parse_or_throw(opts, args, "train");
 
   TrainArgs out;

@@ -6,8 +6,9 @@
 //   kiln bench [flags]   measure a training configuration (throughput, MFU, memory, energy)
 //   kiln plan  [flags]   memory, communication, time and energy of a layout (no training)
 // Every kiln::Error becomes one line "kiln: error: ..." on stderr and its exit code; anything
-// else escaping is a bug, reported the same way with exit code 70. Under mpirun a failing rank
-// takes the whole job down with it (MPI_Abort) rather than leave its peers waiting.
+// else escaping is a bug, reported the same way with exit code 70. Under mpirun an error every
+// rank finds alike ends the job cleanly with one line; any other failing rank takes the whole job
+// down with it (MPI_Abort) rather than leave its peers waiting.
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "launch/plan_cli.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
+#include "runtime/stop_requests.h"
 #include "runtime/trainer.h"
 
 namespace {
@@ -55,8 +57,9 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
       std::fputs(args.help_text.c_str(), stdout);
       return 0;
     }
-    kiln::Trainer(args.config, proc).run();
-    return 0;
+    const auto summary = kiln::Trainer(args.config, proc).run();
+    // Stopped on request (a signal, --max-wall-time): saved, and to be resumed.
+    return summary.value("stopped", nlohmann::json()).is_null() ? 0 : kiln::kExitStopped;
   }
   if (cmd == "bench") {
     auto args = kiln::parse_bench_args(rest);
@@ -90,23 +93,27 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
   throw kiln::ConfigError("unknown command '" + cmd + "' (commands: train, prep, bench, plan, version)");
 }
 
-// Reports a failure: one line on stderr, then the exit code. In a multi-rank job the failing
-// rank aborts the whole job (MPI_Abort), so no peer is left waiting for it in a collective. A
-// configuration error is the same on every rank, so only rank 0 prints it.
-int fail(const kiln::Environment* env, const std::string& message, int code, bool same_on_every_rank) {
+// Reports a failure: one line on stderr, then the exit code. In a multi-rank job a configuration
+// or data error is usually found by every rank alike, before any of them waits on another: then
+// every rank arrives at Environment::all_ranks_failing, rank 0 alone prints the line, and every
+// rank finalises MPI and exits with the code (no MPI_Abort banner). Otherwise -- one rank failed
+// while the others are elsewhere, or any other error -- the failing rank names itself and aborts
+// the whole job (MPI_Abort), so no peer is left waiting for it in a collective.
+int fail(kiln::Environment* env, const std::string& message, int code, bool found_by_every_rank) {
   const bool multi = env != nullptr && env->info().world_size > 1;
   if (!multi) {
     std::fprintf(stderr, "kiln: error: %s\n", message.c_str());
     return code;
   }
-  if (!same_on_every_rank || env->info().rank == 0) {
-    std::fprintf(stderr, "kiln: error: %s%s\n", same_on_every_rank ? "" : ("rank " + std::to_string(env->info().rank) + ": ").c_str(),
-                 message.c_str());
+  const int rank = env->info().rank;
+  if (found_by_every_rank && env->all_ranks_failing(/*seconds=*/10.0)) {
+    if (rank == 0) std::fprintf(stderr, "kiln: error: %s\n", message.c_str());
+    std::fflush(stderr);
+    return code;  // ~Environment finalises MPI on every rank
   }
+  const std::string me = "rank " + std::to_string(rank) + ": ";
+  std::fprintf(stderr, "kiln: error: %s%s\n", message.rfind(me, 0) == 0 ? "" : me.c_str(), message.c_str());
   std::fflush(stderr);
-  // An error every rank raised is printed by rank 0 alone; the others give it a moment to
-  // print before anyone aborts the job (the first MPI_Abort kills every rank at once).
-  if (same_on_every_rank && env->info().rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
   MPI_Abort(MPI_COMM_WORLD, code);
   return code;
 }
@@ -120,7 +127,9 @@ int main(int argc, char** argv) {
     std::vector<std::string> args(argv + 1, argv + argc);
     return run(args, env->info());
   } catch (const kiln::ConfigError& e) {
-    return fail(env.get(), e.what(), e.exit_code(), /*same_on_every_rank=*/true);
+    return fail(env.get(), e.what(), e.exit_code(), /*found_by_every_rank=*/true);
+  } catch (const kiln::DataError& e) {
+    return fail(env.get(), e.what(), e.exit_code(), /*found_by_every_rank=*/true);
   } catch (const kiln::Error& e) {
     return fail(env.get(), e.what(), e.exit_code(), false);
   } catch (const c10::Error& e) {

@@ -25,6 +25,7 @@
 #include "runtime/comm.h"
 #include "runtime/consolidate.h"
 #include "runtime/error.h"
+#include "runtime/rank0_verdict.h"
 #include "runtime/safetensors.h"
 
 namespace kiln {
@@ -135,17 +136,6 @@ std::vector<int64_t> saved_steps(const std::string& dir) {
   }
   std::sort(steps.begin(), steps.end());
   return steps;
-}
-
-// Broadcasts a string from rank 0 over the host group `world`.
-std::string broadcast_string(Communicator& world, const std::string& s) {
-  auto len = at::tensor({static_cast<int64_t>(s.size())}, at::kLong);
-  world.broadcast(len, 0)->wait();
-  const int64_t n = len.item<int64_t>();
-  auto bytes = at::empty({n}, at::kByte);
-  if (world.rank() == 0 && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), s.data(), static_cast<size_t>(n));
-  if (n > 0) world.broadcast(bytes, 0)->wait();
-  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(n));
 }
 
 // The optimizer file's tensors of one parameter.
@@ -529,6 +519,7 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   r.progress.updates = st.at("updates").get<int64_t>();
   r.progress.samples = st.at("samples").get<int64_t>();
   r.progress.loss_scaler = st.at("loss_scaler");
+  r.run = st.value("run", json::object());
   r.io.bytes = c.bytes;
   r.io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.io.peak_extra_bytes = peak.peak;

@@ -108,6 +108,7 @@ struct Resumed {
   TrainProgress progress;  // where the run stands
   CheckpointIo io;         // what the load moved (rank 0's figures)
   std::string notice;      // a repair of the save directory, or ""
+  nlohmann::json run;      // what the saving run recorded of itself: {"config", "world", "dp"}
 };
 
 // Collective over the world. Resolves `resume` (resolve_resume) on rank 0 and, when it names a

@@ -1,8 +1,10 @@
 // runtime/env.cpp -- MPI initialisation and rank discovery.
 #include "runtime/env.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include <mpi.h>
 
@@ -34,13 +36,30 @@ Environment::Environment(int* argc, char*** argv) {
   MPI_Comm_rank(local, &info_.local_rank);
   MPI_Comm_size(local, &info_.local_size);
   MPI_Comm_free(&local);
+  MPI_Comm_dup(MPI_COMM_WORLD, &errors_);
 }
 
 Environment::~Environment() {
   if (!info_.mpi) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (errors_ != MPI_COMM_NULL) MPI_Comm_free(&errors_);
+  MPI_Finalize();
+}
+
+bool Environment::all_ranks_failing(double seconds) {
+  if (!info_.mpi || errors_ == MPI_COMM_NULL) return true;
+  MPI_Request req;
+  if (MPI_Ibarrier(errors_, &req) != MPI_SUCCESS) return false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (done) return true;
+    if (std::chrono::steady_clock::now() > until) return false;  // the request is left behind: the job aborts
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 }  // namespace kiln

@@ -7,6 +7,8 @@
 // MPI is not touched: one process is a world of one, and single-GPU debugging needs no mpirun.
 #pragma once
 
+#include <mpi.h>
+
 namespace kiln {
 
 struct ProcessInfo {
@@ -30,8 +32,16 @@ class Environment {
   Environment& operator=(const Environment&) = delete;
   const ProcessInfo& info() const { return info_; }
 
+  // Whether every rank is failing too: this rank enters a barrier on a communicator of its own
+  // (no other call can match it) and waits up to `seconds` for the others. True when all arrived:
+  // every rank failed before it could wait on another in a collective (a configuration or data
+  // error found by every rank alike), so the job can end with one line from rank 0 and a clean
+  // MPI_Finalize instead of MPI_Abort's banner. False (a rank is elsewhere, or lost): abort.
+  bool all_ranks_failing(double seconds);
+
  private:
   ProcessInfo info_;
+  MPI_Comm errors_ = MPI_COMM_NULL;  // a duplicate of the world, for all_ranks_failing only
 };
 
 }  // namespace kiln

@@ -15,14 +15,19 @@ namespace kiln {
 class LogSink {
  public:
   LogSink() = default;  // disabled: write() does nothing
-  // Opens `path` for writing: truncating it, or appending (a resumed run continues its log).
+  // Opens `path` for writing: appending (a resumed run continues its log; it then starts with a
+  // "resume" record, so a reader can drop the steps the resumed run repeats), or afresh. A fresh
+  // run never truncates an earlier log: an existing non-empty file is moved aside to PATH.1 (the
+  // first free PATH.N), as --resume none never overwrites checkpoints; moved_to() names it.
   // Throws ConfigError if it cannot.
   explicit LogSink(const std::string& path, bool append = false);
   bool enabled() const { return out_.is_open(); }
   void write(const nlohmann::json& record);
+  const std::string& moved_to() const { return moved_to_; }  // "" when nothing was moved aside
 
  private:
   std::ofstream out_;
+  std::string moved_to_;
 };
 
 }  // namespace kiln

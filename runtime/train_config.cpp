@@ -47,6 +47,7 @@ void TrainConfig::validate() const {
   if (!(comm_timeout > 0)) throw ConfigError("--comm-timeout must be positive (seconds)");
   if (!(comm_init_timeout > 0)) throw ConfigError("--comm-init-timeout must be positive (seconds)");
   if (!(save_timeout > 0)) throw ConfigError("--save-timeout must be positive (seconds)");
+  at_least("max-wall-time", max_wall_time, 0);
   one_of("offload", offload, {"none", "optimizer", "all"});
   one_of("precision", precision, {"fp32", "bf16", "fp16"});
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
@@ -116,6 +117,9 @@ nlohmann::json TrainConfig::to_json() const {
   j["backend"] = backend;
   j["comm_timeout"] = comm_timeout;
   j["comm_init_timeout"] = comm_init_timeout;
+  j["allow_config_change"] = allow_config_change;
+  j["stop_signals"] = stop_signals;
+  j["max_wall_time"] = max_wall_time;
   j["save_timeout"] = save_timeout;
   j["tp"] = tp;
   j["pp"] = pp;
@@ -142,6 +146,30 @@ nlohmann::json TrainConfig::to_json() const {
   j["peak_tflops"] = peak_tflops;
   j["device_memory_cap_gb"] = device_memory_cap_gb;
   return j;
+}
+
+std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_dp, const TrainConfig& now, int now_dp) {
+  static const std::set<std::string> replay = {"data",        "data_format", "synthetic_tokens", "seed",
+                                               "dropout",     "lr",          "min_lr",           "warmup",
+                                               "weight_decay", "grad_clip",  "beta1",            "beta2",
+                                               "adam_eps",    "precision",   "loss_scale",       "loss_scale_window",
+                                               "initial_scale_power", "hysteresis", "min_loss_scale"};
+  // This run's own outputs and its way of resuming: not settings of the training.
+  static const std::set<std::string> ignored = {"resume", "log_json", "log_every", "save_dir", "stop_at_step",
+                                                "allow_config_change"};
+  std::vector<ConfigChange> out;
+  const nlohmann::json cur = now.to_json();
+  for (const auto& [key, value] : cur.items()) {
+    if (ignored.count(key) || !saved.contains(key)) continue;
+    if (saved.at(key) == value) continue;
+    out.push_back({key, saved.at(key), value, replay.count(key) > 0});
+  }
+  const auto batch = [](const nlohmann::json& c, int dp) {
+    return c.value("micro_batch", int64_t{0}) * c.value("grad_accum", int64_t{0}) * dp;
+  };
+  const int64_t before = batch(saved, saved_dp), after = batch(cur, now_dp);
+  if (before != after) out.push_back({"global batch", before, after, true});
+  return out;
 }
 
 }  // namespace kiln

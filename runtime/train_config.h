@@ -71,6 +71,11 @@ struct TrainConfig {
   std::string log_json;        // JSONL log path; empty = none
   int64_t log_every = 1;       // console line every N steps
   double peak_tflops = 0.0;    // one device's peak for MFU, TFLOP/s (CPU: one rank's share); 0 = from the device table
+  bool allow_config_change = false;  // resume even when a setting that breaks the replay changed
+
+  // ---- stopping cleanly (runtime/stop_requests.h)
+  std::vector<std::string> stop_signals{"INT", "TERM", "USR1"};  // signals that stop after the step and save
+  double max_wall_time = 0.0;  // seconds: stop and save before the run would pass it; 0 = no limit
   double device_memory_cap_gb = 0.0;  // CUDA: cap this process's allocator at this many GB; 0 = none
 
   double resolved_min_lr() const { return min_lr < 0.0 ? lr / 10.0 : min_lr; }
@@ -79,5 +84,22 @@ struct TrainConfig {
   void validate() const;
   nlohmann::json to_json() const;
 };
+
+// A setting of a resumed run that differs from the one its checkpoint was saved with.
+struct ConfigChange {
+  std::string key;               // the flag's name ("seed", "global batch")
+  nlohmann::json saved, now;
+  bool breaks_replay = false;    // the resumed run can no longer be the uninterrupted one
+};
+
+// What differs between the config a checkpoint recorded (TrainConfig::to_json() of the run that
+// saved it, with its dp) and this run's. Settings that break the documented replay: the data
+// (sources, format, synthetic size), the seed, the model's dropout (its shape is checked with the
+// tensors), the global batch (micro-batch x grad-accum x dp), the optimizer and its schedule
+// (lr, min-lr, warmup, weight decay, clipping, AdamW's betas and eps) and the precision with its
+// loss scaler. Others are legitimate and only logged: more steps, another layout (dp, tp, pp,
+// ZeRO, offload, micro-batch and grad-accum at the same global batch), the device, logs,
+// checkpoints, timeouts. Paths of this run's own outputs are not compared.
+std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_dp, const TrainConfig& now, int now_dp);
 
 }  // namespace kiln

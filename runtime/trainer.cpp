@@ -41,6 +41,9 @@
 #include "runtime/device.h"
 #include "runtime/device_check.h"
 #include "runtime/host_threads.h"
+#include "runtime/rank0_verdict.h"
+#include "runtime/save_dir_lock.h"
+#include "runtime/stop_requests.h"
 #include "runtime/energy.h"
 #include "runtime/error.h"
 #include "runtime/job_devices.h"
@@ -93,6 +96,10 @@ std::string human(double v) {
   return buf;
 }
 
+// The stop request of the wall-time limit, above every signal number (the ranks agree on the
+// largest request).
+constexpr int64_t kStopWallTime = 1000;
+
 // JSON has no inf or NaN: a non-finite figure is logged as null.
 json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
@@ -120,6 +127,9 @@ struct Trainer::Run {
   std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
   std::unique_ptr<LossScaler> scaler;
   std::optional<LRSchedule> schedule;
+  std::unique_ptr<SaveDirLock> save_lock;      // rank 0, with --save-dir: one job per save directory
+  std::unique_ptr<StopRequests> stop;          // the signals that stop the run cleanly
+  std::vector<ConfigChange> config_changes;    // a resumed run's settings that differ from its checkpoint's
   std::unique_ptr<WholeModel> state;           // the whole model tensor by tensor, for checkpoints
   std::unique_ptr<Checkpointer> checkpointer;  // every rank, with --save-dir (rank 0 writes)
   std::string resume_notice;                   // a repair of the save directory at resume, or ""
@@ -128,6 +138,7 @@ struct Trainer::Run {
   TrainProgress progress;     // steps done, updates applied, data position, scaler state
   std::string resumed_from;   // checkpoint directory, or empty
   std::optional<double> peak;
+  Clock::time_point started = Clock::now();  // the run's start, for --max-wall-time
   HostThreads threads;                  // this rank's share of its node's cores
   std::unique_ptr<PhaseTimer> timer;    // forward / backward / comm / optimizer split of a step
   std::unique_ptr<BatchPrefetcher> prefetch;  // the next step's micro-batches, made meanwhile
@@ -190,6 +201,12 @@ void Trainer::setup() {
     // a host group of their own (MPI, no device; its traffic is not the steps' comm_bytes).
     r.host_world = make_mpi_communicator(MPI_COMM_WORLD, "host", r.watchdog);
   }
+  // One job per save directory, and one that can be written (runtime/save_dir_lock.h): rank 0
+  // takes the lock now, not at the first save, and its verdict ends every rank alike.
+  if (!cfg_.save_dir.empty()) {
+    decide_on_rank0(r.host_world.get(), [&] { r.save_lock = std::make_unique<SaveDirLock>(cfg_.save_dir); });
+  }
+  r.stop = std::make_unique<StopRequests>(cfg_.stop_signals);  // runtime/stop_requests.h
   // The job's distinct devices and the energy summed over them, over a communicator of their
   // own: the mesh's (host_world too, under the MPI backend) are counted in comm_bytes.
   std::shared_ptr<Communicator> metrics_world;
@@ -269,6 +286,18 @@ void Trainer::setup() {
     resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.state, r.host_world.get());
   }
   if (resumed) {
+    // The resumed run must be the uninterrupted one continued: settings that would change what it
+    // trains on, or how, are refused unless asked for (every rank holds the checkpoint's record).
+    const json& saved = resumed->run;
+    r.config_changes = config_changes(saved.value("config", json::object()), saved.value("dp", r.shape.dp), cfg_, r.shape.dp);
+    std::string breaking;
+    for (const auto& c : r.config_changes) {
+      if (c.breaks_replay) breaking += (breaking.empty() ? "" : ", ") + c.key + " " + c.saved.dump() + " -> " + c.now.dump();
+    }
+    if (!breaking.empty() && !cfg_.allow_config_change) {
+      throw ConfigError("resuming " + resumed->dir + " with settings it was not saved with: " + breaking +
+                        "; resume with its settings (its trainer_state.json lists them), or give --allow-config-change");
+    }
     r.resumed_from = resumed->dir;
     r.resume_notice = resumed->notice;
     r.load_io = resumed->io;
@@ -298,6 +327,11 @@ ModelStateBytes model_state_bytes(const Run& r) {
   const int64_t psi = r.model->num_params();  // this rank's (its tp slices, its stage)
   state.device = {4 * psi, 4 * psi, 8 * psi};
   return state;
+}
+json changes_json(const std::vector<ConfigChange>& changes) {
+  json out = json::array();
+  for (const auto& c : changes) out.push_back({{"key", c.key}, {"saved", c.saved}, {"now", c.now}, {"breaks_replay", c.breaks_replay}});
+  return out;
 }
 json model_state_json(const ModelStateBytes& b) {
   auto place = [](const ModelStateBytes::Place& p) {
@@ -332,12 +366,14 @@ void Trainer::log_config() {
                {"peak_tflops", r.peak ? json(*r.peak) : json(nullptr)},
                {"compute_dtype", c10::toString(compute_dtype(r.precision))},
                {"resumed_from", r.resumed_from.empty() ? json(nullptr) : json(r.resumed_from)},
+               {"config_changes", changes_json(r.config_changes)},
                {"start_step", r.progress.step},
                {"data", {{"tokens", r.train_data->num_tokens()}, {"samples", r.train_data->num_samples()},
                          {"source", cfg_.data.empty() ? json("synthetic") : json(cfg_.data)}}},
                {"versions", versions()}});
   if (r.load_io) {
-    json rec{{"type", "checkpoint_load"}, {"dir", r.resumed_from}, {"step", r.progress.step}};
+    // Marks where the resumed stretch begins: steps after it repeat any the log already has.
+    json rec{{"type", "resume"}, {"dir", r.resumed_from}, {"step", r.progress.step}};
     rec.update(r.load_io->to_json());
     if (!r.resume_notice.empty()) rec["notice"] = r.resume_notice;
     r.log.write(rec);
@@ -348,6 +384,28 @@ void Trainer::log_config() {
               r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp, r.devices->count(),
               static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
   if (!r.resume_notice.empty()) std::printf("kiln: %s\n", r.resume_notice.c_str());
+  if (r.save_lock && !r.save_lock->notice().empty()) std::printf("kiln: %s\n", r.save_lock->notice().c_str());
+  if (!r.log.moved_to().empty()) {
+    std::printf("kiln: %s held an earlier run's log: moved aside to %s\n", cfg_.log_json.c_str(), r.log.moved_to().c_str());
+  }
+  for (const auto& c : r.config_changes) {
+    std::printf("kiln: %s: %s -> %s%s\n", c.key.c_str(), c.saved.dump().c_str(), c.now.dump().c_str(),
+                c.breaks_replay ? " (--allow-config-change: the run no longer replays the one it resumes)" : "");
+  }
+  // Settings that would silently do nothing.
+  if (cfg_.eval_every > 0 && cfg_.val_data.empty()) {
+    std::printf("kiln: warning: --eval-every %lld does nothing without --val-data\n", static_cast<long long>(cfg_.eval_every));
+  }
+  if (cfg_.save_every > 0 && cfg_.save_dir.empty()) {
+    std::printf("kiln: warning: --save-every %lld does nothing without --save-dir\n", static_cast<long long>(cfg_.save_every));
+  }
+  if (cfg_.warmup > cfg_.steps) {
+    std::printf("kiln: warning: --warmup %lld is longer than --steps %lld: the learning rate never reaches --lr\n",
+                static_cast<long long>(cfg_.warmup), static_cast<long long>(cfg_.steps));
+  }
+  if (cfg_.max_wall_time > 0 && cfg_.save_dir.empty()) {
+    std::printf("kiln: warning: --max-wall-time stops the run, but without --save-dir nothing is saved to resume from\n");
+  }
   if (!r.resumed_from.empty()) {
     const CheckpointIo& io = *r.load_io;
     std::printf("kiln: resumed from %s at step %lld (%.3f GB in %.2f s, %.2f GB/s; rank 0's peak extra host memory %.3f GB)\n",
@@ -567,6 +625,9 @@ json Trainer::run() {
   const double devices = static_cast<double>(r.devices->count());
   std::vector<double> losses;
   std::string last_saved;
+  std::string stop_reason;  // why the run stopped early, or ""
+  int64_t stopped_at = 0;   // the step it stopped after
+  double longest_step_s = 0.0, last_save_s = 0.0;  // --max-wall-time's estimate of what comes next
   const int64_t first_step = r.progress.step;
   if (rank0 && first_step >= cfg_.steps && cfg_.steps > 0) {
     std::printf("kiln: the checkpoint is at step %lld, --steps is %lld: nothing left to train\n",
@@ -640,9 +701,25 @@ json Trainer::run() {
       std::printf("\n");
       std::fflush(stdout);
     }
+    // A request to stop (runtime/stop_requests.h): a signal to any rank, or the wall-time limit
+    // ahead; every rank takes the same decision after the same step.
+    longest_step_s = std::max(longest_step_s, step_s);
+    int64_t request = r.stop->requested();
+    if (cfg_.max_wall_time > 0) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - r.started).count();
+      const double next = longest_step_s + (cfg_.save_dir.empty() ? 0.0 : last_save_s);
+      if (elapsed + next > cfg_.max_wall_time) request = std::max<int64_t>(request, kStopWallTime);
+    }
+    if (r.host_world && proc_.world_size > 1) {
+      at::Tensor agreed = at::full({1}, request, at::kLong);
+      r.host_world->all_reduce(agreed, ReduceOp::Max)->wait();
+      request = agreed.item<int64_t>();
+    }
+    const bool stopping = request != 0 && step + 1 < end_step;
+    if (stopping) stop_reason = request == kStopWallTime ? "--max-wall-time" : StopRequests::name(static_cast<int>(request));
     const bool eval_now = r.val_loader && ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || step + 1 == cfg_.steps);
-    const bool save_now = !cfg_.save_dir.empty() &&
-                          ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) || step + 1 == end_step);
+    const bool save_now = !cfg_.save_dir.empty() && ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) ||
+                                                     step + 1 == end_step || stopping);
     if (eval_now || save_now) {
       synchronize(device);  // the update of this step, before its weights are read
       r.chain_broken = true;
@@ -656,9 +733,11 @@ json Trainer::run() {
       // so that no rank enters the next step's collectives while rank 0 is still writing.
       Watchdog::Window window(r.watchdog.get(), cfg_.save_timeout, "--save-timeout: rank 0 writes the checkpoint meanwhile");
       CheckpointIo io;
+      const auto save_start = Clock::now();
       const std::string dir = r.checkpointer->save(
           *r.state, r.progress, {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}}, &io);
       if (r.host_world) r.host_world->barrier();
+      last_save_s = std::chrono::duration<double>(Clock::now() - save_start).count();
       if (rank0) {
         last_saved = dir;
         json rec{{"type", "checkpoint"}, {"step", step + 1}, {"dir", last_saved}};
@@ -669,6 +748,10 @@ json Trainer::run() {
                     io.peak_extra_bytes / 1e9);
         std::fflush(stdout);
       }
+    }
+    if (stopping) {
+      stopped_at = step + 1;
+      break;
     }
   }
 
@@ -736,6 +819,17 @@ json Trainer::run() {
                {"checkpoint", last_saved.empty() ? json(nullptr) : json(last_saved)},
                {"wall_s", std::chrono::duration<double>(Clock::now() - run_start).count()}};
   if (r.pipe) summary["pipeline_stages"] = stages;
+  summary["stopped"] = stop_reason.empty() ? json(nullptr) : json(stop_reason);
+  if (rank0 && !stop_reason.empty()) {
+    if (last_saved.empty()) {
+      std::printf("kiln: interrupted at step %lld (%s); nothing saved (no --save-dir)\n", static_cast<long long>(stopped_at),
+                  stop_reason.c_str());
+    } else {
+      std::printf("kiln: interrupted at step %lld (%s), saved %s\n", static_cast<long long>(stopped_at), stop_reason.c_str(),
+                  last_saved.c_str());
+    }
+    std::fflush(stdout);
+  }
   r.log.write(summary);
   return summary;
 }

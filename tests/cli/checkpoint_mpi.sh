@@ -68,7 +68,7 @@ recs = load("slow")
 b = {r["step"]: r for r in recs if r["type"] == "step"}
 assert sorted(b) == list(range(11, 21)), sorted(b)
 assert all(b[s]["loss"] == a[s]["loss"] for s in b)
-ld = [r for r in recs if r["type"] == "checkpoint_load"]
+ld = [r for r in recs if r["type"] == "resume"]
 assert len(ld) == 1 and ld[0]["bytes"] > 0 and ld[0]["step"] == 10, ld
 saves = [r for r in recs if r["type"] == "checkpoint"]
 assert saves and all(r["bytes"] > 0 and r["seconds"] > 0 and "peak_extra_host_gb" in r for r in saves), saves

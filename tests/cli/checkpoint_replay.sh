@@ -37,7 +37,7 @@ for name in sys.argv[2:]:
         for key in ("loss", "grad_norm", "lr"):
             assert sb[s][key] == sa[s][key], (name, s, key, sa[s][key], sb[s][key])
     assert (a[-1]["param_sum"], a[-1]["param_sq"]) == (b[-1]["param_sum"], b[-1]["param_sq"]), name
-    ld = [r for r in b if r["type"] == "checkpoint_load"]
+    ld = [r for r in b if r["type"] == "resume"]
     assert len(ld) == 1 and ld[0]["step"] == 10, (name, ld)
     print(f"{name}: steps 11-20 and the final weights bit-identical after a save and a resume")
 PY

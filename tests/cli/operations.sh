@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# tests/cli/operations.sh -- operating a long job, in one process (label cli; docs/operations.md):
+#   SIGTERM at step N: the step finishes, a checkpoint of step N is saved, the summary says why,
+#     "interrupted at step N, saved ..." and exit 75; the resume replays the uninterrupted run bit
+#     for bit (steps N+1..40 and the final weights), its log marked by a "resume" record. A second
+#     SIGINT ends the process at once (130). --max-wall-time stops and saves before the limit.
+#   One job per save directory: a second job on the same --save-dir is refused (exit 2, naming the
+#     holder) while the first runs, and the first's checkpoints are intact; a lock left by a job that
+#     did not end cleanly is taken over with a notice; an unwritable --save-dir fails at start-up.
+#   A fresh run never truncates an earlier log: it is moved aside, and said so.
+#   Resume guards: a changed seed, learning rate or global batch is refused with one line listing
+#     each change, unless --allow-config-change (then listed in the config record); more steps are
+#     fine and logged.
+#   Settings that do nothing get a warning: --eval-every without --val-data, --save-every without
+#     --save-dir, --warmup longer than --steps.
+source "$(dirname "$0")/common.sh"
+T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100)
+
+# wait_steps LOG N: until LOG holds N step records (at most 60 s).
+wait_steps() {
+  for _ in $(seq 1 600); do
+    local c; c=$(grep -c '"type":"step"' "$1" 2>/dev/null || true)
+    [ "${c:-0}" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  fail "no $2 steps in $1"
+}
+
+# ---- SIGTERM at step N, then resume by replay
+"$KILN_BIN" "${T[@]}" --steps 40 --log-json "$work/straight.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --steps 40 --save-dir "$work/sig" --log-json "$work/sig.jsonl" >"$work/sig.out" 2>&1 &
+pid=$!
+wait_steps "$work/sig.jsonl" 5
+kill -TERM "$pid"
+code=0; wait "$pid" || code=$?
+[ "$code" -eq 75 ] || { cat "$work/sig.out"; fail "SIGTERM: exit $code (want 75)"; }
+n=$(grep '"type":"step"' "$work/sig.jsonl" | tail -n 1 | python3 -c 'import json, sys; print(json.loads(sys.stdin.read())["step"])')
+grep -q "^kiln: interrupted at step $n (SIGTERM), saved $work/sig/step_$(printf %08d "$n")$" "$work/sig.out" ||
+  { cat "$work/sig.out"; fail "no 'interrupted at step $n' line"; }
+[ "$(cat "$work/sig/latest")" = "step_$(printf %08d "$n")" ] || fail "latest is not step $n"
+"$KILN_BIN" "${T[@]}" --steps 40 --save-dir "$work/sig" --log-json "$work/sig.jsonl" >/dev/null
+python3 - "$work" "$n" <<'PY'
+import json, sys
+d, n = sys.argv[1], int(sys.argv[2])
+straight = [json.loads(l) for l in open(f"{d}/straight.jsonl")]
+log = [json.loads(l) for l in open(f"{d}/sig.jsonl")]
+summaries = [r for r in log if r["type"] == "summary"]
+assert summaries[0]["stopped"] == "SIGTERM" and summaries[-1]["stopped"] is None, summaries
+resume = [i for i, r in enumerate(log) if r["type"] == "resume"]
+assert len(resume) == 1 and log[resume[0]]["step"] == n, resume
+a = {r["step"]: r for r in straight if r["type"] == "step"}
+b = {r["step"]: r for r in log[resume[0]:] if r["type"] == "step"}
+assert sorted(b) == list(range(n + 1, 41)), sorted(b)
+for s in b:
+    assert (b[s]["loss"], b[s]["grad_norm"]) == (a[s]["loss"], a[s]["grad_norm"]), s
+assert (straight[-1]["param_sum"], straight[-1]["param_sq"]) == (log[-1]["param_sum"], log[-1]["param_sq"])
+print(f"SIGTERM after step {n}: saved, exit 75; the resume replayed steps {n + 1}-40 and the weights bit for bit")
+PY
+
+# ---- a second SIGINT ends the process at once (steps of about half a second here)
+"$KILN_BIN" train --device cpu --model tiny --micro-batch 64 --steps 200 --log-json "$work/int.jsonl" >/dev/null 2>&1 &
+pid=$!
+wait_steps "$work/int.jsonl" 1
+kill -INT "$pid"; sleep 0.1; kill -INT "$pid"
+code=0; wait "$pid" || code=$?
+[ "$code" -eq 130 ] || fail "two SIGINTs: exit $code (want 130, killed by the second)"
+echo "a second SIGINT ended the process at once"
+
+# ---- --max-wall-time: stop and save before the limit
+start=$(date +%s)
+code=0; "$KILN_BIN" "${T[@]}" --steps 100000 --max-wall-time 4 --save-dir "$work/wall" >"$work/wall.out" 2>&1 || code=$?
+took=$(( $(date +%s) - start ))
+[ "$code" -eq 75 ] && grep -q "interrupted at step .* (--max-wall-time), saved" "$work/wall.out" ||
+  { cat "$work/wall.out"; fail "--max-wall-time: exit $code"; }
+[ "$took" -le 12 ] || fail "--max-wall-time 4 took $took s"
+echo "--max-wall-time 4: stopped and saved after $took s (start-up included)"
+
+# ---- one job per save directory
+"$KILN_BIN" "${T[@]}" --steps 100000 --save-dir "$work/lk" --save-every 5 --log-json "$work/lk.jsonl" >"$work/lk.out" 2>&1 &
+pid=$!
+wait_steps "$work/lk.jsonl" 6
+code=0; "$KILN_BIN" "${T[@]}" --steps 50 --save-dir "$work/lk" >"$work/out" 2>"$work/err" || code=$?
+[ "$code" -eq 2 ] && [ "$(wc -l <"$work/err")" -eq 1 ] && grep -q "^kiln: error: --save-dir $work/lk is in use by another job (pid $pid on host " "$work/err" ||
+  { cat "$work/err"; fail "a second job on one --save-dir: exit $code"; }
+kill -TERM "$pid"; wait "$pid" || true
+steps=$(ls "$work/lk" | grep -c '^step_')
+[ "$steps" -ge 1 ] && [ -f "$work/lk/$(cat "$work/lk/latest")/trainer_state.json" ] || fail "the first job's checkpoints are not intact"
+echo "second job refused: $(cat "$work/err")"
+echo "pid 4242 on host elsewhere since yesterday: kiln train" >"$work/lk/.kiln.lock"
+"$KILN_BIN" "${T[@]}" --steps 100000 --stop-at-step 1 --save-dir "$work/lk" >"$work/out" 2>&1 ||
+  { cat "$work/out"; fail "a stale lock was not taken over"; }
+grep -q "the lock of $work/lk was left by a job that did not end cleanly (pid 4242 on host elsewhere" "$work/out" ||
+  { cat "$work/out"; fail "no notice of the stale lock"; }
+[ ! -s "$work/lk/.kiln.lock" ] || fail "the lock file still names a holder after a clean end"
+code=0; "$KILN_BIN" "${T[@]}" --steps 5 --save-dir /proc/1 >"$work/out" 2>"$work/err" || code=$?
+[ "$code" -eq 2 ] && grep -q "^kiln: error: --save-dir /proc/1 is not writable" "$work/err" || { cat "$work/err"; fail "unwritable --save-dir: exit $code"; }
+! grep -q "^step" "$work/out" || fail "steps ran before the unwritable --save-dir was found"
+echo "unwritable --save-dir refused at start-up: $(cat "$work/err")"
+
+# ---- a fresh run moves an earlier log aside
+"$KILN_BIN" "${T[@]}" --steps 2 --log-json "$work/log.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --steps 3 --log-json "$work/log.jsonl" >"$work/out"
+grep -q "held an earlier run's log: moved aside to $work/log.jsonl.1" "$work/out" || { cat "$work/out"; fail "no notice of the log moved aside"; }
+[ "$(grep -c '"type":"step"' "$work/log.jsonl.1")" -eq 2 ] && [ "$(grep -c '"type":"step"' "$work/log.jsonl")" -eq 3 ] ||
+  fail "the earlier log was not kept whole"
+echo "an earlier log moved aside to log.jsonl.1"
+
+# ---- resume guards
+"$KILN_BIN" "${T[@]}" --steps 20 --stop-at-step 5 --save-dir "$work/g" >/dev/null
+code=0; "$KILN_BIN" "${T[@]}" --steps 20 --save-dir "$work/g" --seed 7 --lr 2e-3 --micro-batch 2 >"$work/out" 2>"$work/err" || code=$?
+[ "$code" -eq 2 ] && [ "$(wc -l <"$work/err")" -eq 1 ] ||  { cat "$work/err"; fail "changed settings: exit $code"; }
+for want in "lr 0.001 -> 0.002" "seed 1337 -> 7" "global batch 4 -> 2" "--allow-config-change"; do
+  grep -qF -- "$want" "$work/err" || { cat "$work/err"; fail "the refusal does not name '$want'"; }
+done
+echo "refused: $(cat "$work/err")"
+"$KILN_BIN" "${T[@]}" --steps 30 --save-dir "$work/g" --seed 7 --allow-config-change --log-json "$work/g.jsonl" >/dev/null
+python3 - "$work/g.jsonl" <<'PY'
+import json, sys
+c = json.loads(open(sys.argv[1]).readline())["config_changes"]
+got = {x["key"]: (x["saved"], x["now"], x["breaks_replay"]) for x in c}
+assert got == {"seed": (1337, 7, True), "steps": (20, 30, False)}, got
+print("with --allow-config-change:", got)
+PY
+
+# ---- settings that do nothing
+"$KILN_BIN" "${T[@]}" --steps 3 --warmup 5 --eval-every 2 --save-every 2 >"$work/out"
+for want in "warning: --eval-every 2 does nothing without --val-data" "warning: --save-every 2 does nothing without --save-dir" \
+            "warning: --warmup 5 is longer than --steps 3"; do
+  grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "no '$want'"; }
+done
+echo "PASS"
