@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "data/token_file.h"
+#include "data/paths.h"
 #include "runtime/error.h"
 
 namespace kiln {
@@ -61,7 +62,9 @@ PrepResult run_prep(const PrepConfig& cfg) {
   // The whole corpus is held in memory (int32 per byte, so 4x the text size). Fine for the
   // corpora prep is meant for; a streaming writer would be needed for multi-GB inputs.
   std::vector<int32_t> corpus;
-  for (const auto& input : cfg.inputs) {
+  const std::vector<std::string> inputs = expand_paths(cfg.inputs, "--input");  // quoted globs too
+  if (inputs.empty()) throw ConfigError("prep: no input files");
+  for (const auto& input : inputs) {
     const std::vector<int32_t> doc = tokenize_bytes(read_file(input));
     corpus.insert(corpus.end(), doc.begin(), doc.end());
   }
@@ -88,6 +91,7 @@ PrepResult run_prep(const PrepConfig& cfg) {
 
   PrepResult result;
   result.total_tokens = total;
+  result.input_files = static_cast<int64_t>(inputs.size());
   auto write = [&](const std::string& path, int64_t begin, int64_t end) {
     write_token_shard(path, std::vector<int32_t>(corpus.begin() + begin, corpus.begin() + end));
     result.files.push_back(path);

@@ -25,6 +25,7 @@ struct PrepConfig {
 
 struct PrepResult {
   int64_t total_tokens = 0;
+  int64_t input_files = 0;         // text files read (after expanding globs)
   std::vector<std::string> files;  // every shard written, val first
 };
 

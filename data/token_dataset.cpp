@@ -1,42 +1,15 @@
 // data/token_dataset.cpp -- TokenDataset: token sources cut into seq_len + 1 token samples.
 #include "data/token_dataset.h"
 
-#include <glob.h>
-
 #include <algorithm>
 #include <stdexcept>
 
+#include "data/paths.h"
 #include "runtime/error.h"
 
 namespace kiln {
 
 namespace {
-
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> pieces;
-  size_t start = 0;
-  while (true) {
-    const size_t comma = s.find(',', start);
-    pieces.push_back(s.substr(start, comma == std::string::npos ? std::string::npos
-                                                                 : comma - start));
-    if (comma == std::string::npos) return pieces;
-    start = comma + 1;
-  }
-}
-
-// Sorted here rather than relying on glob's own collation, which follows the locale.
-std::vector<std::string> expand_glob(const std::string& pattern) {
-  glob_t g{};
-  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
-  std::vector<std::string> paths;
-  if (rc == 0) paths.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
-  ::globfree(&g);
-  if (rc == GLOB_NOMATCH) throw DataError("--data: no file matches '" + pattern + "'");
-  if (rc != 0)
-    throw DataError("--data: cannot expand '" + pattern + "' (read error or out of memory)");
-  std::sort(paths.begin(), paths.end());
-  return paths;
-}
 
 // Source names for a message, shortened when a glob matched many files.
 std::string describe(const std::vector<std::shared_ptr<const TokenSource>>& sources) {
@@ -73,13 +46,7 @@ TokenDataset::TokenDataset(std::vector<std::shared_ptr<const TokenSource>> sourc
 TokenDataset TokenDataset::from_paths(const std::vector<std::string>& patterns,
                                       TokenFormat format, int64_t seq_len, int64_t vocab_size) {
   std::vector<std::shared_ptr<const TokenSource>> sources;
-  for (const auto& pattern : patterns) {
-    for (const auto& piece : split_commas(pattern)) {
-      if (piece.empty()) continue;  // tolerate "a,b," and ",," from shell-built lists
-      for (const auto& path : expand_glob(piece))
-        sources.push_back(std::make_shared<const TokenFile>(path, format));
-    }
-  }
+  for (const auto& path : expand_paths(patterns, "--data")) sources.push_back(std::make_shared<const TokenFile>(path, format));
   if (sources.empty()) throw DataError("--data: no data file given");
   return TokenDataset(std::move(sources), seq_len, vocab_size);
 }

@@ -8,6 +8,7 @@
 #include <cxxopts.hpp>
 
 #include "runtime/error.h"
+#include "runtime/suggest.h"
 
 namespace kiln {
 
@@ -194,7 +195,13 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& opts, const std::vector<st
   try {
     auto result = opts.parse(static_cast<int>(argv.size()), argv.data());
     for (const auto& u : result.unmatched()) {
-      if (u.rfind("-", 0) == 0) throw ConfigError("unknown flag '" + u + "' (see kiln " + command + " --help)");
+      if (u.rfind("-", 0) == 0) {
+        std::vector<std::string> names;
+        for (const auto& o : opts.group_help("").options)
+          for (const auto& n : o.l) names.push_back("--" + n);
+        const std::string flag = u.substr(0, u.find('='));
+        throw ConfigError("unknown flag '" + u + "'" + did_you_mean(flag, names) + " (see kiln " + command + " --help)");
+      }
       throw ConfigError("kiln " + command + ": unexpected argument '" + u + "' (lists are comma-separated; quote globs)");
     }
     return result;
@@ -209,9 +216,24 @@ TrainArgs parse_train_args(const std::vector<std::string>& args) {
   cxxopts::Options opts("kiln train", "Train a GPT model.");
   opts.add_options()("h,help", "show this help")("config", "JSON file of settings (keys = flag names)",
                                                  cxxopts::value<std::string>());
+  // Each flag's help ends with its default (a default TrainConfig with the tiny preset), unless
+  // it has none to show or says it itself.
+  const json defaults = TrainConfig().to_json();
   for (const auto& f : train_flags()) {
-    if (f.kind == Kind::Bool) opts.add_options()(f.name, f.help, cxxopts::value<std::string>()->implicit_value("true"));
-    else opts.add_options()(f.name, f.help, cxxopts::value<std::string>());
+    std::string help = f.help;
+    std::string key = f.name;
+    for (auto& ch : key)
+      if (ch == '-') ch = '_';
+    if (help.find("default") == std::string::npos && defaults.contains(key)) {
+      const json& d = defaults.at(key);
+      std::string text;
+      if (d.is_string()) text = d.get<std::string>();
+      else if (d.is_array()) for (const auto& e : d) text += (text.empty() ? "" : ",") + e.get<std::string>();
+      else text = d.dump();
+      if (!text.empty()) help += " (default: " + text + ")";
+    }
+    if (f.kind == Kind::Bool) opts.add_options()(f.name, help, cxxopts::value<std::string>()->implicit_value("true"));
+    else opts.add_options()(f.name, help, cxxopts::value<std::string>());
   }
   auto result = parse_or_throw(opts, args, "train");
 

@@ -26,6 +26,7 @@
 #include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/stop_requests.h"
+#include "runtime/suggest.h"
 #include "runtime/trainer.h"
 
 namespace {
@@ -77,8 +78,8 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
       return 0;
     }
     auto result = kiln::run_prep(args.config);
-    std::printf("kiln prep: %lld tokens in %zu files\n", static_cast<long long>(result.total_tokens),
-                result.files.size());
+    std::printf("kiln prep: %lld tokens from %lld input file(s) into %zu shard(s)\n", static_cast<long long>(result.total_tokens),
+                static_cast<long long>(result.input_files), result.files.size());
     for (const auto& f : result.files) std::printf("  %s\n", f.c_str());
     return 0;
   }
@@ -90,7 +91,8 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
     }
     return kiln::run_plan(args);
   }
-  throw kiln::ConfigError("unknown command '" + cmd + "' (commands: train, prep, bench, plan, version)");
+  throw kiln::ConfigError("unknown command '" + cmd + "'" + kiln::did_you_mean(cmd, {"train", "prep", "bench", "plan", "version"}) +
+                          " (commands: train, prep, bench, plan, version)");
 }
 
 // Reports a failure: one line on stderr, then the exit code. In a multi-rank job a configuration

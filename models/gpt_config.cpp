@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/suggest.h"
 
 namespace kiln {
 
@@ -37,7 +38,7 @@ GPTConfig GPTConfig::preset(const std::string& name) {
   }
   std::string names;
   for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
-  throw ConfigError("unknown model '" + name + "' (presets: " + names + ")");
+  throw ConfigError("unknown model '" + name + "'" + did_you_mean(name, preset_names()) + " (presets: " + names + ")");
 }
 
 void GPTConfig::validate() const {

@@ -184,6 +184,24 @@ struct OpenCheckpoint {
   int64_t bytes = 0;
 };
 
+// "; older checkpoints beside it: step_A, step_B (--resume DIR/step_B)" for the complete
+// checkpoints of dir's save directory before dir's step, or "".
+std::string older_checkpoints(const std::string& dir) {
+  const fs::path p(dir);
+  const std::string parent = p.parent_path().string().empty() ? "." : p.parent_path().string();
+  const std::string name = p.filename().string();
+  if (name.size() != 13 || name.rfind("step_", 0) != 0) return "";
+  const int64_t mine = std::stoll(name.substr(5));
+  std::string list, newest;
+  for (int64_t step : saved_steps(parent)) {
+    if (step >= mine) continue;
+    list += (list.empty() ? "" : ", ") + step_name(step);
+    newest = parent + "/" + step_name(step);
+  }
+  if (list.empty()) return "; no older checkpoint beside it";
+  return "; older checkpoints beside it: " + list + " (--resume " + newest + ")";
+}
+
 OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, const GPTConfig& cfg) {
   const std::string where = "checkpoint " + dir;
   const std::string state_path = dir + "/trainer_state.json";
@@ -215,7 +233,7 @@ OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, 
     const uint32_t got = crc32_file(path);
     if (got != crc.get<uint32_t>()) {
       throw DataError(where + ": " + file + " is corrupt (CRC-32 " + std::to_string(got) + ", recorded " +
-                      std::to_string(crc.get<uint32_t>()) + ")");
+                      std::to_string(crc.get<uint32_t>()) + ")" + older_checkpoints(dir));
     }
     c.bytes += static_cast<int64_t>(fs::file_size(path));
   }

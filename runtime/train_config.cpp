@@ -15,6 +15,9 @@ void one_of(const char* flag, const std::string& v, const std::set<std::string>&
   for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
   throw ConfigError(std::string("--") + flag + " must be one of " + list + " (got '" + v + "')");
 }
+void at_least(const char* flag, int64_t v, int64_t lo) {
+  if (v < lo) throw ConfigError(std::string("--") + flag + " must be at least " + std::to_string(lo) + " (got " + std::to_string(v) + ")");
+}
 void at_least(const char* flag, double v, double lo) {
   if (!(v >= lo)) {
     throw ConfigError(std::string("--") + flag + " must be at least " + nlohmann::json(lo).dump() +
@@ -26,18 +29,18 @@ void at_least(const char* flag, double v, double lo) {
 void TrainConfig::validate() const {
   gpt.validate();
   one_of("data-format", data_format, {"auto", "shard", "raw"});
-  at_least("micro-batch", static_cast<double>(micro_batch), 1);
-  at_least("grad-accum", static_cast<double>(grad_accum), 1);
-  at_least("steps", static_cast<double>(steps), 0);
-  at_least("eval-every", static_cast<double>(eval_every), 0);
-  at_least("eval-batches", static_cast<double>(eval_batches), 1);
-  at_least("loss-chunk-rows", static_cast<double>(loss_chunk_rows), -1);
-  at_least("synthetic-tokens", static_cast<double>(synthetic_tokens), static_cast<double>(gpt.seq_len + 1));
+  at_least("micro-batch", micro_batch, int64_t{1});
+  at_least("grad-accum", grad_accum, int64_t{1});
+  at_least("steps", steps, int64_t{0});
+  at_least("eval-every", eval_every, int64_t{0});
+  at_least("eval-batches", eval_batches, int64_t{1});
+  at_least("loss-chunk-rows", loss_chunk_rows, int64_t{-1});
+  at_least("synthetic-tokens", synthetic_tokens, gpt.seq_len + 1);
   at_least("lr", lr, 0);
-  at_least("warmup", static_cast<double>(warmup), 0);
+  at_least("warmup", warmup, int64_t{0});
   at_least("weight-decay", weight_decay, 0);
   at_least("grad-clip", grad_clip, 0);
-  at_least("log-every", static_cast<double>(log_every), 1);
+  at_least("log-every", log_every, int64_t{1});
   at_least("peak-tflops", peak_tflops, 0);
   at_least("device-memory-cap-gb", device_memory_cap_gb, 0);
   if (!(beta1 >= 0 && beta1 < 1)) throw ConfigError("--beta1 must be in [0, 1)");
@@ -51,8 +54,8 @@ void TrainConfig::validate() const {
   one_of("offload", offload, {"none", "optimizer", "all"});
   one_of("precision", precision, {"fp32", "bf16", "fp16"});
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
-  at_least("tp", static_cast<double>(tp), 1);
-  at_least("pp", static_cast<double>(pp), 1);
+  at_least("tp", tp, int64_t{1});
+  at_least("pp", pp, int64_t{1});
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
 
   pipeline_block_counts(gpt.n_layer, pp, pp_split);  // pp above the blocks, or a bad --pp-split
@@ -69,14 +72,14 @@ void TrainConfig::validate() const {
                       std::to_string(zero) + ")");
   }
   one_of("on-nonfinite", on_nonfinite, {"stop", "skip"});
-  at_least("save-every", static_cast<double>(save_every), 0);
-  at_least("keep-last", static_cast<double>(keep_last), 0);
-  at_least("stop-at-step", static_cast<double>(stop_at_step), 0);
+  at_least("save-every", save_every, int64_t{0});
+  at_least("keep-last", keep_last, int64_t{0});
+  at_least("stop-at-step", stop_at_step, int64_t{0});
   if (resume.empty()) throw ConfigError("--resume must be auto, none, or a checkpoint path");
   if (precision == "fp16") {
     at_least("loss-scale", loss_scale, 0);
-    at_least("loss-scale-window", static_cast<double>(loss_scale_window), 1);
-    at_least("hysteresis", static_cast<double>(hysteresis), 1);
+    at_least("loss-scale-window", loss_scale_window, int64_t{1});
+    at_least("hysteresis", hysteresis, int64_t{1});
     if (!(min_loss_scale > 0)) throw ConfigError("--min-loss-scale must be positive");
     if (initial_scale_power < 0 || initial_scale_power > 120) {
       throw ConfigError("--initial-scale-power must be in [0, 120] (got " + std::to_string(initial_scale_power) + ")");

@@ -173,6 +173,12 @@ Trainer::~Trainer() = default;
 void Trainer::setup() {
   run_ = std::make_unique<Run>();
   Run& r = *run_;
+  if (!proc_.mpi && cfg_.tp * cfg_.pp > 1) {
+    const int64_t n = cfg_.tp * cfg_.pp;
+    throw ConfigError("--tp " + std::to_string(cfg_.tp) + " x --pp " + std::to_string(cfg_.pp) + " needs " + std::to_string(n) +
+                      " ranks: launch with mpirun -np " + std::to_string(n) + " (or a multiple of " + std::to_string(n) +
+                      " for data parallelism as well)");
+  }
   r.shape = MeshShape::resolve(proc_.world_size, static_cast<int>(cfg_.tp), static_cast<int>(cfg_.pp));
   r.dev = select_device(cfg_.device, proc_.local_rank);
   r.precision = parse_precision(cfg_.precision);

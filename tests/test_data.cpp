@@ -413,7 +413,7 @@ TEST_F(DataTest, PrepRejectsBadSettings) {
                     {"no training tokens"});
   expect_data_error(
       [&] { run_prep(PrepConfig{{path("one.txt"), path("missing.txt")}, path("out"), 10, 0}); },
-      {path("missing.txt") + ": cannot open"});
+      {"--input: no file matches '" + path("missing.txt") + "'"});  // inputs are expanded like --data's
 }
 
 }  // namespace

@@ -35,8 +35,15 @@ expect_fail() {  # expect_fail REGEX ARGS...
 
 T=(train --device cpu --steps 2)
 expect_fail "unknown flag '--no-such-flag'" "${T[@]}" --no-such-flag 3
-expect_fail "unknown command 'trian'" trian
 expect_fail "unknown model 'gpt-9'" "${T[@]}" --model gpt-9
+expect_fail "unknown flag '--micro-batc' \(did you mean '--micro-batch'\?\)" "${T[@]}" --micro-batc 2
+expect_fail "unknown model 'gpt2-124' \(did you mean 'gpt2-124m'\?\)" "${T[@]}" --model gpt2-124
+expect_fail "unknown command 'trian' \(did you mean 'train'\?\)" trian
+expect_fail "--micro-batch must be at least 1 \(got 0\)" "${T[@]}" --micro-batch 0
+expect_fail "--tp 2 x --pp 1 needs 2 ranks: launch with mpirun -np 2" "${T[@]}" --tp 2
+expect_fail "--input: no file matches '$work/nothing\*.txt'" prep --input "$work/nothing*.txt" --out "$work/p"
+mkdir -p "$work/shards"
+expect_fail "--data $work/shards is a directory; pass the files in it, e.g. --data '$work/shards/train_\*.bin'" "${T[@]}" --data "$work/shards"
 expect_fail "no file matches '$work/missing.bin'" "${T[@]}" --data "$work/missing.bin"
 expect_fail "badmagic.bin: bad magic 12345" "${T[@]}" --data "$work/badmagic.bin"
 expect_fail "badversion.bin: .*version 7" "${T[@]}" --data "$work/badversion.bin"

@@ -8,7 +8,8 @@
 #   A process killed in the middle of a save (SIGKILL, test hook) leaves the previous
 #     checkpoint intact: `latest` still names it, it loads, and the resumed run replays exactly.
 #   Refused with one line and kiln's exit code: --resume none over existing checkpoints, another
-#     model shape, a corrupt file, a missing tensor, a path with no checkpoint.
+#     model shape, a corrupt file (naming the older checkpoints beside it), a missing tensor, a path
+#     with no checkpoint.
 source "$(dirname "$0")/common.sh"
 
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100)
@@ -115,6 +116,15 @@ b = bytearray(open(p, "rb").read()); b[-100] ^= 0x40
 open(p, "wb").write(b)
 PY
 expect_fail 3 "model.safetensors is corrupt" "${T[@]}" --steps 22 --resume "$work/bad"
+# A corrupt checkpoint among others: the error names the older ones to resume from.
+python3 - "$work/keep/step_00000010/optimizer.safetensors" <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read()); b[-7] ^= 0x01
+open(p, "wb").write(b)
+PY
+expect_fail 3 "optimizer.safetensors is corrupt .*; older checkpoints beside it: step_00000008 \(--resume $work/keep/step_00000008\)" \
+  "${T[@]}" --steps 12 --save-every 2 --keep-last 2 --save-dir "$work/keep"
 # A file that is well-formed and correctly checksummed but lacks a tensor.
 cp -r "$work/ck/step_00000020" "$work/short"
 python3 - "$work/short" <<'PY'

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# tests/cli/prep_e2e.sh -- text -> shards with `kiln prep`, then training on them with
-# evaluation; and a raw uint16 token file (nanoGPT's train.bin) through --data-format raw.
+# tests/cli/prep_e2e.sh -- text -> shards with `kiln prep` (inputs as a quoted glob), then
+# training on them with evaluation; and a raw uint16 token file (nanoGPT's train.bin) through
+# --data-format raw.
 source "$(dirname "$0")/common.sh"
 
 python3 - "$work" <<'PY'
@@ -10,7 +11,10 @@ for k in range(2):
     with open(f"{d}/doc{k}.txt", "w") as f:
         f.write(("the quick brown fox jumps over the lazy dog. " * 400) + f"document {k}\n")
 PY
-"$KILN_BIN" prep --input "$work/doc0.txt,$work/doc1.txt" --out "$work/shards" --shard-tokens 20000 --val-tokens 4000
+"$KILN_BIN" prep --input "$work/doc*.txt" --out "$work/shards" --shard-tokens 20000 --val-tokens 4000 >"$work/prep.out"
+cat "$work/prep.out"
+# A quoted glob, as the help says: both documents, counted as input files.
+grep -q "^kiln prep: .* tokens from 2 input file(s) into .* shard(s)$" "$work/prep.out" || fail "the glob did not name 2 input files"
 ls "$work/shards"
 [ -f "$work/shards/val_000000.bin" ] || fail "no validation shard"
 [ -f "$work/shards/train_000001.bin" ] || fail "expected at least two train shards"
