@@ -60,15 +60,39 @@ json state_json(const StateBytes& s) {
   return {{"params", s.params}, {"grads", s.grads}, {"optimizer", s.optimizer}, {"total", s.total()}};
 }
 
-// The command that runs the layout (dp follows from the world: dp = ranks / (tp x pp)).
-std::string layout_flags(const Layout& l) {
-  std::string out = format("mpirun -np %lld kiln train --tp %lld --pp %lld --zero %d --offload %s --activation-checkpointing %s "
-                           "--micro-batch %lld --grad-accum %lld",
-                           static_cast<long long>(l.devices()), static_cast<long long>(l.tp), static_cast<long long>(l.pp), l.zero,
-                           to_string(l.offload).c_str(), to_string(l.recompute).c_str(),
-                           static_cast<long long>(l.micro_batch), static_cast<long long>(l.grad_accum));
-  if (l.zero >= 2 && l.grad_accum > 1) out += " --zero-accum " + to_string(l.zero_accum);
+// The command that runs the planned layout as pasted: the model (its preset's name, or its
+// shape), and every setting that differs from `kiln train`'s defaults (dp follows from the
+// world: dp = ranks / (tp x pp)). 16-bit compute is written --precision bf16 (the plan does not
+// tell bf16 from fp16; both cost 2 bytes).
+std::string train_command(const GPTConfig& m, const Layout& l) {
+  std::string out = format("mpirun -np %lld kiln train", static_cast<long long>(l.devices()));
+  std::string preset;
+  for (const auto& name : GPTConfig::preset_names()) {
+    const GPTConfig p = GPTConfig::preset(name);
+    if (p.n_layer == m.n_layer && p.n_head == m.n_head && p.n_kv_head == m.n_kv_head && p.d_model == m.d_model &&
+        p.seq_len == m.seq_len && p.vocab_size == m.vocab_size) {
+      preset = name;
+      break;
+    }
+  }
+  if (!preset.empty()) {
+    out += " --model " + preset;
+  } else {
+    out += format(" --n-layer %lld --n-head %lld --n-kv-head %lld --d-model %lld --seq-len %lld --vocab-size %lld",
+                  static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head), static_cast<long long>(m.n_kv_head),
+                  static_cast<long long>(m.d_model), static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
+  }
+  if (m.dropout != (preset.empty() ? 0.0 : GPTConfig::preset(preset).dropout)) out += format(" --dropout %g", m.dropout);
+  if (l.compute_bytes == 2) out += " --precision bf16";
+  if (l.tp != 1) out += format(" --tp %lld", static_cast<long long>(l.tp));
+  if (l.pp != 1) out += format(" --pp %lld", static_cast<long long>(l.pp));
   if (!l.pp_split.empty()) out += " --pp-split " + l.pp_split;
+  if (l.zero != 0) out += format(" --zero %d", l.zero);
+  if (l.offload != Offload::None) out += " --offload " + to_string(l.offload);
+  if (l.zero >= 2 && l.grad_accum > 1 && l.zero_accum != ZeroAccum::Reduce) out += " --zero-accum " + to_string(l.zero_accum);
+  if (l.recompute != Recompute::None) out += " --activation-checkpointing " + to_string(l.recompute);
+  if (l.micro_batch != 8) out += format(" --micro-batch %lld", static_cast<long long>(l.micro_batch));
+  if (l.grad_accum != 1) out += format(" --grad-accum %lld", static_cast<long long>(l.grad_accum));
   return out;
 }
 
@@ -147,7 +171,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
        {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero}, {"offload", to_string(l.offload)},
         {"zero_accum", to_string(l.zero_accum)}, {"activation_checkpointing", to_string(l.recompute)},
         {"pp_split", l.pp_split}, {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
-        {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"command", layout_flags(l)}}},
+        {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"command", train_command(p.model, l)}}},
       {"compute",
        {{"tokens_per_step", p.tokens_per_step}, {"flops_per_token", p.flops_per_token},
         {"recompute_flops_per_token", p.recompute_flops_per_token}, {"forward_s", p.forward_s},
@@ -243,7 +267,7 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
               rate(c.inter_node_busbw).c_str(), rate(c.host_link).c_str());
   o += "layout    " + describe(l) + format("; %s, %s attention, dropout %s\n", l.compute_bytes == 4 ? "fp32" : "bf16/fp16 autocast",
                                              to_string(l.attention).c_str(), l.dropout ? "on" : "off");
-  o += format("          %lld tokens per step: %s\n\n", static_cast<long long>(p.tokens_per_step), layout_flags(l).c_str());
+  o += format("          %lld tokens per step: %s\n\n", static_cast<long long>(p.tokens_per_step), train_command(p.model, l).c_str());
 
   const StagePlan& st = p.stages[p.critical_stage];
   o += format("memory per device (pipeline stage %lld of %lld%s: %lld blocks; Psi %lld, padded %lld)\n",
@@ -332,7 +356,7 @@ std::string search_text(const SearchResult& r, const ClusterSpec& c, int64_t glo
     o += format("    step %s, %.4g tokens/s, MFU %.1f%%, peak %s of %s\n", duration(p.step_s).c_str(), p.tokens_per_s,
                 100 * p.mfu, bytes(p.peak_device_bytes()).c_str(), bytes(c.device_memory).c_str());
     o += "    why: " + b.reason + "\n";
-    o += "    " + layout_flags(p.layout) + "\n";
+    o += "    " + train_command(p.model, p.layout) + "\n";
   }
   return o;
 }

@@ -8,7 +8,8 @@
 # full recomputation, with ZeRO-3) and pipeline-parallel runs (pp 2; pp 3, whose default split
 # 1,2,1 puts the extra block on the middle stage; dp 2 x pp 2 under ZeRO-1; tp 2 x pp 2) are
 # compared in the last blocks. A run's log is rank 0's, so a pipeline run checks stage 0's
-# figures, and every stage's block count.
+# figures, and every stage's block count. Last, the command a plan suggests runs its layout as
+# pasted (model, precision, layout, batch).
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -227,4 +228,27 @@ assert rows("pp2")["comm_bytes"]["measured"] == 2 * A + wte + 24
 assert rows("pp3")["comm_bytes"]["measured"] == 3 * A + wte + 24
 print("pipeline: pp 3's split 1,2,1 and the comm_bytes of pp 2 / pp 3 by hand")
 PY
+
+# ---- the suggested command runs the planned layout as pasted (here on the CPU, 2 steps)
+plan --model tiny --gpu h100 --gpus-per-node 4 --tp 2 --zero 1 --micro-batch 4 --grad-accum 2 --json >"$work/cmd1.json"
+plan --n-layer 3 --d-model 64 --n-head 2 --gpu h100 --gpus-per-node 2 --pp 2 --micro-batch 2 --grad-accum 2 --json >"$work/cmd2.json"
+for k in 1 2; do
+  cmd=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['layout']['command'])" "$work/cmd$k.json")
+  echo "plan: $cmd"
+  read -r -a words <<<"$cmd"
+  [ "${words[0]} ${words[1]} ${words[3]} ${words[4]}" = "mpirun -np kiln train" ] || fail "not a kiln train command: $cmd"
+  mpi "${words[2]}" "$KILN_BIN" "${words[@]:4}" --device cpu --steps 2 --log-json "$work/cmd$k.jsonl" >/dev/null ||
+    fail "the suggested command did not run: $cmd"
+  python3 - "$work/cmd$k.json" "$work/cmd$k.jsonl" <<'PY'
+import json, sys
+plan, run = json.load(open(sys.argv[1])), json.loads(open(sys.argv[2]).readline())
+l, c, w = plan["layout"], run["config"], run["world"]
+assert (w["dp"], w["tp"], w["pp"]) == (l["dp"], l["tp"], l["pp"]), (w, l)
+assert (c["zero"], c["offload"], c["activation_checkpointing"]) == (l["zero"], l["offload"], l["activation_checkpointing"]), c
+assert (c["micro_batch"], c["grad_accum"]) == (l["micro_batch"], l["grad_accum"]), c
+assert run["params"] == plan["model"]["params"], (run["params"], plan["model"]["params"])
+assert run["compute_dtype"] == ("BFloat16" if l["compute_bytes"] == 2 else "Float"), run["compute_dtype"]
+print("  ran: the layout, the model and the precision the plan planned")
+PY
+done
 echo "PASS"
