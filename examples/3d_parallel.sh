@@ -26,19 +26,25 @@
 #
 # Requirements: kiln built at the same path on every node, passwordless ssh between nodes (Open
 # MPI starts remote ranks through ssh), one GPU per rank (the NCCL backend is chosen when every
-# rank has its own GPU). As root add --allow-run-as-root.
+# rank has its own GPU). As root, export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# first: everything after HOSTFILE goes to kiln, not to mpirun.
 #
 #   bash examples/3d_parallel.sh HOSTFILE [extra kiln train flags, e.g. --tp 4 --pp 4]
-# HOSTFILE has one "nodeNN slots=8" line per node; GPUS_PER_NODE overrides the 8.
+# HOSTFILE has one "nodeNN slots=8" line per node; GPUS_PER_NODE overrides the 8. Later flags win,
+# so the extra flags override the ones below (tests/cli/examples.sh runs it this way, tiny, on CPUs).
 set -euo pipefail
 hostfile=${1:?usage: 3d_parallel.sh HOSTFILE [flags]}
 shift
 root=$(cd "$(dirname "$0")/.." && pwd)
 nodes=$(grep -cve '^[[:space:]]*$' -e '^[[:space:]]*#' "$hostfile")
 gpus_per_node=${GPUS_PER_NODE:-8}
-# --bind-to none leaves LibTorch's threads free; -x passes what NCCL and CUDA read.
+# --bind-to none leaves LibTorch's threads free; -x passes what kiln, NCCL and CUDA read (those set).
+pass=()
+for v in PATH LD_LIBRARY_PATH OMP_NUM_THREADS NCCL_DEBUG NCCL_SOCKET_IFNAME NCCL_IB_HCA; do
+  [ -z "${!v:-}" ] || pass+=(-x "$v")
+done
 exec mpirun --hostfile "$hostfile" -np $(( nodes * gpus_per_node )) --map-by "ppr:${gpus_per_node}:node" \
-  --bind-to none -x PATH -x LD_LIBRARY_PATH -x NCCL_DEBUG -x NCCL_SOCKET_IFNAME -x NCCL_IB_HCA \
+  --bind-to none "${pass[@]}" \
   "$root/build/kiln" train --model gpt2-350m --precision bf16 \
   --tp 8 --pp 2 --zero 1 --micro-batch 8 --grad-accum 16 \
   --steps 5000 --lr 3e-4 --warmup 200 --activation-checkpointing selective \
