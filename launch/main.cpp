@@ -116,8 +116,7 @@ int fail(kiln::Environment* env, const std::string& message, int code, bool foun
   const std::string me = "rank " + std::to_string(rank) + ": ";
   std::fprintf(stderr, "kiln: error: %s%s\n", message.rfind(me, 0) == 0 ? "" : me.c_str(), message.c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, code);
-  return code;
+  kiln::abort_job(code);  // MPI_Abort, and this process ends within a grace period whatever it does
 }
 
 }  // namespace

@@ -35,6 +35,19 @@ Environment::Environment(int* argc, char*** argv) {
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info_.rank, MPI_INFO_NULL, &local);
   MPI_Comm_rank(local, &info_.local_rank);
   MPI_Comm_size(local, &info_.local_size);
+  // The nodes: their leaders (local rank 0) in a group of their own, numbered by global rank; each
+  // leader tells its node its index and the count.
+  MPI_Comm leaders;
+  MPI_Comm_split(MPI_COMM_WORLD, info_.local_rank == 0 ? 0 : MPI_UNDEFINED, info_.rank, &leaders);
+  int topo[2] = {0, 1};
+  if (leaders != MPI_COMM_NULL) {
+    MPI_Comm_rank(leaders, &topo[0]);
+    MPI_Comm_size(leaders, &topo[1]);
+    MPI_Comm_free(&leaders);
+  }
+  MPI_Bcast(topo, 2, MPI_INT, 0, local);
+  info_.node = topo[0];
+  info_.nodes = topo[1];
   MPI_Comm_free(&local);
   MPI_Comm_dup(MPI_COMM_WORLD, &errors_);
 }
@@ -46,6 +59,18 @@ Environment::~Environment() {
   if (finalized) return;
   if (errors_ != MPI_COMM_NULL) MPI_Comm_free(&errors_);
   MPI_Finalize();
+}
+
+void abort_job(int code) {
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceSeconds));
+    std::_Exit(code);
+  }).detach();
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
 }
 
 bool Environment::all_ranks_failing(double seconds) {

@@ -3,7 +3,8 @@
 // Under mpirun (Open MPI sets OMPI_COMM_WORLD_SIZE; Slurm's PMIx launch sets PMIX_RANK) MPI is
 // initialised with MPI_THREAD_MULTIPLE (the communicators' progress and the watchdog run on
 // threads of their own), and each process learns its global rank and its local rank among the
-// processes of its node (MPI_Comm_split_type SHARED), which picks its GPU. Without a launcher
+// processes of its node (MPI_Comm_split_type SHARED), which picks its GPU, and the node's index
+// among the job's nodes (the node leaders -- local rank 0 -- numbered by their global rank). Without a launcher
 // MPI is not touched: one process is a world of one, and single-GPU debugging needs no mpirun.
 #pragma once
 
@@ -16,8 +17,16 @@ struct ProcessInfo {
   int world_size = 1;    // processes in the job
   int local_rank = 0;    // rank among the processes on this node
   int local_size = 1;    // processes on this node
+  int node = 0;          // this node's index among the job's nodes (ordered by their lowest rank)
+  int nodes = 1;         // nodes the job spans
   bool mpi = false;      // MPI was initialised (launched by mpirun / srun)
 };
+
+// Ends the whole job with `code`: MPI_Abort when MPI is up, and, whatever MPI_Abort manages, this
+// process ends by itself kAbortGraceSeconds later. Across a network partition MPI_Abort cannot
+// reach the launcher and may never return; a rank must still not outlive its job.
+constexpr double kAbortGraceSeconds = 5.0;
+[[noreturn]] void abort_job(int code);
 
 // True when a process manager (mpirun, srun with PMIx) started this process.
 bool launched_by_mpi();

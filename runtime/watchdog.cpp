@@ -6,25 +6,21 @@
 #include <sstream>
 #include <vector>
 
-#include <mpi.h>
+#include "runtime/env.h"
 
 namespace kiln {
 
 namespace {
-[[noreturn]] void abort_job(const std::string& message) {
+[[noreturn]] void abort_with(const std::string& message) {
   std::fprintf(stderr, "kiln: error: %s\n", message.c_str());
   std::fflush(stderr);
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 5);
-  std::_Exit(5);
+  abort_job(5);  // bounded: the process ends even when MPI_Abort cannot reach the launcher
 }
 }  // namespace
 
 Watchdog::Watchdog(double timeout_s, std::function<void(const std::string&)> on_timeout)
     : timeout_s_(timeout_s), on_timeout_(std::move(on_timeout)) {
-  if (!on_timeout_) on_timeout_ = abort_job;
+  if (!on_timeout_) on_timeout_ = abort_with;
   thread_ = std::thread([this] { loop(); });
 }
 
