@@ -112,8 +112,15 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
                            (c.value("backend", std::string("auto")) != "auto" || l.zero > 0);
   l.base_bytes = cpu ? kCpuProcessBase : 0.0;
 
-  cluster.nodes = 1;
-  cluster.devices_per_node = l.devices();
+  // The nodes the run spanned (the config record's topology; logs from before it: one node).
+  const json& topo = config.contains("topology") ? config.at("topology") : json::object();
+  const int64_t nodes = topo.is_object() ? topo.value("nodes", int64_t{1}) : 1;
+  if (nodes < 1 || l.devices() % nodes != 0) {
+    throw ConfigError("--compare " + path + ": the config record's topology (" + std::to_string(nodes) + " nodes) does not divide " +
+                      std::to_string(l.devices()) + " ranks");
+  }
+  cluster.nodes = nodes;
+  cluster.devices_per_node = l.devices() / nodes;
   CompareResult res;
   res.log_path = path;
   res.steps = static_cast<int64_t>(steps.size());

@@ -366,6 +366,7 @@ void Trainer::log_config() {
                {"tokens_per_step", r.tokens_per_step},
                {"device", r.dev.name},
                {"devices", r.devices->count()},
+               {"topology", {{"nodes", proc_.nodes}, {"ranks_per_node", proc_.local_size}}},
                {"host_threads", {{"intra_op", r.threads.intra_op}, {"cores", r.threads.cores},
                                  {"cpus_allowed", r.threads.cpus_allowed}, {"ranks_on_node", r.threads.ranks_on_node},
                                  {"rule", r.threads.rule}}},
@@ -385,9 +386,9 @@ void Trainer::log_config() {
     r.log.write(rec);
   }
   if (proc_.rank != 0) return;
-  std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d) on %d device(s), %lld tokens/step, %lld steps\n",
+  std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d) on %d device(s) of %d node(s), %lld tokens/step, %lld steps\n",
               cfg_.model.c_str(), static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(),
-              r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp, r.devices->count(),
+              r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp, r.devices->count(), proc_.nodes,
               static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
   if (!r.resume_notice.empty()) std::printf("kiln: %s\n", r.resume_notice.c_str());
   if (r.save_lock && !r.save_lock->notice().empty()) std::printf("kiln: %s\n", r.save_lock->notice().c_str());
