@@ -21,7 +21,7 @@ jobs="${KILN_JOBS:-$(nproc)}"
 say() { echo "[setup] $*" >&2; }
 
 # ---- 1. Debian packages --------------------------------------------------------------------
-pkgs=(cmake g++ ninja-build ccache libopenmpi-dev openmpi-bin libcxxopts-dev nlohmann-json3-dev libgtest-dev)
+pkgs=(cmake g++ ninja-build ccache libopenmpi-dev openmpi-bin libcxxopts-dev nlohmann-json3-dev libgtest-dev iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
