@@ -33,6 +33,7 @@
 #include "parallel/zero.h"
 #include "runtime/backend_choice.h"
 #include "runtime/checkpoint.h"
+#include "runtime/console.h"
 #include "runtime/consolidate.h"
 #include "runtime/comm_mpi.h"
 #if defined(KILN_WITH_CUDA)
@@ -86,14 +87,6 @@ uint64_t step_seed(uint64_t seed, int64_t step, int dp_rank) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return (z ^ (z >> 31)) >> 1;  // manual_seed takes a non-negative int64 range
-}
-
-std::string human(double v) {
-  char buf[32];
-  if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fK", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", v);
-  return buf;
 }
 
 // The stop request of the wall-time limit, above every signal number (the ranks agree on the
@@ -589,6 +582,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
 double Trainer::evaluate(int64_t step) {
   Run& r = *run_;
   const c10::Device device = r.dev.device;
+  const auto started = Clock::now();
   double mean = 0.0;
   {
     at::NoGradGuard no_grad;
@@ -608,9 +602,10 @@ double Trainer::evaluate(int64_t step) {
     r.model->train();
     mean = total.item<double>() / static_cast<double>(cfg_.eval_batches);
   }
-  r.log.write({{"type", "eval"}, {"step", step}, {"val_loss", num(mean)}});
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  r.log.write({{"type", "eval"}, {"step", step}, {"val_loss", num(mean)}, {"perplexity", num(std::exp(mean))}, {"seconds", seconds}});
   if (proc_.rank == 0) {
-    std::printf("eval   %6lld | val loss %.4f\n", static_cast<long long>(step), mean);
+    std::printf("%s\n", format_eval_line(step, mean, seconds).c_str());
     std::fflush(stdout);
   }
   return mean;
@@ -692,20 +687,21 @@ json Trainer::run() {
              {"exposed_comm_ms", phase_ms[static_cast<size_t>(Phase::Comm)]},
              {"optimizer_ms", phase_ms[static_cast<size_t>(Phase::Optimizer)]},
              {"energy_j", step_joules ? json(*step_joules) : json(nullptr)},
-             {"watts", step_joules ? json(*step_joules / step_s) : json(nullptr)}};
+             {"watts", step_joules ? json(*step_joules / step_s) : json(nullptr)},
+             {"tokens_seen", r.progress.samples * cfg_.gpt.seq_len},
+             {"elapsed_s", std::chrono::duration<double>(Clock::now() - run_start).count()}};
     if (r.ddp) rec["comm_buckets_in_backward"] = r.ddp->launched_in_backward();
     if (r.pipe) rec["pp_live_max"] = r.pipe->max_live();  // micro-batches whose activations stage 0 held at once
     r.log.write(rec);
     if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == end_step || s.skipped)) {
-      std::printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %s tok/s | %.2f TFLOP/s/device",
-                  static_cast<long long>(step + 1), static_cast<long long>(cfg_.steps), s.loss, s.lr, s.norm,
-                  step_s * 1e3, human(tokens_per_s).c_str(), tflops);
-      if (r.devices->count() > 1) std::printf(" (job %.2f)", tflops_job);
-      if (r.peak) std::printf(" | mfu %.1f%%", 100.0 * tflops_job / (devices * *r.peak));
-      std::printf(" | mem %.2f GB", mem_gb);
-      if (r.precision == Precision::FP16) std::printf(" | scale %g", s.loss_scale);
-      if (s.skipped) std::printf(" | skipped (%s)", r.precision == Precision::FP16 ? "overflow" : "non-finite");
-      std::printf("\n");
+      StepLine line{step + 1, cfg_.steps, s.loss, s.lr, s.norm, step_s * 1e3, tokens_per_s, tflops, tflops_job,
+                    r.devices->count() > 1, std::nullopt, mem_gb, std::nullopt, s.skipped,
+                    r.precision == Precision::FP16 ? "overflow" : "non-finite", r.progress.samples * cfg_.gpt.seq_len,
+                    std::chrono::duration<double>(Clock::now() - run_start).count(), 0.0};
+      if (r.peak) line.mfu = tflops_job / (devices * *r.peak);
+      if (r.precision == Precision::FP16) line.loss_scale = s.loss_scale;
+      line.eta_s = static_cast<double>(end_step - step - 1) * (timed_steps > 0 ? timed_seconds / static_cast<double>(timed_steps) : step_s);
+      std::printf("%s\n", format_step_line(line).c_str());
       std::fflush(stdout);
     }
     // A request to stop (runtime/stop_requests.h): a signal to any rank, or the wall-time limit
@@ -838,6 +834,10 @@ json Trainer::run() {
     std::fflush(stdout);
   }
   r.log.write(summary);
+  if (rank0) {
+    std::printf("%s\n", format_summary(summary, r.progress.samples * cfg_.gpt.seq_len).c_str());
+    std::fflush(stdout);
+  }
   return summary;
 }
 

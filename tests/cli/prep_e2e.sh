@@ -20,7 +20,13 @@ ls "$work/shards"
 [ -f "$work/shards/train_000001.bin" ] || fail "expected at least two train shards"
 
 "$KILN_BIN" train --device cpu --steps 40 --eval-every 20 --eval-batches 2 \
-  --data "$work/shards/train_*.bin" --val-data "$work/shards/val_000000.bin" --log-json "$work/p.jsonl" >/dev/null
+  --data "$work/shards/train_*.bin" --val-data "$work/shards/val_000000.bin" --log-json "$work/p.jsonl" >"$work/p.out"
+# The eval line and record: perplexity (exp of the val loss) and the evaluation's duration.
+grep -Eq "^eval +20 \| val loss [0-9.]+ \| ppl [0-9.]+ \| [0-9.]+ s$" "$work/p.out" || { cat "$work/p.out"; fail "eval line"; }
+jsonl_check "$work/p.jsonl" '
+for e in (r for r in records if r["type"] == "eval"):
+    assert abs(e["perplexity"] - math.exp(e["val_loss"])) < 1e-9 * e["perplexity"] and e["seconds"] > 0, e
+'
 jsonl_check "$work/p.jsonl" '
 evals = [r for r in records if r["type"] == "eval"]
 assert [e["step"] for e in evals] == [20, 40], evals

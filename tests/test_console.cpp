@@ -1,0 +1,86 @@
+// tests/test_console.cpp -- rank 0's console lines (runtime/console.h): durations, counts, the
+// step line's progress fields, the eval line's perplexity, and the closing summary.
+#include <cmath>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "runtime/console.h"
+
+namespace kiln {
+namespace {
+
+TEST(Console, Durations) {
+  EXPECT_EQ(human_duration(0), "0:00");
+  EXPECT_EQ(human_duration(75.4), "1:15");
+  EXPECT_EQ(human_duration(3599.6), "1:00:00");
+  EXPECT_EQ(human_duration(3725), "1:02:05");
+  EXPECT_EQ(human_duration(-1), "?");
+  EXPECT_EQ(human_duration(NAN), "?");
+}
+
+TEST(Console, Counts) {
+  EXPECT_EQ(human_count(512), "512");
+  EXPECT_EQ(human_count(9999), "9999");
+  EXPECT_EQ(human_count(12345), "12.3K");
+  EXPECT_EQ(human_count(1.2e6), "1.20M");
+  EXPECT_EQ(human_count(3.4e9), "3.40G");
+}
+
+TEST(Console, StepLineCarriesProgress) {
+  StepLine s;
+  s.step = 120;
+  s.steps = 300;
+  s.loss = 3.21414;
+  s.lr = 9.51e-4;
+  s.norm = 0.812;
+  s.step_ms = 48.3;
+  s.tokens_per_s = 21200;
+  s.tflops = 0.11;
+  s.mem_gb = 0.43;
+  s.tokens_seen = 122880;
+  s.elapsed_s = 6.2;
+  s.eta_s = 180 * 0.0483;
+  const std::string line = format_step_line(s);
+  EXPECT_EQ(line.rfind("step    120/300 | loss 3.2141 | lr 9.51e-04 | norm 0.812 |", 0), 0u) << line;
+  EXPECT_NE(line.find("| 21.2K tok/s |"), std::string::npos) << line;
+  EXPECT_NE(line.find("| 122.9K tok | 0:06 elapsed, ETA 0:09"), std::string::npos) << line;
+  EXPECT_EQ(line.find("mfu"), std::string::npos) << line;    // no peak known
+  EXPECT_EQ(line.find("scale"), std::string::npos) << line;  // not fp16
+  s.mfu = 0.412;
+  s.loss_scale = 65536;
+  s.skipped = true;
+  s.skip_reason = "overflow";
+  s.step = 300;  // the last step: no ETA
+  const std::string last = format_step_line(s);
+  EXPECT_NE(last.find("| mfu 41.2% |"), std::string::npos) << last;
+  EXPECT_NE(last.find("| scale 65536 | skipped (overflow) |"), std::string::npos) << last;
+  EXPECT_EQ(last.find("ETA"), std::string::npos) << last;
+}
+
+TEST(Console, EvalLineHasPerplexityAndDuration) {
+  EXPECT_EQ(format_eval_line(120, std::log(27.15), 0.43), "eval      120 | val loss 3.3014 | ppl 27.15 | 0.4 s");
+}
+
+TEST(Console, SummaryFromTheRecord) {
+  nlohmann::json sum{{"start_step", 100}, {"updates", 199}, {"skipped_steps", 1}, {"final_loss", 2.10441},
+                     {"mean_loss_last10", 2.121}, {"val_loss", std::log(9.03)}, {"mean_tokens_per_s", 20900.0},
+                     {"mean_tflops", 0.11}, {"mean_mfu", nullptr}, {"peak_mem_gb", 0.43}, {"mean_watts", nullptr},
+                     {"checkpoint", "ckpt/step_00000300"}, {"wall_s", 75.0}};
+  const std::string out = format_summary(sum, 307200);
+  EXPECT_NE(out.find("kiln: done in 1:15: steps 101-300 (199 updates, 1 skipped), 307.2K tokens seen"), std::string::npos) << out;
+  EXPECT_NE(out.find("loss 2.1044 (mean of the last 10: 2.1210); val loss 2.2006 (ppl 9.03)"), std::string::npos) << out;
+  EXPECT_NE(out.find("20.9K tok/s, 0.11 TFLOP/s/device; peak memory 0.43 GB"), std::string::npos) << out;
+  EXPECT_EQ(out.find("mfu"), std::string::npos) << out;
+  EXPECT_NE(out.find("last checkpoint ckpt/step_00000300"), std::string::npos) << out;
+  // Nothing trained (--steps 0, or resumed at the end): no losses, no throughput.
+  nlohmann::json none{{"start_step", 0}, {"updates", 0}, {"skipped_steps", 0}, {"final_loss", nullptr},
+                      {"mean_tokens_per_s", nullptr}, {"peak_mem_gb", 0.1}, {"wall_s", 1.0}};
+  const std::string empty = format_summary(none, 0);
+  EXPECT_NE(empty.find("no steps"), std::string::npos) << empty;
+  EXPECT_EQ(empty.find("loss"), std::string::npos) << empty;
+  EXPECT_EQ(empty.find("tok/s"), std::string::npos) << empty;
+}
+
+}  // namespace
+}  // namespace kiln
