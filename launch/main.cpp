@@ -5,12 +5,16 @@
 //   kiln prep  [flags]   text files -> token shards
 //   kiln bench [flags]   measure a training configuration (throughput, MFU, memory, energy)
 //   kiln plan  [flags]   memory, communication, time and energy of a layout (no training)
+//   kiln report LOGS --out PNG   plots runs from their JSONL logs (tools/report.py, matplotlib)
 // Every kiln::Error becomes one line "kiln: error: ..." on stderr and its exit code; anything
 // else escaping is a bug, reported the same way with exit code 70. Under mpirun an error every
 // rank finds alike ends the job cleanly with one line; any other failing rank takes the whole job
 // down with it (MPI_Abort) rather than leave its peers waiting.
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <memory>
 #include <string>
@@ -18,6 +22,7 @@
 
 #include <c10/util/Exception.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include "data/prep.h"
 #include "launch/bench.h"
@@ -39,7 +44,29 @@ const char* kUsage =
     "  bench   measure a training configuration on synthetic data (kiln bench --help)\n"
     "  plan    predict memory, communication, step time and energy; search layouts;\n"
     "          compare with a run's log (kiln plan --help)\n"
+    "  report  plot runs from their --log-json files: kiln report RUN.jsonl [MORE.jsonl] --out report.png\n"
     "  version print the version\n";
+
+// `kiln report`: the plotting is Python's (matplotlib); this process becomes
+// `KILN_PYTHON tools/report.py ARGS...`, which reports its own errors (one line, exit 2).
+int report(const std::vector<std::string>& args) {
+  const char* env_python = std::getenv("KILN_PYTHON");
+  const std::string python = env_python && *env_python ? env_python : KILN_REPORT_PYTHON;
+  const std::string script = KILN_REPORT_SCRIPT;
+  if (python.empty() || access(python.c_str(), X_OK) != 0) {
+    throw kiln::ConfigError("kiln report needs Python with matplotlib: '" + python +
+                            "' is not there (bash launch/setup.sh makes .venv; or set KILN_PYTHON)");
+  }
+  if (access(script.c_str(), R_OK) != 0) throw kiln::ConfigError("kiln report: " + script + " is missing (the source tree moved?)");
+  std::vector<std::string> all{python, script};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> cargs;
+  for (auto& a : all) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  std::fflush(stdout);
+  execv(python.c_str(), cargs.data());
+  throw kiln::ConfigError("kiln report: cannot run " + python + ": " + std::strerror(errno));
+}
 
 int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
   if (argv.empty() || argv[0] == "-h" || argv[0] == "--help" || argv[0] == "help") {
@@ -91,8 +118,10 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
     }
     return kiln::run_plan(args);
   }
-  throw kiln::ConfigError("unknown command '" + cmd + "'" + kiln::did_you_mean(cmd, {"train", "prep", "bench", "plan", "version"}) +
-                          " (commands: train, prep, bench, plan, version)");
+  if (cmd == "report") return report(rest);
+  throw kiln::ConfigError("unknown command '" + cmd + "'" +
+                          kiln::did_you_mean(cmd, {"train", "prep", "bench", "plan", "report", "version"}) +
+                          " (commands: train, prep, bench, plan, report, version)");
 }
 
 // Reports a failure: one line on stderr, then the exit code. In a multi-rank job a configuration

@@ -6,9 +6,11 @@
 #   bash launch/setup.sh test ...   set up, build, then the test suite (`ctest ...`)
 #
 # Idempotent and fast when nothing is missing: each step checks before it acts.
-#   1. Debian packages (Open MPI, cxxopts, nlohmann-json, GoogleTest, ninja, ccache).
+#   1. Debian packages (Open MPI, cxxopts, nlohmann-json, GoogleTest, ninja, ccache, iproute2 for
+#      the simulated nodes of tests/multinode).
 #   2. The pinned torch wheel in a project-local virtual environment (.venv), whose LibTorch
-#      kiln builds against. Set KILN_TORCH_PREFIX to use another LibTorch instead.
+#      kiln builds against (set KILN_TORCH_PREFIX to use another LibTorch instead), and beside it
+#      transformers and safetensors (a test) and matplotlib (kiln report).
 #   3. CMake configure (once) and build into build/ (KILN_BUILD_DIR overrides).
 # Environment: KILN_JOBS (parallel build jobs, default: cores), KILN_CMAKE_ARGS (extra args).
 set -euo pipefail
@@ -50,8 +52,9 @@ else
   fi
   # transformers + safetensors: only the test that loads kiln's checkpoints with Hugging Face's
   # GPT2LMHeadModel (tests/hf, label cli) uses them; ~25 s and ~240 MB once, with numpy, tokenizers...
-  hf_pins="transformers==5.23.0 safetensors==0.8.0"
-  have_hf=$("$venv/bin/python" -c 'import transformers, safetensors; print(f"transformers=={transformers.__version__} safetensors=={safetensors.__version__}")' 2>/dev/null || true)
+  # matplotlib: `kiln report`'s plotting (tools/report.py); ~10 s and ~40 MB once.
+  hf_pins="transformers==5.23.0 safetensors==0.8.0 matplotlib==3.11.2"
+  have_hf=$("$venv/bin/python" -c 'import transformers, safetensors, matplotlib; print(f"transformers=={transformers.__version__} safetensors=={safetensors.__version__} matplotlib=={matplotlib.__version__}")' 2>/dev/null || true)
   if [ "$have_hf" != "$hf_pins" ]; then
     say "installing $hf_pins into $venv (found: ${have_hf:-none})"
     # shellcheck disable=SC2086
