@@ -1,6 +1,8 @@
 // launch/cli.cpp -- table-driven flag and config-file parsing (cxxopts + nlohmann/json).
 #include "launch/cli.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -268,6 +270,78 @@ TrainArgs parse_train_args(const std::vector<std::string>& args) {
     f.set(out.config, it->second);
     if (f.name == "n-head" && !values.count("n-kv-head")) out.config.gpt.n_kv_head = out.config.gpt.n_head;
   }
+  out.config.validate();
+  return out;
+}
+
+TrainArgs parse_eval_args(const std::vector<std::string>& args) {
+  cxxopts::Options opts("kiln eval", "Evaluate a checkpoint: validation loss and perplexity, on any layout.");
+  opts.add_options()("h,help", "show this help")("checkpoint", "a checkpoint directory, or a save dir (its latest)",
+                                                 cxxopts::value<std::string>());
+  for (const auto& f : train_flags()) {
+    if (f.kind == Kind::Bool) opts.add_options()(f.name, f.help, cxxopts::value<std::string>()->implicit_value("true"));
+    else opts.add_options()(f.name, f.help, cxxopts::value<std::string>());
+  }
+  auto result = parse_or_throw(opts, args, "eval");
+  TrainArgs out;
+  if (result.count("help")) {
+    out.help = true;
+    out.help_text = opts.help() + "\nEvery other setting is the checkpoint's own unless given; the flags are kiln train's.\n";
+    return out;
+  }
+  if (!result.count("checkpoint")) throw ConfigError("kiln eval: give --checkpoint DIR (a checkpoint, or a save dir)");
+  std::string dir = result["checkpoint"].as<std::string>();
+  namespace fs = std::filesystem;
+  if (!fs::exists(fs::path(dir) / "trainer_state.json") && fs::exists(fs::path(dir) / "latest")) {
+    std::ifstream latest(fs::path(dir) / "latest");
+    std::string name;
+    latest >> name;
+    dir = (fs::path(dir) / name).string();
+  }
+  std::ifstream in(fs::path(dir) / "trainer_state.json");
+  if (!in) throw ConfigError("kiln eval: --checkpoint " + dir + ": no trainer_state.json there (not a kiln checkpoint or save dir)");
+  json state;
+  try {
+    state = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw ConfigError("kiln eval: " + dir + "/trainer_state.json: malformed JSON: " + e.what());
+  }
+  const json saved = state.contains("run") && state["run"].is_object() ? state["run"].value("config", json::object()) : json::object();
+  const int64_t step = state.value("step", int64_t{0});
+
+  // The checkpoint's settings (those that are flags), then the flags given.
+  std::map<std::string, json> values;
+  std::map<std::string, const Flag*> by_name;
+  for (const auto& f : train_flags()) by_name[f.name] = &f;
+  for (const auto& [key, v] : saved.items()) {
+    auto it = by_name.find(normalise_key(key));
+    if (it == by_name.end() || v.is_null()) continue;
+    try {
+      values[it->first] = typed_from_json(*it->second, v, dir + "/trainer_state.json");
+    } catch (const ConfigError&) {
+      // A setting this version reads differently: the default, or the flag given below.
+    }
+  }
+  // Nothing of the training run's bookkeeping: no log, no saving, no stop, no resume policy.
+  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps"})
+    values.erase(k);
+  for (const auto& f : train_flags())
+    if (result.count(f.name)) values[f.name] = typed_from_text(f, result[f.name].as<std::string>());
+  for (const auto& f : train_flags()) {
+    auto it = values.find(f.name);
+    if (it == values.end()) continue;
+    f.set(out.config, it->second);
+    if (f.name == "n-head" && !values.count("n-kv-head")) out.config.gpt.n_kv_head = out.config.gpt.n_head;
+  }
+  if (out.config.val_data.empty()) {
+    throw ConfigError("kiln eval: the checkpoint's run had no --val-data; give --val-data FILES (paths or quoted globs)");
+  }
+  // The training data is not read; pointing the loader at the validation files keeps a moved or
+  // deleted training set from failing the evaluation.
+  out.config.data = out.config.val_data;
+  out.config.steps = std::max<int64_t>(step, 1);
+  out.config.resume = dir;
+  out.config.allow_config_change = true;
   out.config.validate();
   return out;
 }

@@ -24,6 +24,12 @@ struct TrainArgs {
 // args: the arguments after "train".
 TrainArgs parse_train_args(const std::vector<std::string>& args);
 
+// `kiln eval --checkpoint PATH [train flags]`: the settings the checkpoint was trained with
+// (its trainer_state.json), then the flags given (--val-data, --eval-batches, --micro-batch, the
+// layout, the device, the precision...). The result resumes PATH (a checkpoint, or a save dir's
+// latest) and evaluates it: no training, no saving, no refusal of changed settings.
+TrainArgs parse_eval_args(const std::vector<std::string>& args);
+
 struct PrepArgs {
   PrepConfig config;
   bool help = false;

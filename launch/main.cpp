@@ -2,6 +2,7 @@
 // errors into exit codes.
 //
 //   kiln train [flags]   train a GPT (see `kiln train --help`)
+//   kiln eval  --checkpoint DIR [flags]   validation loss and perplexity of a checkpoint
 //   kiln prep  [flags]   text files -> token shards
 //   kiln bench [flags]   measure a training configuration (throughput, MFU, memory, energy)
 //   kiln plan  [flags]   memory, communication, time and energy of a layout (no training)
@@ -40,6 +41,7 @@ const char* kUsage =
     "usage: kiln <command> [flags]\n"
     "commands:\n"
     "  train   train a GPT model (kiln train --help)\n"
+    "  eval    validation loss and perplexity of a checkpoint, on any layout (kiln eval --help)\n"
     "  prep    turn text files into token shards (kiln prep --help)\n"
     "  bench   measure a training configuration on synthetic data (kiln bench --help)\n"
     "  plan    predict memory, communication, step time and energy; search layouts;\n"
@@ -119,9 +121,18 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
     return kiln::run_plan(args);
   }
   if (cmd == "report") return report(rest);
+  if (cmd == "eval") {
+    auto args = kiln::parse_eval_args(rest);
+    if (args.help) {
+      std::fputs(args.help_text.c_str(), stdout);
+      return 0;
+    }
+    kiln::Trainer(args.config, proc).evaluate_checkpoint();
+    return 0;
+  }
   throw kiln::ConfigError("unknown command '" + cmd + "'" +
-                          kiln::did_you_mean(cmd, {"train", "prep", "bench", "plan", "report", "version"}) +
-                          " (commands: train, prep, bench, plan, report, version)");
+                          kiln::did_you_mean(cmd, {"train", "eval", "prep", "bench", "plan", "report", "version"}) +
+                          " (commands: train, eval, prep, bench, plan, report, version)");
 }
 
 // Reports a failure: one line on stderr, then the exit code. In a multi-rank job a configuration

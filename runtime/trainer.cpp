@@ -611,6 +611,21 @@ double Trainer::evaluate(int64_t step) {
   return mean;
 }
 
+json Trainer::evaluate_checkpoint() {
+  setup();
+  Run& r = *run_;
+  if (!r.val_loader) throw ConfigError("kiln eval: no validation data (--val-data)");
+  if (proc_.rank == 0) {
+    std::printf("kiln eval: %s (step %lld), %lld micro-batches of %lld sequences, %s on %s, %d rank(s) (dp %d tp %d pp %d)\n",
+                r.resumed_from.c_str(), static_cast<long long>(r.progress.step), static_cast<long long>(cfg_.eval_batches),
+                static_cast<long long>(cfg_.micro_batch), cfg_.precision.c_str(), r.dev.name.c_str(), proc_.world_size, r.shape.dp,
+                r.shape.tp, r.shape.pp);
+    std::fflush(stdout);
+  }
+  const double loss = evaluate(r.progress.step);
+  return {{"type", "eval"}, {"step", r.progress.step}, {"val_loss", num(loss)}, {"checkpoint", r.resumed_from}};
+}
+
 json Trainer::run() {
   setup();
   Run& r = *run_;

@@ -37,6 +37,9 @@ class Trainer {
   // console lines and the JSONL log. Returns the summary record. Throws kiln::Error subclasses
   // on bad data, a refused checkpoint, or non-finite numerics.
   nlohmann::json run();
+  // `kiln eval`: resumes the checkpoint (cfg.resume) on this layout and evaluates it once on the
+  // validation data; returns the eval record ({"type": "eval", "step", "val_loss", ...}).
+  nlohmann::json evaluate_checkpoint();
 
  private:
   struct Run;  // everything a run builds: mesh, data, model, wrappers, optimizer, sinks

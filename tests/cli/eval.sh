@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# tests/cli/eval.sh -- `kiln eval --checkpoint DIR`: the validation loss of a checkpoint, on the
+# layout it was trained on and on others, equals the eval record the training run wrote at that
+# step: bit for bit on one rank (the same arithmetic), within 1e-5 on tp 2, pp 2 and ZeRO-3 (the
+# sums' order changes), and within 2e-2 in bf16 (autocast rounding); bad input refused.
+source "$(dirname "$0")/common.sh"
+: "${MPIEXEC:=mpirun}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
+cd "$work"
+python3 -c "
+import random; random.seed(1)
+words = 'the quick brown fox jumps over a lazy dog while kiln trains models on many nodes'.split()
+open('a.txt', 'w').write(' '.join(random.choice(words) for _ in range(60000)))"
+"$KILN_BIN" prep --input a.txt --out shards --val-tokens 20000 >/dev/null
+"$KILN_BIN" train --device cpu --steps 20 --eval-every 20 --eval-batches 4 --data "shards/train_*.bin" \
+  --val-data shards/val_000000.bin --save-dir ck --log-json train.jsonl >/dev/null
+
+"$KILN_BIN" eval --checkpoint ck --log-json one.jsonl | tee one.out
+grep -Eq "^kiln eval: ck/step_00000020 \(step 20\), 4 micro-batches of 8 sequences" one.out || fail "eval header"
+grep -Eq "^eval +20 \| val loss [0-9.]+ \| ppl [0-9.]+ \| [0-9.]+ s$" one.out || fail "eval line"
+mpi 2 "$KILN_BIN" eval --checkpoint ck --tp 2 --log-json tp2.jsonl >/dev/null
+mpi 2 "$KILN_BIN" eval --checkpoint ck --pp 2 --log-json pp2.jsonl >/dev/null
+mpi 2 "$KILN_BIN" eval --checkpoint ck/step_00000020 --zero 3 --log-json z3.jsonl >/dev/null
+"$KILN_BIN" eval --checkpoint ck --precision bf16 --log-json bf16.jsonl >/dev/null
+python3 - <<'PY'
+import json
+ev = lambda p: [json.loads(l) for l in open(p) if '"type":"eval"' in l][-1]
+want = ev("train.jsonl")["val_loss"]
+one = ev("one.jsonl")
+assert one["step"] == 20 and one["val_loss"] == want, (one, want)
+for name, tol in (("tp2", 1e-5), ("pp2", 1e-5), ("z3", 1e-5), ("bf16", 2e-2)):
+    got = ev(f"{name}.jsonl")["val_loss"]
+    assert abs(got - want) <= tol * want, (name, got, want)
+    print(f"{name}: val loss {got:.6f} (training's {want:.6f}, tolerance {tol:g} relative)")
+print(f"one rank: {one['val_loss']} = the training run's eval at step 20, bit for bit; ppl {one['perplexity']:.2f}")
+PY
+
+refuse() {
+  local regex=$1; shift
+  local code=0
+  "$KILN_BIN" eval "$@" >/dev/null 2>err || code=$?
+  [ "$code" -eq 2 ] && [ "$(wc -l <err)" -eq 1 ] && grep -Eq "kiln: error: .*$regex" err || { cat err; fail "eval $* (want exit 2, '$regex')"; }
+  echo "refused: $(cat err)"
+}
+refuse "give --checkpoint" --val-data shards/val_000000.bin
+refuse "no trainer_state.json" --checkpoint shards
+"$KILN_BIN" train --device cpu --steps 2 --save-dir nodata >/dev/null
+refuse "had no --val-data" --checkpoint nodata
+echo PASS
