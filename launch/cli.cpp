@@ -212,6 +212,20 @@ cxxopts::ParseResult parse_or_throw(cxxopts::Options& opts, const std::vector<st
   }
 }
 
+// The flags given on the command line over `values` (settings from a file), then all of them set
+// on `config` in table order (--model before the fields it seeds). A preset's n_kv_head follows
+// --n-head unless --n-kv-head is given.
+void apply_flags(const cxxopts::ParseResult& result, std::map<std::string, json>& values, TrainConfig& config) {
+  for (const auto& f : train_flags())
+    if (result.count(f.name)) values[f.name] = typed_from_text(f, result[f.name].as<std::string>());
+  for (const auto& f : train_flags()) {
+    auto it = values.find(f.name);
+    if (it == values.end()) continue;
+    f.set(config, it->second);
+    if (f.name == "n-head" && !values.count("n-kv-head")) config.gpt.n_kv_head = config.gpt.n_head;
+  }
+}
+
 }  // namespace
 
 TrainArgs parse_train_args(const std::vector<std::string>& args) {
@@ -259,17 +273,7 @@ TrainArgs parse_train_args(const std::vector<std::string>& args) {
       values[it->first] = typed_from_json(*it->second, v, "--config " + path);
     }
   }
-  for (const auto& f : train_flags())
-    if (result.count(f.name)) values[f.name] = typed_from_text(f, result[f.name].as<std::string>());
-
-  // Apply in table order (--model before the fields it seeds). A preset's n_kv_head follows
-  // --n-head unless --n-kv-head is given.
-  for (const auto& f : train_flags()) {
-    auto it = values.find(f.name);
-    if (it == values.end()) continue;
-    f.set(out.config, it->second);
-    if (f.name == "n-head" && !values.count("n-kv-head")) out.config.gpt.n_kv_head = out.config.gpt.n_head;
-  }
+  apply_flags(result, values, out.config);
   out.config.validate();
   return out;
 }
@@ -325,14 +329,7 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
   // Nothing of the training run's bookkeeping: no log, no saving, no stop, no resume policy.
   for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps"})
     values.erase(k);
-  for (const auto& f : train_flags())
-    if (result.count(f.name)) values[f.name] = typed_from_text(f, result[f.name].as<std::string>());
-  for (const auto& f : train_flags()) {
-    auto it = values.find(f.name);
-    if (it == values.end()) continue;
-    f.set(out.config, it->second);
-    if (f.name == "n-head" && !values.count("n-kv-head")) out.config.gpt.n_kv_head = out.config.gpt.n_head;
-  }
+  apply_flags(result, values, out.config);
   if (out.config.val_data.empty()) {
     throw ConfigError("kiln eval: the checkpoint's run had no --val-data; give --val-data FILES (paths or quoted globs)");
   }

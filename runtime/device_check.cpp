@@ -103,7 +103,8 @@ void decide_side(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
     if (v.isTensor()) {
       look(v.toTensor());
     } else if (v.isTensorList()) {
-      for (const at::Tensor t : v.toTensorList()) look(t);
+      const c10::List<at::Tensor> list = v.toTensorList();
+      for (size_t k = 0; k < list.size(); ++k) look(list.get(k));
     } else if (v.isOptionalTensorList()) {
       for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
         if (t.has_value()) look(*t);

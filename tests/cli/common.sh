@@ -22,3 +22,12 @@ expect_refused() {
   [ "$code" -eq 2 ] && grep -Eq "kiln: error: .*$regex" "$work/err" || { cat "$work/err" >&2; fail "$* (want exit 2, '$regex')"; }
   echo "refused: $(grep 'kiln: error' "$work/err" | head -n 1)"
 }
+# wait_steps LOG N: until LOG holds N step records (at most 60 s), for tests that act mid-run.
+wait_steps() {
+  for _ in $(seq 1 600); do
+    local c; c=$(grep -c '"type":"step"' "$1" 2>/dev/null || true)
+    [ "${c:-0}" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  fail "no $2 steps in $1"
+}

@@ -16,15 +16,6 @@
 source "$(dirname "$0")/common.sh"
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100)
 
-# wait_steps LOG N: until LOG holds N step records (at most 60 s).
-wait_steps() {
-  for _ in $(seq 1 600); do
-    local c; c=$(grep -c '"type":"step"' "$1" 2>/dev/null || true)
-    [ "${c:-0}" -ge "$2" ] && return 0
-    sleep 0.1
-  done
-  fail "no $2 steps in $1"
-}
 
 # ---- SIGTERM at step N, then resume by replay
 "$KILN_BIN" "${T[@]}" --steps 40 --log-json "$work/straight.jsonl" >/dev/null

@@ -11,14 +11,6 @@ source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100 --steps 40)
-wait_steps() {
-  for _ in $(seq 1 600); do
-    local c; c=$(grep -c '"type":"step"' "$1" 2>/dev/null || true)
-    [ "${c:-0}" -ge "$2" ] && return 0
-    sleep 0.1
-  done
-  fail "no $2 steps in $1"
-}
 
 mpi 2 "$KILN_BIN" "${T[@]}" --log-json "$work/straight.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --save-dir "$work/sig" --log-json "$work/sig.jsonl" >"$work/sig.out" 2>&1 &

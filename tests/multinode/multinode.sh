@@ -141,14 +141,6 @@ ends_within() {
   local ms=$(( $(now) - start ))
   echo "$(( ms / 1000 )).$(( ms % 1000 / 100 ))"
 }
-wait_steps() {
-  for _ in $(seq 1 600); do
-    local c; c=$(grep -c '"type":"step"' "$1" 2>/dev/null || true)
-    [ "${c:-0}" -ge "$2" ] && return 0
-    sleep 0.1
-  done
-  fail "no $2 steps in $1"
-}
 # The bound: --comm-timeout (5 s; --save-timeout, 5 s too, when the fault comes during a save) +
 # kiln's abort grace (5 s, kAbortGraceSeconds), + 8 s of slack for a loaded 2-core machine.
 bound=18
