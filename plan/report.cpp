@@ -2,8 +2,9 @@
 #include "plan/report.h"
 
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
+
+#include "runtime/strprintf.h"
 
 namespace kiln::plan {
 
@@ -11,39 +12,29 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string format(const char* fmt, ...) {
-  char buf[512];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  va_end(args);
-  return buf;
-}
-
 std::string bytes(double b) {
   const double a = std::fabs(b);
-  if (a >= 1e9) return format("%.2f GB", b / 1e9);
-  if (a >= 1e6) return format("%.2f MB", b / 1e6);
-  if (a >= 1e3) return format("%.2f kB", b / 1e3);
-  return format("%.0f B", b);
+  if (a >= 1e9) return strprintf("%.2f GB", b / 1e9);
+  if (a >= 1e6) return strprintf("%.2f MB", b / 1e6);
+  if (a >= 1e3) return strprintf("%.2f kB", b / 1e3);
+  return strprintf("%.0f B", b);
 }
 
 std::string duration(double s) {
-  if (s < 1e-3) return format("%.1f us", s * 1e6);
-  if (s < 1) return format("%.2f ms", s * 1e3);
-  if (s < 120) return format("%.2f s", s);
-  if (s < 7200) return format("%.1f min", s / 60);
-  if (s < 172800) return format("%.1f h", s / 3600);
-  return format("%.1f days", s / 86400);
+  if (s < 1e-3) return strprintf("%.1f us", s * 1e6);
+  if (s < 1) return strprintf("%.2f ms", s * 1e3);
+  if (s < 120) return strprintf("%.2f s", s);
+  if (s < 7200) return strprintf("%.1f min", s / 60);
+  if (s < 172800) return strprintf("%.1f h", s / 3600);
+  return strprintf("%.1f days", s / 86400);
 }
 
-std::string rate(double bytes_per_s) { return format("%.1f GB/s", bytes_per_s / 1e9); }
+std::string rate(double bytes_per_s) { return strprintf("%.1f GB/s", bytes_per_s / 1e9); }
 
 std::string energy(double joules) {
   const double kwh = joules / 3.6e6;
-  if (kwh >= 1000) return format("%.1f MWh", kwh / 1000);
-  return format("%.2f kWh", kwh);
+  if (kwh >= 1000) return strprintf("%.1f MWh", kwh / 1000);
+  return strprintf("%.2f kWh", kwh);
 }
 
 std::string window_name(Window w) {
@@ -65,7 +56,7 @@ json state_json(const StateBytes& s) {
 // world: dp = ranks / (tp x pp)). 16-bit compute is written --precision bf16 (the plan does not
 // tell bf16 from fp16; both cost 2 bytes).
 std::string train_command(const GPTConfig& m, const Layout& l) {
-  std::string out = format("mpirun -np %lld kiln train", static_cast<long long>(l.devices()));
+  std::string out = strprintf("mpirun -np %lld kiln train", static_cast<long long>(l.devices()));
   std::string preset;
   for (const auto& name : GPTConfig::preset_names()) {
     const GPTConfig p = GPTConfig::preset(name);
@@ -78,21 +69,21 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   if (!preset.empty()) {
     out += " --model " + preset;
   } else {
-    out += format(" --n-layer %lld --n-head %lld --n-kv-head %lld --d-model %lld --seq-len %lld --vocab-size %lld",
+    out += strprintf(" --n-layer %lld --n-head %lld --n-kv-head %lld --d-model %lld --seq-len %lld --vocab-size %lld",
                   static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head), static_cast<long long>(m.n_kv_head),
                   static_cast<long long>(m.d_model), static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
   }
-  if (m.dropout != (preset.empty() ? 0.0 : GPTConfig::preset(preset).dropout)) out += format(" --dropout %g", m.dropout);
+  if (m.dropout != (preset.empty() ? 0.0 : GPTConfig::preset(preset).dropout)) out += strprintf(" --dropout %g", m.dropout);
   if (l.compute_bytes == 2) out += " --precision bf16";
-  if (l.tp != 1) out += format(" --tp %lld", static_cast<long long>(l.tp));
-  if (l.pp != 1) out += format(" --pp %lld", static_cast<long long>(l.pp));
+  if (l.tp != 1) out += strprintf(" --tp %lld", static_cast<long long>(l.tp));
+  if (l.pp != 1) out += strprintf(" --pp %lld", static_cast<long long>(l.pp));
   if (!l.pp_split.empty()) out += " --pp-split " + l.pp_split;
-  if (l.zero != 0) out += format(" --zero %d", l.zero);
+  if (l.zero != 0) out += strprintf(" --zero %d", l.zero);
   if (l.offload != Offload::None) out += " --offload " + to_string(l.offload);
   if (l.zero >= 2 && l.grad_accum > 1 && l.zero_accum != ZeroAccum::Reduce) out += " --zero-accum " + to_string(l.zero_accum);
   if (l.recompute != Recompute::None) out += " --activation-checkpointing " + to_string(l.recompute);
-  if (l.micro_batch != 8) out += format(" --micro-batch %lld", static_cast<long long>(l.micro_batch));
-  if (l.grad_accum != 1) out += format(" --grad-accum %lld", static_cast<long long>(l.grad_accum));
+  if (l.micro_batch != 8) out += strprintf(" --micro-batch %lld", static_cast<long long>(l.micro_batch));
+  if (l.grad_accum != 1) out += strprintf(" --grad-accum %lld", static_cast<long long>(l.grad_accum));
   return out;
 }
 
@@ -240,13 +231,13 @@ json compare_json(const CompareResult& r) {
 
 std::string totals_text(const TrainingTotals& t, const ClusterSpec& c) {
   std::string o;
-  o += format("training  P = %.4g parameters, D = %.4g tokens%s\n", t.params, t.tokens,
+  o += strprintf("training  P = %.4g parameters, D = %.4g tokens%s\n", t.params, t.tokens,
               t.compute_optimal ? " (compute-optimal: D = 20 P)" : "");
-  o += format("  compute   T = 6 P D%s = %.3e FLOP\n", t.flops > 6.0 * t.params * t.tokens * 1.0000001 ? " + attention" : "", t.flops);
-  o += format("  cluster   R = %lld devices x %.0f TFLOP/s x %.2f achieved = %.3g PFLOP/s\n",
+  o += strprintf("  compute   T = 6 P D%s = %.3e FLOP\n", t.flops > 6.0 * t.params * t.tokens * 1.0000001 ? " + attention" : "", t.flops);
+  o += strprintf("  cluster   R = %lld devices x %.0f TFLOP/s x %.2f achieved = %.3g PFLOP/s\n",
               static_cast<long long>(c.devices()), c.peak_flops / 1e12, c.achieved, t.cluster_flops / 1e15);
-  o += format("  runtime   t = T / R%s = %s\n", t.compute_optimal ? " = 120 P^2 / R" : "", duration(t.seconds).c_str());
-  o += format("  energy    E = t x %lld x %.0f W = %s (%.3g TFLOP/s per kW achieved)\n", static_cast<long long>(c.devices()),
+  o += strprintf("  runtime   t = T / R%s = %s\n", t.compute_optimal ? " = 120 P^2 / R" : "", duration(t.seconds).c_str());
+  o += strprintf("  energy    E = t x %lld x %.0f W = %s (%.3g TFLOP/s per kW achieved)\n", static_cast<long long>(c.devices()),
               c.watts, energy(t.energy_j).c_str(), t.flops_per_watt / 1e12 * 1e3);
   return o;
 }
@@ -256,49 +247,49 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   const GPTConfig& m = p.model;
   const ClusterSpec& c = p.cluster;
   std::string o;
-  o += format("model     L %lld, d %lld, heads %lld (kv %lld), T %lld, V %lld (padded %lld): %lld parameters\n",
+  o += strprintf("model     L %lld, d %lld, heads %lld (kv %lld), T %lld, V %lld (padded %lld): %lld parameters\n",
               static_cast<long long>(m.n_layer), static_cast<long long>(m.d_model), static_cast<long long>(m.n_head),
               static_cast<long long>(m.n_kv_head), static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size),
               static_cast<long long>(m.padded_vocab_size()), static_cast<long long>(m.num_params()));
-  o += format("cluster   %lld x %lld %s: %s, %.0f TFLOP/s peak x %.2f achieved, %.0f W\n",
+  o += strprintf("cluster   %lld x %lld %s: %s, %.0f TFLOP/s peak x %.2f achieved, %.0f W\n",
               static_cast<long long>(c.nodes), static_cast<long long>(c.devices_per_node), c.device.c_str(),
               bytes(c.device_memory).c_str(), c.peak_flops / 1e12, c.achieved, c.watts);
-  o += format("          links: in a node %s, between nodes %s per device, host %s\n", rate(c.intra_node_busbw).c_str(),
+  o += strprintf("          links: in a node %s, between nodes %s per device, host %s\n", rate(c.intra_node_busbw).c_str(),
               rate(c.inter_node_busbw).c_str(), rate(c.host_link).c_str());
-  o += "layout    " + describe(l) + format("; %s, %s attention, dropout %s\n", l.compute_bytes == 4 ? "fp32" : "bf16/fp16 autocast",
+  o += "layout    " + describe(l) + strprintf("; %s, %s attention, dropout %s\n", l.compute_bytes == 4 ? "fp32" : "bf16/fp16 autocast",
                                              to_string(l.attention).c_str(), l.dropout ? "on" : "off");
-  o += format("          %lld tokens per step: %s\n\n", static_cast<long long>(p.tokens_per_step), train_command(p.model, l).c_str());
+  o += strprintf("          %lld tokens per step: %s\n\n", static_cast<long long>(p.tokens_per_step), train_command(p.model, l).c_str());
 
   const StagePlan& st = p.stages[p.critical_stage];
-  o += format("memory per device (pipeline stage %lld of %lld%s: %lld blocks; Psi %lld, padded %lld)\n",
+  o += strprintf("memory per device (pipeline stage %lld of %lld%s: %lld blocks; Psi %lld, padded %lld)\n",
               static_cast<long long>(st.stage), static_cast<long long>(l.pp), l.pp > 1 ? ", the highest peak" : "",
               static_cast<long long>(st.blocks),
               static_cast<long long>(st.psi), static_cast<long long>(st.psi_padded));
-  o += format("  %-22s %14s %14s\n", "", "device", "host");
-  o += format("  %-22s %14s %14s\n", "parameters", bytes(static_cast<double>(st.state.device.params)).c_str(), bytes(static_cast<double>(st.state.host.params)).c_str());
-  o += format("  %-22s %14s %14s\n", "gradients", bytes(static_cast<double>(st.state.device.grads)).c_str(), bytes(static_cast<double>(st.state.host.grads)).c_str());
-  o += format("  %-22s %14s %14s\n", "optimizer state", bytes(static_cast<double>(st.state.device.optimizer)).c_str(), bytes(static_cast<double>(st.state.host.optimizer)).c_str());
+  o += strprintf("  %-22s %14s %14s\n", "", "device", "host");
+  o += strprintf("  %-22s %14s %14s\n", "parameters", bytes(static_cast<double>(st.state.device.params)).c_str(), bytes(static_cast<double>(st.state.host.params)).c_str());
+  o += strprintf("  %-22s %14s %14s\n", "gradients", bytes(static_cast<double>(st.state.device.grads)).c_str(), bytes(static_cast<double>(st.state.host.grads)).c_str());
+  o += strprintf("  %-22s %14s %14s\n", "optimizer state", bytes(static_cast<double>(st.state.device.optimizer)).c_str(), bytes(static_cast<double>(st.state.host.optimizer)).c_str());
   const ActivationBytes act = layer_activation_bytes(m, l, l.recompute);
-  o += format("  %-22s %14s                (%.0f B per token per layer, %lld micro-batch(es) in flight)\n", "activations",
+  o += strprintf("  %-22s %14s                (%.0f B per token per layer, %lld micro-batch(es) in flight)\n", "activations",
               bytes(st.activation_bytes).c_str(), act.per_token(l.tp),
               static_cast<long long>(std::min<int64_t>(l.pp - st.stage, l.grad_accum)));
-  o += format("  %-22s %14s                (logits, recompute working set, gathered ZeRO-3 units)\n", "transients",
+  o += strprintf("  %-22s %14s                (logits, recompute working set, gathered ZeRO-3 units)\n", "transients",
               bytes(st.transient_bytes).c_str());
-  if (l.base_bytes > 0) o += format("  %-22s %14s\n", "process base", bytes(l.base_bytes).c_str());
-  o += format("  %-22s %14s of %s: %s\n", "peak", bytes(st.peak_device_bytes).c_str(), bytes(c.device_memory).c_str(),
+  if (l.base_bytes > 0) o += strprintf("  %-22s %14s\n", "process base", bytes(l.base_bytes).c_str());
+  o += strprintf("  %-22s %14s of %s: %s\n", "peak", bytes(st.peak_device_bytes).c_str(), bytes(c.device_memory).c_str(),
               p.fits_device ? "fits" : "DOES NOT FIT");
   if (l.offload != Offload::None) {
-    o += format("  host per node          %14s of %s: %s\n", bytes(p.host_bytes_per_node()).c_str(), bytes(c.host_memory).c_str(),
+    o += strprintf("  host per node          %14s of %s: %s\n", bytes(p.host_bytes_per_node()).c_str(), bytes(c.host_memory).c_str(),
                 p.fits_host ? "fits" : "DOES NOT FIT");
   }
 
   if (l.pp > 1) {
     // Every stage at a glance: the figures above are one stage's; a run's log is rank 0's (stage 0).
     o += "\npipeline stages (per rank; a run's log reports rank 0, stage 0)\n";
-    o += format("  %-5s %6s %12s %14s %14s %14s %14s %12s %10s\n", "stage", "blocks", "Psi", "model state", "activations",
+    o += strprintf("  %-5s %6s %12s %14s %14s %14s %14s %12s %10s\n", "stage", "blocks", "Psi", "model state", "activations",
                 "peak", "comm_bytes", "micro-batch", "step");
     for (const auto& s : p.stages) {
-      o += format("  %-5lld %6lld %12lld %14s %14s %14s %14.0f %12s %10s%s\n", static_cast<long long>(s.stage),
+      o += strprintf("  %-5lld %6lld %12lld %14s %14s %14s %14.0f %12s %10s%s\n", static_cast<long long>(s.stage),
                   static_cast<long long>(s.blocks), static_cast<long long>(s.psi), bytes(static_cast<double>(s.state.device.total())).c_str(),
                   bytes(s.activation_bytes).c_str(), bytes(s.peak_device_bytes).c_str(), s.comm_bytes,
                   duration(s.forward_s + s.backward_s).c_str(), duration(s.step_s).c_str(),
@@ -307,53 +298,53 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   }
 
   const StagePlan& slow = p.stages[p.slowest_stage];
-  o += format("\ncommunication per step (a rank of pipeline stage %lld of %lld%s)\n", static_cast<long long>(slow.stage),
+  o += strprintf("\ncommunication per step (a rank of pipeline stage %lld of %lld%s)\n", static_cast<long long>(slow.stage),
               static_cast<long long>(l.pp), l.pp > 1 ? ", the slowest" : "");
   if (slow.comm.empty()) o += "  none\n";
   for (const auto& it : slow.comm) {
     if (it.link == "host-cpu") {
-      o += format("  %-5s %-52s %36s %9s  %s\n", it.group.c_str(), it.what.c_str(), "", duration(it.seconds).c_str(),
+      o += strprintf("  %-5s %-52s %36s %9s  %s\n", it.group.c_str(), it.what.c_str(), "", duration(it.seconds).c_str(),
                   window_name(it.window).c_str());
       continue;
     }
-    o += format("  %-5s %-52s %12s wire %11s %-10s %9s  %s\n", it.group.c_str(), it.what.c_str(), bytes(it.comm_bytes).c_str(),
+    o += strprintf("  %-5s %-52s %12s wire %11s %-10s %9s  %s\n", it.group.c_str(), it.what.c_str(), bytes(it.comm_bytes).c_str(),
                 bytes(it.wire_bytes).c_str(), it.link.c_str(), duration(it.seconds).c_str(), window_name(it.window).c_str());
   }
-  o += format("  comm_bytes (kiln's count) %.0f\n", slow.comm_bytes);
+  o += strprintf("  comm_bytes (kiln's count) %.0f\n", slow.comm_bytes);
   for (const auto& b : p.bandwidth) {
-    o += format("  %-4s needs %s to hide behind compute (b = C / t), has %s: %s\n", b.group.c_str(), rate(b.required).c_str(),
+    o += strprintf("  %-4s needs %s to hide behind compute (b = C / t), has %s: %s\n", b.group.c_str(), rate(b.required).c_str(),
                 rate(b.available).c_str(), b.enough ? "enough" : "NOT enough");
   }
 
   o += "\nstep time\n";
-  o += format("  compute        %10s  (per micro-batch: forward %s, backward %s%s)\n", duration(p.compute_s).c_str(),
+  o += strprintf("  compute        %10s  (per micro-batch: forward %s, backward %s%s)\n", duration(p.compute_s).c_str(),
               duration(p.forward_s).c_str(), duration(p.backward_s).c_str(),
               p.recompute_flops_per_token > 0 ? " incl. recomputation" : "");
-  o += format("  exposed comm   %10s\n", duration(p.exposed_comm_s).c_str());
-  o += format("  bubble         %10s  ((pp - 1) / (m + pp - 1) = %.1f%% of the step)\n", duration(p.bubble_s).c_str(),
+  o += strprintf("  exposed comm   %10s\n", duration(p.exposed_comm_s).c_str());
+  o += strprintf("  bubble         %10s  ((pp - 1) / (m + pp - 1) = %.1f%% of the step)\n", duration(p.bubble_s).c_str(),
               100.0 * p.bubble_s / p.step_s);
-  o += format("  step           %10s  %.4g tokens/s, MFU %.1f%%, HFU %.1f%%\n\n", duration(p.step_s).c_str(), p.tokens_per_s,
+  o += strprintf("  step           %10s  %.4g tokens/s, MFU %.1f%%, HFU %.1f%%\n\n", duration(p.step_s).c_str(), p.tokens_per_s,
               100 * p.mfu, 100 * p.hfu);
 
   o += totals_text(totals, c);
-  o += format("  this layout: %lld steps x %s = %s, %s, %.4g device-hours\n", static_cast<long long>(run.steps),
+  o += strprintf("  this layout: %lld steps x %s = %s, %s, %.4g device-hours\n", static_cast<long long>(run.steps),
               duration(p.step_s).c_str(), duration(run.seconds).c_str(), energy(run.energy_j).c_str(), run.device_hours);
   return o;
 }
 
 std::string search_text(const SearchResult& r, const ClusterSpec& c, int64_t global_batch) {
   std::string o;
-  o += format("search: %lld devices (%lld x %lld %s), global batch %lld sequences\n", static_cast<long long>(c.devices()),
+  o += strprintf("search: %lld devices (%lld x %lld %s), global batch %lld sequences\n", static_cast<long long>(c.devices()),
               static_cast<long long>(c.nodes), static_cast<long long>(c.devices_per_node), c.device.c_str(),
               static_cast<long long>(global_batch));
-  o += format("  %lld layouts tried: %lld not valid, %lld over device memory, %lld over host memory, %lld fit\n\n",
+  o += strprintf("  %lld layouts tried: %lld not valid, %lld over device memory, %lld over host memory, %lld fit\n\n",
               static_cast<long long>(r.candidates), static_cast<long long>(r.invalid), static_cast<long long>(r.over_device),
               static_cast<long long>(r.over_host), static_cast<long long>(r.fitting));
   int rank = 1;
   for (const auto& b : r.best) {
     const Plan& p = b.plan;
-    o += format("#%d  %s\n", rank++, describe(p.layout).c_str());
-    o += format("    step %s, %.4g tokens/s, MFU %.1f%%, peak %s of %s\n", duration(p.step_s).c_str(), p.tokens_per_s,
+    o += strprintf("#%d  %s\n", rank++, describe(p.layout).c_str());
+    o += strprintf("    step %s, %.4g tokens/s, MFU %.1f%%, peak %s of %s\n", duration(p.step_s).c_str(), p.tokens_per_s,
                 100 * p.mfu, bytes(p.peak_device_bytes()).c_str(), bytes(c.device_memory).c_str());
     o += "    why: " + b.reason + "\n";
     o += "    " + train_command(p.model, p.layout) + "\n";
@@ -363,30 +354,30 @@ std::string search_text(const SearchResult& r, const ClusterSpec& c, int64_t glo
 
 std::string compare_text(const CompareResult& r) {
   std::string o;
-  o += format("compare: %s (%lld steps) against the cost model\n", r.log_path.c_str(), static_cast<long long>(r.steps));
+  o += strprintf("compare: %s (%lld steps) against the cost model\n", r.log_path.c_str(), static_cast<long long>(r.steps));
   o += "  layout: " + describe(r.plan.layout) + "\n";
   if (r.plan.layout.pp > 1) {
-    o += format("  predicted for rank 0, the rank that wrote the log: pipeline stage 0 of %lld, holding %lld of the %lld blocks\n",
+    o += strprintf("  predicted for rank 0, the rank that wrote the log: pipeline stage 0 of %lld, holding %lld of the %lld blocks\n",
                 static_cast<long long>(r.plan.layout.pp), static_cast<long long>(r.plan.stages[0].blocks),
                 static_cast<long long>(r.plan.model.n_layer));
   }
-  o += format("  %-28s %18s %18s %10s\n", "", "predicted", "measured", "rel. error");
+  o += strprintf("  %-28s %18s %18s %10s\n", "", "predicted", "measured", "rel. error");
   for (const auto& row : r.rows) {
     auto show = [&](const std::optional<double>& v) -> std::string {
       if (!v) return "-";
       if (row.unit == "s") return duration(*v);
-      if (row.unit == "fraction") return format("%.2f%%", 100 * *v);
-      return format("%.0f", *v);
+      if (row.unit == "fraction") return strprintf("%.2f%%", 100 * *v);
+      return strprintf("%.0f", *v);
     };
     const auto err = row.rel_error();
-    std::string e = err ? format("%+.2f%%", 100 * *err) : "-";
+    std::string e = err ? strprintf("%+.2f%%", 100 * *err) : "-";
     if (row.exact && row.predicted && row.measured) e = row.mismatch() ? "MISMATCH" : "equal";
-    o += format("  %-28s %18s %18s %10s", row.name.c_str(), show(row.predicted).c_str(), show(row.measured).c_str(), e.c_str());
+    o += strprintf("  %-28s %18s %18s %10s", row.name.c_str(), show(row.predicted).c_str(), show(row.measured).c_str(), e.c_str());
     if (!row.note.empty()) o += "  (" + row.note + ")";
     o += "\n";
   }
   if (r.calibrated_achieved) {
-    o += format("  this run sustained %.3g of peak: pass --achieved %.3g to calibrate predictions\n", *r.calibrated_achieved,
+    o += strprintf("  this run sustained %.3g of peak: pass --achieved %.3g to calibrate predictions\n", *r.calibrated_achieved,
                 *r.calibrated_achieved);
   }
   o += r.exact_ok() ? "  accounting (exact rows): equal\n" : "  accounting (exact rows): MISMATCH\n";

@@ -2,8 +2,9 @@
 #include "runtime/console.h"
 
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
+
+#include "runtime/strprintf.h"
 
 namespace kiln {
 
@@ -26,16 +27,6 @@ std::string human_duration(double seconds) {
 }
 
 namespace {
-std::string printf_string(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string printf_string(const char* fmt, ...) {
-  char buf[512];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  va_end(args);
-  return buf;
-}
-
 // A number of the summary record, or nullopt where it holds null (nothing measured).
 std::optional<double> number(const nlohmann::json& j, const char* key) {
   if (!j.contains(key) || !j.at(key).is_number()) return std::nullopt;
@@ -44,13 +35,13 @@ std::optional<double> number(const nlohmann::json& j, const char* key) {
 }  // namespace
 
 std::string format_step_line(const StepLine& s) {
-  std::string line = printf_string("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %s tok/s | %.2f TFLOP/s/device",
+  std::string line = strprintf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %s tok/s | %.2f TFLOP/s/device",
                                    static_cast<long long>(s.step), static_cast<long long>(s.steps), s.loss, s.lr, s.norm,
                                    s.step_ms, human_count(s.tokens_per_s).c_str(), s.tflops);
-  if (s.several_devices) line += printf_string(" (job %.2f)", s.tflops_job);
-  if (s.mfu) line += printf_string(" | mfu %.1f%%", 100.0 * *s.mfu);
-  line += printf_string(" | mem %.2f GB", s.mem_gb);
-  if (s.loss_scale) line += printf_string(" | scale %g", *s.loss_scale);
+  if (s.several_devices) line += strprintf(" (job %.2f)", s.tflops_job);
+  if (s.mfu) line += strprintf(" | mfu %.1f%%", 100.0 * *s.mfu);
+  line += strprintf(" | mem %.2f GB", s.mem_gb);
+  if (s.loss_scale) line += strprintf(" | scale %g", *s.loss_scale);
   if (s.skipped) line += " | skipped (" + s.skip_reason + ")";
   line += " | " + human_count(static_cast<double>(s.tokens_seen)) + " tok | " + human_duration(s.elapsed_s) + " elapsed";
   if (s.step < s.steps) line += ", ETA " + human_duration(s.eta_s);
@@ -58,7 +49,7 @@ std::string format_step_line(const StepLine& s) {
 }
 
 std::string format_eval_line(int64_t step, double val_loss, double seconds) {
-  return printf_string("eval   %6lld | val loss %.4f | ppl %.2f | %.1f s", static_cast<long long>(step), val_loss, std::exp(val_loss),
+  return strprintf("eval   %6lld | val loss %.4f | ppl %.2f | %.1f s", static_cast<long long>(step), val_loss, std::exp(val_loss),
                        seconds);
 }
 
@@ -66,23 +57,23 @@ std::string format_summary(const nlohmann::json& summary, int64_t tokens_seen) {
   const auto get_int = [&](const char* key) { return summary.value(key, int64_t{0}); };
   const int64_t first = get_int("start_step") + 1, last = first + get_int("updates") + get_int("skipped_steps") - 1;
   std::string out = "kiln: done in " + human_duration(summary.value("wall_s", 0.0)) + ": ";
-  out += last >= first ? printf_string("steps %lld-%lld", static_cast<long long>(first), static_cast<long long>(last))
+  out += last >= first ? strprintf("steps %lld-%lld", static_cast<long long>(first), static_cast<long long>(last))
                        : std::string("no steps");
-  out += printf_string(" (%lld updates, %lld skipped), %s tokens seen", static_cast<long long>(get_int("updates")),
+  out += strprintf(" (%lld updates, %lld skipped), %s tokens seen", static_cast<long long>(get_int("updates")),
                        static_cast<long long>(get_int("skipped_steps")), human_count(static_cast<double>(tokens_seen)).c_str());
   if (const auto loss = number(summary, "final_loss")) {
-    out += printf_string("\n      loss %.4f", *loss);
+    out += strprintf("\n      loss %.4f", *loss);
     const long long ran = static_cast<long long>(last - first + 1), tail_n = ran < 10 ? ran : 10;
     const auto tail = number(summary, "mean_loss_last10");  // over the last min(10, steps run)
-    if (tail && tail_n > 1) out += printf_string(" (mean of the last %lld: %.4f)", tail_n, *tail);
+    if (tail && tail_n > 1) out += strprintf(" (mean of the last %lld: %.4f)", tail_n, *tail);
   }
-  if (const auto val = number(summary, "val_loss")) out += printf_string("; val loss %.4f (ppl %.2f)", *val, std::exp(*val));
+  if (const auto val = number(summary, "val_loss")) out += strprintf("; val loss %.4f (ppl %.2f)", *val, std::exp(*val));
   if (const auto tps = number(summary, "mean_tokens_per_s")) {
-    out += printf_string("\n      %s tok/s, %.2f TFLOP/s/device", human_count(*tps).c_str(), number(summary, "mean_tflops").value_or(0.0));
-    if (const auto mfu = number(summary, "mean_mfu")) out += printf_string(", mfu %.1f%%", 100.0 * *mfu);
+    out += strprintf("\n      %s tok/s, %.2f TFLOP/s/device", human_count(*tps).c_str(), number(summary, "mean_tflops").value_or(0.0));
+    if (const auto mfu = number(summary, "mean_mfu")) out += strprintf(", mfu %.1f%%", 100.0 * *mfu);
   }
-  out += printf_string("; peak memory %.2f GB", summary.value("peak_mem_gb", 0.0));
-  if (const auto w = number(summary, "mean_watts")) out += printf_string("; %.0f W", *w);
+  out += strprintf("; peak memory %.2f GB", summary.value("peak_mem_gb", 0.0));
+  if (const auto w = number(summary, "mean_watts")) out += strprintf("; %.0f W", *w);
   if (summary.contains("checkpoint") && summary.at("checkpoint").is_string())
     out += "\n      last checkpoint " + summary.at("checkpoint").get<std::string>();
   return out;

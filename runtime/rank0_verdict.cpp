@@ -10,6 +10,7 @@
 
 namespace kiln {
 
+// Host tensors on purpose: `host` is the host group (MPI, no device), never a run's device group.
 std::string broadcast_string(Communicator& host, const std::string& s) {
   auto len = at::tensor({static_cast<int64_t>(s.size())}, at::kLong);
   host.broadcast(len, 0)->wait();

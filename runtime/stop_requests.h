@@ -16,10 +16,13 @@
 // last save's duration, when the stop will save) would pass T.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace kiln {
+
+class Communicator;
 
 // The exit code of a job stopped on request (EX_TEMPFAIL: "try again later" -- resume it).
 constexpr int kExitStopped = 75;
@@ -38,6 +41,10 @@ class StopRequests {
 
   // "SIGTERM", ... for a signal number.
   static std::string name(int signal);
+
+  // Every rank's request agreed: the largest, by one all-reduce of a host tensor over `host`
+  // (the host group, MPI without a device: no device synchronisation). host null: `request`.
+  static int64_t agree(int64_t request, Communicator* host);
 
  private:
   std::vector<int> installed_;

@@ -691,6 +691,8 @@ json Trainer::run() {
     last_loss = s.loss;
     last_comm_bytes = r.comm_bytes() - bytes_before;
     losses.push_back(s.loss);
+    const int64_t tokens_seen = r.progress.samples * cfg_.gpt.seq_len;  // the whole run's, resumes included
+    const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
     json rec{{"type", "step"},          {"step", step + 1},         {"loss", num(s.loss)},
              {"lr", s.lr},              {"grad_norm", num(s.norm)}, {"loss_scale", s.loss_scale},
              {"skipped", s.skipped},    {"tokens", r.tokens_per_step}, {"tokens_per_s", tokens_per_s},
@@ -703,16 +705,15 @@ json Trainer::run() {
              {"optimizer_ms", phase_ms[static_cast<size_t>(Phase::Optimizer)]},
              {"energy_j", step_joules ? json(*step_joules) : json(nullptr)},
              {"watts", step_joules ? json(*step_joules / step_s) : json(nullptr)},
-             {"tokens_seen", r.progress.samples * cfg_.gpt.seq_len},
-             {"elapsed_s", std::chrono::duration<double>(Clock::now() - run_start).count()}};
+             {"tokens_seen", tokens_seen},
+             {"elapsed_s", elapsed_s}};
     if (r.ddp) rec["comm_buckets_in_backward"] = r.ddp->launched_in_backward();
     if (r.pipe) rec["pp_live_max"] = r.pipe->max_live();  // micro-batches whose activations stage 0 held at once
     r.log.write(rec);
     if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == end_step || s.skipped)) {
       StepLine line{step + 1, cfg_.steps, s.loss, s.lr, s.norm, step_s * 1e3, tokens_per_s, tflops, tflops_job,
                     r.devices->count() > 1, std::nullopt, mem_gb, std::nullopt, s.skipped,
-                    r.precision == Precision::FP16 ? "overflow" : "non-finite", r.progress.samples * cfg_.gpt.seq_len,
-                    std::chrono::duration<double>(Clock::now() - run_start).count(), 0.0};
+                    r.precision == Precision::FP16 ? "overflow" : "non-finite", tokens_seen, elapsed_s, 0.0};
       if (r.peak) line.mfu = tflops_job / (devices * *r.peak);
       if (r.precision == Precision::FP16) line.loss_scale = s.loss_scale;
       line.eta_s = static_cast<double>(end_step - step - 1) * (timed_steps > 0 ? timed_seconds / static_cast<double>(timed_steps) : step_s);
@@ -728,11 +729,7 @@ json Trainer::run() {
       const double next = longest_step_s + (cfg_.save_dir.empty() ? 0.0 : last_save_s);
       if (elapsed + next > cfg_.max_wall_time) request = std::max<int64_t>(request, kStopWallTime);
     }
-    if (r.host_world && proc_.world_size > 1) {
-      at::Tensor agreed = at::full({1}, request, at::kLong);
-      r.host_world->all_reduce(agreed, ReduceOp::Max)->wait();
-      request = agreed.item<int64_t>();
-    }
+    request = StopRequests::agree(request, r.host_world.get());
     const bool stopping = request != 0 && step + 1 < end_step;
     if (stopping) stop_reason = request == kStopWallTime ? "--max-wall-time" : StopRequests::name(static_cast<int>(request));
     const bool eval_now = r.val_loader && ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || step + 1 == cfg_.steps);

@@ -16,7 +16,6 @@
 source "$(dirname "$0")/common.sh"
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100)
 
-
 # ---- SIGTERM at step N, then resume by replay
 "$KILN_BIN" "${T[@]}" --steps 40 --log-json "$work/straight.jsonl" >/dev/null
 "$KILN_BIN" "${T[@]}" --steps 40 --save-dir "$work/sig" --log-json "$work/sig.jsonl" >"$work/sig.out" 2>&1 &
