@@ -6,10 +6,15 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
 
 #include <cxxopts.hpp>
 
+#include "launch/deepspeed_config.h"
 #include "runtime/error.h"
+#include "runtime/init_from.h"
 #include "runtime/suggest.h"
 
 namespace kiln {
@@ -63,7 +68,11 @@ const std::vector<Flag>& train_flags() {
       {"steps", Kind::Int, "optimizer steps (0: build, log the config record, exit)", field(&TrainConfig::steps)},
       {"lr", Kind::Float, "peak learning rate", field(&TrainConfig::lr)},
       {"min-lr", Kind::Float, "final learning rate of the cosine (default: lr/10)", field(&TrainConfig::min_lr)},
-      {"warmup", Kind::Int, "linear warm-up steps", field(&TrainConfig::warmup)},
+      {"warmup", Kind::Int, "warm-up steps", field(&TrainConfig::warmup)},
+      {"lr-schedule", Kind::String, "cosine | constant | warmup | warmup-decay | warmup-cosine (the last three: DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR)", field(&TrainConfig::lr_schedule)},
+      {"warmup-type", Kind::String, "linear | log: DeepSpeed schedules' warm-up curve", field(&TrainConfig::warmup_type)},
+      {"warmup-start-lr", Kind::Float, "DeepSpeed schedules: lr the warm-up starts from (warmup_min_lr)", field(&TrainConfig::warmup_start_lr)},
+      {"lr-decay-steps", Kind::Int, "step at which the decay ends (default: --steps)", field(&TrainConfig::lr_decay_steps)},
       {"weight-decay", Kind::Float, "AdamW decoupled weight decay (matrices only)", field(&TrainConfig::weight_decay)},
       {"grad-clip", Kind::Float, "max global gradient norm (0: off)", field(&TrainConfig::grad_clip)},
       {"beta1", Kind::Float, "AdamW beta1", field(&TrainConfig::beta1)},
@@ -98,6 +107,7 @@ const std::vector<Flag>& train_flags() {
       {"stop-at-step", Kind::Int, "end this invocation after step N (checkpointed with --save-dir); the schedule still spans --steps (0: run to --steps)", field(&TrainConfig::stop_at_step)},
       {"keep-last", Kind::Int, "checkpoints kept in --save-dir (older ones are deleted; 0: keep all)", field(&TrainConfig::keep_last)},
       {"resume", Kind::String, "auto (latest in --save-dir, if any) | none | PATH (a checkpoint or a save dir)", field(&TrainConfig::resume)},
+      {"init-from", Kind::String, "start from the weights of DIR (Hugging Face GPT-2 or kiln checkpoint; shape from its config.json), fresh optimizer, step 0", field(&TrainConfig::init_from)},
       {"log-json", Kind::String, "JSONL log file (rank 0)", field(&TrainConfig::log_json)},
       {"log-every", Kind::Int, "console line every N steps", field(&TrainConfig::log_every)},
       {"allow-config-change", Kind::Bool, "resume even when the data, seed, global batch, optimizer or precision differ from the checkpoint's (listed in the config record)", field(&TrainConfig::allow_config_change)},
@@ -228,10 +238,12 @@ void apply_flags(const cxxopts::ParseResult& result, std::map<std::string, json>
 
 }  // namespace
 
-TrainArgs parse_train_args(const std::vector<std::string>& args) {
+TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size) {
   cxxopts::Options opts("kiln train", "Train a GPT model.");
   opts.add_options()("h,help", "show this help")("config", "JSON file of settings (keys = flag names)",
-                                                 cxxopts::value<std::string>());
+                                                 cxxopts::value<std::string>())(
+      "deepspeed", "a DeepSpeed JSON config (its keys mapped to these flags; flags override it; docs/deepspeed.md)",
+      cxxopts::value<std::string>());
   // Each flag's help ends with its default (a default TrainConfig with the tiny preset), unless
   // it has none to show or says it itself.
   const json defaults = TrainConfig().to_json();
@@ -273,7 +285,36 @@ TrainArgs parse_train_args(const std::vector<std::string>& args) {
       values[it->first] = typed_from_json(*it->second, v, "--config " + path);
     }
   }
+  // A DeepSpeed config over the --config file; a flag given overrides it (with a notice), except
+  // a layout or precision flag that contradicts it (refused).
+  std::optional<DeepSpeedSettings> ds;
+  if (result.count("deepspeed")) {
+    ds = read_deepspeed_config(result["deepspeed"].as<std::string>());
+    for (const auto& [flag, v] : ds->values) {
+      auto it = by_name.find(flag);
+      if (it == by_name.end()) throw std::logic_error("deepspeed mapping names no flag '" + flag + "'");
+      if (result.count(flag)) {
+        const std::string text = result[flag].as<std::string>();
+        if (typed_from_text(*it->second, text) != v) {
+          const std::string what = ds->from.at(flag) + " (" + v.dump() + ")";
+          if (deepspeed_structural_flag(flag)) {
+            throw ConfigError("--" + flag + " " + text + " contradicts --deepspeed " + ds->path + "'s " + what +
+                              ": remove one of them");
+          }
+          ds->notices.push_back("--" + flag + " " + text + " overrides " + what);
+        }
+      }
+      values[flag] = v;
+    }
+  }
   apply_flags(result, values, out.config);
+  apply_init_from(values, out.config);  // --init-from DIR: the shape from DIR/config.json (runtime/init_from.h)
+  if (ds) {
+    std::set<std::string> given;
+    for (const auto& f : train_flags())
+      if (result.count(f.name)) given.insert(f.name);
+    finish_deepspeed(*ds, given, world_size, out.config);
+  }
   out.config.validate();
   return out;
 }
@@ -327,7 +368,7 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
     }
   }
   // Nothing of the training run's bookkeeping: no log, no saving, no stop, no resume policy.
-  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps"})
+  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps", "init-from"})
     values.erase(k);
   apply_flags(result, values, out.config);
   if (out.config.val_data.empty()) {

@@ -1,8 +1,8 @@
 // launch/cli.h -- command-line and --config parsing for the kiln subcommands.
 //
 // `kiln train` settings come from, in increasing priority: TrainConfig's defaults, the --model
-// preset, a --config FILE.json (an object whose keys are the flag names, with '-' or '_'), and
-// flags. Every value is checked for its type here and the whole config is validated once
+// preset, a --config FILE.json (an object whose keys are the flag names, with '-' or '_'), a
+// --deepspeed FILE.json (DeepSpeed's keys, launch/deepspeed_config.h), and flags. Every value is checked for its type here and the whole config is validated once
 // (TrainConfig::validate). Unknown flags, unknown config keys, values of the wrong type and
 // malformed files are ConfigErrors with one line naming the culprit.
 #pragma once
@@ -21,8 +21,9 @@ struct TrainArgs {
   std::string help_text;
 };
 
-// args: the arguments after "train".
-TrainArgs parse_train_args(const std::vector<std::string>& args);
+// args: the arguments after "train"; world_size: the job's ranks (a --deepspeed file's
+// train_batch_size is checked against its data-parallel ranks).
+TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size = 1);
 
 // `kiln eval --checkpoint PATH [train flags]`: the settings the checkpoint was trained with
 // (its trainer_state.json), then the flags given (--val-data, --eval-batches, --micro-batch, the

@@ -82,10 +82,14 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
     return 0;
   }
   if (cmd == "train") {
-    auto args = kiln::parse_train_args(rest);
+    auto args = kiln::parse_train_args(rest, proc.world_size);
     if (args.help) {
       std::fputs(args.help_text.c_str(), stdout);
       return 0;
+    }
+    if (proc.rank == 0 && !args.config.deepspeed.empty()) {
+      for (const auto& line : args.config.deepspeed_used.value("notices", nlohmann::json::array()))
+        std::printf("kiln: deepspeed: %s\n", line.get<std::string>().c_str());
     }
     const auto summary = kiln::Trainer(args.config, proc).run();
     // Stopped on request (a signal, --max-wall-time): saved, and to be resumed.

@@ -275,6 +275,12 @@ at::Tensor read_weight(const SafetensorsReader& file, const std::string& file_na
     whole.copy_(hf.t());  // Conv1D [in, out] -> Linear [out, in]
     return whole;
   }
+  if (hf_rows_of_kiln(kiln_name) && !shape.empty() && !spec.shape.empty() && spec.shape[0] > shape[0]) {
+    // A longer table than the model's (load_weights: wpe of a model with more positions): its
+    // first rows.
+    whole.copy_(file.read(file_name).narrow(0, 0, shape[0]));
+    return whole;
+  }
   if (spec.dtype == at::kFloat && hf_rows_of_kiln(kiln_name)) {
     // The file's rows are the tensor's first rows (all of them but the embedding's padding).
     const int64_t rows = spec.shape.empty() ? 1 : spec.shape[0];
@@ -288,6 +294,19 @@ at::Tensor read_weight(const SafetensorsReader& file, const std::string& file_na
     whole.copy_(from_hf_layout(kiln_name, file.read(file_name), cfg));
   }
   return whole;
+}
+
+// The weights, one tensor at a time: rank 0 reads each from `file` (its tensor names[kiln name])
+// and every rank keeps its part. `file` is used on rank 0 only.
+void stream_weights(WholeModel& state, const SafetensorsReader* file, const std::map<std::string, std::string>& names,
+                    PeakTracker& peak) {
+  at::Tensor scratch;
+  for (const auto& [pname, shape] : state.params()) {
+    at::Tensor whole;
+    if (state.writer()) whole = read_weight(*file, names.at(pname), pname, shape, state.config(), scratch);
+    peak.sample();
+    state.scatter(pname, CheckpointPart::Param, whole);
+  }
 }
 
 }  // namespace
@@ -507,13 +526,7 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   json st = multi ? json::parse(broadcast_string(*world, root ? c.state.dump() : std::string())) : c.state;
 
   // The tensors, one at a time: rank 0 reads each and every rank keeps its part.
-  at::Tensor scratch;
-  for (const auto& [pname, shape] : state.params()) {
-    at::Tensor whole;
-    if (root) whole = read_weight(*c.model, c.model_names.at(pname), pname, shape, cfg, scratch);
-    peak.sample();
-    state.scatter(pname, CheckpointPart::Param, whole);
-  }
+  stream_weights(state, c.model.get(), c.model_names, peak);
   for (const auto& [pname, shape] : state.params()) {
     for (const auto& [prefix, part] : kOptimizerParts) {
       at::Tensor whole;
@@ -542,6 +555,50 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   r.io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.io.peak_extra_bytes = peak.peak;
   return r;
+}
+
+CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* world) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string where = "--init-from " + dir;
+  PeakTracker peak;
+  std::unique_ptr<SafetensorsReader> file;
+  std::map<std::string, std::string> names;
+  CheckpointIo io;
+  // Rank 0 checks the file (and, for a kiln checkpoint, its recorded CRC-32) before anything moves.
+  decide_on_rank0(world, [&] {
+    const std::string path = dir + "/model.safetensors";
+    if (!fs::exists(path)) throw ConfigError(where + ": no model.safetensors there");
+    if (fs::exists(dir + "/trainer_state.json")) {
+      json st;
+      try {
+        st = json::parse(read_text(dir + "/trainer_state.json"));
+      } catch (const json::exception& e) {
+        throw DataError(where + ": trainer_state.json is not valid JSON (" + std::string(e.what()) + ")");
+      }
+      const json crc = st.value("files", json::object()).value("model.safetensors", json());
+      if (crc.is_number_unsigned() && crc32_file(path) != crc.get<uint32_t>()) {
+        throw DataError(where + ": model.safetensors is corrupt (its CRC-32 differs from the one trainer_state.json records)");
+      }
+    }
+    file = std::make_unique<SafetensorsReader>(path);
+    // The model's shape, with the file's number of positions where it has more (their first rows).
+    GPTConfig file_cfg = state.config();
+    for (const char* wpe : {"transformer.wpe.weight", "wpe.weight"}) {
+      if (file->contains(wpe) && file->spec(wpe).shape.size() == 2 && file->spec(wpe).shape[0] > file_cfg.seq_len) {
+        file_cfg.seq_len = file->spec(wpe).shape[0];
+      }
+    }
+    try {
+      names = match_hf_gpt2(file_cfg, file->specs(), [&](const std::string& n) { return file->read(n); });
+    } catch (const ConfigError& e) {
+      throw ConfigError(where + ": " + e.what());
+    }
+    io.bytes = static_cast<int64_t>(fs::file_size(path));
+  });
+  stream_weights(state, file.get(), names, peak);
+  io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  io.peak_extra_bytes = peak.peak;
+  return io;
 }
 
 }  // namespace kiln

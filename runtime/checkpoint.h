@@ -121,4 +121,14 @@ struct Resumed {
 std::optional<Resumed> resume_training(const std::string& resume, const std::string& save_dir, WholeModel& state,
                                        Communicator* host_world);
 
+// Collective over the world. The weights of `dir` only (its model.safetensors in Hugging Face
+// GPT2LMHeadModel's layout: a kiln checkpoint's, or transformers' save_pretrained's) into every
+// rank's part of the model, through resume_training's own path (rank 0 checks every tensor's name
+// and shape first, then reads one tensor at a time and scatters it); AdamW's state is not touched
+// (a fresh optimizer: fine-tuning, --init-from, runtime/init_from.h). The file's position table
+// may be longer than the model's context: its first seq_len rows are taken (nanoGPT's
+// crop_block_size). A kiln checkpoint's model.safetensors is checked against its recorded CRC-32.
+// Problems are a ConfigError or DataError naming the directory, thrown on every rank together.
+CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* host_world);
+
 }  // namespace kiln

@@ -38,6 +38,17 @@ void TrainConfig::validate() const {
   at_least("synthetic-tokens", synthetic_tokens, gpt.seq_len + 1);
   at_least("lr", lr, 0);
   at_least("warmup", warmup, int64_t{0});
+  one_of("lr-schedule", lr_schedule, {"cosine", "constant", "warmup", "warmup-decay", "warmup-cosine"});
+  one_of("warmup-type", warmup_type, {"linear", "log"});
+  at_least("warmup-start-lr", warmup_start_lr, 0);
+  at_least("lr-decay-steps", lr_decay_steps, int64_t{0});
+  if ((lr_schedule == "cosine" || lr_schedule == "constant") && (warmup_type != "linear" || warmup_start_lr != 0.0)) {
+    throw ConfigError("--warmup-type and --warmup-start-lr shape DeepSpeed's schedules (--lr-schedule warmup, "
+                      "warmup-decay, warmup-cosine), not --lr-schedule " + lr_schedule);
+  }
+  if (lr_schedule == "warmup-cosine" && !(lr > 0)) {
+    throw ConfigError("--lr-schedule warmup-cosine needs --lr above 0 (its warm-up start and floor are ratios of it)");
+  }
   at_least("weight-decay", weight_decay, 0);
   at_least("grad-clip", grad_clip, 0);
   at_least("log-every", log_every, int64_t{1});
@@ -110,6 +121,10 @@ nlohmann::json TrainConfig::to_json() const {
   j["lr"] = lr;
   j["min_lr"] = resolved_min_lr();
   j["warmup"] = warmup;
+  j["lr_schedule"] = lr_schedule;
+  j["warmup_type"] = warmup_type;
+  j["warmup_start_lr"] = warmup_start_lr;
+  j["lr_decay_steps"] = resolved_lr_decay_steps();
   j["weight_decay"] = weight_decay;
   j["grad_clip"] = grad_clip;
   j["beta1"] = beta1;
@@ -144,22 +159,25 @@ nlohmann::json TrainConfig::to_json() const {
   j["keep_last"] = keep_last;
   j["stop_at_step"] = stop_at_step;
   j["resume"] = resume;
+  j["init_from"] = init_from;
   j["log_json"] = log_json;
   j["log_every"] = log_every;
   j["peak_tflops"] = peak_tflops;
   j["device_memory_cap_gb"] = device_memory_cap_gb;
+  if (!deepspeed.empty()) j["deepspeed"] = deepspeed_used;
   return j;
 }
 
 std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_dp, const TrainConfig& now, int now_dp) {
   static const std::set<std::string> replay = {"data",        "data_format", "synthetic_tokens", "seed",
                                                "dropout",     "lr",          "min_lr",           "warmup",
+                                               "lr_schedule", "warmup_type", "warmup_start_lr", "lr_decay_steps",
                                                "weight_decay", "grad_clip",  "beta1",            "beta2",
                                                "adam_eps",    "precision",   "loss_scale",       "loss_scale_window",
                                                "initial_scale_power", "hysteresis", "min_loss_scale"};
   // This run's own outputs and its way of resuming: not settings of the training.
   static const std::set<std::string> ignored = {"resume", "log_json", "log_every", "save_dir", "stop_at_step",
-                                                "allow_config_change"};
+                                                "allow_config_change", "deepspeed"};
   std::vector<ConfigChange> out;
   const nlohmann::json cur = now.to_json();
   for (const auto& [key, value] : cur.items()) {

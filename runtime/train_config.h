@@ -35,6 +35,10 @@ struct TrainConfig {
   double lr = 1e-3;         // peak learning rate
   double min_lr = -1.0;     // cosine floor; negative = lr / 10
   int64_t warmup = 20;      // linear warm-up steps
+  std::string lr_schedule = "cosine";  // cosine | constant | warmup | warmup-decay | warmup-cosine (optim/lr_schedule.h)
+  std::string warmup_type = "linear";  // linear | log (DeepSpeed's schedules only)
+  double warmup_start_lr = 0.0;        // lr before the warm-up (DeepSpeed's warmup_min_lr; its schedules only)
+  int64_t lr_decay_steps = 0;          // update at which the decay ends; 0 = --steps
   double weight_decay = 0.1;
   double grad_clip = 1.0;   // max global gradient norm; 0 = no clipping
   double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
@@ -68,6 +72,7 @@ struct TrainConfig {
   int64_t keep_last = 3;       // checkpoints kept in save_dir; 0 = all
   int64_t stop_at_step = 0;    // end this invocation after this step (a time-limited job); 0 = at steps
   std::string resume = "auto"; // auto (latest in save_dir, if any) | none | PATH
+  std::string init_from;       // HF GPT-2 or kiln checkpoint dir: its weights, fresh optimizer (runtime/init_from.h); empty = none
   std::string log_json;        // JSONL log path; empty = none
   int64_t log_every = 1;       // console line every N steps
   double peak_tflops = 0.0;    // one device's peak for MFU, TFLOP/s (CPU: one rank's share); 0 = from the device table
@@ -78,7 +83,12 @@ struct TrainConfig {
   double max_wall_time = 0.0;  // seconds: stop and save before the run would pass it; 0 = no limit
   double device_memory_cap_gb = 0.0;  // CUDA: cap this process's allocator at this many GB; 0 = none
 
+  // ---- a DeepSpeed config file (launch/deepspeed_config.h)
+  std::string deepspeed;          // --deepspeed FILE; empty = none
+  nlohmann::json deepspeed_used;  // what the file set: {"file", "auto": {key: value used}, "notices": [...]}
+
   double resolved_min_lr() const { return min_lr < 0.0 ? lr / 10.0 : min_lr; }
+  int64_t resolved_lr_decay_steps() const { return lr_decay_steps > 0 ? lr_decay_steps : steps; }
 
   // Throws ConfigError with one line naming the first setting that cannot be used.
   void validate() const;

@@ -127,6 +127,7 @@ struct Trainer::Run {
   std::unique_ptr<Checkpointer> checkpointer;  // every rank, with --save-dir (rank 0 writes)
   std::string resume_notice;                   // a repair of the save directory at resume, or ""
   std::optional<CheckpointIo> load_io;         // what the resume read
+  std::optional<CheckpointIo> init_io;         // what --init-from read (a fresh run started from its weights)
 
   TrainProgress progress;     // steps done, updates applied, data position, scaler state
   std::string resumed_from;   // checkpoint directory, or empty
@@ -271,7 +272,8 @@ void Trainer::setup() {
   r.scaler = std::make_unique<LossScaler>(LossScalerConfig{r.precision == Precision::FP16, cfg_.loss_scale,
                                                            cfg_.initial_scale_power, cfg_.loss_scale_window,
                                                            cfg_.hysteresis, cfg_.min_loss_scale});
-  r.schedule.emplace(LRSchedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.steps});
+  r.schedule.emplace(LRSchedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.resolved_lr_decay_steps(),
+                                parse_lr_shape(cfg_.lr_schedule), cfg_.warmup_start_lr, cfg_.warmup_type == "log"});
 
   // The whole model, one tensor at a time (runtime/consolidate.h): what checkpoints read and
   // write. Resume: rank 0 checks and reads, every rank keeps its part; while rank 0 reads alone,
@@ -283,6 +285,8 @@ void Trainer::setup() {
     Watchdog::Window window(r.watchdog.get(), std::max(cfg_.save_timeout, cfg_.comm_init_timeout),
                             "--save-timeout: rank 0 reads the checkpoint meanwhile");
     resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.state, r.host_world.get());
+    // --init-from seeds only a fresh run (runtime/init_from.h): its weights, a fresh optimizer, step 0.
+    if (!resumed && !cfg_.init_from.empty()) r.init_io = load_weights(cfg_.init_from, *r.state, r.host_world.get());
   }
   if (resumed) {
     // The resumed run must be the uninterrupted one continued: settings that would change what it
@@ -366,6 +370,7 @@ void Trainer::log_config() {
                {"peak_tflops", r.peak ? json(*r.peak) : json(nullptr)},
                {"compute_dtype", c10::toString(compute_dtype(r.precision))},
                {"resumed_from", r.resumed_from.empty() ? json(nullptr) : json(r.resumed_from)},
+               {"initialised_from", r.init_io ? json(cfg_.init_from) : json(nullptr)},
                {"config_changes", changes_json(r.config_changes)},
                {"start_step", r.progress.step},
                {"data", {{"tokens", r.train_data->num_tokens()}, {"samples", r.train_data->num_samples()},
@@ -380,7 +385,8 @@ void Trainer::log_config() {
   }
   if (proc_.rank != 0) return;
   std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d) on %d device(s) of %d node(s), %lld tokens/step, %lld steps\n",
-              cfg_.model.c_str(), static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(),
+              (cfg_.init_from.empty() ? cfg_.model : "--init-from " + cfg_.init_from).c_str(),
+              static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(),
               r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp, r.devices->count(), proc_.nodes,
               static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
   if (!r.resume_notice.empty()) std::printf("kiln: %s\n", r.resume_notice.c_str());
@@ -405,6 +411,13 @@ void Trainer::log_config() {
   }
   if (cfg_.max_wall_time > 0 && cfg_.save_dir.empty()) {
     std::printf("kiln: warning: --max-wall-time stops the run, but without --save-dir nothing is saved to resume from\n");
+  }
+  if (r.init_io) {
+    std::printf("kiln: weights from %s (--init-from: fresh optimizer, step 0; %.3f GB in %.2f s)\n", cfg_.init_from.c_str(),
+                r.init_io->bytes / 1e9, r.init_io->seconds);
+  } else if (!cfg_.init_from.empty() && !r.resumed_from.empty()) {
+    std::printf("kiln: --init-from %s not used: resuming %s (--init-from seeds only a fresh run)\n", cfg_.init_from.c_str(),
+                r.resumed_from.c_str());
   }
   if (!r.resumed_from.empty()) {
     const CheckpointIo& io = *r.load_io;

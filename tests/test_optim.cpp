@@ -1,7 +1,9 @@
 // tests/test_optim.cpp -- AdamW against the update written out by hand, the LR schedule at
 // values worked out by hand, global-norm clipping, and the FP16 loss scaler's sequences of
 // scale, skip and growth against DeepSpeed's rule worked out by hand.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -90,6 +92,46 @@ TEST(LRSchedule, WarmupCosineFloor) {
   kiln::LRSchedule no_warmup{2.0, 0.0, 0, 4};
   EXPECT_DOUBLE_EQ(no_warmup.at(0), 2.0);
   EXPECT_NEAR(no_warmup.at(2), 1.0, 1e-12);
+}
+
+TEST(LRSchedule, ConstantAfterWarmup) {
+  kiln::LRSchedule s{1.0, 0.1, 4, 100, kiln::LRShape::Constant};
+  EXPECT_DOUBLE_EQ(s.at(0), 0.25);
+  EXPECT_DOUBLE_EQ(s.at(3), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(50), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(500), 1.0);
+}
+
+// DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR, as DeepSpeed 0.19.8's own classes give
+// them update by update (tests/deepspeed/lr_golden.py printed this table; it documents how to
+// re-run it). The arithmetic is the same formulas in the same order, so the match is to ~1e-15
+// relative; 1e-12 leaves room for another libm's log and cos.
+TEST(LRSchedule, DeepSpeedGolden) {
+  struct Case {
+    const char* name;
+    kiln::LRSchedule schedule;
+    std::vector<double> lr;  // lr of updates 0, 1, 2, ...
+  };
+  const std::vector<Case> cases = {
+    {"warmup_log", {0.001, 0.0, 10, 0, kiln::LRShape::Warmup, 1e-05, true},
+     {1e-05, 1e-05, 0.0003080196957073414, 0.00048235004217246576, 0.0006060393914146827, 0.0007019803042926585, 0.0007803697378798071, 0.0008466470596141142, 0.0009040590871220239, 0.0009547000843449315, 0.0009999999999999998, 0.001, 0.001, 0.001}},
+    {"warmup_linear_w1", {0.002, 0.0, 1, 0, kiln::LRShape::Warmup, 0.0, false},
+     {0.0, 0.0, 0.001, 0.002, 0.002}},
+    {"decay_log", {0.001, 0.0, 5, 20, kiln::LRShape::WarmupDecay, 0.0, true},
+     {0.0, 0.0, 0.00043067655807339306, 0.0006826061944859854, 0.0008613531161467861, 0.001, 0.001, 0.0009333333333333333, 0.0008666666666666667, 0.0008, 0.0007333333333333333, 0.0006666666666666666, 0.0006, 0.0005333333333333334, 0.00046666666666666666, 0.0004, 0.0003333333333333333, 0.0002666666666666667, 0.0002, 0.00013333333333333334, 6.666666666666667e-05, 0.0, 0.0, 0.0}},
+    {"decay_linear", {0.002, 0.0, 3, 12, kiln::LRShape::WarmupDecay, 0.0001, false},
+     {0.0001, 0.0001, 0.0007333333333333333, 0.0013666666666666666, 0.002, 0.001788888888888889, 0.0015777777777777778, 0.0013666666666666666, 0.0011555555555555557, 0.0009444444444444445, 0.0007333333333333333, 0.0005222222222222222, 0.0003111111111111111, 0.0001, 0.0001}},
+    {"cosine_log", {0.001, 5e-05, 5, 20, kiln::LRShape::WarmupCosine, 0.0001, true},
+     {0.0, 0.0001, 0.0004876089022660538, 0.0007143455750373869, 0.0008752178045321076, 0.001, 0.0009896201103485576, 0.0009589340923802355, 0.0009092830723281, 0.0008428370380204576, 0.0007624999999999999, 0.0006717830723281001, 0.0005746510200521354, 0.0004753489799478646, 0.0003782169276719, 0.0002875000000000001, 0.00020716296197954249, 0.00014071692767190003, 9.106590761976455e-05, 6.0379889651442304e-05, 5e-05, 5e-05, 5e-05, 5e-05}},
+    {"cosine_linear", {0.003, 3.0000000000000004e-07, 4, 10, kiln::LRShape::WarmupCosine, 0.0, false},
+     {0.0, 0.0, 0.00075, 0.0015, 0.0022500000000000003, 0.0027990582018660904, 0.002250075, 0.00150015, 0.0007502250000000003, 0.0002012417981339096, 3.0000000000000004e-07, 3.0000000000000004e-07}},
+  };
+  for (const auto& c : cases) {
+    for (size_t u = 0; u < c.lr.size(); ++u) {
+      const double got = c.schedule.at(static_cast<int64_t>(u)), want = c.lr[u];
+      EXPECT_NEAR(got, want, 1e-12 * std::max(1e-3, std::abs(want))) << c.name << " update " << u;
+    }
+  }
 }
 
 TEST(GradClip, NormAndScaling) {
