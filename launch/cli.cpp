@@ -62,6 +62,8 @@ const std::vector<Flag>& train_flags() {
       {"val-data", Kind::List, "evaluation shards (paths or globs)", field(&TrainConfig::val_data)},
       {"eval-every", Kind::Int, "steps between evaluations (0: after the last step only)", field(&TrainConfig::eval_every)},
       {"eval-batches", Kind::Int, "micro-batches per evaluation", field(&TrainConfig::eval_batches)},
+      {"sample-every", Kind::Int, "steps between printed samples, as llm.c's (64 tokens from end-of-text, temperature 1, "
+       "seeded by --seed and the step; 0: none)", field(&TrainConfig::sample_every)},
       {"synthetic-tokens", Kind::Int, "tokens in the synthetic corpus", field(&TrainConfig::synthetic_tokens)},
       {"micro-batch", Kind::Int, "sequences per micro-batch per rank", field(&TrainConfig::micro_batch)},
       {"grad-accum", Kind::Int, "micro-batches per optimizer step per rank", field(&TrainConfig::grad_accum)},
@@ -368,7 +370,7 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
     }
   }
   // Nothing of the training run's bookkeeping: no log, no saving, no stop, no resume policy.
-  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps", "init-from"})
+  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps", "sample-every", "init-from"})
     values.erase(k);
   apply_flags(result, values, out.config);
   if (out.config.val_data.empty()) {

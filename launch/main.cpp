@@ -3,6 +3,7 @@
 //
 //   kiln train [flags]   train a GPT (see `kiln train --help`)
 //   kiln eval  --checkpoint DIR [flags]   validation loss and perplexity of a checkpoint
+//   kiln sample --checkpoint DIR --prompt TEXT [flags]   text from a checkpoint (launch/sample_cli.h)
 //   kiln prep  [flags]   text files -> token shards
 //   kiln bench [flags]   measure a training configuration (throughput, MFU, memory, energy)
 //   kiln plan  [flags]   memory, communication, time and energy of a layout (no training)
@@ -29,6 +30,7 @@
 #include "launch/bench.h"
 #include "launch/cli.h"
 #include "launch/plan_cli.h"
+#include "launch/sample_cli.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/stop_requests.h"
@@ -42,6 +44,7 @@ const char* kUsage =
     "commands:\n"
     "  train   train a GPT model (kiln train --help)\n"
     "  eval    validation loss and perplexity of a checkpoint, on any layout (kiln eval --help)\n"
+    "  sample  text from a checkpoint: kiln sample --checkpoint DIR --prompt TEXT (kiln sample --help)\n"
     "  prep    turn text files into token shards (kiln prep --help)\n"
     "  bench   measure a training configuration on synthetic data (kiln bench --help)\n"
     "  plan    predict memory, communication, step time and energy; search layouts;\n"
@@ -134,9 +137,17 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
     kiln::Trainer(args.config, proc).evaluate_checkpoint();
     return 0;
   }
+  if (cmd == "sample") {
+    auto args = kiln::parse_sample_args(rest);
+    if (args.help) {
+      std::fputs(args.help_text.c_str(), stdout);
+      return 0;
+    }
+    return kiln::run_sample(args, proc);
+  }
   throw kiln::ConfigError("unknown command '" + cmd + "'" +
-                          kiln::did_you_mean(cmd, {"train", "eval", "prep", "bench", "plan", "report", "version"}) +
-                          " (commands: train, eval, prep, bench, plan, report, version)");
+                          kiln::did_you_mean(cmd, {"train", "eval", "sample", "prep", "bench", "plan", "report", "version"}) +
+                          " (commands: train, eval, sample, prep, bench, plan, report, version)");
 }
 
 // Reports a failure: one line on stderr, then the exit code. In a multi-rank job a configuration

@@ -110,6 +110,10 @@ class AttentionImpl : public torch::nn::Module {
   // Hook for the attention core, called as core(q, k, v, dropout_p) with causal_attention's
   // shapes; empty: causal_attention. (Set by parallel/activation_checkpoint.h.)
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)> core;
+  // This rank's query and key/value heads, and the head width (models/kv_cache.h reads them).
+  int64_t n_head() const { return n_head_; }
+  int64_t n_kv_head() const { return n_kv_head_; }
+  int64_t head_dim() const { return head_dim_; }
 
  private:
   int64_t n_head_, n_kv_head_, head_dim_;  // this rank's heads

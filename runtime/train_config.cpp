@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "data/prep.h"
 #include "parallel/pipeline_layout.h"
 #include "runtime/error.h"
 
@@ -34,6 +35,14 @@ void TrainConfig::validate() const {
   at_least("steps", steps, int64_t{0});
   at_least("eval-every", eval_every, int64_t{0});
   at_least("eval-batches", eval_batches, int64_t{1});
+  at_least("sample-every", sample_every, int64_t{0});
+  if (sample_every > 0 && (pp > 1 || zero == 3)) {
+    throw ConfigError("--sample-every needs the whole model on the ranks of one replica (tensor parallelism is fine): not with --pp " +
+                      std::to_string(pp) + " or --zero 3");
+  }
+  if (sample_every > 0 && gpt.vocab_size < kByteVocab) {
+    throw ConfigError("--sample-every needs --vocab-size of at least " + std::to_string(kByteVocab) + " (the byte-level tokenizer's ids)");
+  }
   at_least("loss-chunk-rows", loss_chunk_rows, int64_t{-1});
   at_least("synthetic-tokens", synthetic_tokens, gpt.seq_len + 1);
   at_least("lr", lr, 0);
@@ -114,6 +123,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["val_data"] = val_data;
   j["eval_every"] = eval_every;
   j["eval_batches"] = eval_batches;
+  j["sample_every"] = sample_every;
   j["synthetic_tokens"] = synthetic_tokens;
   j["micro_batch"] = micro_batch;
   j["grad_accum"] = grad_accum;
@@ -177,7 +187,7 @@ std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_
                                                "initial_scale_power", "hysteresis", "min_loss_scale"};
   // This run's own outputs and its way of resuming: not settings of the training.
   static const std::set<std::string> ignored = {"resume", "log_json", "log_every", "save_dir", "stop_at_step",
-                                                "allow_config_change", "deepspeed"};
+                                                "allow_config_change", "deepspeed", "sample_every"};
   std::vector<ConfigChange> out;
   const nlohmann::json cur = now.to_json();
   for (const auto& [key, value] : cur.items()) {

@@ -26,6 +26,7 @@ struct TrainConfig {
   std::vector<std::string> val_data;   // evaluation shards; empty = no evaluation
   int64_t eval_every = 0;              // steps between evaluations; 0 = only after the last step
   int64_t eval_batches = 8;            // micro-batches per evaluation
+  int64_t sample_every = 0;            // steps between printed samples (llm.c's; runtime/generate.h); 0 = none
   int64_t synthetic_tokens = 1 << 22;  // size of the synthetic corpus, tokens
 
   // ---- batch and schedule

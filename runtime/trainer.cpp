@@ -20,6 +20,7 @@
 #include "data/prefetch.h"
 #include "data/synthetic.h"
 #include "data/token_dataset.h"
+#include "data/tokenizer.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
@@ -47,6 +48,7 @@
 #include "runtime/stop_requests.h"
 #include "runtime/energy.h"
 #include "runtime/error.h"
+#include "runtime/generate.h"
 #include "runtime/job_devices.h"
 #include "runtime/log_sink.h"
 #include "runtime/mesh.h"
@@ -748,12 +750,25 @@ json Trainer::run() {
     const bool eval_now = r.val_loader && ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || step + 1 == cfg_.steps);
     const bool save_now = !cfg_.save_dir.empty() && ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) ||
                                                      step + 1 == end_step || stopping);
-    if (eval_now || save_now) {
+    const bool sample_now = cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0;
+    if (eval_now || save_now || sample_now) {
       synchronize(device);  // the update of this step, before its weights are read
       r.chain_broken = true;
     }
     if (eval_now) {
       last_eval = evaluate(step + 1);
+    }
+    if (sample_now && (!r.mesh || r.mesh->coord().dp == 0)) {
+      // llm.c's sample (runtime/generate.h): 64 tokens from end-of-text at temperature 1, seeded by the
+      // run's seed and the step. No global random number is drawn, so the losses are those of a run
+      // without samples. The tp ranks of replica dp 0 take part (collective over tp); rank 0 prints.
+      const std::string text = training_sample(*r.model, ByteTokenizer(), 64, r.shape.tp > 1 ? r.mesh->tp() : nullptr,
+                                               /*temperature=*/1.0, cfg_.seed + static_cast<uint64_t>(step + 1));
+      r.log.write({{"type", "sample"}, {"step", step + 1}, {"text", text}});
+      if (rank0) {
+        std::printf("sample at step %lld:\n---\n%s\n---\n", static_cast<long long>(step + 1), text.c_str());
+        std::fflush(stdout);
+      }
     }
     if (save_now) {
       // Every rank gathers, rank 0 writes (runtime/checkpoint.h). The others wait for rank 0 under

@@ -24,7 +24,7 @@ const std::string kFixtures = "/work/shared/fixtures/deepspeed/";
 
 std::string fixture(const std::string& name) {
   // The fixtures live beside the repository (../shared/fixtures); CI checks them out there too.
-  for (const std::string dir : {std::string(KILN_SOURCE_DIR) + "/../shared/fixtures/deepspeed/", kFixtures})
+  for (const std::string& dir : {std::string(KILN_SOURCE_DIR) + "/../shared/fixtures/deepspeed/", kFixtures})
     if (std::filesystem::exists(dir + name)) return dir + name;
   return "";
 }

@@ -1,0 +1,183 @@
+// launch/sample_cli.cpp -- `kiln sample`: flags, the model and its group, the printed sample.
+#include "launch/sample_cli.h"
+
+#include <cstdio>
+#include <memory>
+#include <type_traits>
+
+#include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
+
+#include "data/tokenizer.h"
+#include "runtime/backend_choice.h"
+#include "runtime/comm_mpi.h"
+#include "runtime/device.h"
+#include "runtime/error.h"
+#include "runtime/host_threads.h"
+#include "runtime/inference_model.h"
+#include "runtime/strprintf.h"
+#include "runtime/suggest.h"
+#include "runtime/watchdog.h"
+#if defined(KILN_WITH_CUDA)
+#include "runtime/comm_nccl.h"
+#endif
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+
+// A flag's value as a number, all of it (not "1.5x"); ConfigError naming the flag otherwise.
+template <typename T>
+T number(const cxxopts::ParseResult& result, const std::string& flag) {
+  const std::string text = result[flag].as<std::string>();
+  const char* kind = std::is_floating_point_v<T> ? "a number" : std::is_unsigned_v<T> ? "a non-negative integer" : "an integer";
+  size_t used = 0;
+  T value{};
+  try {
+    if constexpr (std::is_floating_point_v<T>) value = static_cast<T>(std::stod(text, &used));
+    else if constexpr (std::is_unsigned_v<T>) value = text.rfind('-', 0) == 0 ? T{} : static_cast<T>(std::stoull(text, &used));
+    else value = static_cast<T>(std::stoll(text, &used));
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) throw ConfigError("--" + flag + " '" + text + "': not " + kind);
+  return value;
+}
+
+// The tp group: the world (kiln sample runs one model, split over every rank), on NCCL where
+// every rank has a GPU of its own, else on MPI.
+std::shared_ptr<Communicator> tp_group(const c10::Device& device) {
+  const std::string backend = choose_backend("auto", device, MPI_COMM_WORLD);
+  auto watchdog = std::make_shared<Watchdog>(/*timeout_s=*/300.0);
+#if defined(KILN_WITH_CUDA)
+  if (backend == "nccl") return make_nccl_communicator(MPI_COMM_WORLD, "tp", device.index(), watchdog);
+#endif
+  return make_mpi_communicator(MPI_COMM_WORLD, "tp", watchdog, device);
+}
+
+}  // namespace
+
+SampleArgs parse_sample_args(const std::vector<std::string>& args) {
+  cxxopts::Options opts("kiln sample", "Text from a checkpoint: its continuation of a prompt.");
+  const GenerateConfig d;
+  opts.add_options()("h,help", "show this help")
+      ("checkpoint", "a checkpoint directory, or a save dir (its latest)", cxxopts::value<std::string>())
+      ("prompt", "text to continue (default: none; the sample starts after end-of-text)", cxxopts::value<std::string>())
+      ("temperature", strprintf("softmax temperature; 0 = greedy (default: %g)", d.sampling.temperature), cxxopts::value<std::string>())
+      ("top-k", "sample among the k most likely tokens; 0 = all (default: 0)", cxxopts::value<std::string>())
+      ("top-p", "sample among the most likely tokens holding this probability, in (0, 1]; 1 = all (default: 1)", cxxopts::value<std::string>())
+      ("max-new-tokens", strprintf("tokens to generate at most (default: %lld)", static_cast<long long>(d.max_new_tokens)), cxxopts::value<std::string>())
+      ("seed", strprintf("the sampler's random seed (default: %llu)", static_cast<unsigned long long>(d.seed)), cxxopts::value<std::string>())
+      ("device", "auto | cpu | cuda | cuda:N (default: auto)", cxxopts::value<std::string>())
+      ("tp", "tensor-parallel ranks: mpirun -np N kiln sample --tp N (default: 1)", cxxopts::value<std::string>())
+      ("no-kv-cache", "recompute the whole context for every token (the reference the cache is tested against)")
+      ("json", "print one JSON object (ids, text, figures) instead of the text");
+  std::vector<const char*> argv{"sample"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  opts.allow_unrecognised_options();
+  cxxopts::ParseResult result;
+  try {
+    result = opts.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw ConfigError(std::string("kiln sample: ") + e.what());
+  }
+  for (const auto& u : result.unmatched()) {
+    if (u.rfind("-", 0) != 0) throw ConfigError("kiln sample: unexpected argument '" + u + "' (quote a prompt with spaces)");
+    std::vector<std::string> names;
+    for (const auto& o : opts.group_help("").options)
+      for (const auto& n : o.l) names.push_back("--" + n);
+    throw ConfigError("unknown flag '" + u + "'" + did_you_mean(u.substr(0, u.find('=')), names) + " (see kiln sample --help)");
+  }
+  SampleArgs out;
+  if (result.count("help")) {
+    out.help = true;
+    out.help_text = opts.help();
+    return out;
+  }
+  if (!result.count("checkpoint")) throw ConfigError("kiln sample: give --checkpoint DIR (a checkpoint, or a save dir)");
+  out.checkpoint = result["checkpoint"].as<std::string>();
+  if (result.count("prompt")) out.prompt = result["prompt"].as<std::string>();
+  if (result.count("device")) out.device = result["device"].as<std::string>();
+  if (result.count("temperature")) out.gen.sampling.temperature = number<double>(result, "temperature");
+  if (result.count("top-k")) out.gen.sampling.top_k = number<int64_t>(result, "top-k");
+  if (result.count("top-p")) out.gen.sampling.top_p = number<double>(result, "top-p");
+  if (result.count("max-new-tokens")) out.gen.max_new_tokens = number<int64_t>(result, "max-new-tokens");
+  if (result.count("seed")) out.gen.seed = number<uint64_t>(result, "seed");
+  if (result.count("tp")) out.tp = number<int64_t>(result, "tp");
+  out.gen.kv_cache = !result.count("no-kv-cache");
+  out.json = result.count("json") > 0;
+  out.gen.validate();
+  if (out.tp < 1) throw ConfigError("--tp " + std::to_string(out.tp) + ": must be 1 or more");
+  return out;
+}
+
+int run_sample(const SampleArgs& args, const ProcessInfo& proc) {
+  // One model, split over every rank by tensor parallelism (or on one process).
+  if (!proc.mpi && args.tp > 1) {
+    throw ConfigError("--tp " + std::to_string(args.tp) + " needs " + std::to_string(args.tp) + " ranks: launch with mpirun -np " +
+                      std::to_string(args.tp));
+  }
+  if (proc.world_size != args.tp) {
+    throw ConfigError("kiln sample runs one model over every rank: with " + std::to_string(proc.world_size) +
+                      " ranks give --tp " + std::to_string(proc.world_size) + " (no data or pipeline parallelism)");
+  }
+  divide_host_threads(proc.local_size);
+  const DeviceInfo dev = select_device(args.device, proc.local_rank);
+  const std::shared_ptr<Communicator> tp = args.tp > 1 ? tp_group(dev.device) : nullptr;
+  const std::string dir = resolve_checkpoint_dir(args.checkpoint, "kiln sample");
+  const auto tokenizer = tokenizer_for_checkpoint(dir);
+  const CheckpointModel loaded = load_checkpoint_model(dir, dev.device, tp, "kiln sample");
+  const GPTConfig& mc = loaded.config;
+  GenerateConfig gen = args.gen;
+  gen.stop_token = tokenizer->eot();
+  gen.candidates = tokenizer->vocab_size();  // the model's other ids decode to nothing (generate() checks they fit)
+  std::vector<int64_t> prompt{tokenizer->eot()};
+  for (const int64_t id : tokenizer->encode(args.prompt)) prompt.push_back(id);
+
+  const bool rank0 = proc.rank == 0;
+  const bool stream = rank0 && !args.json;
+  if (rank0 && static_cast<int64_t>(prompt.size()) > mc.seq_len) {
+    std::fprintf(stderr, "kiln sample: the prompt is %zu tokens, the model's context %lld: it sees the last %lld\n", prompt.size(),
+                 static_cast<long long>(mc.seq_len), static_cast<long long>(mc.seq_len));
+  }
+  if (stream) {
+    std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
+    std::fflush(stdout);
+  }
+  const Generation g = generate(*loaded.model, prompt, gen, tp, [&](int64_t id) {
+    if (!stream) return;
+    const std::string piece = tokenizer->decode({id});
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  });
+  if (!rank0) return 0;
+  const double tokens_per_s = g.seconds > 0 ? static_cast<double>(g.tokens.size()) / g.seconds : 0.0;
+  const char* why = g.stopped ? "end-of-text" : "--max-new-tokens";
+  if (args.json) {
+    const std::vector<int64_t> prompt_ids(prompt.begin() + 1, prompt.end());
+    const json rec{{"checkpoint", loaded.dir},
+                   {"step", loaded.step},
+                   {"prompt", valid_utf8(args.prompt)},
+                   {"prompt_ids", prompt_ids},
+                   {"ids", g.tokens},
+                   {"text", valid_utf8(tokenizer->decode(g.tokens))},
+                   {"stopped", g.stopped ? "eot" : "max_new_tokens"},
+                   {"positions", g.positions},
+                   {"window_moves", g.window_moves},
+                   {"kv_cache", gen.kv_cache},
+                   {"seconds", g.seconds},
+                   {"tokens_per_s", tokens_per_s}};
+    std::printf("%s\n", rec.dump().c_str());
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr, "kiln sample: %s (step %lld): %zu tokens in %.3f s (%.1f tokens/s), stopped by %s; %s, tp %lld, kv cache %s\n",
+                 loaded.dir.c_str(), static_cast<long long>(loaded.step), g.tokens.size(), g.seconds, tokens_per_s, why,
+                 dev.name.c_str(), static_cast<long long>(args.tp), gen.kv_cache ? "on" : "off");
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace kiln

@@ -1,0 +1,102 @@
+// runtime/inference_model.cpp -- a checkpoint's model for inference (see the header).
+#include "runtime/inference_model.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "models/hf_gpt2.h"
+#include "parallel/tensor_parallel.h"
+#include "runtime/device_check.h"
+#include "runtime/error.h"
+#include "runtime/safetensors.h"
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+json read_json(const fs::path& file, const std::string& command) {
+  std::ifstream in(file);
+  if (!in) throw ConfigError(command + ": cannot read " + file.string());
+  try {
+    return json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(command + ": " + file.string() + ": malformed JSON: " + e.what());
+  }
+}
+
+// The model's shape from the run's TrainConfig record (and config.json's layer_norm_epsilon).
+GPTConfig model_config(const fs::path& dir, const json& state, const std::string& command) {
+  const json run = state.value("run", json::object());
+  const json saved = run.is_object() ? run.value("config", json::object()) : json::object();
+  GPTConfig cfg;
+  try {
+    cfg.n_layer = saved.at("n_layer").get<int64_t>();
+    cfg.n_head = saved.at("n_head").get<int64_t>();
+    cfg.n_kv_head = saved.value("n_kv_head", cfg.n_head);
+    cfg.d_model = saved.at("d_model").get<int64_t>();
+    cfg.seq_len = saved.at("seq_len").get<int64_t>();
+    cfg.vocab_size = saved.at("vocab_size").get<int64_t>();
+  } catch (const json::exception& e) {
+    throw ConfigError(command + ": " + (dir / "trainer_state.json").string() + ": run.config lacks the model's shape (" +
+                      e.what() + ")");
+  }
+  cfg.dropout = 0.0;  // inference
+  if (fs::exists(dir / "config.json")) {
+    const json hf = read_json(dir / "config.json", command);
+    if (hf.contains("layer_norm_epsilon") && hf["layer_norm_epsilon"].is_number()) cfg.layer_norm_eps = hf["layer_norm_epsilon"].get<double>();
+  }
+  cfg.validate();
+  return cfg;
+}
+
+}  // namespace
+
+std::string resolve_checkpoint_dir(const std::string& path, const std::string& command) {
+  fs::path dir(path);
+  if (!fs::exists(dir)) throw ConfigError(command + ": --checkpoint " + path + ": no such directory");
+  if (!fs::exists(dir / "trainer_state.json") && fs::exists(dir / "latest")) {
+    std::ifstream latest(dir / "latest");
+    std::string name;
+    latest >> name;
+    dir /= name;
+  }
+  if (!fs::exists(dir / "trainer_state.json")) {
+    throw ConfigError(command + ": --checkpoint " + dir.string() + ": no trainer_state.json there (not a kiln checkpoint or save dir)");
+  }
+  return dir.string();
+}
+
+CheckpointModel load_checkpoint_model(const std::string& path, c10::Device device, const std::shared_ptr<Communicator>& tp,
+                                      const std::string& command) {
+  CheckpointModel out;
+  out.dir = resolve_checkpoint_dir(path, command);
+  const fs::path dir(out.dir);
+  const json state = read_json(dir / "trainer_state.json", command);
+  out.step = state.value("step", int64_t{0});
+  out.config = model_config(dir, state, command);
+  const GPTConfig& cfg = out.config;
+  const int64_t t = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
+  // Built on the host, filled from the file one whole tensor at a time, moved to the device.
+  out.model = std::make_shared<GPT>(cfg, at::TensorOptions(), t > 1 ? make_tensor_parallel_shard(cfg, tp) : ModelShard{});
+  const SafetensorsReader file((dir / "model.safetensors").string());
+  const auto names = match_hf_gpt2(cfg, file.specs(), [&](const std::string& name) { return file.read(name); });
+  {
+    at::NoGradGuard no_grad;
+    for (auto& item : out.model->named_parameters(/*recurse=*/true)) {
+      const std::string& name = item.key();
+      const at::Tensor whole = from_hf_layout(name, file.read(names.at(name)), cfg);
+      item.value().copy_(tp_slice_of(name, whole, cfg, t, r));
+    }
+  }
+  module_to_device(*out.model, device);
+  out.model->eval();
+  return out;
+}
+
+}  // namespace kiln
