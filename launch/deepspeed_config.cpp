@@ -550,6 +550,7 @@ void finish_deepspeed(const DeepSpeedSettings& ds, const std::set<std::string>& 
   for (const auto& [key, setting] : ds.auto_keys) {
     if (key == "train_batch_size") autos[key] = dp > 0 ? json(config.micro_batch * config.grad_accum * dp) : json(nullptr);
     else if (key == "optimizer.params.betas") autos[key] = {config.beta1, config.beta2};
+    else if (key == "scheduler.params.total_num_steps") autos[key] = config.resolved_lr_decay_steps();
     else if (key == "zero_optimization.offload_optimizer.device" || key == "zero_optimization.offload_param.device") autos[key] = config.offload;
     else if (std::string k = setting; std::replace(k.begin(), k.end(), '-', '_'), used.contains(k)) autos[key] = used.at(k);
     else autos[key] = setting;

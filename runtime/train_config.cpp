@@ -134,7 +134,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["lr_schedule"] = lr_schedule;
   j["warmup_type"] = warmup_type;
   j["warmup_start_lr"] = warmup_start_lr;
-  j["lr_decay_steps"] = resolved_lr_decay_steps();
+  j["lr_decay_steps"] = lr_decay_steps;  // 0: --steps (so more --steps is not a change of the schedule's setting)
   j["weight_decay"] = weight_decay;
   j["grad_clip"] = grad_clip;
   j["beta1"] = beta1;
