@@ -1,5 +1,7 @@
-// runtime/trainer.cpp -- set-up, the step, evaluation, checkpoints, and the records it logs.
+// runtime/trainer.cpp -- set-up, the step, evaluation, checkpoints and the loop (its step, eval and
+// summary records); the config record is trainer_records.cpp's, the run's state trainer_run.h's.
 #include "runtime/trainer.h"
+#include "runtime/trainer_run.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,10 +13,6 @@
 #include <tuple>
 
 #include <ATen/ATen.h>
-#include <torch/version.h>
-#if defined(KILN_WITH_CUDA)
-#include <cuda_runtime_api.h>
-#endif
 
 #include "data/loader.h"
 #include "data/prefetch.h"
@@ -74,13 +72,6 @@ std::shared_ptr<const TokenDataset> training_data(const TrainConfig& cfg) {
       cfg.data, parse_token_format(cfg.data_format), cfg.gpt.seq_len, cfg.gpt.vocab_size));
 }
 
-json versions() {
-  json v{{"kiln", KILN_VERSION}, {"torch", TORCH_VERSION}};
-#if defined(KILN_WITH_CUDA)
-  v["cuda_runtime"] = CUDART_VERSION;
-#endif
-  return v;
-}
 
 // The dropout seed of step `step` on data-parallel rank `dp_rank` (splitmix64 of the three):
 // reseeding every step makes the step number the whole RNG state a checkpoint needs.
@@ -95,73 +86,8 @@ uint64_t step_seed(uint64_t seed, int64_t step, int dp_rank) {
 // largest request).
 constexpr int64_t kStopWallTime = 1000;
 
-// JSON has no inf or NaN: a non-finite figure is logged as null.
-json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 }  // namespace
-
-struct Trainer::Run {
-  MeshShape shape;
-  DeviceInfo dev;
-  std::string backend = "none";
-  std::shared_ptr<Watchdog> watchdog;
-  std::unique_ptr<Mesh> mesh;
-  int dp_rank = 0;
-  Precision precision = Precision::FP32;
-
-  std::shared_ptr<const TokenDataset> train_data;
-  std::unique_ptr<DataLoader> loader, val_loader;
-
-  std::shared_ptr<GPT> model;
-  std::vector<at::Tensor> params;
-  std::unique_ptr<DistributedDataParallel> ddp;
-  std::unique_ptr<ZeroEngine> zero;            // --zero 1..3: shards, reductions and the step
-  std::unique_ptr<PipelineStage> pipe;         // --pp > 1: this rank's stage and its 1F1B schedule
-  std::vector<int64_t> stage_blocks;           // blocks per pipeline stage
-  std::shared_ptr<Communicator> host_world;    // MPI over the world, for host tensors under NCCL
-  std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
-  std::unique_ptr<LossScaler> scaler;
-  std::optional<LRSchedule> schedule;
-  std::unique_ptr<SaveDirLock> save_lock;      // rank 0, with --save-dir: one job per save directory
-  std::unique_ptr<StopRequests> stop;          // the signals that stop the run cleanly
-  std::vector<ConfigChange> config_changes;    // a resumed run's settings that differ from its checkpoint's
-  std::unique_ptr<WholeModel> state;           // the whole model tensor by tensor, for checkpoints
-  std::unique_ptr<Checkpointer> checkpointer;  // every rank, with --save-dir (rank 0 writes)
-  std::string resume_notice;                   // a repair of the save directory at resume, or ""
-  std::optional<CheckpointIo> load_io;         // what the resume read
-  std::optional<CheckpointIo> init_io;         // what --init-from read (a fresh run started from its weights)
-
-  TrainProgress progress;     // steps done, updates applied, data position, scaler state
-  std::string resumed_from;   // checkpoint directory, or empty
-  std::optional<double> peak;
-  Clock::time_point started = Clock::now();  // the run's start, for --max-wall-time
-  HostThreads threads;                  // this rank's share of its node's cores
-  std::unique_ptr<PhaseTimer> timer;    // forward / backward / comm / optimizer split of a step
-  std::unique_ptr<BatchPrefetcher> prefetch;  // the next step's micro-batches, made meanwhile
-  // A step's interval runs from the previous step's one host synchronisation (its verdict's read)
-  // to its own; a new chain starts at the first step and after an evaluation or a save.
-  bool chain_broken = true;
-  Clock::time_point interval_start;
-  std::optional<double> interval_joules;  // this rank's energy counter at interval_start
-  std::unique_ptr<EnergyMeter> energy;  // the GPU's energy counter (unavailable on the CPU)
-  std::unique_ptr<JobDevices> devices;  // distinct devices of the job; the energy summed over them
-  double flops_per_token = 0.0;
-  int64_t tokens_per_step = 0;
-  LogSink log;
-
-  int64_t comm_bytes() const {
-    return mesh ? mesh->world()->stats().bytes + mesh->dp()->stats().bytes + mesh->tp()->stats().bytes +
-                      mesh->pp()->stats().bytes
-                : int64_t{0};
-  }
-};
-
-struct Trainer::StepOutcome {
-  double loss = NAN, norm = NAN, lr = 0.0, loss_scale = 1.0, comm_ms = 0.0;
-  bool skipped = false;
-  std::array<double, kNumPhases> phase_ms{};  // the step's interval, by phase (PhaseTimer::cut)
-  std::chrono::steady_clock::time_point boundary;  // the end of its interval: the verdict's read
-};
 
 Trainer::Trainer(TrainConfig cfg, ProcessInfo proc) : cfg_(std::move(cfg)), proc_(proc) {}
 Trainer::~Trainer() = default;
@@ -322,138 +248,6 @@ void Trainer::setup() {
   r.log = (cfg_.log_json.empty() || proc_.rank != 0) ? LogSink() : LogSink(cfg_.log_json, /*append=*/resumed.has_value());
 }
 
-namespace {
-// This rank's model-state bytes by kind and place (parallel/zero.h's table): ZeRO's read off its
-// buffers; otherwise 4 B of parameter, 4 B of gradient and 8 B of AdamW moments per parameter.
-template <typename Run>
-ModelStateBytes model_state_bytes(const Run& r) {
-  if (r.zero) return r.zero->memory();
-  ModelStateBytes state;
-  const int64_t psi = r.model->num_params();  // this rank's (its tp slices, its stage)
-  state.device = {4 * psi, 4 * psi, 8 * psi};
-  return state;
-}
-json changes_json(const std::vector<ConfigChange>& changes) {
-  json out = json::array();
-  for (const auto& c : changes) out.push_back({{"key", c.key}, {"saved", c.saved}, {"now", c.now}, {"breaks_replay", c.breaks_replay}});
-  return out;
-}
-json model_state_json(const ModelStateBytes& b) {
-  auto place = [](const ModelStateBytes::Place& p) {
-    return json{{"params", p.params}, {"grads", p.grads}, {"optimizer", p.optimizer}};
-  };
-  return json{{"device", place(b.device)}, {"host", place(b.host)}};
-}
-}  // namespace
-
-void Trainer::log_config() {
-  Run& r = *run_;
-  const ModelStateBytes state = model_state_bytes(r);
-  r.log.write({{"type", "config"},
-               {"config", cfg_.to_json()},
-               {"world", {{"size", proc_.world_size}, {"dp", r.shape.dp}, {"tp", r.shape.tp}, {"pp", r.shape.pp},
-                          {"backend", r.backend}, {"ddp_buckets", r.ddp ? r.ddp->num_buckets() : 0}}},
-               {"pipeline", {{"stages", r.shape.pp}, {"blocks", r.stage_blocks},
-                             {"bubble", bubble_fraction(r.shape.pp, static_cast<int>(cfg_.grad_accum))}}},
-               {"zero", {{"stage", cfg_.zero}, {"offload", cfg_.offload}, {"accum", cfg_.zero_accum},
-                         {"padded_params", r.zero ? json(r.zero->padded_numel()) : json(nullptr)}}},
-               {"model_state", model_state_json(state)},
-               {"params", cfg_.gpt.num_params()},
-               {"params_local", r.model->num_params()},
-               {"params_non_embedding_pos", cfg_.gpt.num_params_non_embedding_pos()},
-               {"flops_per_token", r.flops_per_token},
-               {"tokens_per_step", r.tokens_per_step},
-               {"device", r.dev.name},
-               {"devices", r.devices->count()},
-               {"topology", {{"nodes", proc_.nodes}, {"ranks_per_node", proc_.local_size}}},
-               {"host_threads", {{"intra_op", r.threads.intra_op}, {"cores", r.threads.cores},
-                                 {"cpus_allowed", r.threads.cpus_allowed}, {"ranks_on_node", r.threads.ranks_on_node},
-                                 {"rule", r.threads.rule}}},
-               {"peak_tflops", r.peak ? json(*r.peak) : json(nullptr)},
-               {"compute_dtype", c10::toString(compute_dtype(r.precision))},
-               {"resumed_from", r.resumed_from.empty() ? json(nullptr) : json(r.resumed_from)},
-               {"initialised_from", r.init_io ? json(cfg_.init_from) : json(nullptr)},
-               {"config_changes", changes_json(r.config_changes)},
-               {"start_step", r.progress.step},
-               {"data", {{"tokens", r.train_data->num_tokens()}, {"samples", r.train_data->num_samples()},
-                         {"source", cfg_.data.empty() ? json("synthetic") : json(cfg_.data)}}},
-               {"versions", versions()}});
-  if (r.load_io) {
-    // Marks where the resumed stretch begins: steps after it repeat any the log already has.
-    json rec{{"type", "resume"}, {"dir", r.resumed_from}, {"step", r.progress.step}};
-    rec.update(r.load_io->to_json());
-    if (!r.resume_notice.empty()) rec["notice"] = r.resume_notice;
-    r.log.write(rec);
-  }
-  if (proc_.rank != 0) return;
-  std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d) on %d device(s) of %d node(s), %lld tokens/step, %lld steps\n",
-              (cfg_.init_from.empty() ? cfg_.model : "--init-from " + cfg_.init_from).c_str(),
-              static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(),
-              r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp, r.devices->count(), proc_.nodes,
-              static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
-  if (!r.resume_notice.empty()) std::printf("kiln: %s\n", r.resume_notice.c_str());
-  if (r.save_lock && !r.save_lock->notice().empty()) std::printf("kiln: %s\n", r.save_lock->notice().c_str());
-  if (!r.log.moved_to().empty()) {
-    std::printf("kiln: %s held an earlier run's log: moved aside to %s\n", cfg_.log_json.c_str(), r.log.moved_to().c_str());
-  }
-  for (const auto& c : r.config_changes) {
-    std::printf("kiln: %s: %s -> %s%s\n", c.key.c_str(), c.saved.dump().c_str(), c.now.dump().c_str(),
-                c.breaks_replay ? " (--allow-config-change: the run no longer replays the one it resumes)" : "");
-  }
-  // Settings that would silently do nothing.
-  if (cfg_.eval_every > 0 && cfg_.val_data.empty()) {
-    std::printf("kiln: warning: --eval-every %lld does nothing without --val-data\n", static_cast<long long>(cfg_.eval_every));
-  }
-  if (cfg_.save_every > 0 && cfg_.save_dir.empty()) {
-    std::printf("kiln: warning: --save-every %lld does nothing without --save-dir\n", static_cast<long long>(cfg_.save_every));
-  }
-  if (cfg_.warmup > cfg_.steps) {
-    std::printf("kiln: warning: --warmup %lld is longer than --steps %lld: the learning rate never reaches --lr\n",
-                static_cast<long long>(cfg_.warmup), static_cast<long long>(cfg_.steps));
-  }
-  if (cfg_.max_wall_time > 0 && cfg_.save_dir.empty()) {
-    std::printf("kiln: warning: --max-wall-time stops the run, but without --save-dir nothing is saved to resume from\n");
-  }
-  if (r.init_io) {
-    std::printf("kiln: weights from %s (--init-from: fresh optimizer, step 0; %.3f GB in %.2f s)\n", cfg_.init_from.c_str(),
-                r.init_io->bytes / 1e9, r.init_io->seconds);
-  } else if (!cfg_.init_from.empty() && !r.resumed_from.empty()) {
-    std::printf("kiln: --init-from %s not used: resuming %s (--init-from seeds only a fresh run)\n", cfg_.init_from.c_str(),
-                r.resumed_from.c_str());
-  }
-  if (!r.resumed_from.empty()) {
-    const CheckpointIo& io = *r.load_io;
-    std::printf("kiln: resumed from %s at step %lld (%.3f GB in %.2f s, %.2f GB/s; rank 0's peak extra host memory %.3f GB)\n",
-                r.resumed_from.c_str(), static_cast<long long>(r.progress.step), io.bytes / 1e9, io.seconds,
-                io.seconds > 0 ? io.bytes / io.seconds / 1e9 : 0.0, io.peak_extra_bytes / 1e9);
-  }
-  if (r.zero) {
-    const auto& d = state.device;
-    const auto& h = state.host;
-    std::printf("kiln: ZeRO-%lld over %d dp rank(s), offload %s: model state per rank %.3f GB on the device, %.3f GB on the host\n",
-                static_cast<long long>(cfg_.zero), r.shape.dp, cfg_.offload.c_str(),
-                (d.params + d.grads + d.optimizer) / 1e9, (h.params + h.grads + h.optimizer) / 1e9);
-  }
-  if (r.shape.pp > 1) {
-    std::string split;
-    for (int64_t n : r.stage_blocks) split += (split.empty() ? "" : ",") + std::to_string(n);
-    std::printf("kiln: pipeline of %d stages (blocks %s), 1F1B over %lld micro-batches: bubble %.1f%% of each step\n",
-                r.shape.pp, split.c_str(), static_cast<long long>(cfg_.grad_accum),
-                100.0 * bubble_fraction(r.shape.pp, static_cast<int>(cfg_.grad_accum)));
-    if (cfg_.grad_accum < r.shape.pp) {
-      std::printf("kiln: warning: --grad-accum %lld is below --pp %d: the stages idle most of each step; use at least "
-                  "%d micro-batches (4 x pp keeps the bubble under 20%%)\n",
-                  static_cast<long long>(cfg_.grad_accum), r.shape.pp, r.shape.pp);
-    }
-  }
-  if (cfg_.offload != "none" && r.threads.cpus_allowed == 1 && r.threads.cores > 1) {
-    std::printf("kiln: warning: this rank may run on 1 of the node's %d CPUs (mpirun binds each rank to a core by "
-                "default): the host AdamW of --offload runs on one thread; launch with --bind-to none\n",
-                r.threads.cores);
-  }
-  if (!r.peak) std::printf("kiln: no peak FLOP/s known for '%s': MFU not reported (give --peak-tflops)\n", r.dev.name.c_str());
-  std::fflush(stdout);
-}
 
 Trainer::StepOutcome Trainer::train_step(int64_t step) {
   Run& r = *run_;
@@ -618,7 +412,7 @@ double Trainer::evaluate(int64_t step) {
     mean = total.item<double>() / static_cast<double>(cfg_.eval_batches);
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  r.log.write({{"type", "eval"}, {"step", step}, {"val_loss", num(mean)}, {"perplexity", num(std::exp(mean))}, {"seconds", seconds}});
+  r.log.write({{"type", "eval"}, {"step", step}, {"val_loss", json_num(mean)}, {"perplexity", json_num(std::exp(mean))}, {"seconds", seconds}});
   if (proc_.rank == 0) {
     std::printf("%s\n", format_eval_line(step, mean, seconds).c_str());
     std::fflush(stdout);
@@ -638,7 +432,7 @@ json Trainer::evaluate_checkpoint() {
     std::fflush(stdout);
   }
   const double loss = evaluate(r.progress.step);
-  return {{"type", "eval"}, {"step", r.progress.step}, {"val_loss", num(loss)}, {"checkpoint", r.resumed_from}};
+  return {{"type", "eval"}, {"step", r.progress.step}, {"val_loss", json_num(loss)}, {"checkpoint", r.resumed_from}};
 }
 
 json Trainer::run() {
@@ -708,8 +502,8 @@ json Trainer::run() {
     losses.push_back(s.loss);
     const int64_t tokens_seen = r.progress.samples * cfg_.gpt.seq_len;  // the whole run's, resumes included
     const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
-    json rec{{"type", "step"},          {"step", step + 1},         {"loss", num(s.loss)},
-             {"lr", s.lr},              {"grad_norm", num(s.norm)}, {"loss_scale", s.loss_scale},
+    json rec{{"type", "step"},          {"step", step + 1},         {"loss", json_num(s.loss)},
+             {"lr", s.lr},              {"grad_norm", json_num(s.norm)}, {"loss_scale", s.loss_scale},
              {"skipped", s.skipped},    {"tokens", r.tokens_per_step}, {"tokens_per_s", tokens_per_s},
              {"step_ms", step_s * 1e3}, {"tflops", tflops},         {"tflops_job", tflops_job},
              {"mfu", r.peak ? json(tflops_job / (devices * *r.peak)) : json(nullptr)},
@@ -814,7 +608,7 @@ json Trainer::run() {
   // figures (its dp 0, tp 0 rank), gathered once at the end so no step's traffic includes them.
   json stages = nullptr;
   if (r.pipe) {
-    const ModelStateBytes st = model_state_bytes(r);
+    const ModelStateBytes st = r.model_state();
     const MeshCoord c = r.mesh->coord();
     const std::vector<int64_t> mine{c.pp, c.dp, c.tp, last_comm_bytes, r.model->num_params(),
                                     st.device.params, st.device.grads, st.device.optimizer,
@@ -845,13 +639,13 @@ json Trainer::run() {
                {"start_step", first_step},
                {"updates", r.progress.updates},
                {"skipped_steps", skipped_steps},
-               {"final_loss", num(last_loss)},
-               {"mean_loss_last10", num(tail)},
-               {"val_loss", num(last_eval)},
-               {"mean_tokens_per_s", num(mean_tps)},
-               {"mean_tflops", num(mean_tflops_job / devices)},
-               {"mean_tflops_job", num(mean_tflops_job)},
-               {"mean_mfu", r.peak ? num(mean_tflops_job / (devices * *r.peak)) : json(nullptr)},
+               {"final_loss", json_num(last_loss)},
+               {"mean_loss_last10", json_num(tail)},
+               {"val_loss", json_num(last_eval)},
+               {"mean_tokens_per_s", json_num(mean_tps)},
+               {"mean_tflops", json_num(mean_tflops_job / devices)},
+               {"mean_tflops_job", json_num(mean_tflops_job)},
+               {"mean_mfu", r.peak ? json_num(mean_tflops_job / (devices * *r.peak)) : json(nullptr)},
                {"peak_mem_gb", peak_memory_bytes(device) / 1e9},
                {"mean_watts", have_energy ? json(timed_joules / timed_seconds) : json(nullptr)},
                {"joules_per_token", have_energy ? json(timed_joules / timed_tokens) : json(nullptr)},

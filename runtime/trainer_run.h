@@ -1,0 +1,128 @@
+// runtime/trainer_run.h -- what a running Trainer holds (Trainer::Run) and what one step reports
+// (Trainer::StepOutcome). Private to the trainer's sources: trainer.cpp (set-up, the step,
+// evaluation, the loop) and trainer_records.cpp (the config record and the start-up lines).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/loader.h"
+#include "data/prefetch.h"
+#include "data/token_dataset.h"
+#include "models/gpt.h"
+#include "optim/adamw.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "parallel/ddp.h"
+#include "parallel/pipeline.h"
+#include "parallel/zero.h"
+#include "runtime/checkpoint.h"
+#include "runtime/consolidate.h"
+#include "runtime/device.h"
+#include "runtime/energy.h"
+#include "runtime/host_threads.h"
+#include "runtime/job_devices.h"
+#include "runtime/log_sink.h"
+#include "runtime/mesh.h"
+#include "runtime/phase_timer.h"
+#include "runtime/precision.h"
+#include "runtime/save_dir_lock.h"
+#include "runtime/stop_requests.h"
+#include "runtime/trainer.h"
+#include "runtime/watchdog.h"
+
+namespace kiln {
+
+// JSON has no inf or NaN: a non-finite figure is logged as null.
+inline nlohmann::json json_num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+// Model-state bytes as the log writes them: {"device": {params, grads, optimizer}, "host": {...}}.
+inline nlohmann::json model_state_json(const ModelStateBytes& b) {
+  auto place = [](const ModelStateBytes::Place& p) {
+    return nlohmann::json{{"params", p.params}, {"grads", p.grads}, {"optimizer", p.optimizer}};
+  };
+  return nlohmann::json{{"device", place(b.device)}, {"host", place(b.host)}};
+}
+
+struct Trainer::Run {
+  MeshShape shape;
+  DeviceInfo dev;
+  std::string backend = "none";
+  std::shared_ptr<Watchdog> watchdog;
+  std::unique_ptr<Mesh> mesh;
+  int dp_rank = 0;
+  Precision precision = Precision::FP32;
+
+  std::shared_ptr<const TokenDataset> train_data;
+  std::unique_ptr<DataLoader> loader, val_loader;
+
+  std::shared_ptr<GPT> model;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<ZeroEngine> zero;            // --zero 1..3: shards, reductions and the step
+  std::unique_ptr<PipelineStage> pipe;         // --pp > 1: this rank's stage and its 1F1B schedule
+  std::vector<int64_t> stage_blocks;           // blocks per pipeline stage
+  std::shared_ptr<Communicator> host_world;    // MPI over the world, for host tensors under NCCL
+  std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
+  std::unique_ptr<LossScaler> scaler;
+  std::optional<LRSchedule> schedule;
+  std::unique_ptr<SaveDirLock> save_lock;      // rank 0, with --save-dir: one job per save directory
+  std::unique_ptr<StopRequests> stop;          // the signals that stop the run cleanly
+  std::vector<ConfigChange> config_changes;    // a resumed run's settings that differ from its checkpoint's
+  std::unique_ptr<WholeModel> state;           // the whole model tensor by tensor, for checkpoints
+  std::unique_ptr<Checkpointer> checkpointer;  // every rank, with --save-dir (rank 0 writes)
+  std::string resume_notice;                   // a repair of the save directory at resume, or ""
+  std::optional<CheckpointIo> load_io;         // what the resume read
+  std::optional<CheckpointIo> init_io;         // what --init-from read (a fresh run started from its weights)
+
+  TrainProgress progress;     // steps done, updates applied, data position, scaler state
+  std::string resumed_from;   // checkpoint directory, or empty
+  std::optional<double> peak;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();  // the run's start, for --max-wall-time
+  HostThreads threads;                  // this rank's share of its node's cores
+  std::unique_ptr<PhaseTimer> timer;    // forward / backward / comm / optimizer split of a step
+  std::unique_ptr<BatchPrefetcher> prefetch;  // the next step's micro-batches, made meanwhile
+  // A step's interval runs from the previous step's one host synchronisation (its verdict's read)
+  // to its own; a new chain starts at the first step and after an evaluation or a save.
+  bool chain_broken = true;
+  std::chrono::steady_clock::time_point interval_start;
+  std::optional<double> interval_joules;  // this rank's energy counter at interval_start
+  std::unique_ptr<EnergyMeter> energy;  // the GPU's energy counter (unavailable on the CPU)
+  std::unique_ptr<JobDevices> devices;  // distinct devices of the job; the energy summed over them
+  double flops_per_token = 0.0;
+  int64_t tokens_per_step = 0;
+  LogSink log;
+
+  // This rank's model-state bytes by kind and place (parallel/zero.h's table): ZeRO's read off its
+  // buffers; otherwise 4 B of parameter, 4 B of gradient and 8 B of AdamW moments per parameter.
+  ModelStateBytes model_state() const {
+    if (zero) return zero->memory();
+    ModelStateBytes state;
+    const int64_t psi = model->num_params();  // this rank's (its tp slices, its stage)
+    state.device = {4 * psi, 4 * psi, 8 * psi};
+    return state;
+  }
+
+  int64_t comm_bytes() const {
+    return mesh ? mesh->world()->stats().bytes + mesh->dp()->stats().bytes + mesh->tp()->stats().bytes +
+                      mesh->pp()->stats().bytes
+                : int64_t{0};
+  }
+};
+
+struct Trainer::StepOutcome {
+  double loss = NAN, norm = NAN, lr = 0.0, loss_scale = 1.0, comm_ms = 0.0;
+  bool skipped = false;
+  std::array<double, kNumPhases> phase_ms{};  // the step's interval, by phase (PhaseTimer::cut)
+  std::chrono::steady_clock::time_point boundary;  // the end of its interval: the verdict's read
+};
+
+}  // namespace kiln
