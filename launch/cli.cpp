@@ -13,9 +13,10 @@
 #include <cxxopts.hpp>
 
 #include "launch/deepspeed_config.h"
+#include "launch/flags.h"
+#include "runtime/checkpoint.h"
 #include "runtime/error.h"
 #include "runtime/init_from.h"
-#include "runtime/suggest.h"
 
 namespace kiln {
 
@@ -200,30 +201,6 @@ json read_config_file(const std::string& path) {
   return j;
 }
 
-// cxxopts, with unknown options collected (not thrown) so the message is ours.
-cxxopts::ParseResult parse_or_throw(cxxopts::Options& opts, const std::vector<std::string>& args,
-                                    const std::string& command) {
-  std::vector<const char*> argv{command.c_str()};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  opts.allow_unrecognised_options();
-  try {
-    auto result = opts.parse(static_cast<int>(argv.size()), argv.data());
-    for (const auto& u : result.unmatched()) {
-      if (u.rfind("-", 0) == 0) {
-        std::vector<std::string> names;
-        for (const auto& o : opts.group_help("").options)
-          for (const auto& n : o.l) names.push_back("--" + n);
-        const std::string flag = u.substr(0, u.find('='));
-        throw ConfigError("unknown flag '" + u + "'" + did_you_mean(flag, names) + " (see kiln " + command + " --help)");
-      }
-      throw ConfigError("kiln " + command + ": unexpected argument '" + u + "' (lists are comma-separated; quote globs)");
-    }
-    return result;
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw ConfigError("kiln " + command + ": " + e.what());
-  }
-}
-
 // The flags given on the command line over `values` (settings from a file), then all of them set
 // on `config` in table order (--model before the fields it seeds). A preset's n_kv_head follows
 // --n-head unless --n-kv-head is given.
@@ -265,7 +242,7 @@ TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size)
     if (f.kind == Kind::Bool) opts.add_options()(f.name, help, cxxopts::value<std::string>()->implicit_value("true"));
     else opts.add_options()(f.name, help, cxxopts::value<std::string>());
   }
-  auto result = parse_or_throw(opts, args, "train");
+  auto result = parse_or_throw(opts, args, "train", "lists are comma-separated; quote globs");
 
   TrainArgs out;
   if (result.count("help")) {
@@ -329,7 +306,7 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
     if (f.kind == Kind::Bool) opts.add_options()(f.name, f.help, cxxopts::value<std::string>()->implicit_value("true"));
     else opts.add_options()(f.name, f.help, cxxopts::value<std::string>());
   }
-  auto result = parse_or_throw(opts, args, "eval");
+  auto result = parse_or_throw(opts, args, "eval", "lists are comma-separated; quote globs");
   TrainArgs out;
   if (result.count("help")) {
     out.help = true;
@@ -337,16 +314,9 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
     return out;
   }
   if (!result.count("checkpoint")) throw ConfigError("kiln eval: give --checkpoint DIR (a checkpoint, or a save dir)");
-  std::string dir = result["checkpoint"].as<std::string>();
-  namespace fs = std::filesystem;
-  if (!fs::exists(fs::path(dir) / "trainer_state.json") && fs::exists(fs::path(dir) / "latest")) {
-    std::ifstream latest(fs::path(dir) / "latest");
-    std::string name;
-    latest >> name;
-    dir = (fs::path(dir) / name).string();
-  }
-  std::ifstream in(fs::path(dir) / "trainer_state.json");
-  if (!in) throw ConfigError("kiln eval: --checkpoint " + dir + ": no trainer_state.json there (not a kiln checkpoint or save dir)");
+  const std::string dir = resolve_checkpoint_dir(result["checkpoint"].as<std::string>(), "kiln eval");
+  std::ifstream in(std::filesystem::path(dir) / "trainer_state.json");
+  if (!in) throw ConfigError("kiln eval: cannot read " + dir + "/trainer_state.json");
   json state;
   try {
     state = json::parse(in);
@@ -392,7 +362,7 @@ PrepArgs parse_prep_args(const std::vector<std::string>& args) {
       "input", "text files, comma-separated (one document each)", cxxopts::value<std::string>())(
       "shard-tokens", "tokens per train shard", cxxopts::value<std::string>())(
       "val-tokens", "tokens in the validation shard (val_000000.bin)", cxxopts::value<std::string>());
-  auto result = parse_or_throw(opts, args, "prep");
+  auto result = parse_or_throw(opts, args, "prep", "lists are comma-separated; quote globs");
   PrepArgs out;
   if (result.count("help")) {
     out.help = true;

@@ -7,6 +7,8 @@
 
 #include <cxxopts.hpp>
 
+#include "launch/flags.h"
+
 #include "plan/compare.h"
 #include "plan/report.h"
 #include "runtime/error.h"
@@ -71,22 +73,6 @@ const std::vector<FlagHelp> kSearchFlags = {
     {"max-micro-batch", "--search: largest micro-batch tried (default: no limit)"},
     {"top", "--search: layouts shown (default 5)"},
 };
-
-cxxopts::ParseResult parse(cxxopts::Options& opts, const std::vector<std::string>& args) {
-  std::vector<const char*> argv{"plan"};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  opts.allow_unrecognised_options();
-  try {
-    auto result = opts.parse(static_cast<int>(argv.size()), argv.data());
-    for (const auto& u : result.unmatched()) {
-      if (u.rfind("-", 0) == 0) throw ConfigError("unknown flag '" + u + "' (see kiln plan --help)");
-      throw ConfigError("kiln plan: unexpected argument '" + u + "'");
-    }
-    return result;
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw ConfigError("kiln plan: " + std::string(e.what()));
-  }
-}
 
 class Values {
  public:
@@ -165,7 +151,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   add("run", kRunFlags);
   add("training", kTrainingFlags);
   add("search", kSearchFlags);
-  const auto result = parse(opts, args);
+  const auto result = parse_or_throw(opts, args, "plan", "");
   PlanArgs out;
   if (result.count("help")) {
     out.help = true;

@@ -9,14 +9,15 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
+#include "launch/flags.h"
 #include "runtime/backend_choice.h"
+#include "runtime/checkpoint.h"
 #include "runtime/comm_mpi.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/host_threads.h"
 #include "runtime/inference_model.h"
 #include "runtime/strprintf.h"
-#include "runtime/suggest.h"
 #include "runtime/watchdog.h"
 #if defined(KILN_WITH_CUDA)
 #include "runtime/comm_nccl.h"
@@ -74,22 +75,7 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
       ("tp", "tensor-parallel ranks: mpirun -np N kiln sample --tp N (default: 1)", cxxopts::value<std::string>())
       ("no-kv-cache", "recompute the whole context for every token (the reference the cache is tested against)")
       ("json", "print one JSON object (ids, text, figures) instead of the text");
-  std::vector<const char*> argv{"sample"};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  opts.allow_unrecognised_options();
-  cxxopts::ParseResult result;
-  try {
-    result = opts.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (const cxxopts::exceptions::exception& e) {
-    throw ConfigError(std::string("kiln sample: ") + e.what());
-  }
-  for (const auto& u : result.unmatched()) {
-    if (u.rfind("-", 0) != 0) throw ConfigError("kiln sample: unexpected argument '" + u + "' (quote a prompt with spaces)");
-    std::vector<std::string> names;
-    for (const auto& o : opts.group_help("").options)
-      for (const auto& n : o.l) names.push_back("--" + n);
-    throw ConfigError("unknown flag '" + u + "'" + did_you_mean(u.substr(0, u.find('=')), names) + " (see kiln sample --help)");
-  }
+  const cxxopts::ParseResult result = parse_or_throw(opts, args, "sample", "quote a prompt with spaces");
   SampleArgs out;
   if (result.count("help")) {
     out.help = true;

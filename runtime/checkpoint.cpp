@@ -450,6 +450,17 @@ std::string latest_checkpoint(const std::string& save_dir) {
   return save_dir + "/" + name;
 }
 
+std::string resolve_checkpoint_dir(const std::string& path, const std::string& command) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(path)) throw ConfigError(command + ": --checkpoint " + path + ": no such directory");
+  std::string dir = path;
+  if (!fs::exists(fs::path(dir) / "trainer_state.json") && fs::exists(fs::path(dir) / "latest")) dir = latest_checkpoint(dir);
+  if (!fs::exists(fs::path(dir) / "trainer_state.json")) {
+    throw ConfigError(command + ": --checkpoint " + dir + ": no trainer_state.json there (not a kiln checkpoint or save dir)");
+  }
+  return dir;
+}
+
 namespace {
 // `latest` of save_dir, repaired when it names a checkpoint that is gone (checkpoint.h).
 std::string recovered_latest(const std::string& save_dir, std::string* notice) {

@@ -96,6 +96,10 @@ class Checkpointer {
 // The directory `latest` names in save_dir, or "" when there is none (it is not checked).
 std::string latest_checkpoint(const std::string& save_dir);
 
+// A checkpoint given on the command line (kiln eval, kiln sample): `path` itself, or the checkpoint
+// a save dir's `latest` names. ConfigError, one line prefixed with `command`, when it is neither.
+std::string resolve_checkpoint_dir(const std::string& path, const std::string& command);
+
 // The checkpoint --resume asks for: "" for a fresh start. auto: the latest in save_dir if any;
 // none: a fresh start, refused when save_dir already holds checkpoints (they would be
 // overwritten); PATH: a checkpoint directory, or a save directory with a `latest`. When `latest`

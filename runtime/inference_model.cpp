@@ -9,6 +9,7 @@
 
 #include "models/hf_gpt2.h"
 #include "parallel/tensor_parallel.h"
+#include "runtime/checkpoint.h"
 #include "runtime/device_check.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
@@ -56,21 +57,6 @@ GPTConfig model_config(const fs::path& dir, const json& state, const std::string
 }
 
 }  // namespace
-
-std::string resolve_checkpoint_dir(const std::string& path, const std::string& command) {
-  fs::path dir(path);
-  if (!fs::exists(dir)) throw ConfigError(command + ": --checkpoint " + path + ": no such directory");
-  if (!fs::exists(dir / "trainer_state.json") && fs::exists(dir / "latest")) {
-    std::ifstream latest(dir / "latest");
-    std::string name;
-    latest >> name;
-    dir /= name;
-  }
-  if (!fs::exists(dir / "trainer_state.json")) {
-    throw ConfigError(command + ": --checkpoint " + dir.string() + ": no trainer_state.json there (not a kiln checkpoint or save dir)");
-  }
-  return dir.string();
-}
 
 CheckpointModel load_checkpoint_model(const std::string& path, c10::Device device, const std::shared_ptr<Communicator>& tp,
                                       const std::string& command) {

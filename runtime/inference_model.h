@@ -28,9 +28,6 @@ struct CheckpointModel {
   std::shared_ptr<GPT> model;  // on the device, in eval mode
 };
 
-// `path` a checkpoint directory, or a save dir (its `latest`). ConfigError, one line, when it is
-// neither (no trainer_state.json, or a `latest` naming a missing checkpoint).
-std::string resolve_checkpoint_dir(const std::string& path, const std::string& command);
 
 // The model of checkpoint `path` (resolved as above) on `device`; tp: its tensor-parallel group
 // (null or size 1: the whole model). ConfigError for a malformed trainer_state.json or a model
