@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "runtime/error.h"
+#include "runtime/mesh.h"
 #include "runtime/suggest.h"
 
 namespace kiln {
@@ -194,7 +195,7 @@ class Reader {
         "scheduler.params.warmup_min_ratio", "scheduler.params.cos_min_ratio", "zero_optimization.stage",
         "zero_optimization.offload_optimizer", "zero_optimization.offload_param", "zero_optimization.cpu_offload",
         "activation_checkpointing", "tensor_parallel.autotp_size"};
-    for (const auto* table : {&tuning_keys()}) for (const auto& [k, v] : *table) known.push_back(k);
+    for (const auto& [k, v] : tuning_keys()) known.push_back(k);
     for (const auto& [k, v] : default_only_keys()) known.push_back(k);
     for (const auto& [k, v] : refused_sections()) known.push_back(k);
     refuse(key, "not a key kiln knows" + did_you_mean(key, known) + "; remove it, or see the table of keys");
@@ -513,12 +514,11 @@ void finish_deepspeed(const DeepSpeedSettings& ds, const std::set<std::string>& 
 
   // The batch, as DeepSpeed derives it (runtime/config.py): with dp data-parallel ranks,
   // train_batch_size = micro x accumulation x dp; two of the three give the third.
-  const int64_t model_ranks = config.tp * config.pp;
-  const int64_t dp = model_ranks > 0 && world_size % model_ranks == 0 ? world_size / model_ranks : 0;
+  const int64_t dp = MeshShape::resolve(world_size, static_cast<int>(config.tp), static_cast<int>(config.pp)).dp;
   std::optional<int64_t> micro = ds.micro_batch, accum = ds.grad_accum;
   if (ds.micro_auto || flags_given.count("micro-batch")) micro = config.micro_batch;
   if (ds.accum_auto || flags_given.count("grad-accum")) accum = config.grad_accum;
-  if (ds.train_batch_size && dp > 0) {
+  if (ds.train_batch_size) {
     const int64_t t = *ds.train_batch_size;
     auto need = [&](bool ok, const std::string& what) {
       if (!ok) {
@@ -548,7 +548,7 @@ void finish_deepspeed(const DeepSpeedSettings& ds, const std::set<std::string>& 
   const json used = config.to_json();
   json autos = json::object();
   for (const auto& [key, setting] : ds.auto_keys) {
-    if (key == "train_batch_size") autos[key] = dp > 0 ? json(config.micro_batch * config.grad_accum * dp) : json(nullptr);
+    if (key == "train_batch_size") autos[key] = config.micro_batch * config.grad_accum * dp;
     else if (key == "optimizer.params.betas") autos[key] = {config.beta1, config.beta2};
     else if (key == "scheduler.params.total_num_steps") autos[key] = config.resolved_lr_decay_steps();
     else if (key == "zero_optimization.offload_optimizer.device" || key == "zero_optimization.offload_param.device") autos[key] = config.offload;
