@@ -1,16 +1,22 @@
-// data/prep.cpp -- `kiln prep`: byte-level tokenization of text files into llm.c shards.
+// data/prep.cpp -- `kiln prep`: text files into llm.c shards, byte-level or through a BPE tokenizer.
 #include "data/prep.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <system_error>
 
-#include "data/token_file.h"
+#include <unistd.h>
+
+#include "data/hf_tokenizer.h"
 #include "data/paths.h"
+#include "data/token_file.h"
 #include "runtime/error.h"
+#include "runtime/python_tool.h"
 
 namespace kiln {
 
@@ -40,6 +46,41 @@ std::string shard_path(const fs::path& dir, const char* kind, int64_t index) {
   return (dir / name).string();
 }
 
+// The corpus through a BPE tokenizer: tools/tokenize.py writes every document's ids (end-of-text
+// first) as little-endian uint32 and the tokenizer as tokenizer.json, read back here.
+std::vector<int32_t> tokenize_bpe(const PrepConfig& cfg, const std::vector<std::string>& inputs, std::unique_ptr<Tokenizer>& tokenizer) {
+  std::string saved = (fs::temp_directory_path() / "kiln-prep-tokenizer-XXXXXX").string();
+  const int fd = mkstemp(saved.data());
+  if (fd < 0) throw DataError("prep: cannot create a temporary file in " + fs::temp_directory_path().string() + ": " + std::strerror(errno));
+  ::close(fd);
+  std::vector<std::string> args{"prep", "--save", saved};
+  if (!cfg.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", cfg.tokenizer});
+  else args.insert(args.end(), {"--vocab", cfg.vocab, "--merges", cfg.merges});
+  args.insert(args.end(), inputs.begin(), inputs.end());
+  ToolRun run;
+  try {
+    run = run_python_tool("tokenize.py", args, "kiln prep with a BPE tokenizer needs Python with the tokenizers package");
+    if (run.exit_code != 0) throw ConfigError(tool_failure(run, "tools/tokenize.py"));
+    tokenizer = load_tokenizer(saved);
+  } catch (...) {
+    fs::remove(saved);
+    throw;
+  }
+  fs::remove(saved);
+  if (run.out.size() % 4 != 0) throw DataError("prep: tools/tokenize.py wrote " + std::to_string(run.out.size()) + " bytes, not whole uint32 ids");
+  std::vector<int32_t> corpus(run.out.size() / 4);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(run.out.data());
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    const uint32_t id = bytes[4 * i] | (bytes[4 * i + 1] << 8) | (bytes[4 * i + 2] << 16) | (static_cast<uint32_t>(bytes[4 * i + 3]) << 24);
+    if (static_cast<int64_t>(id) >= tokenizer->vocab_size()) {
+      throw DataError("prep: tools/tokenize.py gave id " + std::to_string(id) + ", outside the tokenizer's " +
+                      std::to_string(tokenizer->vocab_size()) + " ids");
+    }
+    corpus[i] = static_cast<int32_t>(id);
+  }
+  return corpus;
+}
+
 }  // namespace
 
 std::vector<int32_t> tokenize_bytes(const std::string& text) {
@@ -58,15 +99,27 @@ PrepResult run_prep(const PrepConfig& cfg) {
   if (cfg.val_tokens < 0)
     throw ConfigError("prep: val-tokens must be >= 0, got " + std::to_string(cfg.val_tokens));
   if (cfg.out_dir.empty()) throw ConfigError("prep: no output directory");
+  if (!cfg.tokenizer.empty() && (!cfg.vocab.empty() || !cfg.merges.empty()))
+    throw ConfigError("prep: give --tokenizer FILE or --vocab with --merges, not both");
+  if (cfg.vocab.empty() != cfg.merges.empty()) throw ConfigError("prep: --vocab and --merges go together (GPT-2's vocab.json and merges.txt)");
+  for (const std::string* f : {&cfg.tokenizer, &cfg.vocab, &cfg.merges}) {
+    if (!f->empty() && !fs::is_regular_file(*f)) throw ConfigError("prep: " + *f + ": no such file");
+  }
 
-  // The whole corpus is held in memory (int32 per byte, so 4x the text size). Fine for the
-  // corpora prep is meant for; a streaming writer would be needed for multi-GB inputs.
+  // The whole corpus is held in memory (int32 per token). Fine for the corpora prep is meant
+  // for; a streaming writer would be needed for multi-GB inputs.
   std::vector<int32_t> corpus;
   const std::vector<std::string> inputs = expand_paths(cfg.inputs, "--input");  // quoted globs too
   if (inputs.empty()) throw ConfigError("prep: no input files");
-  for (const auto& input : inputs) {
-    const std::vector<int32_t> doc = tokenize_bytes(read_file(input));
-    corpus.insert(corpus.end(), doc.begin(), doc.end());
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!cfg.tokenizer.empty() || !cfg.vocab.empty()) {
+    corpus = tokenize_bpe(cfg, inputs, tokenizer);
+  } else {
+    tokenizer = std::make_unique<ByteTokenizer>();
+    for (const auto& input : inputs) {
+      const std::vector<int32_t> doc = tokenize_bytes(read_file(input));
+      corpus.insert(corpus.end(), doc.begin(), doc.end());
+    }
   }
   const int64_t total = static_cast<int64_t>(corpus.size());
   // Checked before anything is written, so a bad split leaves the output directory untouched.
@@ -91,6 +144,9 @@ PrepResult run_prep(const PrepConfig& cfg) {
 
   PrepResult result;
   result.total_tokens = total;
+  result.tokenizer = tokenizer->name();
+  result.vocab_size = tokenizer->vocab_size();
+  result.eot = tokenizer->eot();
   result.input_files = static_cast<int64_t>(inputs.size());
   auto write = [&](const std::string& path, int64_t begin, int64_t end) {
     write_token_shard(path, std::vector<int32_t>(corpus.begin() + begin, corpus.begin() + end));
@@ -100,6 +156,17 @@ PrepResult run_prep(const PrepConfig& cfg) {
   int64_t index = 0;
   for (int64_t begin = cfg.val_tokens; begin < total; begin += cfg.shard_tokens, ++index)
     write(shard_path(dir, "train", index), begin, std::min(total, begin + cfg.shard_tokens));
+  // The tokenizer beside the shards, where kiln train looks for it.
+  const std::string tok_path = (dir / "tokenizer.json").string();
+  {
+    std::FILE* f = std::fopen((tok_path + ".tmp").c_str(), "wb");
+    const std::string text = tokenizer->hf_json();
+    if (f == nullptr || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0)
+      throw DataError(tok_path + ": cannot write: " + std::strerror(errno));
+    fs::rename(tok_path + ".tmp", tok_path, ec);
+    if (ec) throw DataError(tok_path + ": cannot write: " + ec.message());
+  }
+  result.tokenizer_file = tok_path;
   return result;
 }
 

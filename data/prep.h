@@ -1,10 +1,16 @@
-// data/prep.h -- `kiln prep`: text files to llm.c token shards with a byte-level tokenizer.
+// data/prep.h -- `kiln prep`: text files to llm.c token shards, and the tokenizer beside them.
 //
-// Tokenizer: byte b -> token b (0..255); every document (one input file) is preceded by the
-// end-of-text token 256, as llm.c precedes GPT-2 documents with EOT. Vocabulary: 257 ids, so
-// any model with vocab_size >= 257 (the tiny preset has 512) trains on the output.
+// Tokenizer, by default the byte-level one: byte b -> token b (0..255); every document (one
+// input file) is preceded by the end-of-text token 256, as llm.c precedes GPT-2 documents with
+// EOT. Vocabulary: 257 ids, so any model with vocab_size >= 257 (the tiny preset has 512) trains
+// on the output. With `tokenizer` (a Hugging Face tokenizer.json) or `vocab` + `merges` (GPT-2's
+// vocab.json and merges.txt), a byte-level BPE (data/hf_tokenizer.h) encodes instead, through
+// Python's tokenizers library (tools/tokenize.py): each document is end-of-text (the tokenizer's
+// <|endoftext|> id), then its ids.
 // Output: <out_dir>/val_000000.bin holding the first `val_tokens` tokens (none if 0), then
-// <out_dir>/train_000000.bin, train_000001.bin, ... of at most `shard_tokens` tokens each.
+// <out_dir>/train_000000.bin, train_000001.bin, ... of at most `shard_tokens` tokens each, and
+// <out_dir>/tokenizer.json: the tokenizer, which `kiln train` finds beside the shards and every
+// checkpoint carries.
 #pragma once
 
 #include <cstdint>
@@ -21,12 +27,18 @@ struct PrepConfig {
   std::string out_dir;                // created if missing
   int64_t shard_tokens = 100'000'000; // tokens per train shard (llm.c's default shard size)
   int64_t val_tokens = 0;             // tokens for the validation shard
+  std::string tokenizer;              // a tokenizer.json to encode with; empty = byte-level (or vocab + merges)
+  std::string vocab, merges;          // GPT-2-style vocab.json + merges.txt, both or neither
 };
 
 struct PrepResult {
   int64_t total_tokens = 0;
   int64_t input_files = 0;         // text files read (after expanding globs)
   std::vector<std::string> files;  // every shard written, val first
+  std::string tokenizer_file;      // the tokenizer.json written beside them
+  std::string tokenizer;           // "byte" or "bpe"
+  int64_t vocab_size = 0;          // the tokenizer's ids: a model needs at least this --vocab-size
+  int64_t eot = 0;                 // its end-of-text id
 };
 
 // Byte-level tokens of one document: EOT then its bytes.

@@ -1,8 +1,12 @@
-// data/tokenizer.cpp -- the byte-level tokenizer (data/prep.h's) behind the Tokenizer interface.
+// data/tokenizer.cpp -- the byte-level tokenizer (data/prep.h's) behind the Tokenizer interface,
+// and which tokenizer a run or a checkpoint has.
 #include "data/tokenizer.h"
+
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
+#include "data/hf_tokenizer.h"
 #include "data/prep.h"
 #include "runtime/error.h"
 
@@ -29,8 +33,23 @@ std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
   return text;
 }
 
-std::unique_ptr<Tokenizer> tokenizer_for_checkpoint(const std::string& /*checkpoint_dir*/) {
+std::string ByteTokenizer::hf_json() const { return byte_level_tokenizer_json(); }
+
+std::unique_ptr<Tokenizer> tokenizer_for_checkpoint(const std::string& checkpoint_dir) {
+  const std::filesystem::path file = std::filesystem::path(checkpoint_dir) / "tokenizer.json";
+  if (std::filesystem::exists(file)) return load_tokenizer(file.string());
   return std::make_unique<ByteTokenizer>();
+}
+
+DataTokenizer tokenizer_for_data(const std::string& flag, const std::vector<std::string>& data) {
+  if (!flag.empty()) {
+    if (!std::filesystem::exists(flag)) throw ConfigError("--tokenizer " + flag + ": no such file");
+    return {load_tokenizer(flag), flag};
+  }
+  if (data.empty()) return {std::make_unique<ByteTokenizer>(), "default"};
+  const std::filesystem::path beside = std::filesystem::path(data.front()).parent_path() / "tokenizer.json";
+  if (std::filesystem::exists(beside)) return {load_tokenizer(beside.string()), beside.string()};
+  return {nullptr, "none"};
 }
 
 std::string valid_utf8(const std::string& bytes) {

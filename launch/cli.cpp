@@ -61,6 +61,8 @@ const std::vector<Flag>& train_flags() {
       {"data", Kind::List, "token shards: paths or quoted globs, comma-separated (default: synthetic corpus)", field(&TrainConfig::data)},
       {"data-format", Kind::String, "auto | shard (llm.c) | raw (uint16, nanoGPT train.bin)", field(&TrainConfig::data_format)},
       {"val-data", Kind::List, "evaluation shards (paths or globs)", field(&TrainConfig::val_data)},
+      {"tokenizer", Kind::String, "the data's tokenizer.json, saved with every checkpoint (default: the tokenizer.json kiln prep "
+       "wrote beside the --data files; byte-level for synthetic data)", field(&TrainConfig::tokenizer)},
       {"eval-every", Kind::Int, "steps between evaluations (0: after the last step only)", field(&TrainConfig::eval_every)},
       {"eval-batches", Kind::Int, "micro-batches per evaluation", field(&TrainConfig::eval_batches)},
       {"sample-every", Kind::Int, "steps between printed samples, as llm.c's (64 tokens from end-of-text, temperature 1, "
@@ -340,7 +342,7 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
     }
   }
   // Nothing of the training run's bookkeeping: no log, no saving, no stop, no resume policy.
-  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps", "sample-every", "init-from"})
+  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps", "sample-every", "init-from", "tokenizer"})
     values.erase(k);
   apply_flags(result, values, out.config);
   if (out.config.val_data.empty()) {
@@ -357,11 +359,16 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
 }
 
 PrepArgs parse_prep_args(const std::vector<std::string>& args) {
-  cxxopts::Options opts("kiln prep", "Turn text files into llm.c token shards (byte-level tokenizer).");
+  cxxopts::Options opts("kiln prep",
+                        "Turn text files into llm.c token shards, with the tokenizer beside them (tokenizer.json).\n"
+                        "Byte-level by default; a byte-level BPE (GPT-2's kind) with --tokenizer or --vocab/--merges.");
   opts.add_options()("h,help", "show this help")("out", "output directory", cxxopts::value<std::string>())(
       "input", "text files, comma-separated (one document each)", cxxopts::value<std::string>())(
       "shard-tokens", "tokens per train shard", cxxopts::value<std::string>())(
-      "val-tokens", "tokens in the validation shard (val_000000.bin)", cxxopts::value<std::string>());
+      "val-tokens", "tokens in the validation shard (val_000000.bin)", cxxopts::value<std::string>())(
+      "tokenizer", "a Hugging Face tokenizer.json (byte-level BPE with <|endoftext|>) to encode with", cxxopts::value<std::string>())(
+      "vocab", "GPT-2-style vocab.json (with --merges), instead of --tokenizer", cxxopts::value<std::string>())(
+      "merges", "GPT-2-style merges.txt (with --vocab)", cxxopts::value<std::string>());
   auto result = parse_or_throw(opts, args, "prep", "lists are comma-separated; quote globs");
   PrepArgs out;
   if (result.count("help")) {
@@ -380,6 +387,9 @@ PrepArgs parse_prep_args(const std::vector<std::string>& args) {
   out.config.inputs = typed_from_text(list, result["input"].as<std::string>()).get<std::vector<std::string>>();
   if (result.count("shard-tokens")) out.config.shard_tokens = integer("shard-tokens");
   if (result.count("val-tokens")) out.config.val_tokens = integer("val-tokens");
+  if (result.count("tokenizer")) out.config.tokenizer = result["tokenizer"].as<std::string>();
+  if (result.count("vocab")) out.config.vocab = result["vocab"].as<std::string>();
+  if (result.count("merges")) out.config.merges = result["merges"].as<std::string>();
   return out;
 }
 

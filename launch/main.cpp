@@ -33,6 +33,7 @@
 #include "launch/sample_cli.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
+#include "runtime/python_tool.h"
 #include "runtime/stop_requests.h"
 #include "runtime/suggest.h"
 #include "runtime/trainer.h"
@@ -55,22 +56,7 @@ const char* kUsage =
 // `kiln report`: the plotting is Python's (matplotlib); this process becomes
 // `KILN_PYTHON tools/report.py ARGS...`, which reports its own errors (one line, exit 2).
 int report(const std::vector<std::string>& args) {
-  const char* env_python = std::getenv("KILN_PYTHON");
-  const std::string python = env_python && *env_python ? env_python : KILN_REPORT_PYTHON;
-  const std::string script = KILN_REPORT_SCRIPT;
-  if (python.empty() || access(python.c_str(), X_OK) != 0) {
-    throw kiln::ConfigError("kiln report needs Python with matplotlib: '" + python +
-                            "' is not there (bash launch/setup.sh makes .venv; or set KILN_PYTHON)");
-  }
-  if (access(script.c_str(), R_OK) != 0) throw kiln::ConfigError("kiln report: " + script + " is missing (the source tree moved?)");
-  std::vector<std::string> all{python, script};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> cargs;
-  for (auto& a : all) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  std::fflush(stdout);
-  execv(python.c_str(), cargs.data());
-  throw kiln::ConfigError("kiln report: cannot run " + python + ": " + std::strerror(errno));
+  kiln::exec_python_tool("report.py", args, "kiln report needs Python with matplotlib");
 }
 
 int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
@@ -117,6 +103,9 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
     std::printf("kiln prep: %lld tokens from %lld input file(s) into %zu shard(s)\n", static_cast<long long>(result.total_tokens),
                 static_cast<long long>(result.input_files), result.files.size());
     for (const auto& f : result.files) std::printf("  %s\n", f.c_str());
+    std::printf("kiln prep: tokenizer %s (%lld ids, end-of-text %lld) in %s: a model needs --vocab-size %lld or more\n",
+                result.tokenizer.c_str(), static_cast<long long>(result.vocab_size), static_cast<long long>(result.eot),
+                result.tokenizer_file.c_str(), static_cast<long long>(result.vocab_size));
     return 0;
   }
   if (cmd == "plan") {

@@ -199,12 +199,12 @@ std::map<std::string, std::string> hf_safetensors_metadata() { return {{"format"
 
 bool hf_gpt2_compatible(const GPTConfig& cfg) { return cfg.n_kv_head == cfg.n_head; }
 
-nlohmann::json hf_gpt2_config(const GPTConfig& cfg) {
+nlohmann::json hf_gpt2_config(const GPTConfig& cfg, int64_t eot) {
   if (!hf_gpt2_compatible(cfg)) {
     throw ConfigError("GPT2LMHeadModel has no grouped-query attention (n_kv_head " + std::to_string(cfg.n_kv_head) +
                       " != n_head " + std::to_string(cfg.n_head) + "): no config.json for this model");
   }
-  const int64_t eos = cfg.vocab_size - 1;
+  const int64_t eos = eot >= 0 ? eot : cfg.vocab_size - 1;
   return nlohmann::json{
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},

@@ -86,9 +86,10 @@ bool hf_gpt2_compatible(const GPTConfig& cfg);
 // The config.json that GPT2LMHeadModel needs for a model of shape `cfg`: model_type "gpt2",
 // architectures, n_embd, n_layer, n_head, n_inner, n_positions = n_ctx = seq_len, vocab_size (the
 // real vocabulary), layer_norm_epsilon, activation_function "gelu_new" (GELU, tanh approximation),
-// resid/embd/attn_pdrop = dropout, tie_word_embeddings true, bos = eos = vocab_size - 1 (50256 for
-// GPT-2's vocabulary), torch_dtype / dtype float32. Throws ConfigError for a grouped-query model
-// (see hf_gpt2_compatible), which GPT2LMHeadModel cannot load.
-nlohmann::json hf_gpt2_config(const GPTConfig& cfg);
+// resid/embd/attn_pdrop = dropout, tie_word_embeddings true, bos = eos = `eot` (the tokenizer's
+// end-of-text id, which the checkpoint's tokenizer.json holds; -1: vocab_size - 1, which is 50256
+// for GPT-2's vocabulary), torch_dtype / dtype float32. Throws ConfigError for a grouped-query
+// model (see hf_gpt2_compatible), which GPT2LMHeadModel cannot load.
+nlohmann::json hf_gpt2_config(const GPTConfig& cfg, int64_t eot = -1);
 
 }  // namespace kiln

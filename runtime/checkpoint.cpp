@@ -367,8 +367,14 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
   }
   if (writer_) maybe_crash_in_save(saves_, "weights");
   if (writer_ && hf_gpt2_compatible(cfg)) {
-    write_synced(tmp + "/config.json", hf_gpt2_config(cfg).dump(2) + "\n");
+    write_synced(tmp + "/config.json", hf_gpt2_config(cfg, eot_).dump(2) + "\n");
     files["config.json"] = crc32_file(tmp + "/config.json");
+  }
+  if (writer_) {
+    for (const auto& [file, text] : tokenizer_files_) {
+      write_synced(tmp + "/" + file, text);
+      files[file] = crc32_file(tmp + "/" + file);
+    }
   }
   {
     std::vector<TensorSpec> specs;

@@ -47,6 +47,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -85,8 +86,18 @@ class Checkpointer {
   // writer ("" elsewhere). `run` is recorded as the run's config and layout. Throws kiln::Error on
   // any I/O failure, leaving earlier checkpoints as they were.
   std::string save(WholeModel& state, const TrainProgress& progress, const nlohmann::json& run, CheckpointIo* io = nullptr);
+  // The run's tokenizer, saved with every checkpoint: `files` (name -> contents: tokenizer.json
+  // and tokenizer_config.json, data/hf_tokenizer.h's tokenizer_files, what AutoTokenizer loads)
+  // and its end-of-text id `eot`, config.json's bos/eos. Not called: no such files, and bos = eos
+  // = vocab_size - 1.
+  void set_tokenizer(std::map<std::string, std::string> files, int64_t eot) {
+    tokenizer_files_ = std::move(files);
+    eot_ = eot;
+  }
 
  private:
+  std::map<std::string, std::string> tokenizer_files_;
+  int64_t eot_ = -1;
   std::string dir_;
   int64_t keep_last_;
   bool writer_;

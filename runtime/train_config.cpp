@@ -3,7 +3,6 @@
 
 #include <set>
 
-#include "data/prep.h"
 #include "parallel/pipeline_layout.h"
 #include "runtime/error.h"
 
@@ -39,9 +38,6 @@ void TrainConfig::validate() const {
   if (sample_every > 0 && (pp > 1 || zero == 3)) {
     throw ConfigError("--sample-every needs the whole model on the ranks of one replica (tensor parallelism is fine): not with --pp " +
                       std::to_string(pp) + " or --zero 3");
-  }
-  if (sample_every > 0 && gpt.vocab_size < kByteVocab) {
-    throw ConfigError("--sample-every needs --vocab-size of at least " + std::to_string(kByteVocab) + " (the byte-level tokenizer's ids)");
   }
   at_least("loss-chunk-rows", loss_chunk_rows, int64_t{-1});
   at_least("synthetic-tokens", synthetic_tokens, gpt.seq_len + 1);
@@ -121,6 +117,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["data"] = data;
   j["data_format"] = data_format;
   j["val_data"] = val_data;
+  j["tokenizer"] = tokenizer;
   j["eval_every"] = eval_every;
   j["eval_batches"] = eval_batches;
   j["sample_every"] = sample_every;

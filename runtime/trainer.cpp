@@ -14,7 +14,10 @@
 
 #include <ATen/ATen.h>
 
+#include "data/hf_tokenizer.h"
 #include "data/loader.h"
+#include "data/paths.h"
+#include "data/prep.h"
 #include "data/prefetch.h"
 #include "data/synthetic.h"
 #include "data/token_dataset.h"
@@ -72,6 +75,31 @@ std::shared_ptr<const TokenDataset> training_data(const TrainConfig& cfg) {
       cfg.data, parse_token_format(cfg.data_format), cfg.gpt.seq_len, cfg.gpt.vocab_size));
 }
 
+
+// The run's tokenizer (data/tokenizer.h's tokenizer_for_data), checked against the model: one
+// the user named or kiln prep left beside the data must fit --vocab-size; the byte-level default
+// that does not fit (synthetic data on a small vocabulary) is dropped. Null tokenizer: source says
+// why there is none. --sample-every needs one.
+DataTokenizer run_tokenizer(const TrainConfig& cfg) {
+  DataTokenizer t = tokenizer_for_data(cfg.tokenizer, cfg.data.empty() ? std::vector<std::string>{} : expand_paths(cfg.data, "--data"));
+  if (!t.tokenizer) t.source = "none: no tokenizer.json beside the --data files (kiln prep writes one; or give --tokenizer FILE)";
+  if (t.tokenizer && t.tokenizer->vocab_size() > cfg.gpt.vocab_size) {
+    const std::string n = std::to_string(t.tokenizer->vocab_size()), v = std::to_string(cfg.gpt.vocab_size);
+    if (t.source != "default") {
+      throw ConfigError("the tokenizer " + t.source + " has " + n + " ids: --vocab-size " + v + " cannot hold them (give --vocab-size " + n +
+                        " or more)");
+    }
+    t.tokenizer.reset();
+    t.source = "none: the byte-level tokenizer's " + n + " ids do not fit --vocab-size " + v;
+  }
+  if (cfg.sample_every > 0 && !t.tokenizer) {
+    if (cfg.data.empty()) {
+      throw ConfigError("--sample-every needs --vocab-size of at least " + std::to_string(kByteVocab) + " (the byte-level tokenizer's ids)");
+    }
+    throw ConfigError("--sample-every needs the data's tokenizer: no tokenizer.json beside the --data files (kiln prep writes one); give --tokenizer FILE");
+  }
+  return t;
+}
 
 // The dropout seed of step `step` on data-parallel rank `dp_rank` (splitmix64 of the three):
 // reseeding every step makes the step number the whole RNG state a checkpoint needs.
@@ -140,6 +168,13 @@ void Trainer::setup() {
   std::shared_ptr<Communicator> metrics_world;
   if (r.mesh) metrics_world = make_mpi_communicator(MPI_COMM_WORLD, "metrics", r.watchdog);
 
+  // The data's tokenizer (data/tokenizer.h): in the config record, saved with every checkpoint,
+  // and what --sample-every decodes with.
+  {
+    DataTokenizer t = run_tokenizer(cfg_);
+    r.tokenizer = std::move(t.tokenizer);
+    r.tokenizer_source = t.source;
+  }
   r.train_data = training_data(cfg_);
   const BatchLayout layout{cfg_.micro_batch, cfg_.grad_accum, r.shape.dp, r.dp_rank};
   r.loader = std::make_unique<DataLoader>(r.train_data, cfg_.seed, /*shuffle=*/true, layout);
@@ -237,6 +272,7 @@ void Trainer::setup() {
     r.loader->resume_at(r.progress.step, r.progress.samples);
   }
   if (!cfg_.save_dir.empty()) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last, proc_.rank == 0);
+  if (r.checkpointer && r.tokenizer) r.checkpointer->set_tokenizer(tokenizer_files(*r.tokenizer, cfg_.gpt.seq_len), r.tokenizer->eot());
 
   r.flops_per_token = flops_per_token(cfg_.gpt);
   reset_peak_memory(device);  // this run's peak, even in a process that ran others (kiln bench)
@@ -556,7 +592,7 @@ json Trainer::run() {
       // llm.c's sample (runtime/generate.h): 64 tokens from end-of-text at temperature 1, seeded by the
       // run's seed and the step. No global random number is drawn, so the losses are those of a run
       // without samples. The tp ranks of replica dp 0 take part (collective over tp); rank 0 prints.
-      const std::string text = training_sample(*r.model, ByteTokenizer(), 64, r.shape.tp > 1 ? r.mesh->tp() : nullptr,
+      const std::string text = training_sample(*r.model, *r.tokenizer, 64, r.shape.tp > 1 ? r.mesh->tp() : nullptr,
                                                /*temperature=*/1.0, cfg_.seed + static_cast<uint64_t>(step + 1));
       r.log.write({{"type", "sample"}, {"step", step + 1}, {"text", text}});
       if (rank0) {

@@ -62,6 +62,10 @@ void Trainer::log_config() {
                {"start_step", r.progress.step},
                {"data", {{"tokens", r.train_data->num_tokens()}, {"samples", r.train_data->num_samples()},
                          {"source", cfg_.data.empty() ? json("synthetic") : json(cfg_.data)}}},
+               {"tokenizer", {{"kind", r.tokenizer ? json(r.tokenizer->name()) : json(nullptr)},
+                              {"vocab_size", r.tokenizer ? json(r.tokenizer->vocab_size()) : json(nullptr)},
+                              {"eot", r.tokenizer ? json(r.tokenizer->eot()) : json(nullptr)},
+                              {"source", r.tokenizer_source}}},
                {"versions", versions()}});
   if (r.load_io) {
     // Marks where the resumed stretch begins: steps after it repeat any the log already has.
@@ -84,6 +88,9 @@ void Trainer::log_config() {
   for (const auto& c : r.config_changes) {
     std::printf("kiln: %s: %s -> %s%s\n", c.key.c_str(), c.saved.dump().c_str(), c.now.dump().c_str(),
                 c.breaks_replay ? " (--allow-config-change: the run no longer replays the one it resumes)" : "");
+  }
+  if (!r.tokenizer && !cfg_.save_dir.empty()) {
+    std::printf("kiln: note: checkpoints carry no tokenizer (%s)\n", r.tokenizer_source.substr(r.tokenizer_source.find(": ") + 2).c_str());
   }
   // Settings that would silently do nothing.
   if (cfg_.eval_every > 0 && cfg_.val_data.empty()) {

@@ -17,6 +17,7 @@
 #include "data/loader.h"
 #include "data/prefetch.h"
 #include "data/token_dataset.h"
+#include "data/tokenizer.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
@@ -62,6 +63,8 @@ struct Trainer::Run {
   Precision precision = Precision::FP32;
 
   std::shared_ptr<const TokenDataset> train_data;
+  std::shared_ptr<const Tokenizer> tokenizer;  // the data's (data/tokenizer.h); null: none known
+  std::string tokenizer_source;                // where it came from, or why there is none
   std::unique_ptr<DataLoader> loader, val_loader;
 
   std::shared_ptr<GPT> model;

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "data/hf_tokenizer.h"
 #include "data/loader.h"
 #include "data/prefetch.h"
 #include "data/prep.h"
@@ -368,6 +369,15 @@ TEST(SyntheticTest, SuccessorCarriesNinetyPercent) {
 
 // ---- prep ---------------------------------------------------------------------------------
 
+PrepConfig prep_config(std::vector<std::string> inputs, std::string out_dir, int64_t shard_tokens, int64_t val_tokens) {
+  PrepConfig cfg;
+  cfg.inputs = std::move(inputs);
+  cfg.out_dir = std::move(out_dir);
+  cfg.shard_tokens = shard_tokens;
+  cfg.val_tokens = val_tokens;
+  return cfg;
+}
+
 TEST(PrepTest, TokenizeBytes) {
   EXPECT_EQ(tokenize_bytes("ab"), (std::vector<int32_t>{256, 97, 98}));
   EXPECT_EQ(tokenize_bytes(std::string("\xff\0", 2)), (std::vector<int32_t>{256, 255, 0}));
@@ -377,7 +387,7 @@ TEST(PrepTest, TokenizeBytes) {
 TEST_F(DataTest, PrepWritesValThenTrainShards) {
   std::ofstream(path("one.txt")) << "hello";    // 6 tokens with EOT
   std::ofstream(path("two.txt")) << "world!!";  // 8 tokens
-  PrepConfig cfg{{path("one.txt"), path("two.txt")}, path("out/nested"), 4, 3};
+  PrepConfig cfg = prep_config({path("one.txt"), path("two.txt")}, path("out/nested"), 4, 3);
   const PrepResult result = run_prep(cfg);
   EXPECT_EQ(result.total_tokens, 14);
   const std::string out = cfg.out_dir + "/";
@@ -394,6 +404,11 @@ TEST_F(DataTest, PrepWritesValThenTrainShards) {
   EXPECT_EQ(back, Tokens(want.begin(), want.end()));
   auto ds = TokenDataset::from_paths({out + "train_*.bin"}, TokenFormat::Auto, 2, kByteVocab);
   EXPECT_EQ(ds.num_tokens(), 11);
+  // The byte-level tokenizer beside the shards, where kiln train finds it (data/hf_tokenizer.h).
+  EXPECT_EQ(result.tokenizer_file, out + "tokenizer.json");
+  EXPECT_EQ(result.tokenizer, "byte");
+  EXPECT_EQ(result.vocab_size, kByteVocab);
+  EXPECT_EQ(load_tokenizer(result.tokenizer_file)->name(), "byte");
 
   cfg.val_tokens = 0;
   cfg.out_dir = path("noval");
@@ -405,15 +420,26 @@ TEST_F(DataTest, PrepWritesValThenTrainShards) {
 
 TEST_F(DataTest, PrepRejectsBadSettings) {
   std::ofstream(path("one.txt")) << "hi";
-  EXPECT_THROW(run_prep(PrepConfig{{}, path("out"), 10, 0}), ConfigError);
-  EXPECT_THROW(run_prep(PrepConfig{{path("one.txt")}, path("out"), 0, 0}), ConfigError);
-  EXPECT_THROW(run_prep(PrepConfig{{path("one.txt")}, path("out"), 10, -1}), ConfigError);
+  EXPECT_THROW(run_prep(prep_config({}, path("out"), 10, 0)), ConfigError);
+  EXPECT_THROW(run_prep(prep_config({path("one.txt")}, path("out"), 0, 0)), ConfigError);
+  EXPECT_THROW(run_prep(prep_config({path("one.txt")}, path("out"), 10, -1)), ConfigError);
   // All 3 tokens would go to validation, none left to train on.
-  expect_data_error([&] { run_prep(PrepConfig{{path("one.txt")}, path("out"), 10, 3}); },
+  expect_data_error([&] { run_prep(prep_config({path("one.txt")}, path("out"), 10, 3)); },
                     {"no training tokens"});
   expect_data_error(
-      [&] { run_prep(PrepConfig{{path("one.txt"), path("missing.txt")}, path("out"), 10, 0}); },
+      [&] { run_prep(prep_config({path("one.txt"), path("missing.txt")}, path("out"), 10, 0)); },
       {"--input: no file matches '" + path("missing.txt") + "'"});  // inputs are expanded like --data's
+  // A BPE tokenizer: a file or vocab + merges, not both; the pair together; files that exist.
+  PrepConfig bpe = prep_config({path("one.txt")}, path("out"), 10, 0);
+  bpe.vocab = path("one.txt");
+  EXPECT_THROW(run_prep(bpe), ConfigError);  // --vocab without --merges
+  bpe.merges = path("one.txt");
+  bpe.tokenizer = path("one.txt");
+  EXPECT_THROW(run_prep(bpe), ConfigError);  // both ways at once
+  bpe.vocab = bpe.merges = "";
+  bpe.tokenizer = path("missing.json");
+  EXPECT_THROW(run_prep(bpe), ConfigError);
+  EXPECT_FALSE(fs::exists(path("out")));
 }
 
 }  // namespace

@@ -1,0 +1,207 @@
+// data/hf_tokenizer.cpp -- tokenizer.json read and written (see the header for the format).
+#include "data/hf_tokenizer.h"
+
+#include <array>
+#include <fstream>
+#include <sstream>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "data/prep.h"
+#include "runtime/error.h"
+#include "runtime/python_tool.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+std::string utf8_of(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return s;
+}
+
+// bytes_to_unicode of GPT-2's encoder.py: printable bytes stand for themselves, the rest for
+// U+0100 + n in byte order.
+struct ByteTable {
+  std::array<std::string, 256> char_of;               // byte -> UTF-8 of its character
+  std::unordered_map<std::string, unsigned char> byte_of;  // the inverse
+  ByteTable() {
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      char_of[b] = utf8_of(printable ? b : next++);
+      byte_of[char_of[b]] = static_cast<unsigned char>(b);
+    }
+  }
+};
+
+const ByteTable& table() {
+  static const ByteTable t;
+  return t;
+}
+
+// The bytes a vocabulary string spells: each character through the inverse table; a character
+// outside it (none in a byte-level vocabulary) is kept as its own UTF-8.
+std::string bytes_of_token(const std::string& token) {
+  std::string out;
+  size_t i = 0;
+  while (i < token.size()) {
+    const auto lead = static_cast<unsigned char>(token[i]);
+    size_t len = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 1;
+    if (i + len > token.size()) len = token.size() - i;
+    const std::string ch = token.substr(i, len);
+    const auto it = table().byte_of.find(ch);
+    if (it != table().byte_of.end()) out.push_back(static_cast<char>(it->second));
+    else out += ch;
+    i += len;
+  }
+  return out;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("tokenizer " + path + ": cannot read it");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+const std::string& byte_char(unsigned char b) { return table().char_of[b]; }
+
+BpeTokenizer::BpeTokenizer(std::string path, std::string json_text) : path_(std::move(path)), text_(std::move(json_text)) {
+  const std::string where = "tokenizer " + path_;
+  json j;
+  try {
+    j = json::parse(text_);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(where + ": not JSON (" + std::string(e.what()) + "); give a Hugging Face tokenizer.json");
+  }
+  const json model = j.is_object() ? j.value("model", json()) : json();
+  const json decoder = j.is_object() ? j.value("decoder", json()) : json();
+  const std::string model_type = model.is_object() ? model.value("type", std::string("none")) : "none";
+  const std::string decoder_type = decoder.is_object() ? decoder.value("type", std::string("none")) : "none";
+  if (model_type != "BPE" || decoder_type != "ByteLevel" || !model.contains("vocab") || !model["vocab"].is_object()) {
+    throw ConfigError(where + ": kiln reads byte-level BPE tokenizers (GPT-2's kind: model BPE, decoder ByteLevel); this one is model " +
+                      model_type + ", decoder " + decoder_type);
+  }
+  // id -> (string, special?) from the vocabulary, then the added tokens (which may repeat or extend it).
+  std::map<int64_t, std::pair<std::string, bool>> tokens;
+  for (const auto& [token, id] : model["vocab"].items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0) throw ConfigError(where + ": vocabulary entry '" + token + "' has no id");
+    tokens[id.get<int64_t>()] = {bytes_of_token(token), false};
+  }
+  for (const auto& added : j.value("added_tokens", json::array())) {
+    const int64_t id = added.value("id", int64_t{-1});
+    if (id < 0) throw ConfigError(where + ": an added token has no id");
+    const std::string content = added.value("content", std::string());
+    tokens[id] = {content, added.value("special", false)};
+    if (content == kEotToken) eot_ = id;
+  }
+  if (eot_ < 0) {
+    if (auto it = model["vocab"].find(kEotToken); it != model["vocab"].end()) eot_ = it->get<int64_t>();
+  }
+  if (eot_ < 0) throw ConfigError(where + ": the tokenizer has no " + std::string(kEotToken) + " token (kiln puts it before every document)");
+  const int64_t n = tokens.empty() ? 0 : tokens.rbegin()->first + 1;
+  bytes_.assign(static_cast<size_t>(n), std::string());
+  known_.assign(static_cast<size_t>(n), 0);
+  for (const auto& [id, t] : tokens) {
+    const bool special = t.second || id == eot_;
+    bytes_[static_cast<size_t>(id)] = special ? std::string() : t.first;
+    known_[static_cast<size_t>(id)] = 1;
+  }
+}
+
+std::vector<int64_t> BpeTokenizer::encode(const std::string& text) const {
+  if (text.empty()) return {};
+  const std::string needs = "a BPE tokenizer's encoding needs Python with the tokenizers package";
+  const ToolRun run = run_python_tool("tokenize.py", {"encode", "--tokenizer", path_, "--text", text}, needs);
+  if (run.exit_code != 0) throw ConfigError(tool_failure(run, "tools/tokenize.py"));
+  std::vector<int64_t> ids;
+  try {
+    ids = json::parse(run.out).get<std::vector<int64_t>>();
+  } catch (const json::exception& e) {
+    throw Error("tools/tokenize.py printed no list of ids (" + std::string(e.what()) + ")");
+  }
+  return ids;
+}
+
+std::string BpeTokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::string text;
+  for (const int64_t id : ids) {
+    if (id < 0 || id >= vocab_size() || !known_[static_cast<size_t>(id)]) {
+      throw Error("tokenizer " + path_ + ": id " + std::to_string(id) + " is not in its vocabulary of " + std::to_string(vocab_size()));
+    }
+    text += bytes_[static_cast<size_t>(id)];
+  }
+  return text;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  auto bpe = std::make_unique<BpeTokenizer>(path, read_text(path));
+  // kiln's own byte-level file: the ByteTokenizer, which encodes without Python.
+  bool bytes = bpe->vocab_size() == kByteVocab && bpe->eot() == kByteEot;
+  try {
+    for (int64_t b = 0; bytes && b < 256; ++b) bytes = bpe->decode({b}) == std::string(1, static_cast<char>(b));
+  } catch (const Error&) {
+    bytes = false;  // an id missing from the vocabulary
+  }
+  if (bytes) {
+    const json model = json::parse(bpe->hf_json())["model"];
+    bytes = model.value("merges", json::array()).empty() && model["vocab"].size() <= static_cast<size_t>(kByteVocab);
+  }
+  if (bytes) return std::make_unique<ByteTokenizer>();
+  return bpe;
+}
+
+std::string byte_level_tokenizer_json() {
+  ordered_json vocab = ordered_json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(static_cast<unsigned char>(b))] = b;
+  vocab[kEotToken] = kByteEot;
+  auto byte_level = [](bool add_prefix_space, bool trim_offsets) {
+    return ordered_json{{"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space}, {"trim_offsets", trim_offsets}, {"use_regex", true}};
+  };
+  const ordered_json j{
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens",
+       ordered_json::array({ordered_json{{"id", kByteEot}, {"content", kEotToken}, {"single_word", false}, {"lstrip", false},
+                                         {"rstrip", false}, {"normalized", false}, {"special", true}}})},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", byte_level(false, true)},
+      {"post_processor", byte_level(true, false)},
+      {"decoder", byte_level(true, true)},
+      {"model", ordered_json{{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+                             {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+                             {"vocab", vocab}, {"merges", ordered_json::array()}}}};
+  return j.dump(1) + "\n";
+}
+
+std::map<std::string, std::string> tokenizer_files(const Tokenizer& tok, int64_t model_max_length) {
+  const ordered_json config{{"tokenizer_class", "PreTrainedTokenizerFast"},
+                            {"bos_token", kEotToken},
+                            {"eos_token", kEotToken},
+                            {"unk_token", kEotToken},
+                            {"model_max_length", model_max_length},
+                            {"add_prefix_space", false},
+                            {"clean_up_tokenization_spaces", false}};
+  return {{"tokenizer.json", tok.hf_json()}, {"tokenizer_config.json", config.dump(2) + "\n"}};
+}
+
+}  // namespace kiln

@@ -1,0 +1,69 @@
+// data/hf_tokenizer.h -- Hugging Face tokenizer.json: byte-level BPE tokenizers read and written.
+//
+// The format is the `tokenizers` library's (what transformers' fast tokenizers load). kiln takes
+// byte-level BPE tokenizers, GPT-2's kind: model BPE, decoder ByteLevel, with an `<|endoftext|>`
+// token that precedes every document. In such a tokenizer every token's string spells bytes
+// through GPT-2's byte <-> unicode table (bytes_to_unicode in GPT-2's encoder.py: the 188
+// printable bytes '!'..'~', U+00A1..U+00AC, U+00AE..U+00FF stand for themselves, the other 68
+// bytes for U+0100, U+0101, ... in byte order), so:
+//   decode(ids) = concat over ids of bytes(vocab^-1[id]) -- special tokens (end-of-text) give
+//   nothing -- is a table lookup, done here in C++;
+//   encode(text) needs the pre-tokenizer's regex and the merges, and is left to the library
+//   itself (tools/tokenize.py through runtime/python_tool.h), not written again here.
+// kiln's byte-level tokenizer (byte b -> id b, end-of-text 256) is written in the same format,
+// as a BPE with no merges whose vocabulary maps byte_char(b) to b, so transformers'
+// AutoTokenizer loads every kiln checkpoint's tokenizer alike; reading such a file back gives
+// the ByteTokenizer, which needs no Python.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace kiln {
+
+// The name of the end-of-text token in every tokenizer kiln reads or writes.
+constexpr const char* kEotToken = "<|endoftext|>";
+
+// GPT-2's byte <-> unicode table: the UTF-8 of the character that stands for byte b.
+const std::string& byte_char(unsigned char b);
+
+// A byte-level BPE tokenizer from a tokenizer.json. Decodes in C++; encodes a non-empty text
+// through tools/tokenize.py (Python's tokenizers), which reads the file at `path`.
+class BpeTokenizer : public Tokenizer {
+ public:
+  // `json_text`: the file's contents; `path`: where it is. ConfigError naming `path` for JSON
+  // that is not a byte-level BPE tokenizer with <|endoftext|>.
+  BpeTokenizer(std::string path, std::string json_text);
+  std::string name() const override { return "bpe"; }
+  int64_t vocab_size() const override { return static_cast<int64_t>(bytes_.size()); }
+  int64_t eot() const override { return eot_; }
+  std::vector<int64_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<int64_t>& ids) const override;
+  std::string hf_json() const override { return text_; }
+
+ private:
+  std::string path_, text_;
+  std::vector<std::string> bytes_;  // id -> its bytes ("" for a special token)
+  std::vector<char> known_;         // id -> 1 if the vocabulary holds it
+  int64_t eot_ = -1;
+};
+
+// The tokenizer of the tokenizer.json at `path`: ByteTokenizer if it is kiln's byte-level one
+// (no merges, byte_char(b) -> b for every byte, end-of-text 256, nothing else), BpeTokenizer
+// otherwise. ConfigError naming the file: missing, not JSON, not byte-level BPE, no end-of-text.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+// kiln's byte-level tokenizer as tokenizer.json text (see above).
+std::string byte_level_tokenizer_json();
+
+// The files that make a directory loadable by AutoTokenizer.from_pretrained: tokenizer.json
+// (tok.hf_json()) and tokenizer_config.json (PreTrainedTokenizerFast, bos = eos = unk =
+// <|endoftext|>, model_max_length: the model's context). File name -> contents.
+std::map<std::string, std::string> tokenizer_files(const Tokenizer& tok, int64_t model_max_length);
+
+}  // namespace kiln

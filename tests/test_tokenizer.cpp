@@ -1,0 +1,181 @@
+// tests/test_tokenizer.cpp -- tokenizer.json read and written (data/hf_tokenizer.h), the run's and
+// the checkpoint's tokenizer (data/tokenizer.h), and the Python tool's failure line
+// (runtime/python_tool.h). Encoding through Python's tokenizers is tested end to end in
+// tests/hf/tokenizer.sh, against the library itself.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "data/hf_tokenizer.h"
+#include "data/tokenizer.h"
+#include "runtime/error.h"
+#include "runtime/python_tool.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("kiln_test_tokenizer_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string write(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// A small byte-level BPE as the tokenizers library writes one: the 256 byte characters, two
+// merges, <|endoftext|> as an added special token with id 258 and a non-special added token.
+json small_bpe() {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[kiln::byte_char(static_cast<unsigned char>(b))] = b;
+  vocab["\xc4\xa0t"] = 256;  // "Ġt": " t" (space is U+0120 in GPT-2's table)
+  vocab["\xc4\xa0th"] = 257;
+  return json{{"version", "1.0"},
+              {"added_tokens", json::array({json{{"id", 258}, {"content", "<|endoftext|>"}, {"special", true}},
+                                            json{{"id", 259}, {"content", "<pad-ish>"}, {"special", false}}})},
+              {"pre_tokenizer", {{"type", "ByteLevel"}}},
+              {"decoder", {{"type", "ByteLevel"}}},
+              {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({json::array({"\xc4\xa0", "t"}), json::array({"\xc4\xa0t", "h"})})}}}};
+}
+
+}  // namespace
+
+TEST(Tokenizer, Gpt2ByteTable) {
+  // GPT-2's bytes_to_unicode: printable bytes stand for themselves; the others, in byte order,
+  // for U+0100, U+0101, ...: byte 0 -> U+0100, space (32) -> U+0120 'Ġ', 0xAD -> U+0143.
+  EXPECT_EQ(kiln::byte_char('a'), "a");
+  EXPECT_EQ(kiln::byte_char(0xE9), "\xc3\xa9");  // é stands for itself
+  EXPECT_EQ(kiln::byte_char(0), "\xc4\x80");
+  EXPECT_EQ(kiln::byte_char(' '), "\xc4\xa0");
+  EXPECT_EQ(kiln::byte_char(0xAD), "\xc5\x83");
+  std::set<std::string> distinct;
+  for (int b = 0; b < 256; ++b) distinct.insert(kiln::byte_char(static_cast<unsigned char>(b)));
+  EXPECT_EQ(distinct.size(), 256u);
+}
+
+TEST(Tokenizer, BpeDecodesThroughTheVocabulary) {
+  const fs::path d = temp_dir("bpe");
+  const auto tok = kiln::load_tokenizer(write(d / "tokenizer.json", small_bpe().dump()));
+  EXPECT_EQ(tok->name(), "bpe");
+  EXPECT_EQ(tok->vocab_size(), 260);
+  EXPECT_EQ(tok->eot(), 258);
+  // "Ġth" + "e" + EOT (nothing) + "Ġt" + 0xC3 0xA9 (é as two byte tokens) + the added token's text.
+  EXPECT_EQ(tok->decode({257, 'e', 258, 256, 0xC3, 0xA9, 259}), " the t\xc3\xa9<pad-ish>");
+  EXPECT_THROW(tok->decode({260}), kiln::Error);
+  EXPECT_THROW(tok->decode({-1}), kiln::Error);
+  EXPECT_EQ(tok->hf_json(), small_bpe().dump());  // saved with checkpoints as read
+  EXPECT_TRUE(tok->encode("").empty());           // no Python for nothing
+  fs::remove_all(d);
+}
+
+TEST(Tokenizer, ByteLevelFileIsTheByteTokenizer) {
+  const fs::path d = temp_dir("byte");
+  const std::string text = kiln::byte_level_tokenizer_json();
+  const auto tok = kiln::load_tokenizer(write(d / "tokenizer.json", text));
+  EXPECT_EQ(tok->name(), "byte");
+  EXPECT_EQ(tok->vocab_size(), 257);
+  EXPECT_EQ(tok->eot(), 256);
+  EXPECT_EQ(tok->hf_json(), text);
+  const json j = json::parse(text);
+  EXPECT_EQ(j["model"]["type"], "BPE");
+  EXPECT_EQ(j["model"]["vocab"]["\xc4\xa0"], 32);  // 'Ġ' is the space byte
+  EXPECT_EQ(j["added_tokens"][0]["content"], "<|endoftext|>");
+  EXPECT_EQ(j["added_tokens"][0]["id"], 256);
+  // The same vocabulary read as a BPE decodes every byte to itself.
+  const kiln::BpeTokenizer bpe((d / "tokenizer.json").string(), text);
+  for (int64_t b = 0; b < 256; ++b) EXPECT_EQ(bpe.decode({b}), std::string(1, static_cast<char>(b)));
+  // With one merge it is a BPE, not the byte-level tokenizer.
+  json merged = j;
+  merged["model"]["merges"] = json::array({json::array({"a", "b"})});
+  merged["model"]["vocab"]["ab"] = 257;
+  merged["added_tokens"][0]["id"] = 258;
+  merged["model"]["vocab"].erase("<|endoftext|>");
+  EXPECT_EQ(kiln::load_tokenizer(write(d / "merged.json", merged.dump()))->name(), "bpe");
+  fs::remove_all(d);
+}
+
+TEST(Tokenizer, RefusesWhatItCannotRead) {
+  const fs::path d = temp_dir("refuse");
+  auto refused = [&](const std::string& name, const std::string& text, const std::string& says) {
+    try {
+      kiln::load_tokenizer(write(d / name, text));
+      ADD_FAILURE() << name << ": accepted";
+    } catch (const kiln::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
+    }
+  };
+  refused("notjson.json", "{\"model\": ", "not JSON");
+  json wordpiece = small_bpe();
+  wordpiece["model"]["type"] = "WordPiece";
+  refused("wordpiece.json", wordpiece.dump(), "byte-level BPE");
+  json metaspace = small_bpe();
+  metaspace["decoder"]["type"] = "Metaspace";  // SentencePiece-style: not bytes
+  refused("metaspace.json", metaspace.dump(), "decoder Metaspace");
+  json no_eot = small_bpe();
+  no_eot["added_tokens"].erase(0);
+  refused("noeot.json", no_eot.dump(), "no <|endoftext|>");
+  try {
+    kiln::load_tokenizer((d / "missing.json").string());
+    ADD_FAILURE() << "a missing file accepted";
+  } catch (const kiln::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.json"), std::string::npos) << e.what();
+  }
+  fs::remove_all(d);
+}
+
+TEST(Tokenizer, FilesThatAutoTokenizerLoads) {
+  const kiln::ByteTokenizer byte;
+  const auto files = kiln::tokenizer_files(byte, 64);
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files.at("tokenizer.json"), kiln::byte_level_tokenizer_json());
+  const json config = json::parse(files.at("tokenizer_config.json"));
+  EXPECT_EQ(config["tokenizer_class"], "PreTrainedTokenizerFast");
+  EXPECT_EQ(config["eos_token"], "<|endoftext|>");
+  EXPECT_EQ(config["bos_token"], "<|endoftext|>");
+  EXPECT_EQ(config["model_max_length"], 64);
+}
+
+TEST(Tokenizer, RunAndCheckpointFindTheirs) {
+  const fs::path d = temp_dir("find");
+  fs::create_directories(d / "shards");
+  fs::create_directories(d / "bare");
+  write(d / "shards" / "tokenizer.json", small_bpe().dump());
+  // Synthetic data: the byte-level tokenizer. Shards with a tokenizer.json beside them: that one.
+  // Shards without one: none (not a guess). --tokenizer wins.
+  EXPECT_EQ(kiln::tokenizer_for_data("", {}).tokenizer->name(), "byte");
+  EXPECT_EQ(kiln::tokenizer_for_data("", {}).source, "default");
+  auto beside = kiln::tokenizer_for_data("", {(d / "shards" / "train_000000.bin").string()});
+  EXPECT_EQ(beside.tokenizer->name(), "bpe");
+  EXPECT_EQ(beside.source, (d / "shards" / "tokenizer.json").string());
+  auto bare = kiln::tokenizer_for_data("", {(d / "bare" / "train.bin").string()});
+  EXPECT_EQ(bare.tokenizer, nullptr);
+  EXPECT_EQ(bare.source, "none");
+  EXPECT_EQ(kiln::tokenizer_for_data((d / "shards" / "tokenizer.json").string(), {(d / "bare" / "train.bin").string()}).tokenizer->eot(), 258);
+  EXPECT_THROW(kiln::tokenizer_for_data((d / "nope.json").string(), {}), kiln::ConfigError);
+  // A checkpoint: its tokenizer.json; one written before checkpoints carried one: byte-level.
+  EXPECT_EQ(kiln::tokenizer_for_checkpoint((d / "shards").string())->name(), "bpe");
+  EXPECT_EQ(kiln::tokenizer_for_checkpoint((d / "bare").string())->name(), "byte");
+  fs::remove_all(d);
+}
+
+TEST(PythonTool, FailureLine) {
+  kiln::ToolRun run;
+  run.exit_code = 2;
+  run.err = "Traceback...\nkiln: error: kiln prep: x.txt: cannot read: No such file or directory\n";
+  EXPECT_EQ(kiln::tool_failure(run, "tools/tokenize.py"), "kiln prep: x.txt: cannot read: No such file or directory");
+  run.err = "something\nImportError: no module named tokenizers\n";
+  EXPECT_EQ(kiln::tool_failure(run, "tools/tokenize.py"), "tools/tokenize.py failed: ImportError: no module named tokenizers");
+  run.err = "";
+  run.exit_code = 139;
+  EXPECT_EQ(kiln::tool_failure(run, "tools/tokenize.py"), "tools/tokenize.py failed with exit status 139");
+}

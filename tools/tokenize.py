@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+# tools/tokenize.py -- byte-level BPE encoding for kiln, through Hugging Face's `tokenizers`.
+#
+# kiln does not implement BPE itself: encoding (the pre-tokenizer's regex, the merges) is the
+# `tokenizers` library's, as it is for transformers. kiln's C++ side (data/hf_tokenizer.h) runs
+# this script and reads what it prints; decoding needs no library (ids -> bytes by the vocabulary
+# and GPT-2's byte <-> unicode table) and stays in C++.
+#
+#   tokenize.py prep (--tokenizer tokenizer.json | --vocab vocab.json --merges merges.txt)
+#                    --save OUT.json FILE...
+#       Every FILE is one document: end-of-text, then its ids. Writes the ids of all documents
+#       to stdout as little-endian uint32, and the tokenizer (as tokenizer.json; built from the
+#       vocabulary and merges when those are given) to OUT.json.
+#   tokenize.py encode --tokenizer tokenizer.json --text TEXT
+#       Prints the ids of TEXT (no end-of-text added) as one JSON list.
+#
+# The tokenizer must be a byte-level BPE (GPT-2's kind: model BPE, decoder ByteLevel) with
+# an `<|endoftext|>` token, the end-of-text id kiln puts before every document. Special tokens
+# written in the text itself ("<|endoftext|>") encode to their ids, as the tokenizers library does.
+# Bad input: one line `kiln: error: ...` on stderr, exit 2.
+import argparse
+import array
+import json
+import sys
+
+EOT = "<|endoftext|>"
+
+
+def die(message):
+    print(f"kiln: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load(args, command):
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    except ImportError:
+        die(f"{command} needs the Python package 'tokenizers' in KILN_PYTHON's environment (bash launch/setup.sh installs it)")
+    if args.tokenizer:
+        try:
+            tok = Tokenizer.from_file(args.tokenizer)
+        except Exception as e:  # the library's own message: a missing file, JSON it cannot read
+            die(f"{command}: --tokenizer {args.tokenizer}: cannot load it as a tokenizers tokenizer.json ({str(e).splitlines()[0]})")
+        where = args.tokenizer
+    else:
+        try:
+            model = models.BPE.from_file(args.vocab, args.merges)
+        except Exception as e:
+            die(f"{command}: --vocab {args.vocab} --merges {args.merges}: cannot load them as a BPE model ({str(e).splitlines()[0]})")
+        tok = Tokenizer(model)
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        tok.decoder = decoders.ByteLevel()  # as GPT-2's own tokenizer.json has them
+        if tok.token_to_id(EOT) is not None:
+            tok.add_special_tokens([EOT])  # GPT-2's vocab.json holds it; marked special as in its tokenizer.json
+        where = args.vocab
+    spec = json.loads(tok.to_str())
+    model_type, decoder_type = (spec.get("model") or {}).get("type"), (spec.get("decoder") or {}).get("type")
+    if model_type != "BPE" or decoder_type != "ByteLevel":
+        die(f"{command}: {where}: kiln reads byte-level BPE tokenizers (GPT-2's kind: model BPE, decoder ByteLevel); "
+            f"this one is model {model_type}, decoder {decoder_type}")
+    eot = tok.token_to_id(EOT)
+    if eot is None:
+        die(f"{command}: {where}: the tokenizer has no {EOT} token (kiln puts it before every document)")
+    return tok, eot
+
+
+def prep(args):
+    if not args.tokenizer and not (args.vocab and args.merges):
+        die("kiln prep: give --tokenizer tokenizer.json, or --vocab vocab.json with --merges merges.txt")
+    tok, eot = load(args, "prep")
+    out = sys.stdout.buffer
+    for path in args.files:
+        try:
+            with open(path, "rb") as f:
+                text = f.read().decode("utf-8")
+        except OSError as e:
+            die(f"prep: {path}: cannot read: {e.strerror}")
+        except UnicodeDecodeError as e:
+            die(f"prep: {path}: not UTF-8 text (byte {e.start}); a BPE tokenizer reads text (the byte-level default reads any bytes)")
+        ids = array.array("I", [eot])
+        ids.extend(tok.encode(text, add_special_tokens=False).ids)
+        if sys.byteorder != "little":
+            ids.byteswap()
+        out.write(ids.tobytes())
+    out.flush()
+    tok.save(args.save)
+
+
+def encode(args):
+    if not args.tokenizer:
+        die("tokenize.py encode: give --tokenizer tokenizer.json")
+    tok, _ = load(args, "kiln sample")
+    print(json.dumps(tok.encode(args.text, add_special_tokens=False).ids))
+
+
+def main():
+    parser = argparse.ArgumentParser(description="byte-level BPE encoding for kiln (tokenizers)")
+    parser.add_argument("command", choices=["prep", "encode"])
+    parser.add_argument("--tokenizer")
+    parser.add_argument("--vocab")
+    parser.add_argument("--merges")
+    parser.add_argument("--save")
+    parser.add_argument("--text", default="")
+    parser.add_argument("files", nargs="*")
+    args = parser.parse_intermixed_args()
+    if args.command == "prep":
+        if not args.save:
+            die("tokenize.py prep: give --save OUT.json")
+        prep(args)
+    else:
+        encode(args)
+
+
+if __name__ == "__main__":
+    main()
