@@ -130,13 +130,13 @@ BpeTokenizer::BpeTokenizer(std::string path, std::string json_text) : path_(std:
 std::vector<int64_t> BpeTokenizer::encode(const std::string& text) const {
   if (text.empty()) return {};
   const std::string needs = "a BPE tokenizer's encoding needs Python with the tokenizers package";
-  const ToolRun run = run_python_tool("tokenize.py", {"encode", "--tokenizer", path_, "--text", text}, needs);
-  if (run.exit_code != 0) throw ConfigError(tool_failure(run, "tools/tokenize.py"));
+  const ToolRun run = run_python_tool("bpe_tokenizer.py", {"encode", "--tokenizer", path_, "--text", text}, needs);
+  if (run.exit_code != 0) throw ConfigError(tool_failure(run, "tools/bpe_tokenizer.py"));
   std::vector<int64_t> ids;
   try {
     ids = json::parse(run.out).get<std::vector<int64_t>>();
   } catch (const json::exception& e) {
-    throw Error("tools/tokenize.py printed no list of ids (" + std::string(e.what()) + ")");
+    throw Error("tools/bpe_tokenizer.py printed no list of ids (" + std::string(e.what()) + ")");
   }
   return ids;
 }

@@ -46,7 +46,7 @@ std::string shard_path(const fs::path& dir, const char* kind, int64_t index) {
   return (dir / name).string();
 }
 
-// The corpus through a BPE tokenizer: tools/tokenize.py writes every document's ids (end-of-text
+// The corpus through a BPE tokenizer: tools/bpe_tokenizer.py writes every document's ids (end-of-text
 // first) as little-endian uint32 and the tokenizer as tokenizer.json, read back here.
 std::vector<int32_t> tokenize_bpe(const PrepConfig& cfg, const std::vector<std::string>& inputs, std::unique_ptr<Tokenizer>& tokenizer) {
   std::string saved = (fs::temp_directory_path() / "kiln-prep-tokenizer-XXXXXX").string();
@@ -59,21 +59,21 @@ std::vector<int32_t> tokenize_bpe(const PrepConfig& cfg, const std::vector<std::
   args.insert(args.end(), inputs.begin(), inputs.end());
   ToolRun run;
   try {
-    run = run_python_tool("tokenize.py", args, "kiln prep with a BPE tokenizer needs Python with the tokenizers package");
-    if (run.exit_code != 0) throw ConfigError(tool_failure(run, "tools/tokenize.py"));
+    run = run_python_tool("bpe_tokenizer.py", args, "kiln prep with a BPE tokenizer needs Python with the tokenizers package");
+    if (run.exit_code != 0) throw ConfigError(tool_failure(run, "tools/bpe_tokenizer.py"));
     tokenizer = load_tokenizer(saved);
   } catch (...) {
     fs::remove(saved);
     throw;
   }
   fs::remove(saved);
-  if (run.out.size() % 4 != 0) throw DataError("prep: tools/tokenize.py wrote " + std::to_string(run.out.size()) + " bytes, not whole uint32 ids");
+  if (run.out.size() % 4 != 0) throw DataError("prep: tools/bpe_tokenizer.py wrote " + std::to_string(run.out.size()) + " bytes, not whole uint32 ids");
   std::vector<int32_t> corpus(run.out.size() / 4);
   const auto* bytes = reinterpret_cast<const unsigned char*>(run.out.data());
   for (size_t i = 0; i < corpus.size(); ++i) {
     const uint32_t id = bytes[4 * i] | (bytes[4 * i + 1] << 8) | (bytes[4 * i + 2] << 16) | (static_cast<uint32_t>(bytes[4 * i + 3]) << 24);
     if (static_cast<int64_t>(id) >= tokenizer->vocab_size()) {
-      throw DataError("prep: tools/tokenize.py gave id " + std::to_string(id) + ", outside the tokenizer's " +
+      throw DataError("prep: tools/bpe_tokenizer.py gave id " + std::to_string(id) + ", outside the tokenizer's " +
                       std::to_string(tokenizer->vocab_size()) + " ids");
     }
     corpus[i] = static_cast<int32_t>(id);

@@ -5,7 +5,7 @@
 // EOT. Vocabulary: 257 ids, so any model with vocab_size >= 257 (the tiny preset has 512) trains
 // on the output. With `tokenizer` (a Hugging Face tokenizer.json) or `vocab` + `merges` (GPT-2's
 // vocab.json and merges.txt), a byte-level BPE (data/hf_tokenizer.h) encodes instead, through
-// Python's tokenizers library (tools/tokenize.py): each document is end-of-text (the tokenizer's
+// Python's tokenizers library (tools/bpe_tokenizer.py): each document is end-of-text (the tokenizer's
 // <|endoftext|> id), then its ids.
 // Output: <out_dir>/val_000000.bin holding the first `val_tokens` tokens (none if 0), then
 // <out_dir>/train_000000.bin, train_000001.bin, ... of at most `shard_tokens` tokens each, and

@@ -114,6 +114,7 @@ const std::vector<Flag>& train_flags() {
       {"resume", Kind::String, "auto (latest in --save-dir, if any) | none | PATH (a checkpoint or a save dir)", field(&TrainConfig::resume)},
       {"init-from", Kind::String, "start from the weights of DIR (Hugging Face GPT-2 or kiln checkpoint; shape from its config.json), fresh optimizer, step 0", field(&TrainConfig::init_from)},
       {"log-json", Kind::String, "JSONL log file (rank 0)", field(&TrainConfig::log_json)},
+      {"tensorboard", Kind::String, "TensorBoard directory: the log's scalars as an event file (rank 0)", field(&TrainConfig::tensorboard)},
       {"log-every", Kind::Int, "console line every N steps", field(&TrainConfig::log_every)},
       {"allow-config-change", Kind::Bool, "resume even when the data, seed, global batch, optimizer or precision differ from the checkpoint's (listed in the config record)", field(&TrainConfig::allow_config_change)},
       {"stop-signals", Kind::List, "signals that stop the run after the step under way, save and exit 75 (INT,TERM,USR1; '' for none)", field(&TrainConfig::stop_signals)},
@@ -342,7 +343,7 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
     }
   }
   // Nothing of the training run's bookkeeping: no log, no saving, no stop, no resume policy.
-  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps", "sample-every", "init-from", "tokenizer"})
+  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps", "sample-every", "init-from", "tokenizer", "tensorboard"})
     values.erase(k);
   apply_flags(result, values, out.config);
   if (out.config.val_data.empty()) {

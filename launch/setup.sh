@@ -10,7 +10,8 @@
 #      the simulated nodes of tests/multinode).
 #   2. The pinned torch wheel in a project-local virtual environment (.venv), whose LibTorch
 #      kiln builds against (set KILN_TORCH_PREFIX to use another LibTorch instead), and beside it
-#      transformers and safetensors (a test) and matplotlib (kiln report).
+#      transformers and safetensors (tests), matplotlib (kiln report), tokenizers (BPE) and
+#      tensorboard (a test reads kiln's event files with it).
 #   3. CMake configure (once) and build into build/ (KILN_BUILD_DIR overrides).
 # Environment: KILN_JOBS (parallel build jobs, default: cores), KILN_CMAKE_ARGS (extra args).
 set -euo pipefail
@@ -53,8 +54,11 @@ else
   # transformers + safetensors: only the test that loads kiln's checkpoints with Hugging Face's
   # GPT2LMHeadModel (tests/hf, label cli) uses them; ~25 s and ~240 MB once, with numpy, tokenizers...
   # matplotlib: `kiln report`'s plotting (tools/report.py); ~10 s and ~40 MB once.
-  hf_pins="transformers==5.23.0 safetensors==0.8.0 matplotlib==3.11.2"
-  have_hf=$("$venv/bin/python" -c 'import transformers, safetensors, matplotlib; print(f"transformers=={transformers.__version__} safetensors=={safetensors.__version__} matplotlib=={matplotlib.__version__}")' 2>/dev/null || true)
+  # tokenizers: BPE encoding for `kiln prep --tokenizer` and `kiln sample` (tools/bpe_tokenizer.py);
+  # transformers depends on it, pinned here because kiln calls it itself.
+  # tensorboard: only tests/cli/tensorboard.sh, which reads kiln's event files back with it.
+  hf_pins="transformers==5.23.0 safetensors==0.8.0 matplotlib==3.11.2 tokenizers==0.23.3 tensorboard==2.21.0"
+  have_hf=$("$venv/bin/python" -c 'import transformers, safetensors, matplotlib, tokenizers, tensorboard; print(f"transformers=={transformers.__version__} safetensors=={safetensors.__version__} matplotlib=={matplotlib.__version__} tokenizers=={tokenizers.__version__} tensorboard=={tensorboard.__version__}")' 2>/dev/null || true)
   if [ "$have_hf" != "$hf_pins" ]; then
     say "installing $hf_pins into $venv (found: ${have_hf:-none})"
     # shellcheck disable=SC2086

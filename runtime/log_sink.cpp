@@ -26,6 +26,7 @@ LogSink::LogSink(const std::string& path, bool append) {
 }
 
 void LogSink::write(const nlohmann::json& record) {
+  if (tensorboard_) tensorboard_->record(record);
   if (!out_.is_open()) return;
   // Non-finite floats have no JSON spelling; nlohmann writes them as null, which is what we want.
   out_ << record.dump() << '\n';

@@ -2,13 +2,17 @@
 //
 // One JSON object per line, flushed as written so a crashed run keeps every record up to the
 // crash: first a "config" record, then one "step" record per optimizer step (and "eval"
-// records), then a "summary" record. Each record carries "type". Only rank 0 writes.
+// records), then a "summary" record. Each record carries "type". Only rank 0 writes. With
+// --tensorboard, each record's scalars go to a TensorBoard event file too (runtime/tensorboard.h).
 #pragma once
 
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "runtime/tensorboard.h"
 
 namespace kiln {
 
@@ -22,11 +26,15 @@ class LogSink {
   // Throws ConfigError if it cannot.
   explicit LogSink(const std::string& path, bool append = false);
   bool enabled() const { return out_.is_open(); }
+  // Every record written from now on also goes to `tensorboard` (its scalars), with or without
+  // a JSONL file.
+  void also_to(std::unique_ptr<TensorBoardWriter> tensorboard) { tensorboard_ = std::move(tensorboard); }
   void write(const nlohmann::json& record);
   const std::string& moved_to() const { return moved_to_; }  // "" when nothing was moved aside
 
  private:
   std::ofstream out_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::string moved_to_;
 };
 

@@ -168,6 +168,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["resume"] = resume;
   j["init_from"] = init_from;
   j["log_json"] = log_json;
+  j["tensorboard"] = tensorboard;
   j["log_every"] = log_every;
   j["peak_tflops"] = peak_tflops;
   j["device_memory_cap_gb"] = device_memory_cap_gb;
@@ -183,7 +184,7 @@ std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_
                                                "adam_eps",    "precision",   "loss_scale",       "loss_scale_window",
                                                "initial_scale_power", "hysteresis", "min_loss_scale"};
   // This run's own outputs and its way of resuming: not settings of the training.
-  static const std::set<std::string> ignored = {"resume", "log_json", "log_every", "save_dir", "stop_at_step",
+  static const std::set<std::string> ignored = {"resume", "log_json", "tensorboard", "log_every", "save_dir", "stop_at_step",
                                                 "allow_config_change", "deepspeed", "sample_every"};
   std::vector<ConfigChange> out;
   const nlohmann::json cur = now.to_json();

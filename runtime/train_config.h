@@ -76,6 +76,7 @@ struct TrainConfig {
   std::string resume = "auto"; // auto (latest in save_dir, if any) | none | PATH
   std::string init_from;       // HF GPT-2 or kiln checkpoint dir: its weights, fresh optimizer (runtime/init_from.h); empty = none
   std::string log_json;        // JSONL log path; empty = none
+  std::string tensorboard;     // TensorBoard event directory (runtime/tensorboard.h); empty = none
   int64_t log_every = 1;       // console line every N steps
   double peak_tflops = 0.0;    // one device's peak for MFU, TFLOP/s (CPU: one rank's share); 0 = from the device table
   bool allow_config_change = false;  // resume even when a setting that breaks the replay changed

@@ -282,6 +282,9 @@ void Trainer::setup() {
   r.peak = cfg_.peak_tflops > 0 ? std::optional<double>(cfg_.peak_tflops) : peak_tflops_for(r.dev.name);
   r.tokens_per_step = layout.global_batch() * cfg_.gpt.seq_len;
   r.log = (cfg_.log_json.empty() || proc_.rank != 0) ? LogSink() : LogSink(cfg_.log_json, /*append=*/resumed.has_value());
+  if (!cfg_.tensorboard.empty()) {  // rank 0 writes the event file; its verdict ends every rank alike
+    decide_on_rank0(r.host_world.get(), [&] { r.log.also_to(std::make_unique<TensorBoardWriter>(cfg_.tensorboard, r.progress.step)); });
+  }
 }
 
 

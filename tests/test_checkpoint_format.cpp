@@ -20,6 +20,7 @@
 #include "models/hf_gpt2.h"
 #include "runtime/error.h"
 #include "runtime/safetensors.h"
+#include "runtime/tensorboard.h"
 
 using kiln::GPT;
 using kiln::GPTConfig;
@@ -311,6 +312,13 @@ TEST(Crc32, KnownValuesAndTheDefinition) {
     const size_t k = n / 3;
     ASSERT_EQ(kiln::crc32_update(kiln::crc32_update(0, p.data(), k), p.data() + k, n - k), crc32_bitwise(p)) << n;
   }
+}
+
+// CRC-32C (Castagnoli), TensorBoard's record checksum (runtime/tensorboard.h): the standard check
+// value of "123456789" (0xE3069283) and of nothing (0).
+TEST(Crc32c, CheckValues) {
+  EXPECT_EQ(kiln::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(kiln::crc32c("", 0), 0u);
 }
 
 TEST(Crc32, WholeFiles) {

@@ -172,10 +172,10 @@ TEST(PythonTool, FailureLine) {
   kiln::ToolRun run;
   run.exit_code = 2;
   run.err = "Traceback...\nkiln: error: kiln prep: x.txt: cannot read: No such file or directory\n";
-  EXPECT_EQ(kiln::tool_failure(run, "tools/tokenize.py"), "kiln prep: x.txt: cannot read: No such file or directory");
+  EXPECT_EQ(kiln::tool_failure(run, "tools/bpe_tokenizer.py"), "kiln prep: x.txt: cannot read: No such file or directory");
   run.err = "something\nImportError: no module named tokenizers\n";
-  EXPECT_EQ(kiln::tool_failure(run, "tools/tokenize.py"), "tools/tokenize.py failed: ImportError: no module named tokenizers");
+  EXPECT_EQ(kiln::tool_failure(run, "tools/bpe_tokenizer.py"), "tools/bpe_tokenizer.py failed: ImportError: no module named tokenizers");
   run.err = "";
   run.exit_code = 139;
-  EXPECT_EQ(kiln::tool_failure(run, "tools/tokenize.py"), "tools/tokenize.py failed with exit status 139");
+  EXPECT_EQ(kiln::tool_failure(run, "tools/bpe_tokenizer.py"), "tools/bpe_tokenizer.py failed with exit status 139");
 }

@@ -31,3 +31,12 @@ wait_steps() {
   done
   fail "no $2 steps in $1"
 }
+# need_python MODULE...: sets py to KILN_PYTHON, or exits 77 (skipped) when it cannot import every
+# MODULE (launch/setup.sh installs them into .venv).
+need_python() {
+  py="${KILN_PYTHON:-}"
+  if [ -z "$py" ] || ! "$py" -c "import $(IFS=,; echo "$*")" >/dev/null 2>&1; then
+    echo "SKIP: $* not importable by KILN_PYTHON='${py}' (launch/setup.sh installs them into .venv)"
+    exit 77
+  fi
+}

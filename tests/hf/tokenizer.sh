@@ -27,15 +27,9 @@
 #    --sample-every on data whose tokenizer is unknown.
 #
 # Skipped (exit 77) when KILN_PYTHON cannot import transformers and tokenizers.
-set -euo pipefail
-: "${KILN_BIN:?KILN_BIN must point at the kiln binary}"
 here=$(cd "$(dirname "$0")" && pwd)
-py="${KILN_PYTHON:-}"
-if [ -z "$py" ] || ! "$py" -c 'import transformers, tokenizers' >/dev/null 2>&1; then
-  echo "SKIP: transformers/tokenizers not importable by KILN_PYTHON='${py}' (launch/setup.sh installs them into .venv)"
-  exit 77
-fi
 source "$here/../cli/common.sh"
+need_python transformers tokenizers
 : "${MPIEXEC:=mpirun}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }

@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-# tools/tokenize.py -- byte-level BPE encoding for kiln, through Hugging Face's `tokenizers`.
+# tools/bpe_tokenizer.py (not tokenize.py: that would shadow the standard library's module for
+# every script in tools/) -- byte-level BPE encoding for kiln, through Hugging Face's `tokenizers`.
 #
 # kiln does not implement BPE itself: encoding (the pre-tokenizer's regex, the merges) is the
 # `tokenizers` library's, as it is for transformers. kiln's C++ side (data/hf_tokenizer.h) runs
 # this script and reads what it prints; decoding needs no library (ids -> bytes by the vocabulary
 # and GPT-2's byte <-> unicode table) and stays in C++.
 #
-#   tokenize.py prep (--tokenizer tokenizer.json | --vocab vocab.json --merges merges.txt)
+#   bpe_tokenizer.py prep (--tokenizer tokenizer.json | --vocab vocab.json --merges merges.txt)
 #                    --save OUT.json FILE...
 #       Every FILE is one document: end-of-text, then its ids. Writes the ids of all documents
 #       to stdout as little-endian uint32, and the tokenizer (as tokenizer.json; built from the
 #       vocabulary and merges when those are given) to OUT.json.
-#   tokenize.py encode --tokenizer tokenizer.json --text TEXT
+#   bpe_tokenizer.py encode --tokenizer tokenizer.json --text TEXT
 #       Prints the ids of TEXT (no end-of-text added) as one JSON list.
 #
 # The tokenizer must be a byte-level BPE (GPT-2's kind: model BPE, decoder ByteLevel) with
@@ -89,7 +90,7 @@ def prep(args):
 
 def encode(args):
     if not args.tokenizer:
-        die("tokenize.py encode: give --tokenizer tokenizer.json")
+        die("bpe_tokenizer.py encode: give --tokenizer tokenizer.json")
     tok, _ = load(args, "kiln sample")
     print(json.dumps(tok.encode(args.text, add_special_tokens=False).ids))
 
@@ -106,7 +107,7 @@ def main():
     args = parser.parse_intermixed_args()
     if args.command == "prep":
         if not args.save:
-            die("tokenize.py prep: give --save OUT.json")
+            die("bpe_tokenizer.py prep: give --save OUT.json")
         prep(args)
     else:
         encode(args)
