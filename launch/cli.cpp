@@ -99,6 +99,9 @@ const std::vector<Flag>& train_flags() {
       {"offload", Kind::String, "none | optimizer (ZeRO 1-3) | all (ZeRO-3): optimizer state and step on the host; all: parameters too", field(&TrainConfig::offload)},
       {"zero-accum", Kind::String, "reduce | local: ZeRO-2/3 with --grad-accum > 1 reduce-scatters every micro-step, or accumulates a full local buffer and reduces once", field(&TrainConfig::zero_accum)},
       {"precision", Kind::String, "fp32 | bf16 | fp16", field(&TrainConfig::precision)},
+      {"param-dtype", Kind::String, "working weights: fp32 | bf16 | fp16 (16-bit: = --precision, fp32 masters with the optimizer; "
+       "one process and DDP so far)", field(&TrainConfig::param_dtype)},
+      {"reduce-dtype", Kind::String, "DDP's gradient all-reduce: fp32 | bf16", field(&TrainConfig::reduce_dtype)},
       {"loss-scale", Kind::Float, "fp16 loss scale (0: dynamic)", field(&TrainConfig::loss_scale)},
       {"loss-scale-window", Kind::Int, "clean steps before the dynamic scale doubles", field(&TrainConfig::loss_scale_window)},
       {"initial-scale-power", Kind::Int, "initial dynamic scale 2^N", field(&TrainConfig::initial_scale_power)},

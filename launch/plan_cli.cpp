@@ -59,6 +59,8 @@ const std::vector<FlagHelp> kLayoutFlags = {
     {"activation-checkpointing", "none | selective | full (default none)"},
     {"micro-batch", "sequences per micro-batch per device (default 8)"},
     {"grad-accum", "micro-batches per optimizer step per dp rank (default 1)"},
+    {"param-dtype", "working weights: fp32 | bf16 | fp16 (default fp32; 16-bit: one process and DDP so far)"},
+    {"reduce-dtype", "DDP's gradient all-reduce: fp32 | bf16 (default fp32)"},
 };
 const std::vector<FlagHelp> kRunFlags = {
     {"precision", "fp32 | bf16 | fp16 (default bf16)"},
@@ -268,6 +270,14 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (v.has("activation-checkpointing")) l.recompute = plan::parse_recompute(v.text("activation-checkpointing"));
     l.micro_batch = v.has("micro-batch") ? v.integer("micro-batch") : 8;
     if (v.has("grad-accum")) l.grad_accum = v.integer("grad-accum");
+    for (const char* flag : {"param-dtype", "reduce-dtype"}) {
+      if (!v.has(flag)) continue;
+      const std::string d = v.text(flag);
+      if (d != "fp32" && d != "bf16" && !(d == "fp16" && std::string(flag) == "param-dtype")) {
+        throw ConfigError(std::string("--") + flag + " must be fp32, bf16" + (std::string(flag) == "param-dtype" ? " or fp16" : "") + " (got '" + d + "')");
+      }
+      (std::string(flag) == "param-dtype" ? l.param_bytes : l.reduce_bytes) = d == "fp32" ? 4 : 2;
+    }
     l.validate(out.model, c);
   }
 

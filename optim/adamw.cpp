@@ -7,15 +7,27 @@
 
 namespace kiln {
 
-AdamW::AdamW(const std::vector<at::Tensor>& params, const AdamWConfig& cfg) : cfg_(cfg) {
+AdamW::AdamW(const std::vector<at::Tensor>& params, const AdamWConfig& cfg, at::ScalarType working) : cfg_(cfg), working_(working) {
+  if (working != at::kFloat && working != at::kBFloat16 && working != at::kHalf) {
+    throw std::invalid_argument("AdamW: working weights must be fp32, bf16 or fp16");
+  }
   Group decay, no_decay;
   decay.weight_decay = cfg.weight_decay;
   no_decay.weight_decay = 0.0;
   for (const auto& p : params) {
+    if (p.scalar_type() != at::kFloat) throw std::invalid_argument("AdamW: parameters must be fp32 when handed over");
     Group& g = p.dim() >= 2 ? decay : no_decay;
     g.params.push_back(p);
-    g.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
-    g.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    if (working == at::kFloat) {
+      g.masters.push_back(p);
+    } else {
+      at::NoGradGuard no_grad;
+      g.masters.push_back(p.detach().clone(at::MemoryFormat::Contiguous));  // the fp32 values, before the cast
+      p.set_data(p.detach().to(working));
+    }
+    targets_.push_back(g.masters.back());
+    g.exp_avg.push_back(at::zeros_like(g.masters.back(), at::MemoryFormat::Contiguous));
+    g.exp_avg_sq.push_back(at::zeros_like(g.masters.back(), at::MemoryFormat::Contiguous));
     // The fused kernel reads the step count from a float tensor on the parameter's device.
     g.step.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
   }
@@ -24,11 +36,12 @@ AdamW::AdamW(const std::vector<at::Tensor>& params, const AdamWConfig& cfg) : cf
 }
 
 void AdamW::step_group(Group& g, double lr) {
-  std::vector<at::Tensor> params, grads, m, v, steps;
+  std::vector<at::Tensor> params, grads, m, v, steps, working;
   for (size_t i = 0; i < g.params.size(); ++i) {
-    const auto& grad = g.params[i].grad();
+    const auto& grad = g.masters[i].grad();
     if (!grad.defined()) continue;
-    params.push_back(g.params[i]);
+    params.push_back(g.masters[i]);
+    if (!g.masters[i].is_same(g.params[i])) working.push_back(g.params[i]);
     grads.push_back(grad);
     m.push_back(g.exp_avg[i]);
     v.push_back(g.exp_avg_sq[i]);
@@ -39,15 +52,26 @@ void AdamW::step_group(Group& g, double lr) {
   at::_foreach_add_(steps, 1.0);  // the fused kernel expects t already advanced
   at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, cfg_.beta1, cfg_.beta2,
                     g.weight_decay, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  // 16-bit working weights: the masters' new values, rounded (round to nearest even).
+  for (size_t i = 0; i < working.size(); ++i) working[i].detach().copy_(params[i]);
 }
 
 AdamW::ParamState AdamW::state_of(const at::Tensor& p) const {
   for (const auto& g : groups_) {
     for (size_t i = 0; i < g.params.size(); ++i) {
-      if (g.params[i].is_same(p)) return {g.exp_avg[i], g.exp_avg_sq[i], g.step[i]};
+      if (g.params[i].is_same(p)) return {g.exp_avg[i], g.exp_avg_sq[i], g.step[i], g.masters[i]};
     }
   }
   throw std::invalid_argument("AdamW::state_of: not a parameter of this optimizer");
+}
+
+const at::Tensor& AdamW::grad_target(const at::Tensor& p) const {
+  for (const auto& g : groups_) {
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      if (g.params[i].is_same(p)) return g.masters[i];
+    }
+  }
+  throw std::invalid_argument("AdamW::grad_target: not a parameter of this optimizer");
 }
 
 void AdamW::step(double lr) {

@@ -8,6 +8,14 @@
 // LayerNorm parameters (nanoGPT's and llm.c's rule). The update runs in LibTorch's fused
 // multi-tensor kernel (_fused_adamw_), on CUDA and on CPU alike; the moments are fp32 and live
 // on the parameter's device.
+//
+// 16-bit working weights (--param-dtype bf16 | fp16; Megatron's Float16Optimizer, FSDP's
+// param_dtype): the model computes with bf16 / fp16 parameters, and AdamW keeps, with its
+// moments, an fp32 master copy w of each one. The update above runs on w with the fp32 gradient
+// accumulated in w.grad (the "main grad": parallel/main_grads.h and DDP add each micro-step's
+// 16-bit gradient into it), then the parameter takes w rounded to 16 bits: p = fp16(w). Bytes
+// per parameter: 2 (p) + 4 (main grad) + 4 (w) + 8 (m, v) = 18, against 4 + 4 + 8 = 16 for fp32
+// working weights, and no 2-byte autocast copy of each weight in the forward.
 #pragma once
 
 #include <cstdint>
@@ -30,12 +38,19 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  // Splits `params` by dimension into the decay (dim >= 2) and no-decay groups.
-  AdamW(const std::vector<at::Tensor>& params, const AdamWConfig& cfg);
+  // Splits `params` (fp32) by dimension into the decay (dim >= 2) and no-decay groups. `working`:
+  // the dtype the parameters compute in; bf16 / fp16 makes each one's fp32 master from its
+  // current (fp32) values, then casts the parameter itself to `working` (see above).
+  AdamW(const std::vector<at::Tensor>& params, const AdamWConfig& cfg, at::ScalarType working = at::kFloat);
 
-  // One update with learning rate lr, using each parameter's .grad(). Parameters without a
+  // One update with learning rate lr, using each grad_target's .grad(). Parameters without a
   // gradient are skipped (their state does not advance).
   void step(double lr);
+  // Where p's gradient is read, and accumulated in fp32: its master (16-bit working weights),
+  // else p itself. grad_targets(): the constructor's parameters', in its order.
+  const at::Tensor& grad_target(const at::Tensor& p) const;
+  std::vector<at::Tensor> grad_targets() const { return targets_; }
+  bool has_masters() const { return working_ != at::kFloat; }
 
   int64_t steps_taken() const { return steps_; }
 
@@ -43,6 +58,7 @@ class AdamW {
   // tensors, which a checkpoint reads and a resume writes into. step is a 0-dim fp32 tensor.
   struct ParamState {
     at::Tensor exp_avg, exp_avg_sq, step;
+    at::Tensor master;  // the fp32 master (p itself for fp32 working weights)
   };
   ParamState state_of(const at::Tensor& p) const;
   void set_steps_taken(int64_t n) { steps_ = n; }
@@ -50,11 +66,13 @@ class AdamW {
 
  private:
   struct Group {
-    std::vector<at::Tensor> params, exp_avg, exp_avg_sq, step;
+    std::vector<at::Tensor> params, masters, exp_avg, exp_avg_sq, step;  // masters: params for fp32
     double weight_decay;
   };
   void step_group(Group& g, double lr);
   AdamWConfig cfg_;
+  at::ScalarType working_;
+  std::vector<at::Tensor> targets_;
   std::vector<Group> groups_;
   int64_t steps_ = 0;
 };

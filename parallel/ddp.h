@@ -20,6 +20,15 @@
 // last backward (set_sync(true)) reduces the accumulated sum once. Traffic per optimizer step is
 // therefore the same for any K: one all-reduce of every gradient (2(n-1)/n x 4 bytes/param on
 // a ring).
+//
+// 16-bit working weights (optim/adamw.h, --param-dtype): the buckets hold the fp32 main grads
+// (the masters' .grad views) and the hook first moves each 16-bit gradient into its main grad
+// (parallel/main_grads.h), on every micro-step, then counts down as before: accumulation stays
+// fp32 whatever the reduction's dtype.
+// Reduction dtype (--reduce-dtype): fp32 by default; bf16 casts each bucket to a bf16 copy,
+// all-reduces that (2(n-1)/n x 2 bytes/param: half the traffic) and writes the mean back into
+// the fp32 bucket, rounded to bf16's 8 bits once per step (the sum itself is formed by the
+// backend: NCCL in bf16, kiln's MPI backend widening each pair to fp32).
 #pragma once
 
 #include <chrono>
@@ -41,12 +50,15 @@ struct DDPConfig {
 
 class DistributedDataParallel {
  public:
-  // params: the model's parameters in registration order, all fp32 on one device.
-  DistributedDataParallel(std::vector<at::Tensor> params, std::shared_ptr<Communicator> dp, DDPConfig cfg = {});
+  // params: the model's parameters in registration order, on one device. targets: where each
+  // one's gradient accumulates and is reduced (fp32; empty: the parameters themselves, which must
+  // then be fp32). reduce_dtype: kFloat or kBFloat16 (see above).
+  DistributedDataParallel(std::vector<at::Tensor> params, std::shared_ptr<Communicator> dp, DDPConfig cfg = {},
+                          std::vector<at::Tensor> targets = {}, at::ScalarType reduce_dtype = at::kFloat);
   ~DistributedDataParallel();
 
-  // Broadcasts every parameter from dp rank 0, then checks that all ranks agree (a checksum
-  // compared by all-reduce max and min). Throws Error if they do not.
+  // Broadcasts every parameter (and target) from dp rank 0, then checks that all ranks agree (a
+  // checksum compared by all-reduce max and min). Throws Error if they do not.
   void broadcast_parameters();
 
   // Whether the next backward reduces (true) or only accumulates (false).
@@ -68,6 +80,7 @@ class DistributedDataParallel {
  private:
   struct Bucket {
     at::Tensor flat;                 // fp32, contiguous
+    at::Tensor wire;                 // flat in the reduction dtype, while its all-reduce runs (bf16)
     std::vector<size_t> params;      // indices into params_
     int64_t pending = 0;             // gradients not yet landed in this backward
     std::shared_ptr<Work> work;      // the launched all-reduce
@@ -75,8 +88,9 @@ class DistributedDataParallel {
   void on_grad_ready(size_t param_index);
   void launch(Bucket& b);
 
-  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> params_, targets_;  // targets_[k] is params_[k] for fp32 working weights
   std::shared_ptr<Communicator> dp_;
+  at::ScalarType reduce_dtype_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param index -> bucket index
   GradReadyHooks hooks_;

@@ -102,6 +102,8 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
   l.micro_batch = need<int64_t>(c, "micro_batch", where);
   l.grad_accum = need<int64_t>(c, "grad_accum", where);
   l.compute_bytes = need<std::string>(c, "precision", where) == "fp32" ? 4 : 2;
+  l.param_bytes = c.value("param_dtype", std::string("fp32")) == "fp32" ? 4 : 2;  // absent: a log from before the flag
+  l.reduce_bytes = c.value("reduce_dtype", std::string("fp32")) == "fp32" ? 4 : 2;
   l.dropout = model.dropout > 0;
   l.cpu = cpu;
   // CPU SDPA runs its flash kernel only without dropout and with as many kv heads as heads.

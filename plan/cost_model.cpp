@@ -72,6 +72,18 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
   if (micro_batch < 1) throw ConfigError("--micro-batch must be at least 1 (got " + s(micro_batch) + ")");
   if (grad_accum < 1) throw ConfigError("--grad-accum must be at least 1 (got " + s(grad_accum) + ")");
   if (compute_bytes != 2 && compute_bytes != 4) throw ConfigError("compute dtype must be 2 or 4 bytes");
+  if (param_bytes != 2 && param_bytes != 4) throw ConfigError("working weights must be 2 or 4 bytes");
+  if (reduce_bytes != 2 && reduce_bytes != 4) throw ConfigError("the reduction dtype must be 2 or 4 bytes");
+  if (param_bytes == 2 && compute_bytes != 2) throw ConfigError("16-bit working weights compute in 16 bits: give --precision bf16 or fp16");
+  // kiln's refusal (runtime/train_config.cpp): 16-bit weights and reductions on one process and DDP so far.
+  for (const auto& [flag, bytes] : {std::pair<std::string, int>{"param-dtype", param_bytes}, {"reduce-dtype", reduce_bytes}}) {
+    if (bytes == 4) continue;
+    const std::string layout = zero > 0 ? "--zero " + std::to_string(zero) : tp > 1 ? "--tp " + s(tp) : pp > 1 ? "--pp " + s(pp) : "";
+    if (!layout.empty()) {
+      throw ConfigError("--" + flag + " bf16 is built for one process and DDP so far, not with " + layout +
+                        " (docs/precision.md); leave it at fp32 there");
+    }
+  }
   if (base_bytes < 0) throw ConfigError("base bytes must be non-negative");
   auto divides = [&](const char* what, int64_t v) {
     if (v % tp != 0) throw ConfigError("--tp " + s(tp) + " does not divide " + what + " " + s(v));
@@ -151,7 +163,8 @@ ModelState model_state(const std::vector<int64_t>& units, const Layout& l) {
   const int64_t N = l.dp;
   if (l.zero == 0) {
     const int64_t psi = sum_units(units);
-    out.device = {4 * psi, 4 * psi, 8 * psi};
+    // 16-bit working weights: 2-byte parameters, fp32 main grads, fp32 master + m + v (optim/adamw.h).
+    out.device = {l.param_bytes * psi, 4 * psi, (l.param_bytes == 2 ? 12 : 8) * psi};
     return out;
   }
   const int64_t pp_ = sum_padded(units, N), shard = pp_ / N;
@@ -268,7 +281,7 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     };
     switch (l.zero) {
       case 0:
-        dp("gradient all-reduce (DDP buckets, last micro-step)", 2 * 4 * psi, Window::LastBackward, 1);
+        dp("gradient all-reduce (DDP buckets, last micro-step)", 2.0 * l.reduce_bytes * psi, Window::LastBackward, 1);
         break;
       case 1:
         dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);

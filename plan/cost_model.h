@@ -134,6 +134,8 @@ struct Layout {
   int64_t micro_batch = 1;              // sequences per micro-batch per rank
   int64_t grad_accum = 1;               // micro-batches per optimizer step per dp rank (K)
   int compute_bytes = 2;                // a: 2 for bf16/fp16 autocast, 4 for fp32
+  int param_bytes = 4;                  // working weights: 4 (fp32), 2 (--param-dtype bf16/fp16: fp32 masters with AdamW)
+  int reduce_bytes = 4;                 // DDP's gradient all-reduce: 4 (fp32), 2 (--reduce-dtype bf16)
   std::string pp_split;                 // --pp-split "a,b,c": blocks per stage; empty = kiln's balanced default
   Attention attention = Attention::Flash;
   bool dropout = false;                 // dropout > 0 (masks kept)

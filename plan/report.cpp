@@ -75,6 +75,8 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   }
   if (m.dropout != (preset.empty() ? 0.0 : GPTConfig::preset(preset).dropout)) out += strprintf(" --dropout %g", m.dropout);
   if (l.compute_bytes == 2) out += " --precision bf16";
+  if (l.param_bytes == 2) out += " --param-dtype bf16";
+  if (l.reduce_bytes == 2) out += " --reduce-dtype bf16";
   if (l.tp != 1) out += strprintf(" --tp %lld", static_cast<long long>(l.tp));
   if (l.pp != 1) out += strprintf(" --pp %lld", static_cast<long long>(l.pp));
   if (!l.pp_split.empty()) out += " --pp-split " + l.pp_split;

@@ -67,7 +67,9 @@ at::Tensor WholeModel::local_part(const at::Tensor& param, CheckpointPart part) 
 }
 
 at::Tensor WholeModel::own_state(const at::Tensor& param, CheckpointPart part) const {
-  if (part == CheckpointPart::Param) return param.detach();
+  // Parameters: the fp32 master where AdamW keeps one (16-bit working weights), so checkpoints
+  // hold fp32 weights under every precision policy.
+  if (part == CheckpointPart::Param) return optimizer_ ? optimizer_->state_of(param).master.detach() : param.detach();
   const auto st = optimizer_->state_of(param);
   return part == CheckpointPart::ExpAvg ? st.exp_avg : part == CheckpointPart::ExpAvgSq ? st.exp_avg_sq : st.step;
 }
@@ -127,6 +129,7 @@ void WholeModel::load_local(const at::Tensor& param, CheckpointPart part, const 
     throw Error(std::string("checkpoint: the ") + part_name(part) + " slice of this layout has another shape");
   }
   dst.copy_(slice);
+  if (part == CheckpointPart::Param && dst.data_ptr() != param.data_ptr()) param.detach().copy_(dst);  // the working copy, rounded
   if (part == CheckpointPart::Step) optimizer_->set_steps_taken(static_cast<int64_t>(slice.item<double>()));
 }
 

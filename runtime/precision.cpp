@@ -23,6 +23,13 @@ at::ScalarType compute_dtype(Precision p) {
   return at::kFloat;
 }
 
+at::ScalarType dtype_named(const std::string& name) {
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  if (name == "fp32") return at::kFloat;
+  throw ConfigError("not a dtype: '" + name + "' (fp32, bf16 or fp16)");
+}
+
 AutocastScope::AutocastScope(Precision p, c10::DeviceType device) : active_(p != Precision::FP32), device_(device) {
   if (!active_) return;
   prev_enabled_ = at::autocast::is_autocast_enabled(device_);

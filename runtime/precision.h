@@ -24,6 +24,8 @@ enum class Precision { FP32, BF16, FP16 };
 // "fp32" | "bf16" | "fp16"; ConfigError otherwise.
 Precision parse_precision(const std::string& name);
 at::ScalarType compute_dtype(Precision p);
+// --param-dtype / --reduce-dtype names: "fp32" | "bf16" | "fp16" (validated by TrainConfig).
+at::ScalarType dtype_named(const std::string& name);
 
 // Autocast on `device` with the precision's dtype while alive (nothing for fp32). The casts
 // cached during the scope are dropped when the outermost scope ends.

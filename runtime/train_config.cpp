@@ -69,6 +69,22 @@ void TrainConfig::validate() const {
   at_least("max-wall-time", max_wall_time, 0);
   one_of("offload", offload, {"none", "optimizer", "all"});
   one_of("precision", precision, {"fp32", "bf16", "fp16"});
+  one_of("param-dtype", param_dtype, {"fp32", "bf16", "fp16"});
+  one_of("reduce-dtype", reduce_dtype, {"fp32", "bf16"});
+  if (param_dtype != "fp32" && param_dtype != precision) {
+    throw ConfigError("--param-dtype " + param_dtype + " keeps the working weights in the compute precision: give --precision " +
+                      param_dtype + " (got --precision " + precision + ")");
+  }
+  // Issue 17, so far: one process and DDP. ZeRO's flat shards, tensor parallelism's clipping and
+  // the pipeline's tied-embedding sync still read fp32 parameters.
+  for (const auto& [flag, value] : {std::pair<std::string, std::string>{"param-dtype", param_dtype}, {"reduce-dtype", reduce_dtype}}) {
+    if (value == "fp32") continue;
+    const std::string layout = zero > 0 ? "--zero " + std::to_string(zero) : tp > 1 ? "--tp " + std::to_string(tp) : pp > 1 ? "--pp " + std::to_string(pp) : "";
+    if (!layout.empty()) {
+      throw ConfigError("--" + flag + " " + value + " is built for one process and DDP so far, not with " + layout +
+                        " (docs/precision.md); leave it at fp32 there");
+    }
+  }
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
   at_least("tp", tp, int64_t{1});
   at_least("pp", pp, int64_t{1});
@@ -153,6 +169,8 @@ nlohmann::json TrainConfig::to_json() const {
   j["offload"] = offload;
   j["zero_accum"] = zero_accum;
   j["precision"] = precision;
+  j["param_dtype"] = param_dtype;
+  j["reduce_dtype"] = reduce_dtype;
   j["loss_scale"] = loss_scale;
   j["loss_scale_window"] = loss_scale_window;
   j["initial_scale_power"] = initial_scale_power;
@@ -181,7 +199,7 @@ std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_
                                                "dropout",     "lr",          "min_lr",           "warmup",
                                                "lr_schedule", "warmup_type", "warmup_start_lr", "lr_decay_steps",
                                                "weight_decay", "grad_clip",  "beta1",            "beta2",
-                                               "adam_eps",    "precision",   "loss_scale",       "loss_scale_window",
+                                               "adam_eps",    "precision",   "param_dtype", "reduce_dtype", "loss_scale",       "loss_scale_window",
                                                "initial_scale_power", "hysteresis", "min_loss_scale"};
   // This run's own outputs and its way of resuming: not settings of the training.
   static const std::set<std::string> ignored = {"resume", "log_json", "tensorboard", "log_every", "save_dir", "stop_at_step",

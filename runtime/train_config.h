@@ -59,6 +59,8 @@ struct TrainConfig {
   std::string offload = "none";  // none | optimizer (ZeRO 1-3) | all (ZeRO-3)
   std::string zero_accum = "reduce";  // ZeRO-2/3 gradient accumulation: reduce | local
   std::string precision = "fp32";             // fp32 | bf16 | fp16
+  std::string param_dtype = "fp32";           // working weights: fp32 | bf16 | fp16 (16-bit: fp32 masters in AdamW; optim/adamw.h)
+  std::string reduce_dtype = "fp32";          // DDP's gradient all-reduce: fp32 | bf16 (parallel/ddp.h)
   double loss_scale = 0.0;                    // fp16: 0 = dynamic, else static
   int64_t loss_scale_window = 1000;           // clean steps before the scale doubles
   int64_t initial_scale_power = 16;           // initial dynamic scale 2^N

@@ -202,13 +202,20 @@ void Trainer::setup() {
   // then data parallelism (DDP or ZeRO).
   apply_activation_checkpointing(*r.model, parse_activation_checkpointing(cfg_.activation_checkpointing));
   r.params = r.model->parameters();
-  if (cfg_.zero == 0 && r.mesh && (r.shape.dp > 1 || explicit_backend)) {
-    r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp());
-    r.ddp->broadcast_parameters();
-  }
   const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
   if (cfg_.zero == 0) {
-    r.optimizer = std::make_unique<AdamW>(r.params, adam);  // ZeRO-0 steps this AdamW
+    // ZeRO-0 steps this AdamW. 16-bit working weights: it keeps the fp32 masters and casts the
+    // model's parameters (optim/adamw.h); gradients then accumulate in the masters' fp32 .grad.
+    r.optimizer = std::make_unique<AdamW>(r.params, adam, dtype_named(cfg_.param_dtype));
+    r.grads = r.optimizer->grad_targets();
+    if (r.mesh && (r.shape.dp > 1 || explicit_backend)) {
+      r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp(), DDPConfig{},
+                                                        r.optimizer->has_masters() ? r.grads : std::vector<at::Tensor>{},
+                                                        dtype_named(cfg_.reduce_dtype));
+      r.ddp->broadcast_parameters();
+    } else if (r.optimizer->has_masters()) {
+      r.main_grads = std::make_unique<MainGrads>(r.params, r.grads);
+    }
   } else {
     // Every rank holds the same host model (same seed): each keeps its shards of it.
     ZeroConfig zc;
@@ -303,6 +310,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   at::manual_seed(step_seed(cfg_.seed ^ (static_cast<uint64_t>(r.mesh ? r.mesh->coord().pp : 0) << 40), step, r.dp_rank));
   if (r.ddp) r.ddp->zero_grad();
   else if (!r.zero) r.model->zero_grad(/*set_to_none=*/true);
+  if (r.main_grads) r.main_grads->zero_grad();
 
   auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
   // Made one step ahead (pinned on a GPU, so the non-blocking copies below overlap compute).
@@ -359,7 +367,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   at::Tensor norm = r.zero               ? r.zero->local_grad_sq_norm()
                     : r.pipe             ? pipeline_grad_sq_norm_share(*r.model, r.shape.dp)
                     : r.shape.tp > 1 ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, out.loss_scale, r.mesh->tp())
-                                     : clip_grad_norm(r.params, cfg_.grad_clip, out.loss_scale);
+                                     : clip_grad_norm(r.grads, cfg_.grad_clip, out.loss_scale);
   r.timer->mark(Phase::Optimizer);
 
   // One small tensor decides the step on every rank: the mean loss and whether anything was

@@ -23,6 +23,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/ddp.h"
+#include "parallel/main_grads.h"
 #include "parallel/pipeline.h"
 #include "parallel/zero.h"
 #include "runtime/checkpoint.h"
@@ -69,6 +70,8 @@ struct Trainer::Run {
 
   std::shared_ptr<GPT> model;
   std::vector<at::Tensor> params;
+  std::vector<at::Tensor> grads;               // where gradients accumulate (AdamW's grad targets: fp32)
+  std::unique_ptr<MainGrads> main_grads;       // 16-bit working weights without DDP: fp32 accumulation
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<ZeroEngine> zero;            // --zero 1..3: shards, reductions and the step
   std::unique_ptr<PipelineStage> pipe;         // --pp > 1: this rank's stage and its 1F1B schedule
@@ -110,7 +113,10 @@ struct Trainer::Run {
     if (zero) return zero->memory();
     ModelStateBytes state;
     const int64_t psi = model->num_params();  // this rank's (its tp slices, its stage)
-    state.device = {4 * psi, 4 * psi, 8 * psi};
+    // 16-bit working weights (optim/adamw.h): 2-byte parameters, fp32 main grads, and the fp32
+    // master with the optimizer's moments.
+    const bool masters = optimizer && optimizer->has_masters();
+    state.device = {masters ? 2 * psi : 4 * psi, 4 * psi, masters ? 12 * psi : 8 * psi};
     return state;
   }
 

@@ -13,6 +13,7 @@
 #include "optim/grad_clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "parallel/main_grads.h"
 #include "runtime/error.h"
 
 namespace {
@@ -77,6 +78,58 @@ TEST(AdamW, ParametersWithoutGradientAreUntouched) {
   opt.step(0.1);
   EXPECT_FALSE(at::equal(w.detach(), at::ones({2, 2})));
   EXPECT_TRUE(at::equal(frozen.detach(), at::ones({2, 2})));
+}
+
+// 16-bit working weights (optim/adamw.h): the fp32 masters take exactly fp32 AdamW's steps on
+// the same fp32 gradients, and the working copies are their round-to-nearest bf16 / fp16.
+TEST(AdamW, SixteenBitWorkingWeightsKeepFp32Masters) {
+  for (const at::ScalarType working : {at::kBFloat16, at::kHalf}) {
+    at::manual_seed(3);
+    auto w32 = at::randn({16, 8}).requires_grad_(true), b32 = at::randn({8}).requires_grad_(true);
+    auto w16 = w32.detach().clone().requires_grad_(true), b16 = b32.detach().clone().requires_grad_(true);
+    const kiln::AdamWConfig cfg{0.9, 0.95, 1e-8, 0.1};
+    kiln::AdamW fp32({w32, b32}, cfg), mixed({w16, b16}, cfg, working);
+    ASSERT_TRUE(mixed.has_masters());
+    EXPECT_EQ(w16.scalar_type(), working);  // the model's parameter, cast
+    const at::Tensor master = mixed.state_of(w16).master;
+    EXPECT_EQ(master.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(master, w32.detach()));  // made from the fp32 values, before the cast
+    EXPECT_TRUE(mixed.grad_target(w16).is_same(master));
+    EXPECT_TRUE(fp32.grad_target(w32).is_same(w32));
+    for (int step = 0; step < 3; ++step) {
+      const auto gw = at::randn({16, 8}), gb = at::randn({8});
+      w32.mutable_grad() = gw.clone();
+      b32.mutable_grad() = gb.clone();
+      mixed.grad_target(w16).mutable_grad() = gw.clone();
+      mixed.grad_target(b16).mutable_grad() = gb.clone();
+      fp32.step(1e-2);
+      mixed.step(1e-2);
+      EXPECT_TRUE(at::equal(master, w32.detach())) << step;
+      EXPECT_TRUE(at::equal(mixed.state_of(b16).master, b32.detach())) << step;
+      EXPECT_TRUE(at::equal(w16.detach(), w32.detach().to(working))) << step;
+      EXPECT_TRUE(at::equal(b16.detach(), b32.detach().to(working))) << step;
+    }
+    EXPECT_FALSE(at::equal(w16.detach().to(at::kFloat), master));  // the working copy is a rounding
+  }
+}
+
+// parallel/main_grads.h: each backward's bf16 gradient is added into the fp32 main grad at once
+// and freed. 1 + 2^-9 has no bf16 (8-bit mantissa) spelling -- accumulated in bf16 it would stay
+// 1 -- and is exact in fp32.
+TEST(MainGrads, AccumulateInFp32AndFreeThe16BitGradient) {
+  auto w = at::ones({4}).requires_grad_(true);
+  kiln::AdamW opt({w}, kiln::AdamWConfig{}, at::kBFloat16);
+  kiln::MainGrads main({w}, opt.grad_targets());
+  main.zero_grad();
+  (w * 1.0).sum().backward();
+  EXPECT_FALSE(w.grad().defined());  // moved into the main grad
+  (w * std::ldexp(1.0, -9)).sum().backward();
+  const at::Tensor g = opt.grad_target(w).grad();
+  EXPECT_EQ(g.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(g, at::full({4}, 1.0 + std::ldexp(1.0, -9))));
+  EXPECT_TRUE(at::equal((at::ones({4}, at::kBFloat16) + at::full({4}, std::ldexp(1.0, -9), at::kBFloat16)).to(at::kFloat), at::ones({4})));
+  main.zero_grad();
+  EXPECT_TRUE(at::equal(opt.grad_target(w).grad(), at::zeros({4})));
 }
 
 TEST(LRSchedule, WarmupCosineFloor) {
