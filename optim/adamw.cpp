@@ -33,6 +33,14 @@ AdamW::AdamW(const std::vector<at::Tensor>& params, const AdamWConfig& cfg, at::
   }
   groups_.push_back(std::move(decay));
   groups_.push_back(std::move(no_decay));
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (size_t i = 0; i < groups_[gi].params.size(); ++i) index_[groups_[gi].params[i].unsafeGetTensorImpl()] = {gi, i};
+}
+
+std::pair<size_t, size_t> AdamW::index_of(const at::Tensor& p) const {
+  const auto it = index_.find(p.unsafeGetTensorImpl());
+  if (it == index_.end()) throw std::invalid_argument("AdamW: not a parameter of this optimizer");
+  return it->second;
 }
 
 void AdamW::step_group(Group& g, double lr) {
@@ -57,21 +65,14 @@ void AdamW::step_group(Group& g, double lr) {
 }
 
 AdamW::ParamState AdamW::state_of(const at::Tensor& p) const {
-  for (const auto& g : groups_) {
-    for (size_t i = 0; i < g.params.size(); ++i) {
-      if (g.params[i].is_same(p)) return {g.exp_avg[i], g.exp_avg_sq[i], g.step[i], g.masters[i]};
-    }
-  }
-  throw std::invalid_argument("AdamW::state_of: not a parameter of this optimizer");
+  const auto [gi, i] = index_of(p);
+  const Group& g = groups_[gi];
+  return {g.exp_avg[i], g.exp_avg_sq[i], g.step[i], g.masters[i]};
 }
 
 const at::Tensor& AdamW::grad_target(const at::Tensor& p) const {
-  for (const auto& g : groups_) {
-    for (size_t i = 0; i < g.params.size(); ++i) {
-      if (g.params[i].is_same(p)) return g.masters[i];
-    }
-  }
-  throw std::invalid_argument("AdamW::grad_target: not a parameter of this optimizer");
+  const auto [gi, i] = index_of(p);
+  return groups_[gi].masters[i];
 }
 
 void AdamW::step(double lr) {

@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -70,9 +72,11 @@ class AdamW {
     double weight_decay;
   };
   void step_group(Group& g, double lr);
+  std::pair<size_t, size_t> index_of(const at::Tensor& p) const;  // (group, position); throws for a stranger
   AdamWConfig cfg_;
   at::ScalarType working_;
   std::vector<at::Tensor> targets_;
+  std::unordered_map<const void*, std::pair<size_t, size_t>> index_;  // TensorImpl -> (group, position)
   std::vector<Group> groups_;
   int64_t steps_ = 0;
 };

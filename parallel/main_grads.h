@@ -10,6 +10,7 @@
 // before it counts its bucket down; MainGrads serves the runs without DDP.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +18,11 @@
 #include "parallel/grad_ready.h"
 
 namespace kiln {
+
+// Where a parameter's (reduced, accumulated) gradient is read: the fp32 main grad for 16-bit
+// working weights (optim/adamw.h's grad_target(p).grad()). Empty: p.grad() itself.
+using GradOf = std::function<at::Tensor(const at::Tensor& param)>;
+inline at::Tensor grad_of(const GradOf& f, const at::Tensor& param) { return f ? f(param) : param.grad(); }
 
 // G += float(param.grad); param.grad = undefined. param.grad must be defined.
 void move_grad_to_main(const at::Tensor& param, const at::Tensor& target);

@@ -17,11 +17,12 @@ StageTransfers exchange(Communicator& pp, int stage, const std::vector<PipeTrans
       case PipeTransfer::Kind::SendActivation:
       case PipeTransfer::Kind::SendGrad: {
         at::Tensor x = outgoing(t);
-        if (x.scalar_type() != at::kFloat || x.sizes() != shape || !x.is_contiguous()) {
+        if (x.scalar_type() != options.dtype().toScalarType() || x.sizes() != shape || !x.is_contiguous()) {
           throw Error("pipeline stage " + std::to_string(stage) + ": micro-batch " + std::to_string(t.micro) + "'s " +
                       (t.kind == PipeTransfer::Kind::SendActivation ? "activation" : "gradient") + " is " +
                       std::string(c10::toString(x.scalar_type())) + " " + c10::str(x.sizes()) +
-                      "; the stages exchange contiguous float " + c10::str(shape));
+                      "; the stages exchange contiguous " + std::string(c10::toString(options.dtype().toScalarType())) + " " +
+                      c10::str(shape));
         }
         ops.push_back({P2POp::Kind::Send, x, t.kind == PipeTransfer::Kind::SendActivation ? stage + 1 : stage - 1});
         break;

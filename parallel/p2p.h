@@ -28,7 +28,7 @@ struct StageTransfers {
 };
 
 // Posts `transfers` for stage `stage` of `pp` and waits for them. outgoing(t) gives the tensor a
-// Send transfer carries (contiguous, `shape`, fp32); receives land in new tensors of `shape` with
+// Send transfer carries (contiguous, `shape`, the dtype of `options`); receives land in new tensors of `shape` with
 // `options`. Returns what was received.
 StageTransfers exchange(Communicator& pp, int stage, const std::vector<PipeTransfer>& transfers,
                         const std::function<at::Tensor(const PipeTransfer&)>& outgoing, at::IntArrayRef shape,

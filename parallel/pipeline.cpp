@@ -46,12 +46,17 @@ PipelineStage::PipelineStage(GPT& model, std::shared_ptr<Communicator> pp, c10::
   }
 }
 
+at::ScalarType PipelineStage::residual_dtype() const {
+  const auto params = model_.parameters();
+  return params.empty() ? at::kFloat : params.front().scalar_type();
+}
+
 at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& batch, double backward_factor,
                                 const PipelineHooks& hooks) {
   const GPTConfig& cfg = model_.config();
   const std::vector<int64_t> shape{micro_batch_, cfg.seq_len, cfg.d_model};
-  const auto act = at::TensorOptions().dtype(at::kFloat).device(device_);
-  auto loss_sum = at::zeros({}, act);
+  const auto act = at::TensorOptions().dtype(residual_dtype()).device(device_);
+  auto loss_sum = at::zeros({}, act.dtype(at::kFloat));
   std::map<int, Slot> live;  // micro-batches forwarded and not yet backwarded (or not yet sent back)
   max_live_ = 0;
 
@@ -114,8 +119,8 @@ at::Tensor PipelineStage::evaluate(int micros, const std::function<Batch(int)>& 
   at::NoGradGuard no_grad;
   const GPTConfig& cfg = model_.config();
   const std::vector<int64_t> shape{micro_batch_, cfg.seq_len, cfg.d_model};
-  const auto act = at::TensorOptions().dtype(at::kFloat).device(device_);
-  auto loss_sum = at::zeros({}, act);
+  const auto act = at::TensorOptions().dtype(residual_dtype()).device(device_);
+  auto loss_sum = at::zeros({}, act.dtype(at::kFloat));
   std::map<int, at::Tensor> outputs, inputs;
   auto outgoing = [&](const PipeTransfer& t) { return outputs.at(t.micro).contiguous(); };
   for (const PipeAction& a : forward_only(stages_, stage_, micros)) {
@@ -136,7 +141,7 @@ at::Tensor PipelineStage::evaluate(int micros, const std::function<Batch(int)>& 
     at::Tensor y = model_.run_blocks(first() ? model_.embed(b.inputs) : inputs.at(a.micro));
     inputs.erase(a.micro);
     if (last()) loss_sum += model_.head_loss(y, b.targets).to(at::kFloat);
-    else outputs[a.micro] = y.to(at::kFloat);
+    else outputs[a.micro] = y.to(residual_dtype());
   }
   return loss_sum;
 }
@@ -161,11 +166,11 @@ std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, c
   return runs;
 }
 
-at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp) {
+at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp, const GradOf& grad_at) {
   at::NoGradGuard no_grad;
   at::Tensor total;
   for (const auto& item : model.named_parameters()) {
-    const at::Tensor& g = item.value().grad();
+    const at::Tensor g = grad_of(grad_at, item.value());
     if (!g.defined()) continue;
     const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp
     const at::Tensor flat = g.reshape({-1});

@@ -38,6 +38,7 @@
 #include <c10/core/Device.h>
 
 #include "data/loader.h"
+#include "parallel/main_grads.h"
 #include "parallel/pipeline_schedule.h"
 #include "runtime/comm.h"
 #include "runtime/precision.h"
@@ -62,11 +63,14 @@ struct PipelineHooks {
 class PipelineStage {
  public:
   // model: this stage's part (built with pipeline_stage_shard); pp: the pipeline group, whose
-  // rank is the stage. Activations are [micro_batch, seq_len, d_model] fp32 on `device`.
+  // rank is the stage. Activations are [micro_batch, seq_len, d_model] on `device`, in the
+  // residual stream's dtype: the parameters' (fp32, or bf16 / fp16 for 16-bit working weights,
+  // optim/adamw.h -- the embedding's output and every residual add are in that dtype).
   PipelineStage(GPT& model, std::shared_ptr<Communicator> pp, c10::Device device, int64_t micro_batch,
                 Precision precision);
 
   int stage() const { return stage_; }
+  at::ScalarType residual_dtype() const;
   int stages() const { return stages_; }
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ + 1 == stages_; }
@@ -110,8 +114,8 @@ std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, c
 
 // The share of this rank's gradients in the squared global norm, for a sum over the whole
 // dp x tp x pp world (fp64 scalar on the gradients' device): count_weights' weights, divided by
-// dp (every dp rank holds the same reduced gradients).
-at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp);
+// dp (every dp rank holds the same reduced gradients). grads: as clip_grad_norm_tp's.
+at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp, const GradOf& grads = {});
 
 // The stage whose copy of whole-model parameter `name` a checkpoint takes: the first for wte
 // and wpe (the last stage's wte is the tied copy), the last for ln_f, the stage of its block.

@@ -324,12 +324,13 @@ std::vector<std::pair<at::Tensor, double>> tp_weighted_pieces(const std::string&
           {local.narrow(0, q_rows, local.size(0) - q_rows), static_cast<double>(cfg.n_kv_head) / static_cast<double>(t)}};
 }
 
-at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& tp) {
+at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& tp,
+                             const GradOf& grad_at) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   at::Tensor split_sq, replicated_sq;
   for (const auto& item : model.named_parameters()) {
-    const at::Tensor& g = item.value().grad();
+    const at::Tensor g = grad_of(grad_at, item.value());
     if (!g.defined()) continue;
     grads.push_back(g);
     const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp

@@ -37,6 +37,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "parallel/main_grads.h"
 #include "runtime/comm.h"
 
 namespace kiln {
@@ -106,6 +107,8 @@ std::vector<std::pair<at::Tensor, double>> tp_weighted_pieces(const std::string&
 // The global gradient norm of a tensor-parallel model, clipped as optim/grad_clip.h does:
 // norm^2 = sum over tp of the split parameters' squares + the replicated ones' (counted once);
 // g <- g min(1, max_norm / (norm + 1e-6)) / grad_scale. Returns the norm / grad_scale.
-at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& tp);
+// grads: where each parameter's gradient is (parallel/main_grads.h; empty: its .grad()).
+at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& tp,
+                             const GradOf& grads = {});
 
 }  // namespace kiln

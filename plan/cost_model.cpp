@@ -75,12 +75,10 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
   if (param_bytes != 2 && param_bytes != 4) throw ConfigError("working weights must be 2 or 4 bytes");
   if (reduce_bytes != 2 && reduce_bytes != 4) throw ConfigError("the reduction dtype must be 2 or 4 bytes");
   if (param_bytes == 2 && compute_bytes != 2) throw ConfigError("16-bit working weights compute in 16 bits: give --precision bf16 or fp16");
-  // kiln's refusal (runtime/train_config.cpp): 16-bit weights and reductions on one process and DDP so far.
+  // kiln's refusal (runtime/train_config.cpp): 16-bit weights and reductions on ZeRO-0 layouts so far.
   for (const auto& [flag, bytes] : {std::pair<std::string, int>{"param-dtype", param_bytes}, {"reduce-dtype", reduce_bytes}}) {
-    if (bytes == 4) continue;
-    const std::string layout = zero > 0 ? "--zero " + std::to_string(zero) : tp > 1 ? "--tp " + s(tp) : pp > 1 ? "--pp " + s(pp) : "";
-    if (!layout.empty()) {
-      throw ConfigError("--" + flag + " bf16 is built for one process and DDP so far, not with " + layout +
+    if (bytes == 2 && zero > 0) {
+      throw ConfigError("--" + flag + " bf16 is built for ZeRO-0 layouts (DDP, tp, pp) so far, not with --zero " + s(zero) +
                         " (docs/precision.md); leave it at fp32 there");
     }
   }
@@ -190,7 +188,8 @@ ModelState model_state(const std::vector<int64_t>& units, const Layout& l) {
 // ---- 3. activations -------------------------------------------------------------------------
 
 ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Recompute mode) {
-  const double a = l.compute_bytes, r = 4.0, mk = l.cpu ? 4.0 : 1.0;
+  // r: the residual stream's bytes, the parameters' dtype (fp32, or 16-bit working weights).
+  const double a = l.compute_bytes, r = l.param_bytes, mk = l.cpu ? 4.0 : 1.0;
   const double d = static_cast<double>(m.d_model), H = static_cast<double>(m.n_head);
   const double T = static_cast<double>(m.seq_len);
   const double kv = static_cast<double>(m.n_kv_head * m.head_dim());
@@ -327,10 +326,13 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
   // tensor parallel: on the critical path (Megatron's all-reduces block the next GEMM)
   if (l.tp > 1) {
     // kiln (parallel/tensor_parallel.h): forward, the row-parallel outputs in the compute dtype
-    // (a bytes; again in full recomputation); backward, the column-parallel inputs' gradients,
-    // fp32 (the LayerNorm outputs they flow into are fp32 under autocast).
+    // (a bytes; again in full recomputation); backward, the column-parallel inputs' gradients, in
+    // the dtype of the LayerNorm outputs they flow into: fp32 under CUDA autocast (layer_norm is on
+    // its fp32 list) and with fp32 weights; 16-bit on the CPU with 16-bit weights (CPU autocast
+    // runs layer_norm in its input's dtype, the residual stream's).
+    const double ln = l.cpu && l.param_bytes == 2 ? 2.0 : 4.0;
     const double fwd = l.recompute == Recompute::Full ? 4.0 : 2.0;
-    const double per_micro = static_cast<double>(st.blocks) * (fwd * 2 * tok * d * a + 2.0 * 2 * tok * d * 4);
+    const double per_micro = static_cast<double>(st.blocks) * (fwd * 2 * tok * d * a + 2.0 * 2 * tok * d * ln);
     out.push_back(collective("tp", "block activation all-reduces (2 forward" +
                                        std::string(l.recompute == Recompute::Full ? " + 2 recomputed" : "") +
                                        ", 2 backward per layer and micro-batch)",
@@ -341,23 +343,25 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
       out.push_back(collective("tp", "gradient-norm all-reduce", l.tp, 2 * 8, k.tp_bw, k.tp, Window::Serial, 1));
     }
     double edge = 0;
-    if (first) edge += 2 * tok * d * 4;                       // vocabulary-parallel embedding, forward
-    if (last) edge += 2 * tok * d * 4 + 3 * 2 * tok * 4;      // head input gradient (fp32); cross-entropy max, sum-exp, target
+    if (first) edge += 2 * tok * d * l.param_bytes;           // vocabulary-parallel embedding, forward (wte's dtype)
+    if (last) edge += 2 * tok * d * ln + 3 * 2 * tok * 4;     // head input gradient (ln_f's dtype); cross-entropy max, sum-exp, target
     const char* what = first && last ? "embedding / head / cross-entropy all-reduces"
                        : first       ? "embedding all-reduce (forward)"
                                      : "head input-gradient / cross-entropy all-reduces";
     if (edge > 0) out.push_back(collective("tp", what, l.tp, Kd * edge, k.tp_bw, k.tp, Window::Serial, K));
   }
   // pipeline (parallel/pipeline.h): the bytes this rank sends. Per micro-batch its output
-  // [b, T, d] fp32 forward (not the last stage) and its input's gradient backward (not the
-  // first); once per step the tied wte's gradient to the other end (first <-> last stage):
-  // the whole V'/t x d slice, or under ZeRO this rank's shard of the wte unit.
+  // [b, T, d] forward (not the last stage) and its input's gradient backward (not the first), in
+  // the residual stream's dtype (the parameters'); once per step the tied wte's gradient (fp32,
+  // the main grad for 16-bit weights) to the other end (first <-> last stage): the whole V'/t x d
+  // slice, or under ZeRO this rank's shard of the wte unit.
   if (pipelined) {
     const double directions = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
-    const char* what = first ? "boundary activations sent forward (fp32)"
-                       : last ? "boundary gradients sent backward (fp32)"
-                              : "boundary activations forward and gradients backward (fp32)";
-    out.push_back(collective("pp", what, 2, Kd * directions * tok * d * 4, k.pp_bw, k.pp, Window::Serial, K,
+    const std::string dt = l.param_bytes == 4 ? " (fp32)" : " (16-bit)";
+    const std::string what = first ? "boundary activations sent forward" + dt
+                             : last ? "boundary gradients sent backward" + dt
+                                    : "boundary activations forward and gradients backward" + dt;
+    out.push_back(collective("pp", what, 2, Kd * directions * tok * d * l.param_bytes, k.pp_bw, k.pp, Window::Serial, K,
                              /*ring_factor=*/false));
     if (first || last) {
       const int64_t wte = m.padded_vocab_size() * m.d_model / l.tp;

@@ -75,14 +75,11 @@ void TrainConfig::validate() const {
     throw ConfigError("--param-dtype " + param_dtype + " keeps the working weights in the compute precision: give --precision " +
                       param_dtype + " (got --precision " + precision + ")");
   }
-  // Issue 17, so far: one process and DDP. ZeRO's flat shards, tensor parallelism's clipping and
-  // the pipeline's tied-embedding sync still read fp32 parameters.
+  // Issue 17, so far: ZeRO-0 layouts (one process, DDP, tp, pp). ZeRO's flat fp32 shards are next.
   for (const auto& [flag, value] : {std::pair<std::string, std::string>{"param-dtype", param_dtype}, {"reduce-dtype", reduce_dtype}}) {
-    if (value == "fp32") continue;
-    const std::string layout = zero > 0 ? "--zero " + std::to_string(zero) : tp > 1 ? "--tp " + std::to_string(tp) : pp > 1 ? "--pp " + std::to_string(pp) : "";
-    if (!layout.empty()) {
-      throw ConfigError("--" + flag + " " + value + " is built for one process and DDP so far, not with " + layout +
-                        " (docs/precision.md); leave it at fp32 there");
+    if (value != "fp32" && zero > 0) {
+      throw ConfigError("--" + flag + " " + value + " is built for ZeRO-0 layouts (DDP, tp, pp) so far, not with --zero " +
+                        std::to_string(zero) + " (docs/precision.md); leave it at fp32 there");
     }
   }
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});

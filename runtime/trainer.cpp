@@ -216,6 +216,7 @@ void Trainer::setup() {
     } else if (r.optimizer->has_masters()) {
       r.main_grads = std::make_unique<MainGrads>(r.params, r.grads);
     }
+    if (r.optimizer->has_masters()) r.grad_of = [opt = r.optimizer.get()](const at::Tensor& p) { return opt->grad_target(p).grad(); };
   } else {
     // Every rank holds the same host model (same seed): each keeps its shards of it.
     ZeroConfig zc;
@@ -355,7 +356,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
     r.timer->mark(Phase::Comm);
   }
   if (r.pipe && (r.pipe->first() || r.pipe->last())) {
-    r.pipe->sync_tied_embedding(r.zero ? r.zero->grad_shard_of(r.model->wte) : r.model->wte.mutable_grad());
+    r.pipe->sync_tied_embedding(r.zero ? r.zero->grad_shard_of(r.model->wte) : grad_of(r.grad_of, r.model->wte));
     r.timer->mark(Phase::Comm);
   }
   // DDP / one process: every rank holds the whole reduced gradient, so the norm and the clipping
@@ -365,8 +366,8 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   // with the verdict (each rank's share weighted so the sum counts every parameter once) and
   // the clipping comes after it.
   at::Tensor norm = r.zero               ? r.zero->local_grad_sq_norm()
-                    : r.pipe             ? pipeline_grad_sq_norm_share(*r.model, r.shape.dp)
-                    : r.shape.tp > 1 ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, out.loss_scale, r.mesh->tp())
+                    : r.pipe             ? pipeline_grad_sq_norm_share(*r.model, r.shape.dp, r.grad_of)
+                    : r.shape.tp > 1 ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, out.loss_scale, r.mesh->tp(), r.grad_of)
                                      : clip_grad_norm(r.grads, cfg_.grad_clip, out.loss_scale);
   r.timer->mark(Phase::Optimizer);
 
@@ -402,7 +403,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   out.norm = r.zero || r.pipe ? std::sqrt(h[2]) / out.loss_scale : h[2];
   if (r.pipe && !r.zero && !nonfinite) {
     std::vector<at::Tensor> grads;
-    for (const auto& p : r.params)
+    for (const auto& p : r.grads)  // where the gradients are: the fp32 main grads for 16-bit weights
       if (p.grad().defined()) grads.push_back(p.grad());
     scale_gradients(grads, at::scalar_tensor(out.norm, at::TensorOptions().dtype(at::kFloat).device(device)), cfg_.grad_clip,
                     out.loss_scale);

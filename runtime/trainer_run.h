@@ -72,6 +72,7 @@ struct Trainer::Run {
   std::vector<at::Tensor> params;
   std::vector<at::Tensor> grads;               // where gradients accumulate (AdamW's grad targets: fp32)
   std::unique_ptr<MainGrads> main_grads;       // 16-bit working weights without DDP: fp32 accumulation
+  GradOf grad_of;                              // 16-bit working weights: a parameter's main grad (else empty: .grad())
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<ZeroEngine> zero;            // --zero 1..3: shards, reductions and the step
   std::unique_ptr<PipelineStage> pipe;         // --pp > 1: this rank's stage and its 1F1B schedule
