@@ -13,7 +13,9 @@
 //
 // 2. Model-state bytes per rank: kiln's exact accounting (parallel/zero, issue 5), not the ZeRO
 //    paper's K = 12. kiln keeps fp32 working parameters (bf16/fp16 run under autocast), fp32
-//    gradients and fp32 AdamW moments: 4 + 4 + 8 = 16 bytes per parameter at ZeRO-0. Parameters
+//    gradients and fp32 AdamW moments: 4 + 4 + 8 = 16 bytes per parameter at ZeRO-0; with 16-bit
+//    working weights (--param-dtype bf16|fp16, ZeRO-0 layouts so far; optim/adamw.h) 2 + 4 + 12
+//    = 18: 16-bit weights, fp32 main grads, fp32 master + moments. Parameters
 //    are grouped in units -- unit 0 "outer" = wte, wpe, ln_f; one unit per block -- each padded
 //    to a multiple of N x 64 elements: n' = ceil(n / 64N) 64N, Psi' = sum n' (Psi unpadded).
 //      stage   device params   device grads             device optimizer
@@ -37,8 +39,9 @@
 //
 // 3. Activation bytes per token per layer: kiln's saved-tensor lists (docs/activation_
 //    checkpointing.md, measured on the CPU within 1%), written as Korthikanti et al. 2022 do
-//    (s4: 34 s b h + 5 a s^2 b, fp16, no GELU trick), with a = bytes of the compute dtype, r = 4
-//    (kiln's residual stream stays fp32), m = dropout-mask bytes (4 on the CPU, 1 on a GPU), kv =
+//    (s4: 34 s b h + 5 a s^2 b, fp16, no GELU trick), with a = bytes of the compute dtype, r = the
+//    working weights' bytes (the residual stream is in the parameters' dtype: 4, or 2 with
+//    --param-dtype bf16|fp16), m = dropout-mask bytes (4 on the CPU, 1 on a GPU), kv =
 //    n_kv_head x head_dim:
 //      replicated over t:  r d (x) + 16 (two LayerNorms' mean, rstd) + a d (ln_1 out) + r d (y)
 //                          + a d (ln_2 out) [+ 2 m d residual-dropout masks]
@@ -63,7 +66,8 @@
 //    a ring collective over n ranks is comm_bytes x (n - 1)/n (nccl-tests PERFORMANCE.md) and
 //    its time wire / busbw of the link it crosses (inside a node, or between nodes).
 //      DDP (ZeRO-0, N > 1)  2 x 4 Psi + 16           (gradients; [loss, non-finite flag] 8 B;
-//                                                     a world of one under mpirun: 2 x 4 Psi)
+//                                                     a world of one under mpirun: 2 x 4 Psi;
+//                                                     --reduce-dtype bf16: 2 x 2 Psi)
 //      ZeRO-1               4 Psi' + 4 Psi' + 24     (reduce-scatter, all-gather; 12 B verdict)
 //      ZeRO-2  reduce       K 4 Psi' + 4 Psi' + 24   local: 4 Psi' + 4 Psi' + 24
 //      ZeRO-3  reduce       K (4 Psi' + 4 (Psi' - n_0' - n_L') + 4 Psi') + 24
@@ -72,12 +76,13 @@
 //    tp (Megatron; Korthikanti s4.2.2; kiln's parallel/tensor_parallel.h): per layer and
 //    micro-batch 2 forward all-reduces of the row-parallel outputs, b T d a bytes (4 with full
 //    recomputation), and 2 backward of the column-parallel inputs' gradients, b T d 4 (fp32: the
-//    LayerNorm outputs they flow into are fp32 under autocast), plus the vocabulary-parallel
-//    embedding's forward all-reduce (b T d 4; first stage), the head's input-gradient
-//    all-reduce (b T d 4) and the cross-entropy's three (b T 4 each; last stage), and with p = 1
+//    LayerNorm outputs they flow into are fp32 under autocast; 2 on the CPU with 16-bit weights,
+//    whose autocast runs layer_norm in the input's dtype), plus the vocabulary-parallel
+//    embedding's forward all-reduce (b T d r; first stage), the head's input-gradient
+//    all-reduce (b T d, as the backward ones) and the cross-entropy's three (b T 4 each; last stage), and with p = 1
 //    and no ZeRO the norm's 8-byte all-reduce.
 //    pp (kiln's parallel/pipeline.h; a send counts the bytes a rank sends): per micro-batch the
-//    first stage sends its output b T d 4 (fp32) forward, the last stage its input's gradient
+//    first stage sends its output b T d r (the residual stream) forward, the last stage its input's gradient
 //    backward, a middle stage both; once per step the first and the last stage each send their
 //    tied wte gradient to the other, 4 V' d / t (under ZeRO only its dp shard of the wte unit,
 //    4 n_wte' / N). The step's verdict [loss, non-finite, grad norm^2] is one all-reduce over the
