@@ -166,6 +166,11 @@ int fail(kiln::Environment* env, const std::string& message, int code, bool foun
 }  // namespace
 
 int main(int argc, char** argv) {
+  // MKL (LibTorch's CPU BLAS) may use fewer threads than it was given when the machine is busy
+  // (MKL_DYNAMIC, on by default), and a matrix product split another way rounds another way: a
+  // resumed CPU run would then not replay the uninterrupted one bit for bit, nor two layouts
+  // agree. Off, unless the user set it; read by MKL at its first call, so before anything else.
+  setenv("MKL_DYNAMIC", "FALSE", /*overwrite=*/0);
   std::unique_ptr<kiln::Environment> env;
   try {
     env = std::make_unique<kiln::Environment>(&argc, &argv);  // MPI under mpirun; a world of one without it
