@@ -41,7 +41,8 @@ std::unique_ptr<Tokenizer> tokenizer_for_checkpoint(const std::string& checkpoin
   return std::make_unique<ByteTokenizer>();
 }
 
-DataTokenizer tokenizer_for_data(const std::string& flag, const std::vector<std::string>& data) {
+namespace {
+DataTokenizer found_tokenizer(const std::string& flag, const std::vector<std::string>& data) {
   if (!flag.empty()) {
     if (!std::filesystem::exists(flag)) throw ConfigError("--tokenizer " + flag + ": no such file");
     return {load_tokenizer(flag), flag};
@@ -49,7 +50,19 @@ DataTokenizer tokenizer_for_data(const std::string& flag, const std::vector<std:
   if (data.empty()) return {std::make_unique<ByteTokenizer>(), "default"};
   const std::filesystem::path beside = std::filesystem::path(data.front()).parent_path() / "tokenizer.json";
   if (std::filesystem::exists(beside)) return {load_tokenizer(beside.string()), beside.string()};
-  return {nullptr, "none"};
+  return {nullptr, "none: no tokenizer.json beside the --data files (kiln prep writes one; or give --tokenizer FILE)"};
+}
+}  // namespace
+
+DataTokenizer tokenizer_for_data(const std::string& flag, const std::vector<std::string>& data, int64_t vocab_size) {
+  DataTokenizer t = found_tokenizer(flag, data);
+  if (!t.tokenizer || t.tokenizer->vocab_size() <= vocab_size) return t;
+  const std::string n = std::to_string(t.tokenizer->vocab_size()), v = std::to_string(vocab_size);
+  if (t.source != "default") {
+    throw ConfigError("the tokenizer " + t.source + " has " + n + " ids: --vocab-size " + v + " cannot hold them (give --vocab-size " + n +
+                      " or more)");
+  }
+  return {nullptr, "none: the byte-level tokenizer's " + n + " ids do not fit --vocab-size " + v};
 }
 
 std::string valid_utf8(const std::string& bytes) {

@@ -76,31 +76,6 @@ std::shared_ptr<const TokenDataset> training_data(const TrainConfig& cfg) {
 }
 
 
-// The run's tokenizer (data/tokenizer.h's tokenizer_for_data), checked against the model: one
-// the user named or kiln prep left beside the data must fit --vocab-size; the byte-level default
-// that does not fit (synthetic data on a small vocabulary) is dropped. Null tokenizer: source says
-// why there is none. --sample-every needs one.
-DataTokenizer run_tokenizer(const TrainConfig& cfg) {
-  DataTokenizer t = tokenizer_for_data(cfg.tokenizer, cfg.data.empty() ? std::vector<std::string>{} : expand_paths(cfg.data, "--data"));
-  if (!t.tokenizer) t.source = "none: no tokenizer.json beside the --data files (kiln prep writes one; or give --tokenizer FILE)";
-  if (t.tokenizer && t.tokenizer->vocab_size() > cfg.gpt.vocab_size) {
-    const std::string n = std::to_string(t.tokenizer->vocab_size()), v = std::to_string(cfg.gpt.vocab_size);
-    if (t.source != "default") {
-      throw ConfigError("the tokenizer " + t.source + " has " + n + " ids: --vocab-size " + v + " cannot hold them (give --vocab-size " + n +
-                        " or more)");
-    }
-    t.tokenizer.reset();
-    t.source = "none: the byte-level tokenizer's " + n + " ids do not fit --vocab-size " + v;
-  }
-  if (cfg.sample_every > 0 && !t.tokenizer) {
-    if (cfg.data.empty()) {
-      throw ConfigError("--sample-every needs --vocab-size of at least " + std::to_string(kByteVocab) + " (the byte-level tokenizer's ids)");
-    }
-    throw ConfigError("--sample-every needs the data's tokenizer: no tokenizer.json beside the --data files (kiln prep writes one); give --tokenizer FILE");
-  }
-  return t;
-}
-
 // The dropout seed of step `step` on data-parallel rank `dp_rank` (splitmix64 of the three):
 // reseeding every step makes the step number the whole RNG state a checkpoint needs.
 uint64_t step_seed(uint64_t seed, int64_t step, int dp_rank) {
@@ -171,9 +146,14 @@ void Trainer::setup() {
   // The data's tokenizer (data/tokenizer.h): in the config record, saved with every checkpoint,
   // and what --sample-every decodes with.
   {
-    DataTokenizer t = run_tokenizer(cfg_);
+    DataTokenizer t =
+        tokenizer_for_data(cfg_.tokenizer, cfg_.data.empty() ? std::vector<std::string>{} : expand_paths(cfg_.data, "--data"), cfg_.gpt.vocab_size);
     r.tokenizer = std::move(t.tokenizer);
     r.tokenizer_source = t.source;
+  }
+  if (cfg_.sample_every > 0 && !r.tokenizer) {  // its ids decode the samples
+    throw ConfigError(cfg_.data.empty() ? "--sample-every needs --vocab-size of at least " + std::to_string(kByteVocab) + " (the byte-level tokenizer's ids)"
+                                        : "--sample-every needs the data's tokenizer: no tokenizer.json beside the --data files (kiln prep writes one); give --tokenizer FILE");
   }
   r.train_data = training_data(cfg_);
   const BatchLayout layout{cfg_.micro_batch, cfg_.grad_accum, r.shape.dp, r.dp_rank};

@@ -152,16 +152,23 @@ TEST(Tokenizer, RunAndCheckpointFindTheirs) {
   write(d / "shards" / "tokenizer.json", small_bpe().dump());
   // Synthetic data: the byte-level tokenizer. Shards with a tokenizer.json beside them: that one.
   // Shards without one: none (not a guess). --tokenizer wins.
-  EXPECT_EQ(kiln::tokenizer_for_data("", {}).tokenizer->name(), "byte");
-  EXPECT_EQ(kiln::tokenizer_for_data("", {}).source, "default");
-  auto beside = kiln::tokenizer_for_data("", {(d / "shards" / "train_000000.bin").string()});
+  EXPECT_EQ(kiln::tokenizer_for_data("", {}, 512).tokenizer->name(), "byte");
+  EXPECT_EQ(kiln::tokenizer_for_data("", {}, 512).source, "default");
+  auto beside = kiln::tokenizer_for_data("", {(d / "shards" / "train_000000.bin").string()}, 512);
   EXPECT_EQ(beside.tokenizer->name(), "bpe");
   EXPECT_EQ(beside.source, (d / "shards" / "tokenizer.json").string());
-  auto bare = kiln::tokenizer_for_data("", {(d / "bare" / "train.bin").string()});
+  auto bare = kiln::tokenizer_for_data("", {(d / "bare" / "train.bin").string()}, 512);
   EXPECT_EQ(bare.tokenizer, nullptr);
-  EXPECT_EQ(bare.source, "none");
-  EXPECT_EQ(kiln::tokenizer_for_data((d / "shards" / "tokenizer.json").string(), {(d / "bare" / "train.bin").string()}).tokenizer->eot(), 258);
-  EXPECT_THROW(kiln::tokenizer_for_data((d / "nope.json").string(), {}), kiln::ConfigError);
+  EXPECT_EQ(bare.source.rfind("none: no tokenizer.json beside", 0), 0u) << bare.source;
+  EXPECT_EQ(kiln::tokenizer_for_data((d / "shards" / "tokenizer.json").string(), {(d / "bare" / "train.bin").string()}, 512).tokenizer->eot(), 258);
+  EXPECT_THROW(kiln::tokenizer_for_data((d / "nope.json").string(), {}, 512), kiln::ConfigError);
+  // It must fit the model: a found or named one that does not is refused; the byte-level default
+  // is dropped (synthetic data on a vocabulary below 257).
+  EXPECT_THROW(kiln::tokenizer_for_data("", {(d / "shards" / "train_000000.bin").string()}, 259), kiln::ConfigError);
+  EXPECT_EQ(kiln::tokenizer_for_data("", {(d / "shards" / "train_000000.bin").string()}, 260).tokenizer->vocab_size(), 260);
+  auto small = kiln::tokenizer_for_data("", {}, 256);
+  EXPECT_EQ(small.tokenizer, nullptr);
+  EXPECT_EQ(small.source, "none: the byte-level tokenizer's 257 ids do not fit --vocab-size 256");
   // A checkpoint: its tokenizer.json; one written before checkpoints carried one: byte-level.
   EXPECT_EQ(kiln::tokenizer_for_checkpoint((d / "shards").string())->name(), "bpe");
   EXPECT_EQ(kiln::tokenizer_for_checkpoint((d / "bare").string())->name(), "byte");
