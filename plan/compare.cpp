@@ -175,16 +175,22 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
         logged_padded ? "" : "not in this log");
   }
 
-  // model-state bytes by kind
+  // model-state bytes by kind; autocast's held weight copies (cast_copies) on the device only
   const json* ms = config.contains("model_state") && config.at("model_state").is_object() ? &config.at("model_state") : nullptr;
   const std::pair<const char*, const StateBytes*> places[] = {{"device", &st.state.device}, {"host", &st.state.host}};
   for (const auto& [place, bytes] : places) {
-    const std::pair<const char*, int64_t> kinds[] = {{"params", bytes->params}, {"grads", bytes->grads}, {"optimizer", bytes->optimizer}};
+    const bool device_place = bytes == &st.state.device;
+    const std::pair<const char*, int64_t> kinds[] = {
+        {"params", bytes->params}, {"grads", bytes->grads}, {"optimizer", bytes->optimizer}, {"cast_copies", bytes->cast_copies}};
     for (const auto& [kind, value] : kinds) {
+      const bool cast = std::string(kind) == "cast_copies";
+      if (cast && !device_place) continue;
       std::optional<double> meas;
       std::string note;
       if (ms && ms->contains(place) && ms->at(place).contains(kind) && ms->at(place).at(kind).is_number()) {
         meas = ms->at(place).at(kind).get<double>();
+      } else if (cast && ms && ms->contains(place)) {
+        note = "not in this log (a kiln from before model_state.device.cast_copies)";
       } else {
         note = "not in this log (a kiln without ZeRO's model_state record)";
       }

@@ -75,13 +75,6 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
   if (param_bytes != 2 && param_bytes != 4) throw ConfigError("working weights must be 2 or 4 bytes");
   if (reduce_bytes != 2 && reduce_bytes != 4) throw ConfigError("the reduction dtype must be 2 or 4 bytes");
   if (param_bytes == 2 && compute_bytes != 2) throw ConfigError("16-bit working weights compute in 16 bits: give --precision bf16 or fp16");
-  // kiln's refusal (runtime/train_config.cpp): 16-bit weights and reductions on ZeRO-0 layouts so far.
-  for (const auto& [flag, bytes] : {std::pair<std::string, int>{"param-dtype", param_bytes}, {"reduce-dtype", reduce_bytes}}) {
-    if (bytes == 2 && zero > 0) {
-      throw ConfigError("--" + flag + " bf16 is built for ZeRO-0 layouts (DDP, tp, pp) so far, not with --zero " + s(zero) +
-                        " (docs/precision.md); leave it at fp32 there");
-    }
-  }
   if (base_bytes < 0) throw ConfigError("base bytes must be non-negative");
   auto divides = [&](const char* what, int64_t v) {
     if (v % tp != 0) throw ConfigError("--tp " + s(tp) + " does not divide " + what + " " + s(v));
@@ -165,24 +158,41 @@ ModelState model_state(const std::vector<int64_t>& units, const Layout& l) {
     out.device = {l.param_bytes * psi, 4 * psi, (l.param_bytes == 2 ? 12 : 8) * psi};
     return out;
   }
-  const int64_t pp_ = sum_padded(units, N), shard = pp_ / N;
+  const int64_t pp_ = sum_padded(units, N), shard = pp_ / N, pb = l.param_bytes;
   const bool local_full = l.zero_accum == ZeroAccum::Local && l.grad_accum > 1;
+  // gradients stay fp32 (main grads) whatever the weights' dtype
   const int64_t grads = l.zero == 1 ? 4 * pp_ : (local_full ? 4 * pp_ : 4 * shard);
-  const int64_t params = l.zero == 3 ? 4 * shard : 4 * pp_;
+  const int64_t params = l.zero == 3 ? pb * shard : pb * pp_;
+  // m and v, and with 16-bit weights the fp32 master shard beside them
+  const int64_t optimizer = (pb == 2 ? 12 : 8) * shard;
   switch (l.offload) {
     case Offload::None:
-      out.device = {params, grads, 8 * shard};
+      out.device = {params, grads, optimizer};
       break;
-    case Offload::Optimizer:
+    case Offload::Optimizer:  // the host master is fp32 under either policy
       out.device = {params, grads, 0};
       out.host = {0, 4 * shard, 12 * shard};
       break;
     case Offload::All:  // the full local accumulation buffer, if any, stays on the device
       out.device = {0, local_full ? 4 * pp_ : 0, 0};
-      out.host = {4 * shard, 4 * shard, 8 * shard};
+      // fp32: the host parameter shard is the master; 16-bit: a 2-byte shard to gather, and the
+      // fp32 master with the moments
+      out.host = {pb * shard, 4 * shard, optimizer};
       break;
   }
   return out;
+}
+
+// The matrix products' weights of one block at tp = t (c_attn weight and bias, attn c_proj weight,
+// c_fc weight and bias, mlp c_proj weight; the two row-parallel biases only at t = 1, where the
+// product adds them), as block_numel splits them.
+int64_t cast_copy_bytes(const GPTConfig& m, const Layout& l, int64_t blocks) {
+  if (l.param_bytes == 2 || l.compute_bytes == 4) return 0;
+  const int64_t t = l.tp, d = m.d_model, F = m.mlp_hidden(), hd = m.head_dim();
+  const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;
+  const int64_t qkv = d / t + 2 * kv_heads * hd;
+  const int64_t per_block = (d * qkv + qkv) + (d / t) * d + (d * (F / t) + F / t) + (F / t) * d + (t == 1 ? 2 * d : 0);
+  return 2 * blocks * per_block;
 }
 
 // ---- 3. activations -------------------------------------------------------------------------
@@ -275,6 +285,8 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
   if (N > 1 || l.comm_in_world_of_one || l.zero > 0) {
     const double psi = static_cast<double>(st.psi), psi_p = static_cast<double>(st.psi_padded);
     const bool reduce_each = l.zero_accum == ZeroAccum::Reduce && K > 1;
+    // ZeRO: gradients reduce-scattered in rb bytes, parameters gathered in the weights' pb
+    const double rb = l.reduce_bytes, pb = l.param_bytes;
     auto dp = [&](std::string what, double bytes, Window w, int64_t occ) {
       out.push_back(collective("dp", std::move(what), N, bytes, k.dp_bw, k.dp, w, occ));
     };
@@ -283,13 +295,13 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
         dp("gradient all-reduce (DDP buckets, last micro-step)", 2.0 * l.reduce_bytes * psi, Window::LastBackward, 1);
         break;
       case 1:
-        dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
-        dp("parameter all-gather after the step", 4 * psi_p, Window::Serial, 1);
+        dp("gradient reduce-scatter (last micro-step)", rb * psi_p, Window::LastBackward, 1);
+        dp("parameter all-gather after the step", pb * psi_p, Window::Serial, 1);
         break;
       case 2:
-        if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * 4 * psi_p, Window::Backward, K);
-        else dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
-        dp("parameter all-gather after the step", 4 * psi_p, Window::Serial, 1);
+        if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * rb * psi_p, Window::Backward, K);
+        else dp("gradient reduce-scatter (last micro-step)", rb * psi_p, Window::LastBackward, 1);
+        dp("parameter all-gather after the step", pb * psi_p, Window::Serial, 1);
         break;
       case 3: {
         // the outer units stay gathered from the forward to the backward of a micro-step, and so
@@ -298,10 +310,10 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
         for (size_t i = 0; i + static_cast<size_t>(st.blocks) < st.units.size(); ++i) outer += padded_numel(st.units[i], N);
         const double n0 = static_cast<double>(outer);
         const double n_last = st.blocks > 0 ? static_cast<double>(padded_numel(st.units.back(), N)) : 0.0;
-        dp("forward parameter all-gathers", Kd * 4 * psi_p, Window::Forward, K);
-        dp("backward parameter all-gathers (outer unit and last block kept)", Kd * 4 * (psi_p - n0 - n_last), Window::Backward, K);
-        if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * 4 * psi_p, Window::Backward, K);
-        else dp("gradient reduce-scatter (last micro-step)", 4 * psi_p, Window::LastBackward, 1);
+        dp("forward parameter all-gathers", Kd * pb * psi_p, Window::Forward, K);
+        dp("backward parameter all-gathers (outer unit and last block kept)", Kd * pb * (psi_p - n0 - n_last), Window::Backward, K);
+        if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * rb * psi_p, Window::Backward, K);
+        else dp("gradient reduce-scatter (last micro-step)", rb * psi_p, Window::LastBackward, 1);
         break;
       }
     }
@@ -377,12 +389,13 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     auto host = [&](std::string what, double bytes, Window w, int64_t occ) {
       out.push_back(collective("host", std::move(what), 1, bytes, c.host_link, "pcie", w, occ, false));
     };
+    const double pb = l.param_bytes;  // the fp32 gradient shard down, the working weights' shard up
     host("gradient shard to host", 4 * shard, Window::Serial, 1);
     if (l.offload == Offload::Optimizer) {
-      host("parameter shard to device", 4 * shard, Window::Serial, 1);
+      host("parameter shard to device", pb * shard, Window::Serial, 1);
     } else {
-      host("parameter shard to device before each forward", Kd * 4 * shard, Window::Forward, K);
-      host("parameter shard to device before each backward", Kd * 4 * shard, Window::Backward, K);
+      host("parameter shard to device before each forward", Kd * pb * shard, Window::Forward, K);
+      host("parameter shard to device before each backward", Kd * pb * shard, Window::Backward, K);
     }
     CommItem adam;
     adam.group = "host";
@@ -468,6 +481,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     st.psi = sum_units(st.units);
     st.psi_padded = sum_padded(st.units, l.dp);
     st.state = model_state(st.units, l);
+    st.state.device.cast_copies = cast_copy_bytes(model, l, st.blocks);
 
     const bool first = s == 0, last = s == l.pp - 1;
     const double in_flight = static_cast<double>(std::min<int64_t>(l.pp - s, l.grad_accum));
@@ -491,8 +505,9 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     for (int64_t n : st.units) biggest = std::max(biggest, padded_numel(n, l.dp));
     const bool full_buffer = l.zero == 1 || (l.zero_accum == ZeroAccum::Local && l.grad_accum > 1);
     if (l.zero >= 2 && !full_buffer) transient += 2 * 4 * static_cast<double>(biggest);
-    if (l.zero == 3) {
-      transient += 4 * static_cast<double>(outer_units) + 2 * 4 * static_cast<double>(max_block);
+    if (l.zero == 3) {  // gathered in the working weights' dtype
+      const double pb = l.param_bytes;
+      transient += pb * static_cast<double>(outer_units) + 2 * pb * static_cast<double>(max_block);
     }
     st.transient_bytes = transient;
     st.peak_device_bytes = static_cast<double>(st.state.device.total()) + st.activation_bytes + transient + l.base_bytes;

@@ -11,23 +11,38 @@
 //      R = devices x peak x achieved          t = T / R;  with D = 20 P:  t = 120 P^2 / R
 //      E = t x devices x watts                efficiency = R / (devices x watts)  [FLOP/s per W]
 //
-// 2. Model-state bytes per rank: kiln's exact accounting (parallel/zero, issue 5), not the ZeRO
-//    paper's K = 12. kiln keeps fp32 working parameters (bf16/fp16 run under autocast), fp32
-//    gradients and fp32 AdamW moments: 4 + 4 + 8 = 16 bytes per parameter at ZeRO-0; with 16-bit
-//    working weights (--param-dtype bf16|fp16, ZeRO-0 layouts so far; optim/adamw.h) 2 + 4 + 12
-//    = 18: 16-bit weights, fp32 main grads, fp32 master + moments. Parameters
+// 2. Model-state bytes per rank: kiln's exact accounting (parallel/zero, issues 5 and 17), not
+//    the ZeRO paper's K = 12. Two weight policies, pb = bytes of the working weights:
+//    fp32 (pb 4, the default; bf16/fp16 run under autocast): fp32 parameters, fp32 gradients,
+//    fp32 AdamW moments, 4 + 4 + 8 = 16 bytes per parameter at ZeRO-0, the fp32 parameter
+//    (shard) being its own master. 16-bit (pb 2, --param-dtype bf16|fp16; optim/adamw.h): 16-bit
+//    weights, fp32 main grads, fp32 master + moments, 2 + 4 + 12 = 18. Gradients stay fp32 in
+//    both (K micro-steps accumulated in 16 bits would round every partial sum). Parameters
 //    are grouped in units -- unit 0 "outer" = wte, wpe, ln_f; one unit per block -- each padded
-//    to a multiple of N x 64 elements: n' = ceil(n / 64N) 64N, Psi' = sum n' (Psi unpadded).
+//    to a multiple of N x 64 elements: n' = ceil(n / 64N) 64N, Psi' = sum n' (Psi unpadded);
+//    o = 8 (pb 4) or 12 (pb 2: the fp32 master shard joins m and v).
 //      stage   device params   device grads             device optimizer
-//      0       4 Psi           4 Psi                    8 Psi
-//      1       4 Psi'          4 Psi'                   8 Psi'/N
-//      2       4 Psi'          4 Psi'/N  (*)            8 Psi'/N
-//      3       4 Psi'/N        4 Psi'/N  (*)            8 Psi'/N
+//      0       pb Psi          4 Psi                    o Psi
+//      1       pb Psi'         4 Psi'                   o Psi'/N
+//      2       pb Psi'         4 Psi'/N  (*)            o Psi'/N
+//      3       pb Psi'/N       4 Psi'/N  (*)            o Psi'/N
 //      (*) 4 Psi' under --zero-accum local with K > 1 (a full local accumulation buffer).
 //    --offload optimizer (stages 1-3): device optimizer 0; host optimizer 12 Psi'/N (moments and
-//      the fp32 master copy), host grads 4 Psi'/N.  --offload all (stage 3): device 0 (but for
-//      the local accumulation buffer (*)); host params 4 Psi'/N, grads 4 Psi'/N, optimizer 8 Psi'/N.
+//      the fp32 master copy, either policy), host grads 4 Psi'/N.  --offload all (stage 3):
+//      device 0 (but for the local accumulation buffer (*)); host params pb Psi'/N (pb 4: it is
+//      the master; pb 2: the 16-bit shard that is gathered), grads 4 Psi'/N, optimizer o Psi'/N.
 //    Compare the ZeRO paper's (2 + 2 + K) Psi family (Rajbhandari et al. 2020, Fig. 1; anchors s7.2).
+//    The autocast copy (device `cast_copies`, any stage): with fp32 weights under 16-bit
+//    autocast (pb 4, a 2), autocast's cache holds a 2-byte copy of every weight a block's matrix
+//    products read, from the forward until the backward -- under ZeRO-3 too, where the copy
+//    outlives the released gather, so every rank holds 16-bit copies of its whole stage:
+//      cast_copies = 2 x L_s (c_attn weight + bias, attn c_proj weight, c_fc weight + bias,
+//                    mlp c_proj weight [+ the two c_proj biases when t = 1])
+//    the rank's tp slices of them (under tp the row-parallel bias is added after the all-reduce,
+//    outside the product, so it is not cast); 0 with 16-bit weights or fp32 compute. wte is left
+//    out: the output layer's cast of it is a transient of the chunked loss (models/
+//    linear_cross_entropy.h), not held to backward. Known undercount: under tp with fp16 the
+//    plain path's at::linear does cache wte's copy (2 V' d / t more).
 //    With tp and pp the units are the rank's own: each block's matrices and column-parallel
 //    biases split over t (LayerNorms and row-parallel biases replicated; Megatron, Shoeybi et al.
 //    2019), the vocabulary-parallel wte split over t. pp (kiln's parallel/pipeline_layout.h and
@@ -68,11 +83,14 @@
 //      DDP (ZeRO-0, N > 1)  2 x 4 Psi + 16           (gradients; [loss, non-finite flag] 8 B;
 //                                                     a world of one under mpirun: 2 x 4 Psi;
 //                                                     --reduce-dtype bf16: 2 x 2 Psi)
-//      ZeRO-1               4 Psi' + 4 Psi' + 24     (reduce-scatter, all-gather; 12 B verdict)
-//      ZeRO-2  reduce       K 4 Psi' + 4 Psi' + 24   local: 4 Psi' + 4 Psi' + 24
-//      ZeRO-3  reduce       K (4 Psi' + 4 (Psi' - n_0' - n_L') + 4 Psi') + 24
-//              local        K (4 Psi' + 4 (Psi' - n_0' - n_L')) + 4 Psi' + 24
-//    i.e. DDP and ZeRO-1/2 move 2 Psi, ZeRO-3 3 Psi per step (anchors s7.3), in fp32 here.
+//      ZeRO-1               rb Psi' + pb Psi' + 24   (reduce-scatter, all-gather; 12 B verdict)
+//      ZeRO-2  reduce       K rb Psi' + pb Psi' + 24   local: rb Psi' + pb Psi' + 24
+//      ZeRO-3  reduce       K (pb Psi' + pb (Psi' - n_0' - n_L') + rb Psi') + 24
+//              local        K (pb Psi' + pb (Psi' - n_0' - n_L')) + rb Psi' + 24
+//    rb = 4, or 2 with --reduce-dtype bf16; pb = the working weights' bytes (4, or 2 with
+//    --param-dtype bf16|fp16: ZeRO-3's gathers halve). i.e. DDP and ZeRO-1/2 move 2 Psi, ZeRO-3
+//    3 Psi per step (anchors s7.3). Offload's host copies: the gradient shard down, 4 Psi'/N;
+//    the parameter shard up, pb Psi'/N.
 //    tp (Megatron; Korthikanti s4.2.2; kiln's parallel/tensor_parallel.h): per layer and
 //    micro-batch 2 forward all-reduces of the row-parallel outputs, b T d a bytes (4 with full
 //    recomputation), and 2 backward of the column-parallel inputs' gradients, b T d 4 (fp32: the
@@ -140,7 +158,7 @@ struct Layout {
   int64_t grad_accum = 1;               // micro-batches per optimizer step per dp rank (K)
   int compute_bytes = 2;                // a: 2 for bf16/fp16 autocast, 4 for fp32
   int param_bytes = 4;                  // working weights: 4 (fp32), 2 (--param-dtype bf16/fp16: fp32 masters with AdamW)
-  int reduce_bytes = 4;                 // DDP's gradient all-reduce: 4 (fp32), 2 (--reduce-dtype bf16)
+  int reduce_bytes = 4;                 // gradient all-reduce (DDP) / reduce-scatter (ZeRO): 4 (fp32), 2 (--reduce-dtype bf16)
   std::string pp_split;                 // --pp-split "a,b,c": blocks per stage; empty = kiln's balanced default
   Attention attention = Attention::Flash;
   bool dropout = false;                 // dropout > 0 (masks kept)
@@ -182,12 +200,17 @@ int64_t sum_units(const std::vector<int64_t>& units);
 
 struct StateBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
-  int64_t total() const { return params + grads + optimizer; }
+  int64_t cast_copies = 0;  // autocast's 2-byte weight copies, forward to backward (device only; section 2)
+  int64_t total() const { return params + grads + optimizer + cast_copies; }
 };
 struct ModelState {
   StateBytes device, host;
 };
+// params, grads and optimizer of section 2's table; cast_copies is left 0 (make_plan sets it
+// from cast_copy_bytes, which needs the model's shape).
 ModelState model_state(const std::vector<int64_t>& units, const Layout& layout);
+// Autocast's held 2-byte weight copies on a rank of a stage with `blocks` blocks (section 2).
+int64_t cast_copy_bytes(const GPTConfig& model, const Layout& layout, int64_t blocks);
 
 // ---- 3. activations -------------------------------------------------------------------------
 struct ActivationBytes {

@@ -47,8 +47,12 @@ std::string window_name(Window w) {
   return "?";
 }
 
-json state_json(const StateBytes& s) {
-  return {{"params", s.params}, {"grads", s.grads}, {"optimizer", s.optimizer}, {"total", s.total()}};
+// The device's also carries cast_copies (autocast's held weight copies); the host has none.
+json state_json(const StateBytes& s, bool device) {
+  json out = {{"params", s.params}, {"grads", s.grads}, {"optimizer", s.optimizer}};
+  if (device) out["cast_copies"] = s.cast_copies;
+  out["total"] = s.total();
+  return out;
 }
 
 // The command that runs the planned layout as pasted: the model (its preset's name, or its
@@ -137,7 +141,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
                       {"units", st.units},
                       {"psi", st.psi},
                       {"psi_padded", st.psi_padded},
-                      {"model_state", {{"device", state_json(st.state.device)}, {"host", state_json(st.state.host)}}},
+                      {"model_state", {{"device", state_json(st.state.device, true)}, {"host", state_json(st.state.host, false)}}},
                       {"activation_bytes", st.activation_bytes},
                       {"transient_bytes", st.transient_bytes},
                       {"peak_device_bytes", st.peak_device_bytes},
@@ -271,6 +275,10 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   o += strprintf("  %-22s %14s %14s\n", "parameters", bytes(static_cast<double>(st.state.device.params)).c_str(), bytes(static_cast<double>(st.state.host.params)).c_str());
   o += strprintf("  %-22s %14s %14s\n", "gradients", bytes(static_cast<double>(st.state.device.grads)).c_str(), bytes(static_cast<double>(st.state.host.grads)).c_str());
   o += strprintf("  %-22s %14s %14s\n", "optimizer state", bytes(static_cast<double>(st.state.device.optimizer)).c_str(), bytes(static_cast<double>(st.state.host.optimizer)).c_str());
+  if (st.state.device.cast_copies > 0) {
+    o += strprintf("  %-22s %14s %14s  (fp32 weights' 16-bit autocast copies, forward to backward)\n", "autocast copies",
+                   bytes(static_cast<double>(st.state.device.cast_copies)).c_str(), "-");
+  }
   const ActivationBytes act = layer_activation_bytes(m, l, l.recompute);
   o += strprintf("  %-22s %14s                (%.0f B per token per layer, %lld micro-batch(es) in flight)\n", "activations",
               bytes(st.activation_bytes).c_str(), act.per_token(l.tp),

@@ -188,6 +188,95 @@ TEST(PlanModelState, EveryStageAndOffload) {
   check(model_state(u, all).host, 4 * S, 4 * S, 8 * S);
 }
 
+TEST(PlanModelState, SixteenBitWeightsUnderZeroAtDp4) {
+  // --param-dtype bf16 (pb 2) at dp 4: 2-byte working weights, fp32 gradients, and the fp32
+  // master shard beside m and v: optimizer 12 Psi'/N. Psi' = 875,776, shard S = 218,944.
+  const auto u = rank_units(tiny(), 1, 1, 0);
+  const int64_t P = 875776, S = 218944;
+  auto check = [](const StateBytes& s, int64_t params, int64_t grads, int64_t opt) {
+    EXPECT_EQ(s.params, params);
+    EXPECT_EQ(s.grads, grads);
+    EXPECT_EQ(s.optimizer, opt);
+    EXPECT_EQ(s.cast_copies, 0);  // model_state leaves it to make_plan
+  };
+  auto bf16 = [](int zero, Offload off, int64_t K = 1) {
+    Layout l = layout(4, zero, K);
+    l.param_bytes = 2;
+    l.offload = off;
+    return l;
+  };
+  // offload none: ZeRO-1 2 Psi' + 4 Psi' + 12 Psi'/N = 1,751,552 + 3,503,104 + 2,627,328
+  check(model_state(u, bf16(1, Offload::None)).device, 1751552, 3503104, 2627328);
+  check(model_state(u, bf16(1, Offload::None)).device, 2 * P, 4 * P, 12 * S);
+  check(model_state(u, bf16(1, Offload::None)).host, 0, 0, 0);
+  // ZeRO-2: 2 Psi' + 4 Psi'/N + 12 Psi'/N = 1,751,552 + 875,776 + 2,627,328
+  check(model_state(u, bf16(2, Offload::None)).device, 1751552, 875776, 2627328);
+  // ZeRO-3: 2 Psi'/N + 4 Psi'/N + 12 Psi'/N = 437,888 + 875,776 + 2,627,328 = 18 Psi'/N
+  check(model_state(u, bf16(3, Offload::None)).device, 437888, 875776, 2627328);
+  EXPECT_EQ(model_state(u, bf16(3, Offload::None)).device.total(), 18 * S);
+  //   ... with a full local buffer (K 2, local): the gradients are 4 Psi' again
+  Layout local3 = bf16(3, Offload::None, 2);
+  local3.zero_accum = ZeroAccum::Local;
+  check(model_state(u, local3).device, 2 * S, 4 * P, 12 * S);
+  // offload optimizer: the device keeps its 16-bit weights and fp32 grads; the host the fp32
+  // master + moments (12 Psi'/N) and the gradient shard (4 Psi'/N), as with fp32 weights
+  check(model_state(u, bf16(1, Offload::Optimizer)).device, 2 * P, 4 * P, 0);
+  check(model_state(u, bf16(2, Offload::Optimizer)).device, 2 * P, 4 * S, 0);
+  check(model_state(u, bf16(3, Offload::Optimizer)).device, 2 * S, 4 * S, 0);
+  for (int zero : {1, 2, 3}) check(model_state(u, bf16(zero, Offload::Optimizer)).host, 0, 875776, 2627328);
+  // offload all (ZeRO-3): nothing on the device; the host a 2-byte shard to gather (437,888),
+  // the gradient shard and the fp32 master with the moments (12 Psi'/N)
+  check(model_state(u, bf16(3, Offload::All)).device, 0, 0, 0);
+  check(model_state(u, bf16(3, Offload::All)).host, 437888, 875776, 2627328);
+  Layout all_local = bf16(3, Offload::All, 2);
+  all_local.zero_accum = ZeroAccum::Local;
+  check(model_state(u, all_local).device, 0, 4 * P, 0);
+  check(model_state(u, all_local).host, 2 * S, 4 * S, 12 * S);
+  // and ZeRO-0 stays 2 + 4 + 12 per parameter, unpadded
+  Layout z0 = layout(4, 0);
+  z0.param_bytes = 2;
+  check(model_state(u, z0).device, 2 * kPsi, 4 * kPsi, 12 * kPsi);
+}
+
+TEST(PlanModelState, AutocastCopiesOfTheMatmulWeights) {
+  // fp32 weights under 16-bit autocast: 2 bytes per element of each block's c_attn weight and
+  // bias, attn c_proj weight, c_fc weight and bias, mlp c_proj weight, plus the two c_proj biases
+  // at tp 1. tiny (d 128, F 512, kv = d):
+  //   tp 1: 128 x 384 + 384 + 128 x 128 + 128 x 512 + 512 + 512 x 128 + 2 x 128
+  //         = 49,536 + 16,384 + 66,048 + 65,536 + 256 = 197,760 (the block less its LayerNorms)
+  //   tp 2: qkv rows 64 + 2 x 64 = 192: 128 x 192 + 192 + 64 x 128 + 128 x 256 + 256 + 256 x 128
+  //         = 24,768 + 8,192 + 33,024 + 32,768 = 98,752 (row-parallel biases not cast)
+  const int64_t tp1 = 197760, tp2 = 98752;
+  Layout l = layout(1, 0);  // compute_bytes 2, param_bytes 4: the default
+  EXPECT_EQ(cast_copy_bytes(tiny(), l, 4), 2 * 4 * tp1);  // 1,582,080
+  EXPECT_EQ(cast_copy_bytes(tiny(), l, 4), 1582080);
+  l.tp = 2;
+  EXPECT_EQ(cast_copy_bytes(tiny(), l, 4), 2 * 4 * tp2);  // 790,016
+  EXPECT_EQ(cast_copy_bytes(tiny(), l, 4), 790016);
+  // make_plan puts it in the device's model state and its peak: tp 2 ...
+  const Plan t2 = make_plan(tiny(), toy_cluster(2), l);
+  const StagePlan& st = t2.stages[0];
+  EXPECT_EQ(st.state.device.cast_copies, 790016);
+  EXPECT_EQ(st.state.host.cast_copies, 0);
+  EXPECT_EQ(st.state.device.total(), st.state.device.params + st.state.device.grads + st.state.device.optimizer + 790016);
+  EXPECT_DOUBLE_EQ(st.peak_device_bytes, static_cast<double>(st.state.device.total()) + st.activation_bytes + st.transient_bytes);
+  // ... ZeRO-3 at dp 2: the copies outlive the released gathers, the whole stage's on every rank
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), layout(2, 3)).stages[0].state.device.cast_copies, 1582080);
+  // ... pp 2: each stage its own blocks (2 and 2)
+  Layout pp = layout(1, 1);
+  pp.pp = 2;
+  const Plan piped = make_plan(tiny(), toy_cluster(2), pp);
+  ASSERT_EQ(piped.stages.size(), 2u);
+  for (const auto& stage : piped.stages) EXPECT_EQ(stage.state.device.cast_copies, 2 * 2 * tp1);
+  // none with 16-bit weights (nothing to cast) or fp32 compute (no autocast)
+  Layout bf16 = layout(2, 3);
+  bf16.param_bytes = 2;
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), bf16).stages[0].state.device.cast_copies, 0);
+  Layout fp32 = layout(2, 3);
+  fp32.compute_bytes = 4;
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), fp32).stages[0].state.device.cast_copies, 0);
+}
+
 // ---- 3. activations ---------------------------------------------------------------------------
 
 TEST(PlanActivations, GpuBf16FlashTable) {
@@ -302,6 +391,58 @@ TEST(PlanComm, DdpAndZeroBytesPerStep) {
   Layout z1 = layout(1, 1);
   z1.comm_in_world_of_one = true;
   EXPECT_EQ(comm_bytes(z1), 8 * sum_padded(rank_units(tiny(), 1, 1, 0), 1) + 24);
+}
+
+TEST(PlanComm, SixteenBitWeightsAndReductionsUnderZero) {
+  // pb = param bytes gathers, rb = reduce bytes reduce-scatters; Psi' = 875,776, and
+  // Psi' - n_0' - n_L' = 875,776 - 82,176 - 198,400 = 595,200 at dp 4.
+  const double P = 875776, back = 595200;
+  auto with = [](int zero, int64_t K, int pb, int rb) {
+    Layout l = layout(4, zero, K);
+    l.param_bytes = pb;
+    l.reduce_bytes = rb;
+    return l;
+  };
+  // ZeRO-3, reduce, K 3: K (pb Psi' + pb (Psi' - n_0' - n_L') + rb Psi') + 24
+  //   pb 2:        3 (1,751,552 + 1,190,400 + 3,503,104) + 24 = 19,335,192
+  EXPECT_EQ(comm_bytes(with(3, 3, 2, 4)), 19335192);
+  EXPECT_EQ(comm_bytes(with(3, 3, 2, 4)), 3 * (2 * P + 2 * back + 4 * P) + 24);
+  //   rb 2:        3 (3,503,104 + 2,380,800 + 1,751,552) + 24 = 22,906,392
+  EXPECT_EQ(comm_bytes(with(3, 3, 4, 2)), 22906392);
+  //   both:        half of fp32's 28,161,024, + 24 = 14,080,536
+  EXPECT_EQ(comm_bytes(with(3, 3, 2, 2)), 14080536);
+  EXPECT_EQ(comm_bytes(with(3, 3, 2, 2)) - 24, (comm_bytes(layout(4, 3, 3)) - 24) / 2);
+  // the gathers themselves: forward K pb Psi' = 3 x 1,751,552, backward K pb (Psi' - n_0' - n_L')
+  const Plan p3 = make_plan(tiny(), toy_cluster(4), with(3, 3, 2, 2));
+  std::map<std::string, double> item;
+  for (const auto& it : p3.stages[0].comm) item[it.what] = it.comm_bytes;
+  EXPECT_EQ(item.at("forward parameter all-gathers"), 5254656);
+  EXPECT_EQ(item.at("backward parameter all-gathers (outer unit and last block kept)"), 3571200);
+  EXPECT_EQ(item.at("gradient reduce-scatter (every micro-step)"), 5254656);
+  // ZeRO-3, local, K 3, pb 2 rb 2: K (2 Psi' + 2 (Psi' - n_0' - n_L')) + 2 Psi' + 24 = 10,577,432
+  Layout local3 = with(3, 3, 2, 2);
+  local3.zero_accum = ZeroAccum::Local;
+  EXPECT_EQ(comm_bytes(local3), 3 * (2 * P + 2 * back) + 2 * P + 24);
+  EXPECT_EQ(comm_bytes(local3), 10577432);
+  // ZeRO-1: rb Psi' + pb Psi' + 24: pb 2 alone 5,254,680; both 3,503,128
+  EXPECT_EQ(comm_bytes(with(1, 3, 2, 4)), 2 * P + 4 * P + 24);
+  EXPECT_EQ(comm_bytes(with(1, 3, 2, 2)), 3503128);
+  // ZeRO-2, reduce, K 3: K rb Psi' + pb Psi' + 24 = 3 x 1,751,552 + 1,751,552 + 24 = 7,006,232
+  EXPECT_EQ(comm_bytes(with(2, 3, 2, 2)), 7006232);
+  EXPECT_EQ(comm_bytes(with(2, 3, 4, 2)), 3 * 2 * P + 4 * P + 24);
+  // offload all: the 2-byte parameter shard goes up before each forward and backward (K pb
+  // Psi'/N each), the fp32 gradient shard comes down (4 Psi'/N)
+  Layout off = with(3, 3, 2, 2);
+  off.offload = Offload::All;
+  std::map<std::string, double> host;
+  const Plan po = make_plan(tiny(), toy_cluster(4), off);
+  for (const auto& it : po.stages[0].comm) host[it.what] = it.comm_bytes;
+  EXPECT_EQ(host.at("parameter shard to device before each forward"), 3 * 2 * 218944);
+  EXPECT_EQ(host.at("parameter shard to device before each backward"), 3 * 2 * 218944);
+  EXPECT_EQ(host.at("gradient shard to host"), 4 * 218944);
+  // ZeRO-3's gathered units (transients) are pb bytes too: the outer unit and two blocks
+  const Plan fp = make_plan(tiny(), toy_cluster(4), with(3, 3, 4, 4));
+  EXPECT_DOUBLE_EQ(fp.stages[0].transient_bytes - p3.stages[0].transient_bytes, 2.0 * (82176 + 2 * 198400));
 }
 
 TEST(PlanComm, RingFactorAndLinks) {
@@ -490,6 +631,26 @@ TEST(PlanLayout, BadLayoutsAreConfigErrors) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("does not match the cluster's 8"), std::string::npos) << e.what();
   }
+}
+
+TEST(PlanLayout, SixteenBitWeightsAndReductionsRunWithZero) {
+  // Issue 17: --param-dtype bf16|fp16 and --reduce-dtype bf16 are no longer refused with ZeRO
+  // (kiln train runs them); 16-bit weights still need 16-bit compute.
+  for (int zero : {1, 2, 3}) {
+    Layout l = layout(4, zero);
+    l.param_bytes = 2;
+    EXPECT_NO_THROW(make_plan(tiny(), toy_cluster(4), l)) << "ZeRO-" << zero;
+    l.reduce_bytes = 2;
+    EXPECT_NO_THROW(make_plan(tiny(), toy_cluster(4), l)) << "ZeRO-" << zero;
+    l.param_bytes = 4;
+    EXPECT_NO_THROW(make_plan(tiny(), toy_cluster(4), l)) << "ZeRO-" << zero;
+  }
+  Layout all = layout(4, 3);
+  all.param_bytes = 2;
+  all.offload = Offload::All;
+  EXPECT_NO_THROW(make_plan(tiny(), toy_cluster(4), all));
+  all.compute_bytes = 4;
+  EXPECT_THROW(make_plan(tiny(), toy_cluster(4), all), ConfigError);
 }
 
 TEST(PlanCluster, PresetsAreComplete) {
@@ -691,6 +852,50 @@ TEST(PlanCompare, MeasuredMfuIsTheTrainersOverTheLogsDevices) {
   EXPECT_EQ(two.note, "from the median step time");
   EXPECT_DOUBLE_EQ(*mfu(compare_with_log(old, cluster_preset("h100"), false)).measured, job / (2 * 10e12));  // one per rank
   for (const auto& f : {shared, own, old}) std::remove(f.c_str());
+}
+
+TEST(PlanCompare, CastCopiesAreComparedOnTheDeviceOnly) {
+  // DDP at dp 2 of tiny under bf16 autocast with fp32 weights: the config record's
+  // model_state.device.cast_copies against 2 x 4 blocks x 197,760 = 1,582,080; and ZeRO-3 at dp 2
+  // with --param-dtype bf16: shard 437,632, so 2 + 4 + 12 bytes of it and no copies.
+  auto log = [](const std::string& c, const std::string& device) {
+    return write_log(std::string(R"({"type":"config","config":{"n_layer":4,"n_head":4,"n_kv_head":4,"d_model":128,"seq_len":128,)") +
+                     R"("vocab_size":512,"dropout":0.0,"activation_checkpointing":"none","micro_batch":1,"grad_accum":1,)" +
+                     R"("precision":"bf16",)" + c + R"(},"device":"cpu","world":{"size":2,"dp":2,"tp":1,"pp":1,"backend":"mpi"},)" +
+                     R"("model_state":{"device":)" + device + R"(,"host":{"params":0,"grads":0,"optimizer":0}}})" + "\n");
+  };
+  auto rows = [](const std::string& path) {
+    const CompareResult r = compare_with_log(path, cluster_preset("h100"), false);
+    std::map<std::string, CompareRow> out;
+    for (const auto& x : r.rows) out.emplace(x.name, x);
+    EXPECT_EQ(out.count("model_state.host.cast_copies"), 0u);  // the host has none
+    return std::make_pair(r.exact_ok(), out);
+  };
+  const std::string ddp = R"("zero":0,"offload":"none")";
+  const std::string state = R"({"params":3501056,"grads":3501056,"optimizer":7002112)";
+  const std::string good = log(ddp, state + R"(,"cast_copies":1582080})");
+  const auto [ok, got] = rows(good);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(*got.at("model_state.device.cast_copies").predicted, 1582080);
+  EXPECT_EQ(*got.at("model_state.device.cast_copies").measured, 1582080);
+  const std::string wrong = log(ddp, state + R"(,"cast_copies":1582082})");
+  const auto [wrong_ok, wrong_rows] = rows(wrong);
+  EXPECT_FALSE(wrong_ok);
+  EXPECT_TRUE(wrong_rows.at("model_state.device.cast_copies").mismatch());
+  const std::string before = log(ddp, state + "}");  // a kiln from before the field
+  const auto [before_ok, before_rows] = rows(before);
+  EXPECT_TRUE(before_ok);
+  EXPECT_FALSE(before_rows.at("model_state.device.cast_copies").measured.has_value());
+  EXPECT_NE(before_rows.at("model_state.device.cast_copies").note.find("not in this log"), std::string::npos);
+  // ZeRO-3, --param-dtype bf16, dp 2: Psi' = Psi = 875,264, shard 437,632
+  const std::string z3 = log(R"("zero":3,"offload":"none","param_dtype":"bf16")",
+                             R"({"params":875264,"grads":1750528,"optimizer":5251584,"cast_copies":0})");
+  const auto [z3_ok, z3_rows] = rows(z3);
+  EXPECT_TRUE(z3_ok);
+  EXPECT_EQ(*z3_rows.at("model_state.device.params").predicted, 2 * 437632);
+  EXPECT_EQ(*z3_rows.at("model_state.device.optimizer").predicted, 12 * 437632);
+  EXPECT_EQ(*z3_rows.at("model_state.device.cast_copies").predicted, 0);
+  for (const auto& f : {good, wrong, before, z3}) std::remove(f.c_str());
 }
 
 TEST(PlanCompare, MalformedInputIsAConfigError) {
