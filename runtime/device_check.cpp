@@ -29,6 +29,7 @@ enum Side : int { kUnset = 0, kHost = 1, kDevice = 2 };
 // by HostAllocationScope, and device memory otherwise.
 thread_local int g_side = kDevice;
 std::atomic<bool> g_enabled{false};
+std::atomic<int64_t> g_reads{0};  // device_to_host_reads()
 
 // The side of every live allocation of the wrapped allocator, by address. (Not in the DataPtr's
 // context: LibTorch's raw_allocate needs the context to be the data pointer itself.)
@@ -110,6 +111,15 @@ void decide_side(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
         if (t.has_value()) look(*t);
     }
   }
+  // A read of device memory by the host (device_to_host_reads): a scalar out of it, a truth
+  // value or comparison of it, or a copy into host memory.
+  const std::string& name = op.schema().name();
+  if (name == "aten::item" || name == "aten::_local_scalar_dense" || name == "aten::is_nonzero" || name == "aten::equal") {
+    if (side == kDevice) ++g_reads;
+  } else if (name == "aten::copy_" && values.size() >= 2 && values[0].isTensor() && values[1].isTensor()) {
+    const at::Tensor &dst = values[0].toTensor(), &src = values[1].toTensor();
+    if (dst.is_cpu() && !device_memory(dst) && src.is_cpu() && device_memory(src)) ++g_reads;
+  }
   if (side == kUnset) {  // a factory: its device argument decides
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i].name() != "device") continue;
@@ -149,6 +159,8 @@ void enable_device_check() {
 
 bool device_check_enabled() { return g_enabled.load(); }
 
+int64_t device_to_host_reads() { return g_reads.load(); }
+
 bool is_host_memory(const at::Tensor& t) {
   if (!g_enabled.load() || !t.defined() || !t.is_cpu() || !t.has_storage()) return false;
   return !device_memory(t);
@@ -174,6 +186,16 @@ at::Tensor to_device(const at::Tensor& t, c10::Device device, bool non_blocking)
     return d;
   }
   return t.to(device, non_blocking);
+}
+
+at::Tensor to_host(const at::Tensor& t) {
+  at::Tensor h;
+  {
+    HostAllocationScope host;
+    h = at::empty(t.sizes(), t.options().device(at::kCPU));
+  }
+  h.copy_(t);
+  return h;
 }
 
 void module_to_device(torch::nn::Module& m, c10::Device device) {

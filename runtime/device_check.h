@@ -29,6 +29,8 @@
 // device memory), and anything on a GPU run (there NCCL is the check).
 #pragma once
 
+#include <cstdint>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
@@ -45,6 +47,14 @@ void enable_device_check();
 bool device_check_enabled();
 // Whether KILN_DEVICE_CHECK=1 asks for it.
 bool device_check_requested();
+
+// Check mode: how many times, so far in this process, the host has read device memory on a
+// thread with the mode -- what on a GPU waits for the device: .item() (and truth values,
+// at::equal) of device memory, and copies of device memory into host memory (copy_, and what
+// calls it: to_host below). Not seen: .cpu() / .to(at::kCPU) of a device tensor
+// (a no-op on a CPU run) and raw data_ptr() reads. 0 outside the check mode. The trainer's
+// sync-free step is tested with it (tests/cli/sync_free.sh).
+int64_t device_to_host_reads();
 
 // Check mode: whether the CPU tensor t is host memory (made without a device, by ops on host
 // tensors only, through from_blob or host_buffer). False outside the check mode, for CUDA tensors
@@ -69,6 +79,9 @@ class HostAllocationScope {
 // tensor in host memory is copied into device memory (on a CPU run .to() returns t itself). The
 // one way kiln moves a host tensor to the run's device.
 at::Tensor to_device(const at::Tensor& t, c10::Device device, bool non_blocking = false);
+// t's values in host memory: a fresh CPU tensor (in check mode a host allocation, the copy into
+// it a counted device-to-host read; on a GPU the copy waits for the device).
+at::Tensor to_host(const at::Tensor& t);
 // Every parameter and buffer of m onto `device` (Module::to, with to_device's check-mode copy).
 void module_to_device(torch::nn::Module& m, c10::Device device);
 

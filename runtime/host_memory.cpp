@@ -32,17 +32,17 @@ void* pinned_alloc(size_t bytes) {
 
 }  // namespace
 
-at::Tensor host_buffer(int64_t n, bool pinned) {
-  const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+at::Tensor host_buffer(int64_t n, bool pinned, at::ScalarType dtype) {
+  const auto opts = at::TensorOptions().dtype(dtype).device(at::kCPU);
 #if defined(KILN_WITH_CUDA)
   if (pinned && n > 0) {
-    void* ptr = pinned_alloc(static_cast<size_t>(n) * sizeof(float));
-    return at::from_blob(ptr, {n}, [](void* p) { cudaFreeHost(p); }, fp32);
+    void* ptr = pinned_alloc(static_cast<size_t>(n) * c10::elementSize(dtype));
+    return at::from_blob(ptr, {n}, [](void* p) { cudaFreeHost(p); }, opts);
   }
 #endif
   (void)pinned;
   HostAllocationScope host;
-  return at::empty({n}, fp32);
+  return at::empty({n}, opts);
 }
 
 HostBufferPool::~HostBufferPool() {

@@ -30,8 +30,8 @@
 
 namespace kiln {
 
-// A 1-D fp32 CPU tensor of n elements, uninitialised.
-at::Tensor host_buffer(int64_t n, bool pinned);
+// A 1-D CPU tensor of n elements of `dtype` (fp32 unless said), uninitialised.
+at::Tensor host_buffer(int64_t n, bool pinned, at::ScalarType dtype = at::kFloat);
 
 // Exact-size host buffers, reused. Thread-safe. Free buffers beyond the cap are given back to the
 // system (oldest first): the cap is twice the largest buffer handed out plus 64 MiB, so the

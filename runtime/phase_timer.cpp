@@ -1,6 +1,8 @@
 // runtime/phase_timer.cpp -- CUDA events or the host clock.
 #include "runtime/phase_timer.h"
 
+#include <algorithm>
+#include <stdexcept>
 #include <utility>
 
 #if defined(KILN_WITH_CUDA)
@@ -30,9 +32,9 @@ struct PhaseTimer::CudaEvents {
     cudaEventElapsedTime(&ms, events[i], events[i + 1]);
     return ms;
   }
-  void keep_last() {  // the latest event becomes the first of the next interval
-    std::swap(events[0], events[used - 1]);
-    used = 1;
+  void drop_front(size_t k) {  // events [k, used) become [0, used - k); the first k are reused later
+    std::rotate(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(k), events.begin() + static_cast<std::ptrdiff_t>(used));
+    used -= k;
   }
 #endif
 };
@@ -45,6 +47,7 @@ PhaseTimer::PhaseTimer(c10::Device device) : device_(device) {
 PhaseTimer::~PhaseTimer() = default;
 
 void PhaseTimer::start() {
+  if (!host_.empty()) base_ = latest() + 1;  // tokens of the old chain never match the new one
   phases_.clear();
   host_.clear();
 #if defined(KILN_WITH_CUDA)
@@ -57,17 +60,27 @@ void PhaseTimer::start() {
   host_.push_back(start_time_);
 }
 
-void PhaseTimer::mark(Phase p) {
+size_t PhaseTimer::mark(Phase p) {
   phases_.push_back(p);
 #if defined(KILN_WITH_CUDA)
   if (cuda_) cuda_->record();
 #endif
   host_.push_back(std::chrono::steady_clock::now());
+  return latest();
 }
 
-std::array<double, kNumPhases> PhaseTimer::cut() {
+void PhaseTimer::wait(size_t token) {
+  if (token < base_ || token > latest()) throw std::logic_error("PhaseTimer::wait: not a mark of this chain");
+#if defined(KILN_WITH_CUDA)
+  if (cuda_) cudaEventSynchronize(cuda_->events[token - base_]);
+#endif
+}
+
+std::array<double, kNumPhases> PhaseTimer::cut(size_t token) {
+  if (token < base_ || token > latest()) throw std::logic_error("PhaseTimer::cut: not a mark of this chain");
+  const size_t k = token - base_;
   std::array<double, kNumPhases> ms{};
-  for (size_t i = 0; i < phases_.size(); ++i) {
+  for (size_t i = 0; i < k; ++i) {
     double dt = 0.0;
 #if defined(KILN_WITH_CUDA)
     if (cuda_) dt = cuda_->elapsed_ms(i);
@@ -75,11 +88,12 @@ std::array<double, kNumPhases> PhaseTimer::cut() {
     if (!cuda_) dt = std::chrono::duration<double, std::milli>(host_[i + 1] - host_[i]).count();
     ms[static_cast<size_t>(phases_[i])] += dt;
   }
-  phases_.clear();
+  phases_.erase(phases_.begin(), phases_.begin() + static_cast<std::ptrdiff_t>(k));
+  host_.erase(host_.begin(), host_.begin() + static_cast<std::ptrdiff_t>(k));
 #if defined(KILN_WITH_CUDA)
-  if (cuda_) cuda_->keep_last();
+  if (cuda_) cuda_->drop_front(k);
 #endif
-  host_ = {host_.back()};
+  base_ = token;
   return ms;
 }
 

@@ -1,11 +1,16 @@
 // tests/test_console.cpp -- rank 0's console lines (runtime/console.h): durations, counts, the
-// step line's progress fields, the eval line's perplexity, and the closing summary.
+// step line's progress fields, the eval line's perplexity, and the closing summary; and the phase
+// timer that times the steps (runtime/phase_timer.h).
+#include <chrono>
 #include <cmath>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "runtime/console.h"
+#include "runtime/phase_timer.h"
 
 namespace kiln {
 namespace {
@@ -84,3 +89,32 @@ TEST(Console, SummaryFromTheRecord) {
 
 }  // namespace
 }  // namespace kiln
+
+// runtime/phase_timer.h: a cut at an earlier mark leaves the later marks to the next interval,
+// and the chain stays contiguous (the intervals add up to the time between their ends).
+TEST(PhaseTimer, CutAtAMarkKeepsTheLaterMarksForTheNextInterval) {
+  using namespace std::chrono_literals;
+  kiln::PhaseTimer t(c10::Device(c10::kCPU));
+  t.start();
+  std::this_thread::sleep_for(2ms);
+  t.mark(kiln::Phase::Forward);
+  std::this_thread::sleep_for(2ms);
+  const size_t update = t.mark(kiln::Phase::Optimizer);  // step 1 ends here
+  std::this_thread::sleep_for(2ms);
+  t.mark(kiln::Phase::Forward);  // step 2's forward, queued before step 1 is read
+  t.wait(update);
+  const auto first = t.cut(update);
+  EXPECT_GE(first[static_cast<size_t>(kiln::Phase::Forward)], 1.5);
+  EXPECT_GE(first[static_cast<size_t>(kiln::Phase::Optimizer)], 1.5);
+  std::this_thread::sleep_for(2ms);
+  const size_t update2 = t.mark(kiln::Phase::Optimizer);
+  const auto boundary1 = t.cut_time();
+  const auto second = t.cut(update2);
+  EXPECT_GE(second[static_cast<size_t>(kiln::Phase::Forward)], 1.5);  // the forward marked before the first cut
+  EXPECT_GE(second[static_cast<size_t>(kiln::Phase::Optimizer)], 1.5);
+  double sum = 0.0;
+  for (double ms : second) sum += ms;
+  const double between = std::chrono::duration<double, std::milli>(t.cut_time() - boundary1).count();
+  EXPECT_NEAR(sum, between, 1e-6);
+  EXPECT_THROW(t.cut(update), std::logic_error);  // already cut
+}

@@ -76,3 +76,27 @@ TEST(DeviceCheck, DeliberateHostBuffersAndForeignMemoryAreHost) {
   std::vector<float> v(4, 1.0f);
   EXPECT_TRUE(kiln::is_host_memory(at::from_blob(v.data(), {4})));
 }
+
+// device_to_host_reads: what would wait for a GPU -- a scalar or a truth value out of device
+// memory, a copy of it into host memory (to_host) -- is counted; work on either side alone, and
+// host-to-device copies, are not.
+TEST(DeviceCheck, CountsTheHostsReadsOfDeviceMemory) {
+  kiln::enable_device_check();
+  const at::Tensor h = at::ones({4}), d = at::ones({4}, at::TensorOptions().device(kCpu));
+  const int64_t start = kiln::device_to_host_reads();
+  (void)(d * 2 + 1).sum();
+  (void)h.sum().item<float>();            // host memory: no device to wait for
+  (void)kiln::to_device(h, kCpu);         // host to device
+  at::Tensor dh = at::empty({4}, d.options());
+  dh.copy_(h);
+  EXPECT_EQ(kiln::device_to_host_reads(), start);
+  (void)d.sum().item<float>();  // 1
+  EXPECT_EQ(kiln::device_to_host_reads(), start + 1);
+  const at::Tensor back = kiln::to_host(d * 3);  // 2
+  EXPECT_TRUE(kiln::is_host_memory(back));
+  EXPECT_EQ(back[0].item<float>(), 3.0f);  // host memory: not a read
+  EXPECT_EQ(kiln::device_to_host_reads(), start + 2);
+  (void)at::equal(d, d);  // 3
+  (void)static_cast<bool>(d.sum().is_nonzero());  // 4
+  EXPECT_EQ(kiln::device_to_host_reads(), start + 4);
+}
