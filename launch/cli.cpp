@@ -99,9 +99,10 @@ const std::vector<Flag>& train_flags() {
       {"offload", Kind::String, "none | optimizer (ZeRO 1-3) | all (ZeRO-3): optimizer state and step on the host; all: parameters too", field(&TrainConfig::offload)},
       {"zero-accum", Kind::String, "reduce | local: ZeRO-2/3 with --grad-accum > 1 reduce-scatters every micro-step, or accumulates a full local buffer and reduces once", field(&TrainConfig::zero_accum)},
       {"precision", Kind::String, "fp32 | bf16 | fp16", field(&TrainConfig::precision)},
-      {"param-dtype", Kind::String, "working weights: fp32 | bf16 | fp16 (16-bit: = --precision, fp32 masters with the optimizer; "
-       "one process and DDP so far)", field(&TrainConfig::param_dtype)},
-      {"reduce-dtype", Kind::String, "DDP's gradient all-reduce: fp32 | bf16", field(&TrainConfig::reduce_dtype)},
+      {"param-dtype", Kind::String, "working weights: auto | fp32 | bf16 | fp16 (default auto: the compute precision, so bf16 / fp16 "
+       "runs keep 16-bit weights with fp32 masters in the optimizer state, sharded with it under ZeRO; fp32: autocast over fp32 weights)",
+       field(&TrainConfig::param_dtype)},
+      {"reduce-dtype", Kind::String, "the data-parallel gradient reduction (DDP's all-reduce, ZeRO's reduce-scatter): fp32 | bf16", field(&TrainConfig::reduce_dtype)},
       {"loss-scale", Kind::Float, "fp16 loss scale (0: dynamic)", field(&TrainConfig::loss_scale)},
       {"loss-scale-window", Kind::Int, "clean steps before the dynamic scale doubles", field(&TrainConfig::loss_scale_window)},
       {"initial-scale-power", Kind::Int, "initial dynamic scale 2^N", field(&TrainConfig::initial_scale_power)},
@@ -345,8 +346,10 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
       // A setting this version reads differently: the default, or the flag given below.
     }
   }
-  // Nothing of the training run's bookkeeping: no log, no saving, no stop, no resume policy.
-  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps", "sample-every", "init-from", "tokenizer", "tensorboard"})
+  // Nothing of the training run's bookkeeping: no log, no saving, no stop, no resume policy. The
+  // working weights follow the evaluation's precision (auto) unless given: the checkpoint holds
+  // fp32 masters, whatever the run computed with.
+  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps", "sample-every", "init-from", "tokenizer", "tensorboard", "param-dtype"})
     values.erase(k);
   apply_flags(result, values, out.config);
   if (out.config.val_data.empty()) {

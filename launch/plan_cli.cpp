@@ -59,8 +59,8 @@ const std::vector<FlagHelp> kLayoutFlags = {
     {"activation-checkpointing", "none | selective | full (default none)"},
     {"micro-batch", "sequences per micro-batch per device (default 8)"},
     {"grad-accum", "micro-batches per optimizer step per dp rank (default 1)"},
-    {"param-dtype", "working weights: fp32 | bf16 | fp16 (default fp32; 16-bit: one process and DDP so far)"},
-    {"reduce-dtype", "DDP's gradient all-reduce: fp32 | bf16 (default fp32)"},
+    {"param-dtype", "working weights: auto | fp32 | bf16 | fp16 (default auto: the compute precision; 16-bit: fp32 masters with the optimizer state)"},
+    {"reduce-dtype", "the dp gradient reduction (DDP's all-reduce, ZeRO's reduce-scatters): fp32 | bf16 (default fp32)"},
 };
 const std::vector<FlagHelp> kRunFlags = {
     {"precision", "fp32 | bf16 | fp16 (default bf16)"},
@@ -243,6 +243,17 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     throw ConfigError("--precision must be fp32, bf16 or fp16 (got '" + precision + "')");
   }
   base.compute_bytes = precision == "fp32" ? 4 : 2;
+  // Working weights (kiln train's --param-dtype): auto, the default, is the compute precision.
+  base.param_bytes = base.compute_bytes;
+  for (const char* flag : {"param-dtype", "reduce-dtype"}) {
+    if (!v.has(flag)) continue;
+    const std::string d = v.text(flag), f = flag;
+    if (f == "param-dtype" && d == "auto") continue;
+    if (d != "fp32" && d != "bf16" && !(d == "fp16" && f == "param-dtype")) {
+      throw ConfigError("--" + f + " must be " + (f == "param-dtype" ? "auto, fp32, bf16 or fp16" : "fp32 or bf16") + " (got '" + d + "')");
+    }
+    (f == "param-dtype" ? base.param_bytes : base.reduce_bytes) = d == "fp32" ? 4 : 2;
+  }
   const std::string attention = v.has("attention") ? v.text("attention") : "auto";
   base.attention = attention == "auto" ? plan::Attention::Flash : plan::parse_attention(attention);
   base.dropout = out.model.dropout > 0;
@@ -270,14 +281,6 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (v.has("activation-checkpointing")) l.recompute = plan::parse_recompute(v.text("activation-checkpointing"));
     l.micro_batch = v.has("micro-batch") ? v.integer("micro-batch") : 8;
     if (v.has("grad-accum")) l.grad_accum = v.integer("grad-accum");
-    for (const char* flag : {"param-dtype", "reduce-dtype"}) {
-      if (!v.has(flag)) continue;
-      const std::string d = v.text(flag);
-      if (d != "fp32" && d != "bf16" && !(d == "fp16" && std::string(flag) == "param-dtype")) {
-        throw ConfigError(std::string("--") + flag + " must be fp32, bf16" + (std::string(flag) == "param-dtype" ? " or fp16" : "") + " (got '" + d + "')");
-      }
-      (std::string(flag) == "param-dtype" ? l.param_bytes : l.reduce_bytes) = d == "fp32" ? 4 : 2;
-    }
     l.validate(out.model, c);
   }
 

@@ -43,7 +43,7 @@ std::pair<size_t, size_t> AdamW::index_of(const at::Tensor& p) const {
   return it->second;
 }
 
-void AdamW::step_group(Group& g, double lr) {
+void AdamW::step_group(Group& g, double lr, const at::Tensor& found_inf) {
   std::vector<at::Tensor> params, grads, m, v, steps, working;
   for (size_t i = 0; i < g.params.size(); ++i) {
     const auto& grad = g.masters[i].grad();
@@ -57,9 +57,12 @@ void AdamW::step_group(Group& g, double lr) {
   }
   if (params.empty()) return;
   at::NoGradGuard no_grad;
-  at::_foreach_add_(steps, 1.0);  // the fused kernel expects t already advanced
+  // The fused kernel expects t already advanced: by 1, or by 1 - found_inf (as torch.optim does).
+  if (found_inf.defined()) at::_foreach_add_(steps, std::vector<at::Tensor>(steps.size(), 1.0 - found_inf));
+  else at::_foreach_add_(steps, 1.0);
   at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, cfg_.beta1, cfg_.beta2,
-                    g.weight_decay, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
+                    g.weight_decay, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
+                    found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt);
   // 16-bit working weights: the masters' new values, rounded (round to nearest even).
   for (size_t i = 0; i < working.size(); ++i) working[i].detach().copy_(params[i]);
 }
@@ -75,9 +78,9 @@ const at::Tensor& AdamW::grad_target(const at::Tensor& p) const {
   return groups_[gi].masters[i];
 }
 
-void AdamW::step(double lr) {
-  for (auto& g : groups_) step_group(g, lr);
-  ++steps_;
+void AdamW::step(double lr, const at::Tensor& found_inf) {
+  for (auto& g : groups_) step_group(g, lr, found_inf);
+  ++steps_;  // calls, applied or not (the checkpoints keep the per-parameter counts)
 }
 
 }  // namespace kiln

@@ -46,8 +46,11 @@ class AdamW {
   AdamW(const std::vector<at::Tensor>& params, const AdamWConfig& cfg, at::ScalarType working = at::kFloat);
 
   // One update with learning rate lr, using each grad_target's .grad(). Parameters without a
-  // gradient are skipped (their state does not advance).
-  void step(double lr);
+  // gradient are skipped (their state does not advance). found_inf (a 0-dim fp32 tensor on the
+  // parameters' device, 1 or 0; undefined: 0): 1 skips the update inside the fused kernel --
+  // parameters, moments and step counts stay as they were -- with no host synchronisation, the
+  // way PyTorch's GradScaler hands its verdict to the fused optimizers.
+  void step(double lr, const at::Tensor& found_inf = at::Tensor());
   // Where p's gradient is read, and accumulated in fp32: its master (16-bit working weights),
   // else p itself. grad_targets(): the constructor's parameters', in its order.
   const at::Tensor& grad_target(const at::Tensor& p) const;
@@ -71,7 +74,7 @@ class AdamW {
     std::vector<at::Tensor> params, masters, exp_avg, exp_avg_sq, step;  // masters: params for fp32
     double weight_decay;
   };
-  void step_group(Group& g, double lr);
+  void step_group(Group& g, double lr, const at::Tensor& found_inf);
   std::pair<size_t, size_t> index_of(const at::Tensor& p) const;  // (group, position); throws for a stranger
   AdamWConfig cfg_;
   at::ScalarType working_;

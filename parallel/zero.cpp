@@ -78,12 +78,14 @@ struct ZeroEngine::Unit {
   int64_t numel = 0, padded = 0, shard = 0;
   std::vector<Segment> segments;
 
-  at::Tensor flat;          // all n_u' parameters on the device (ZeRO-3: allocated only while gathered)
-  at::Tensor shard_params;  // ZeRO-3: this rank's parameter shard (on the host under offload all)
+  at::Tensor flat;          // all n_u' parameters on the device (ZeRO-3: allocated only while gathered), param_dtype
+  at::Tensor shard_params;  // ZeRO-3: this rank's parameter shard (on the host under offload all), param_dtype
   at::Tensor grad_full;     // all n_u' gradients on the device (streamed: only while reducing)
   at::Tensor grad_shard;    // the reduced gradient shard (streamed: own buffer; else a view of grad_full)
-  at::Tensor rs_out;        // streamed: a reduction's output before it is added into grad_shard
-  at::Tensor master;        // offload: the host fp32 copy stepped by the CPU AdamW
+  at::Tensor rs_out;        // a reduction's output before it is added into (streamed) / copied to grad_shard
+  at::Tensor rs_in;         // bf16 reduction: the wire copy of grad_full, alive while it is reduced
+  at::Tensor master;        // the fp32 shard AdamW steps, where it is not the parameter shard itself:
+                            // offload (the host's, stepped by the CPU AdamW) or 16-bit weights
   at::Tensor host_grad;     // offload: the host copy of grad_shard (may be grad_shard itself)
   at::Tensor exp_avg, exp_avg_sq;
 
@@ -105,7 +107,12 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
   }
   const int64_t n = dp_->size(), r = dp_->rank();
   const bool pin = device_.is_cuda();
+  if (cfg_.param_dtype != at::kFloat && cfg_.param_dtype != at::kBFloat16 && cfg_.param_dtype != at::kHalf)
+    throw ConfigError("zero: working weights must be fp32, bf16 or fp16");
+  if (cfg_.reduce_dtype != at::kFloat && cfg_.reduce_dtype != at::kBFloat16)
+    throw ConfigError("zero: the reduction dtype must be fp32 or bf16");
   const auto dev = at::TensorOptions().dtype(at::kFloat).device(device_);
+  const auto pdev = dev.dtype(cfg_.param_dtype);
   at::NoGradGuard no_grad;
 
   for (auto& params : units_of(model_)) {
@@ -146,12 +153,13 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     auto own = [&](const at::Tensor& t) { return t.narrow(0, lo, u->shard); };
 
     // Parameters: the whole unit on the device (stages 1, 2), or the shard (stage 3).
+    // In the working dtype (16-bit: the fp32 values rounded; the masters keep them exactly).
     if (cfg_.stage < 3) {
-      u->flat = at::empty({u->padded}, dev);
+      u->flat = at::empty({u->padded}, pdev);
       u->flat.copy_(whole);
     } else {
-      u->flat = at::empty({u->padded}, dev);
-      u->shard_params = cfg_.offload == Offload::All ? host_buffer(u->shard, pin) : at::empty({u->shard}, dev);
+      u->flat = at::empty({u->padded}, pdev);
+      u->shard_params = cfg_.offload == Offload::All ? host_buffer(u->shard, pin, cfg_.param_dtype) : at::empty({u->shard}, pdev);
       u->shard_params.copy_(own(whole));
     }
     for (size_t k = 0; k < u->params.size(); ++k) {
@@ -167,8 +175,10 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     if (streamed()) {
       u->grad_shard = cfg_.offload == Offload::All ? host_buffer(u->shard, pin).zero_() : at::zeros({u->shard}, dev);
     } else {
+      // fp32 weights: the parameters' .grad are views of the buffer and autograd accumulates into
+      // it. 16-bit weights: the hook adds each 16-bit gradient into it (on_grad_ready).
       u->grad_full = at::zeros({u->padded}, dev);
-      for (size_t k = 0; k < u->params.size(); ++k) {
+      for (size_t k = 0; k < u->params.size() && !sixteen(); ++k) {
         auto& p = u->params[k];
         p.mutable_grad() = u->grad_full.narrow(0, u->offsets[k], p.numel()).view(p.sizes());
       }
@@ -182,11 +192,14 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
       *m = on_host ? host_buffer(u->shard, /*pinned=*/false) : at::empty({u->shard}, dev);
       m->zero_();
     }
-    if (cfg_.offload == Offload::Optimizer) {
-      u->master = host_buffer(u->shard, pin);
+    if (cfg_.offload == Offload::Optimizer || (cfg_.offload == Offload::All && sixteen())) {
+      u->master = host_buffer(u->shard, pin && cfg_.offload == Offload::Optimizer);
       u->master.copy_(own(whole));
     } else if (cfg_.offload == Offload::All) {
       u->master = u->shard_params;
+    } else if (sixteen()) {
+      u->master = at::empty({u->shard}, dev);
+      u->master.copy_(own(whole));
     }
     if (on_host) {
       u->host_grad = u->grad_shard.device().is_cpu() && cfg_.offload == Offload::All && streamed()
@@ -197,6 +210,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     units_.push_back(std::move(u));
   }
 
+  step_t_ = at::zeros({}, dev);
   for (auto& up : units_) {
     Unit* u = up.get();
     for (size_t k = 0; k < u->params.size(); ++k) hooks_.add(u->params[k], [this, u, k] { on_grad_ready(*u, k); }, "zero");
@@ -309,10 +323,11 @@ void ZeroEngine::begin_micro(int64_t micro) {
 
 void ZeroEngine::on_grad_ready(Unit& u, size_t k) {
   at::NoGradGuard no_grad;
-  if (streamed()) {
-    // Move the gradient into the unit's reduction buffer (allocated by the unit's first one).
+  if (streamed() || sixteen()) {
+    // Move the gradient into the unit's fp32 buffer (streamed: the reduction buffer, allocated by
+    // the unit's first one; else the accumulation buffer).
     auto& p = u.params[k];
-    if (!u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, p.grad().options());
+    if (!u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, p.grad().options().dtype(at::kFloat));
     u.grad_full.narrow(0, u.offsets[k], p.numel()).view(p.sizes()).add_(p.grad());
     p.mutable_grad().reset();
   }
@@ -324,8 +339,14 @@ void ZeroEngine::on_grad_ready(Unit& u, size_t k) {
 
 void ZeroEngine::launch_reduction(Unit& u) {
   u.reduced = true;
-  if (streamed()) {
-    if (!u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  if (streamed() && !u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  if (cfg_.reduce_dtype != at::kFloat) {
+    // The wire copy; a streamed unit's fp32 buffer is no longer needed once it is made.
+    u.rs_in = u.grad_full.to(cfg_.reduce_dtype);
+    if (streamed()) u.grad_full = at::Tensor();
+    u.rs_out = at::empty({u.shard}, u.rs_in.options());
+    u.rs_work = dp_->reduce_scatter(u.rs_out, u.rs_in, ReduceOp::Avg);
+  } else if (streamed()) {
     u.rs_out = at::empty({u.shard}, u.grad_full.options());
     u.rs_work = dp_->reduce_scatter(u.rs_out, u.grad_full, ReduceOp::Avg);
   } else {
@@ -339,14 +360,18 @@ void ZeroEngine::launch_reduction(Unit& u) {
 void ZeroEngine::finish_reduction(Unit& u) {
   u.rs_work->wait();
   u.rs_work.reset();
+  u.rs_in = at::Tensor();
+  at::NoGradGuard no_grad;
   if (streamed()) {
-    at::NoGradGuard no_grad;
     // Offload all: the host shard takes the sum off this thread (parallel/host_accumulator.h);
     // the reduction's output may go at once, its copy ordered on the stream.
-    if (host_adds_) host_adds_->add(u.rs_out, u.grad_shard);
+    if (host_adds_) host_adds_->add(u.rs_out.to(at::kFloat), u.grad_shard);
     else u.grad_shard.add_(u.rs_out);
     u.rs_out = at::Tensor();
     u.grad_full = at::Tensor();  // the unit's full gradient exists only while it is reduced
+  } else if (u.rs_out.defined()) {  // a bf16 reduction of the full buffer: its mean into the fp32 shard
+    u.grad_shard.copy_(u.rs_out);
+    u.rs_out = at::Tensor();
   }
 }
 
@@ -405,39 +430,56 @@ at::Tensor ZeroEngine::local_grad_sq_norm() const {
 
 // ---- the step ------------------------------------------------------------------------------
 
-void ZeroEngine::step(double lr, double grad_factor) {
+int64_t ZeroEngine::steps_taken() const {
+  return cfg_.offload == Offload::None ? static_cast<int64_t>(to_host(step_t_).item<float>()) : steps_;
+}
+
+void ZeroEngine::set_steps_taken(int64_t n) {
+  steps_ = n;
   at::NoGradGuard no_grad;
-  ++steps_;
+  step_t_.fill_(static_cast<double>(n));
+}
+
+void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor& found_inf) {
+  at::NoGradGuard no_grad;
   const int64_t r = dp_->rank();
   if (host_adds_) host_adds_->drain();
   if (cfg_.offload == Offload::None) {
     std::vector<at::Tensor> p[2], g[2], m[2], v[2], t[2];
-    const auto step_t = at::full({}, static_cast<double>(steps_), at::TensorOptions().dtype(at::kFloat).device(device_));
+    step_t_.add_(1.0 - found_inf);  // the fused kernel reads t already advanced
     for (auto& u : units_) {
-      if (grad_factor != 1.0) u->grad_shard.mul_(grad_factor);
-      auto ps = param_shard(*u);
+      u->grad_shard.mul_(grad_factor);
+      auto ps = u->master.defined() ? u->master : param_shard(*u);  // fp32
       for (const auto& s : u->segments) {
         const int d = s.decay ? 1 : 0;
         p[d].push_back(ps.narrow(0, s.offset, s.length));
         g[d].push_back(u->grad_shard.narrow(0, s.offset, s.length));
         m[d].push_back(u->exp_avg.narrow(0, s.offset, s.length));
         v[d].push_back(u->exp_avg_sq.narrow(0, s.offset, s.length));
-        t[d].push_back(step_t);
+        t[d].push_back(step_t_);
       }
     }
     for (int d = 0; d < 2; ++d) {
       if (p[d].empty()) continue;
       at::_fused_adamw_(p[d], g[d], m[d], v[d], /*max_exp_avg_sqs=*/{}, t[d], lr, adam_.beta1, adam_.beta2,
-                        d ? adam_.weight_decay : 0.0, adam_.eps, /*amsgrad=*/false, /*maximize=*/false);
+                        d ? adam_.weight_decay : 0.0, adam_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                        /*grad_scale=*/std::nullopt, found_inf);
     }
+    if (sixteen())
+      for (auto& u : units_) param_shard(*u).copy_(u->master);  // the working shard: round16(master)
   } else {
-    // Offload: gradient shards down (all issued first), then per unit the host AdamW and the
-    // updated shard up, so the upload of one unit overlaps the host's work on the next.
+    // Offload: the host steps, so it reads the verdict (it waits for the gradients anyway).
+    if (to_host(found_inf).item<float>() != 0.0f) return;  // skipped: nothing moves
+    const double factor = to_host(grad_factor).item<float>();
+    ++steps_;
+    step_t_.fill_(static_cast<double>(steps_));
+    // Gradient shards down (all issued first), then per unit the host AdamW and the updated shard
+    // up, so the upload of one unit overlaps the host's work on the next.
     for (auto& u : units_)
       if (!u->host_grad.is_same(u->grad_shard)) u->host_grad.copy_(u->grad_shard, /*non_blocking=*/true);
     synchronize(device_);
     for (auto& u : units_) {
-      if (grad_factor != 1.0) u->host_grad.mul_(grad_factor);
+      if (factor != 1.0) u->host_grad.mul_(factor);
       float* pm = u->master.data_ptr<float>();
       const float* pg = u->host_grad.data_ptr<float>();
       float* pa = u->exp_avg.data_ptr<float>();
@@ -446,7 +488,9 @@ void ZeroEngine::step(double lr, double grad_factor) {
         cpu_adamw(pm + s.offset, pg + s.offset, pa + s.offset, pv + s.offset, s.length,
                   {lr, adam_.beta1, adam_.beta2, adam_.eps, s.decay ? adam_.weight_decay : 0.0, steps_});
       }
-      if (cfg_.offload == Offload::Optimizer) param_shard(*u).copy_(u->master, /*non_blocking=*/true);
+      // The working shard from the master (16-bit weights: rounded), on the device or (offload
+      // all) on the host, where the next gathers copy it up from.
+      if (!u->master.is_same(param_shard(*u))) param_shard(*u).copy_(u->master, /*non_blocking=*/true);
     }
   }
   if (cfg_.stage < 3) {
@@ -490,7 +534,7 @@ at::Tensor ZeroEngine::gather_param(const at::Tensor& param, StatePart part) {
   at::NoGradGuard no_grad;
   auto [u, k] = locate(param);
   const int64_t n = dp_->size(), me = dp_->rank(), start = u->offsets[k], len = param.numel();
-  if (part == StatePart::Param && cfg_.stage < 3) {
+  if (part == StatePart::Param && cfg_.stage < 3 && !sixteen()) {
     // ZeRO-1/2 keep the whole unit on every rank (all-gathered after each step): no traffic.
     if (me != 0) return at::Tensor();
     return u->flat.narrow(0, start, len).view(param.sizes()).clone();

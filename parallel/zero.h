@@ -9,17 +9,27 @@
 // [r n_u'/N, (r+1) n_u'/N). psi' = sum_u n_u' (psi = sum_u n_u, the parameter count). The
 // optimizer (AdamW, optim/adamw.h's arithmetic) steps the shard only.
 //
-// Stages (per rank; kiln's working parameters are fp32, so a parameter costs 4 B + 4 B of
-// gradient + 8 B of moments = 16 B, as in the paper, split 4/4/8 rather than the paper's
-// fp16 2/2/12: the fp32 parameter shard is its own master copy):
-//   stage  params      grads       optimizer    traffic per step (CommStats' unit, K micro-steps)
-//   0      4 psi       4 psi       8 psi        DDP: 2 x 4 psi                     (all-reduce)
-//   1      4 psi'      4 psi'      8 psi'/N     4 psi' (reduce-scatter) + 4 psi' (all-gather)
-//   2      4 psi'      4 psi'/N    8 psi'/N     K 4 psi' + 4 psi'          (accum policy reduce)
-//   3      4 psi'/N    4 psi'/N    8 psi'/N     K (4 psi' + 4 (psi' - n_0' - n_L') + 4 psi')  (reduce)
-//   ZeRO-3's traffic: each micro-step all-gathers every unit for forward, every block but the
-//   last again for backward (unit 0 stays gathered through the micro-step, the last block from
-//   its forward to its backward), and reduce-scatters every gradient.
+// Working weights (ZeroConfig::param_dtype; docs/precision.md, docs/zero.md). fp32 (the "upcast"
+// policy): the parameter shard is its own master copy, a parameter costs 4 B + 4 B of gradient
+// + 8 B of moments = 16 B. bf16 / fp16 (Megatron's distributed optimizer): the model computes
+// with 2-byte parameters, the flat buffers and the gathers hold 2 bytes per element, and an fp32
+// master shard lives with the moments: 2 B + 4 B + 12 B / N. Gradients are fp32 either way
+// (kiln's "main grads": a backward's 16-bit gradient is added into the fp32 buffer by the hook
+// that sees it land, and freed), so accumulation over micro-steps and the step are exact in fp32;
+// the paper's 2 + 2 + 12/N keeps 16-bit gradients instead. With P = 4 or 2 parameter bytes and
+// R = 4 or 2 reduction bytes (ZeroConfig::reduce_dtype), per rank:
+//   stage  params      grads       optimizer            traffic per step (CommStats' unit, K micro-steps)
+//   0      P psi       4 psi       (8 | 12) psi         DDP: 2 x R psi                   (all-reduce)
+//   1      P psi'      4 psi'      (8 | 12) psi'/N      R psi' (reduce-scatter) + P psi' (all-gather)
+//   2      P psi'      4 psi'/N    (8 | 12) psi'/N      K R psi' + P psi'         (accum policy reduce)
+//   3      P psi'/N    4 psi'/N    (8 | 12) psi'/N      K (P psi' + P (psi' - n_0' - n_L')) + K R psi'  (reduce)
+//   (8 | 12): the moments, plus the fp32 master when P = 2. ZeRO-3's traffic: each micro-step
+//   all-gathers every unit for forward, every block but the last again for backward (unit 0
+//   stays gathered through the micro-step, the last block from its forward to its backward), and
+//   reduce-scatters every gradient. The optimizer step writes round16(master) into the 2-byte
+//   parameter shard; ZeRO-1/2 then all-gather those 2 bytes.
+// Reduction in bf16 (R = 2): the fp32 gradient is cast to a bf16 copy, reduce-scattered (the mean
+// over ranks rounded once to 8 mantissa bits) and added into the fp32 gradient shard.
 // Plus, every step, one all-reduce of [loss, non-finite flag, squared gradient norm] (12 B).
 //
 // Gradient accumulation under ZeRO-2/3 (K > 1), ZeroConfig::accum:
@@ -44,9 +54,11 @@
 //   optimizer  the fp32 master copy of the shard, its moments and the optimizer step live on the
 //              host (optim/cpu_adamw.h over pinned buffers); the reduced gradient shard is copied
 //              down, the updated shard copied up (issued per unit, so the copies overlap the
-//              host's AdamW of the next unit). Host: 4 psi'/N grads + 12 psi'/N optimizer.
-//   all        (ZeRO-3) the parameter shard lives on the host as well and is the master copy;
-//              each gather copies it up first. Nothing of the model state stays on the device.
+//              host's AdamW of the next unit; P = 2: rounded to 16 bits on the way).
+//              Host: 4 psi'/N grads + 12 psi'/N optimizer.
+//   all        (ZeRO-3) the parameter shard lives on the host as well; each gather copies it up
+//              first. P = 4: it is the master copy; P = 2: a 2-byte shard beside the fp32 master
+//              (host: P psi'/N + 4 psi'/N + (8 | 12) psi'/N). Nothing stays on the device.
 //
 // The model is built and initialised on the host; only what the stage keeps on the device is
 // ever moved there (under ZeRO-3, shards and one or two gathered units at a time).
@@ -61,6 +73,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include "optim/adamw.h"
 #include "parallel/grad_ready.h"
@@ -80,6 +93,8 @@ struct ZeroConfig {
   int64_t grad_accum = 1;               // micro-steps per optimizer step (K)
   int64_t align = 64;                   // shard alignment, elements
   int max_in_flight = 2;                // reductions in flight before the oldest is waited for
+  at::ScalarType param_dtype = at::kFloat;   // working weights: fp32, or bf16 / fp16 with fp32 masters
+  at::ScalarType reduce_dtype = at::kFloat;  // the gradient reduce-scatters' wire dtype: fp32 or bf16
   // Under tensor parallelism (parallel/tensor_parallel.h) the engine shards this rank's tp slice
   // over dp; param_moments() then also sums over tp.
   std::shared_ptr<Communicator> tp;  // nullptr: no tensor parallelism
@@ -93,10 +108,12 @@ struct ZeroConfig {
 };
 
 // Model-state bytes this rank holds, by kind and place (optimizer: the moments, plus the fp32
-// master copy when offloaded; the 0-dim step counters are not counted).
+// master copy where it is not the parameters themselves; the 0-dim step counters are not
+// counted). cast_copies (device only): autocast's 2-byte copies of fp32 weights, held from the
+// forward to the backward (runtime/precision.h; not the engine's: the trainer counts them).
 struct ModelStateBytes {
   struct Place {
-    int64_t params = 0, grads = 0, optimizer = 0;
+    int64_t params = 0, grads = 0, optimizer = 0, cast_copies = 0;
   };
   Place device, host;
 };
@@ -126,8 +143,12 @@ class ZeroEngine {
   // summed over dp it is the squared global norm.
   at::Tensor local_grad_sq_norm() const;
   // g <- g * grad_factor (clipping and loss-scale division), one AdamW update of the shard with
-  // learning rate lr, then (stages 1, 2) the updated parameters all-gathered.
-  void step(double lr, double grad_factor);
+  // learning rate lr (on the fp32 masters), the working shard rewritten from them (16-bit
+  // weights), then (stages 1, 2) the updated parameters all-gathered. grad_factor and found_inf
+  // are 0-dim fp32 tensors on the device (found_inf 1: the kernel skips the update, and the step
+  // count stays), so without offload the step takes no host synchronisation; the offloaded step
+  // runs on the host and reads both there.
+  void step(double lr, const at::Tensor& grad_factor, const at::Tensor& found_inf);
 
   // Evaluation without backward under ZeRO-3: gathers unit 0 / frees every gathered unit.
   void begin_forward_only();
@@ -136,14 +157,16 @@ class ZeroEngine {
   // Checkpoints, one parameter at a time (runtime/consolidate.h). gather_param: collective over
   // dp -- each rank sends dp rank 0 its shard's piece of `param` (one of the model's parameters:
   // this rank's tensor-parallel slice); on dp rank 0 the whole of it (param's shape, fp32, on the
-  // device), undefined elsewhere. ZeRO-1/2's parameters need no traffic (every rank holds them).
+  // device), undefined elsewhere. Param is the fp32 master. ZeRO-1/2's fp32 parameters need no
+  // traffic (every rank holds them); their 16-bit ones are gathered from the masters.
   // load_param: `local` (param's shape, any device) into this rank's shards (and ZeRO-1/2's whole
   // parameters); local, no communication.
   at::Tensor gather_param(const at::Tensor& param, StatePart part);
   void load_param(const at::Tensor& param, StatePart part, const at::Tensor& local);
-  // AdamW updates applied (its bias correction's t).
-  int64_t steps_taken() const { return steps_; }
-  void set_steps_taken(int64_t n) { steps_ = n; }
+  // AdamW updates applied (its bias correction's t). Without offload the count lives on the
+  // device (advanced by 1 - found_inf): reading it waits for the device.
+  int64_t steps_taken() const;
+  void set_steps_taken(int64_t n);
 
   // Collective over dp: the sum and the sum of squares of all parameters (in double), for
   // comparing runs.
@@ -163,6 +186,7 @@ class ZeroEngine {
   void finish_reduction(Unit& u);
   void wait_reductions(size_t keep);
   bool streamed() const;  // gradients reduce-scattered every micro-step (no full local buffer)
+  bool sixteen() const { return cfg_.param_dtype != at::kFloat; }  // 16-bit working weights
   at::Tensor param_shard(Unit& u);
   std::pair<Unit*, size_t> locate(const at::Tensor& param) const;
   at::Tensor shard_of(Unit& u, StatePart part);  // this rank's shard of the part (the master for Param)
@@ -178,7 +202,8 @@ class ZeroEngine {
   std::unique_ptr<HostAccumulator> host_adds_;  // offload all: reduced shards into the host shards
   GradReadyHooks hooks_;
   bool last_micro_ = true;
-  int64_t steps_ = 0;
+  int64_t steps_ = 0;   // offload: the host's count
+  at::Tensor step_t_;   // no offload: the count, a 0-dim fp32 tensor on the device
 };
 
 }  // namespace kiln

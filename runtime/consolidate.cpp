@@ -152,14 +152,16 @@ void WholeModel::scatter(const std::string& name, CheckpointPart part, const at:
   load_local(*param, part, slice);
 }
 
-std::pair<double, double> weights_fingerprint(GPT& model, ZeroEngine* zero, const Mesh* mesh, c10::Device device) {
+std::pair<double, double> weights_fingerprint(GPT& model, ZeroEngine* zero, const AdamW* optimizer, const Mesh* mesh,
+                                              c10::Device device) {
   at::NoGradGuard no_grad;
   double sum = 0.0, sq = 0.0;
   if (zero) {
     std::tie(sum, sq) = zero->param_moments();
   } else {
     for (const auto& item : model.named_parameters()) {
-      const at::Tensor flat = item.value().detach().reshape({-1}).to(at::kDouble);
+      const at::Tensor& p = optimizer && optimizer->has_masters() ? optimizer->state_of(item.value()).master : item.value();
+      const at::Tensor flat = p.detach().reshape({-1}).to(at::kDouble);
       int64_t start = 0;
       for (const auto& [length, weight] : count_weights(item.key(), item.value(), model)) {
         const at::Tensor piece = flat.narrow(0, start, length);

@@ -85,8 +85,11 @@ class WholeModel {
 // The fingerprint of the weights, for comparing runs: the sum and the sum of squares (double) of
 // every element of the whole model, whatever the layout. Each rank's elements are weighted as
 // parallel/pipeline.h's count_weights says and summed over tp and pp (dp copies are equal); under
-// ZeRO the engine's param_moments (over dp and tp), summed over pp. Collective over the world
-// when `mesh` is given; `device`: where collectives' tensors live.
-std::pair<double, double> weights_fingerprint(GPT& model, ZeroEngine* zero, const Mesh* mesh, c10::Device device);
+// ZeRO the engine's param_moments (over dp and tp), summed over pp. With 16-bit working weights
+// the fp32 masters are fingerprinted (`optimizer`'s, or ZeRO's): what checkpoints hold, the same
+// on every layout. Collective over the world when `mesh` is given; `device`: where collectives'
+// tensors live.
+std::pair<double, double> weights_fingerprint(GPT& model, ZeroEngine* zero, const AdamW* optimizer, const Mesh* mesh,
+                                              c10::Device device);
 
 }  // namespace kiln

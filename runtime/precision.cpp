@@ -46,4 +46,18 @@ AutocastScope::~AutocastScope() {
   at::autocast::set_autocast_dtype(device_, prev_dtype_);
 }
 
+int64_t autocast_cached_numel(const std::vector<std::pair<std::string, int64_t>>& named_numels, bool tensor_parallel) {
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  int64_t n = 0;
+  for (const auto& [name, numel] : named_numels) {
+    const bool product = ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias") ||
+                         ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias") || ends_with(name, "c_proj.weight") ||
+                         (!tensor_parallel && ends_with(name, "c_proj.bias"));
+    if (product) n += numel;
+  }
+  return n;
+}
+
 }  // namespace kiln

@@ -12,7 +12,10 @@
 // (Activations are the other, larger, part, and halve with bf16/fp16: docs/precision.md.)
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
@@ -26,6 +29,17 @@ Precision parse_precision(const std::string& name);
 at::ScalarType compute_dtype(Precision p);
 // --param-dtype / --reduce-dtype names: "fp32" | "bf16" | "fp16" (validated by TrainConfig).
 at::ScalarType dtype_named(const std::string& name);
+
+// The elements of the fp32 weights autocast casts to 16 bits and keeps from a forward to its
+// backward (its cache holds each cast until the scope ends; the matrix products save them):
+// every block's c_attn and c_fc weight and bias and both c_proj weights, and the c_proj biases
+// when they go through the product (tensor_parallel = false: a row-parallel bias is added after
+// the all-reduce). Not wte: the chunked loss casts it and lets it go within the forward
+// (models/linear_cross_entropy.h) -- under tp and fp16 the plain at::linear does cache it, which
+// this count leaves out. `named_numels`: the parameters' names (GPT::named_parameters) and sizes.
+// Bytes: 2 x this, when fp32 working weights run under bf16 / fp16 autocast (kiln plan's
+// cast_copies, plan/cost_model.h).
+int64_t autocast_cached_numel(const std::vector<std::pair<std::string, int64_t>>& named_numels, bool tensor_parallel);
 
 // Autocast on `device` with the precision's dtype while alive (nothing for fp32). The casts
 // cached during the scope are dropped when the outermost scope ends.

@@ -69,18 +69,11 @@ void TrainConfig::validate() const {
   at_least("max-wall-time", max_wall_time, 0);
   one_of("offload", offload, {"none", "optimizer", "all"});
   one_of("precision", precision, {"fp32", "bf16", "fp16"});
-  one_of("param-dtype", param_dtype, {"fp32", "bf16", "fp16"});
+  one_of("param-dtype", param_dtype, {"auto", "fp32", "bf16", "fp16"});
   one_of("reduce-dtype", reduce_dtype, {"fp32", "bf16"});
-  if (param_dtype != "fp32" && param_dtype != precision) {
+  if (param_dtype != "auto" && param_dtype != "fp32" && param_dtype != precision) {
     throw ConfigError("--param-dtype " + param_dtype + " keeps the working weights in the compute precision: give --precision " +
                       param_dtype + " (got --precision " + precision + ")");
-  }
-  // Issue 17, so far: ZeRO-0 layouts (one process, DDP, tp, pp). ZeRO's flat fp32 shards are next.
-  for (const auto& [flag, value] : {std::pair<std::string, std::string>{"param-dtype", param_dtype}, {"reduce-dtype", reduce_dtype}}) {
-    if (value != "fp32" && zero > 0) {
-      throw ConfigError("--" + flag + " " + value + " is built for ZeRO-0 layouts (DDP, tp, pp) so far, not with --zero " +
-                        std::to_string(zero) + " (docs/precision.md); leave it at fp32 there");
-    }
   }
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
   at_least("tp", tp, int64_t{1});
@@ -166,7 +159,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["offload"] = offload;
   j["zero_accum"] = zero_accum;
   j["precision"] = precision;
-  j["param_dtype"] = param_dtype;
+  j["param_dtype"] = resolved_param_dtype();  // the policy the run used, never "auto"
   j["reduce_dtype"] = reduce_dtype;
   j["loss_scale"] = loss_scale;
   j["loss_scale_window"] = loss_scale_window;

@@ -59,8 +59,8 @@ struct TrainConfig {
   std::string offload = "none";  // none | optimizer (ZeRO 1-3) | all (ZeRO-3)
   std::string zero_accum = "reduce";  // ZeRO-2/3 gradient accumulation: reduce | local
   std::string precision = "fp32";             // fp32 | bf16 | fp16
-  std::string param_dtype = "fp32";           // working weights: fp32 | bf16 | fp16 (16-bit: fp32 masters in AdamW; optim/adamw.h)
-  std::string reduce_dtype = "fp32";          // DDP's gradient all-reduce: fp32 | bf16 (parallel/ddp.h)
+  std::string param_dtype = "auto";           // working weights: auto (= precision) | fp32 | bf16 | fp16 (docs/precision.md)
+  std::string reduce_dtype = "fp32";          // the dp gradient reduction: fp32 | bf16 (parallel/ddp.h, parallel/zero.h)
   double loss_scale = 0.0;                    // fp16: 0 = dynamic, else static
   int64_t loss_scale_window = 1000;           // clean steps before the scale doubles
   int64_t initial_scale_power = 16;           // initial dynamic scale 2^N
@@ -93,6 +93,10 @@ struct TrainConfig {
   nlohmann::json deepspeed_used;  // what the file set: {"file", "auto": {key: value used}, "notices": [...]}
 
   double resolved_min_lr() const { return min_lr < 0.0 ? lr / 10.0 : min_lr; }
+  // The working weights' dtype: --param-dtype, or by default ("auto") the compute precision --
+  // 16-bit weights with fp32 masters under bf16 / fp16, the fastest and smallest policy; fp32
+  // (the "upcast" policy) when asked for.
+  std::string resolved_param_dtype() const { return param_dtype == "auto" ? precision : param_dtype; }
   int64_t resolved_lr_decay_steps() const { return lr_decay_steps > 0 ? lr_decay_steps : steps; }
 
   // Throws ConfigError with one line naming the first setting that cannot be used.

@@ -43,6 +43,7 @@
 #endif
 #include "runtime/device.h"
 #include "runtime/device_check.h"
+#include "runtime/host_memory.h"
 #include "runtime/host_threads.h"
 #include "runtime/rank0_verdict.h"
 #include "runtime/save_dir_lock.h"
@@ -186,7 +187,7 @@ void Trainer::setup() {
   if (cfg_.zero == 0) {
     // ZeRO-0 steps this AdamW. 16-bit working weights: it keeps the fp32 masters and casts the
     // model's parameters (optim/adamw.h); gradients then accumulate in the masters' fp32 .grad.
-    r.optimizer = std::make_unique<AdamW>(r.params, adam, dtype_named(cfg_.param_dtype));
+    r.optimizer = std::make_unique<AdamW>(r.params, adam, dtype_named(cfg_.resolved_param_dtype()));
     r.grads = r.optimizer->grad_targets();
     if (r.mesh && (r.shape.dp > 1 || explicit_backend)) {
       r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp(), DDPConfig{},
@@ -215,7 +216,14 @@ void Trainer::setup() {
         return std::vector<std::pair<int64_t, double>>{};
       };
     }
+    zc.param_dtype = dtype_named(cfg_.resolved_param_dtype());  // 16-bit: fp32 master shards with the moments
+    zc.reduce_dtype = dtype_named(cfg_.reduce_dtype);
     r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp(), zc, adam);
+  }
+  if (cfg_.resolved_param_dtype() == "fp32" && r.precision != Precision::FP32) {
+    std::vector<std::pair<std::string, int64_t>> named;
+    for (const auto& item : r.model->named_parameters()) named.emplace_back(item.key(), item.value().numel());
+    r.cast_copy_bytes = 2 * autocast_cached_numel(named, r.shape.tp > 1);
   }
   if (r.shape.pp > 1) {
     r.pipe = std::make_unique<PipelineStage>(*r.model, r.mesh->pp(), device, cfg_.micro_batch, r.precision);
@@ -276,17 +284,24 @@ void Trainer::setup() {
 }
 
 
-Trainer::StepOutcome Trainer::train_step(int64_t step) {
+// A step in three parts (runtime/trainer_run.h's QueuedStep), so that its one host read can wait
+// behind the next step's forward and backward (Trainer::run):
+//   forward_backward  the micro-batches, the gradient reductions, the norm, the verdict's all-reduce
+//   queue_update      the update, decided on the device; the verdict's copy to the host queued after it
+//   finish_step       waits for that copy (the step's one host synchronisation) and reads it
+Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   Run& r = *run_;
   const c10::Device device = r.dev.device;
-  StepOutcome out;
+  QueuedStep out;
+  out.step = step;
   if (r.chain_broken) {
     r.timer->start();
-    r.interval_start = r.timer->start_time();
     r.interval_joules = r.energy->joules();
     r.chain_broken = false;
   }
   out.loss_scale = r.scaler->scale();
+  out.comm_bytes = r.comm_bytes();                      // until queue_update: this step's traffic
+  out.host_reads = device_to_host_reads();              // until queue_update: the host's reads before the update
   // Pipeline stages draw from streams of their own (stage 0's is the unpipelined one).
   at::manual_seed(step_seed(cfg_.seed ^ (static_cast<uint64_t>(r.mesh ? r.mesh->coord().pp : 0) << 40), step, r.dp_rank));
   if (r.ddp) r.ddp->zero_grad();
@@ -353,8 +368,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
 
   // One small tensor decides the step on every rank: the mean loss and whether anything was
   // not finite (an fp16 overflow, or a diverged run), summed over dp; the norm rides along
-  // (every rank already holds the same one; ZeRO sums its squared shards too), so the host
-  // reads the device once.
+  // (every rank already holds the same one; ZeRO sums its squared shards too).
   auto verdict = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum),
                             at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat),
                             norm.to(loss_sum.device(), at::kFloat)});
@@ -372,45 +386,72 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
     out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     r.timer->mark(Phase::Comm);
   }
-  const auto host = verdict.to(at::kDouble).cpu();  // the step's one host synchronisation
-  r.timer->mark(Phase::Comm);                        // its read: the verdict's copy to the host
-  out.phase_ms = r.timer->cut();
-  out.boundary = r.timer->cut_time();
-  const double* h = host.data_ptr<double>();
-  const int loss_copies = r.pipe ? r.shape.dp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
-  out.loss = h[0] / static_cast<double>(loss_copies);
+
+  if (r.ddp) out.comm_ms += r.ddp->exposed_comm_ms();
+  out.verdict = verdict;
+  out.loss_copies = r.pipe ? r.shape.dp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
+  return out;
+}
+
+void Trainer::queue_update(QueuedStep& q) {
+  Run& r = *run_;
+  // The update, decided on the device (no host read before it; docs/precision.md, "The step"):
+  //   found_inf = [anything not finite on any rank]   the fused AdamW kernel skips the update
+  //   ZeRO, pp: n = sqrt(sum of squares) / S,  c = min(1, max / (n + 1e-6)) / S  (clip_grad_norm's
+  //   rule, in double as the host once did it, then fp32), applied to the reduced gradients.
+  // The learning rate is the schedule's at the updates applied so far: the host has read every
+  // earlier step's verdict by now (Trainer::run finishes step N before queueing N + 1's update).
+  const at::Tensor found_inf = (q.verdict[1] > 0).to(at::kFloat);
+  at::Tensor coef;
+  if (r.zero || r.pipe) {
+    const at::Tensor n = q.verdict[2].to(at::kDouble).sqrt() / q.loss_scale;
+    coef = cfg_.grad_clip > 0.0 ? at::clamp_max(cfg_.grad_clip / (n + 1e-6), 1.0) : at::ones_like(n);
+    coef = (coef / q.loss_scale).to(at::kFloat);
+    if (r.pipe && !r.zero) {
+      std::vector<at::Tensor> grads;
+      for (const auto& p : r.grads)  // where the gradients are: the fp32 main grads for 16-bit weights
+        if (p.grad().defined()) grads.push_back(p.grad());
+      scale_gradients(grads, n.to(at::kFloat), cfg_.grad_clip, q.loss_scale);
+    }
+  }
+  q.lr = r.schedule->at(r.progress.updates);
+  if (r.zero) r.zero->step(q.lr, coef, found_inf);
+  else r.optimizer->step(q.lr, found_inf);
+  q.host_reads = device_to_host_reads() - q.host_reads;
+  q.comm_bytes = r.comm_bytes() - q.comm_bytes;
+  // The verdict's copy to the host, queued behind the update (pinned on a GPU, so the copy does
+  // not block); the mark after it is what finish_step waits for.
+  q.host = host_buffer(q.verdict.numel(), r.dev.device.is_cuda(), at::kDouble);
+  q.host.copy_(q.verdict.to(at::kDouble), /*non_blocking=*/true);
+  q.mark = r.timer->mark(Phase::Optimizer);
+}
+
+Trainer::StepOutcome Trainer::finish_step(QueuedStep& q) {
+  Run& r = *run_;
+  StepOutcome out;
+  r.timer->wait(q.mark);  // the step's one host synchronisation: its update and its verdict's copy
+  out.phase_ms = r.timer->cut(q.mark);
+  out.loss_scale = q.loss_scale;
+  out.lr = q.lr;
+  out.comm_ms = q.comm_ms;
+  out.host_reads = q.host_reads;
+  out.comm_bytes = q.comm_bytes;
+  const double* h = q.host.data_ptr<double>();
+  out.loss = h[0] / static_cast<double>(q.loss_copies);
   const bool nonfinite = h[1] > 0.0;
   out.norm = r.zero || r.pipe ? std::sqrt(h[2]) / out.loss_scale : h[2];
-  if (r.pipe && !r.zero && !nonfinite) {
-    std::vector<at::Tensor> grads;
-    for (const auto& p : r.grads)  // where the gradients are: the fp32 main grads for 16-bit weights
-      if (p.grad().defined()) grads.push_back(p.grad());
-    scale_gradients(grads, at::scalar_tensor(out.norm, at::TensorOptions().dtype(at::kFloat).device(device)), cfg_.grad_clip,
-                    out.loss_scale);
-  }
   if (r.precision == Precision::FP16) {
     out.skipped = r.scaler->update(nonfinite);
   } else if (nonfinite) {
     if (cfg_.on_nonfinite == "stop") {
-      throw NumericsError("step " + std::to_string(step + 1) + ": loss " + std::to_string(out.loss) + ", gradient norm " +
-                          std::to_string(out.norm) + " is not finite; stopping before the update (--on-nonfinite skip "
-                          "would skip such steps instead)");
+      throw NumericsError("step " + std::to_string(q.step + 1) + ": loss " + std::to_string(out.loss) + ", gradient norm " +
+                          std::to_string(out.norm) + " is not finite; stopping with the update skipped (--on-nonfinite "
+                          "skip would skip such steps and go on)");
     }
     out.skipped = true;
   }
-  out.lr = r.schedule->at(r.progress.updates);
-  if (!out.skipped) {
-    if (r.zero) {
-      // clip_grad_norm's rule: g <- g min(1, max / (norm + 1e-6)) / S
-      const double coef = cfg_.grad_clip > 0.0 ? std::min(1.0, cfg_.grad_clip / (out.norm + 1e-6)) : 1.0;
-      r.zero->step(out.lr, coef / out.loss_scale);
-    } else {
-      r.optimizer->step(out.lr);
-    }
-    ++r.progress.updates;
-  }
-  r.timer->mark(Phase::Optimizer);
-  if (r.ddp) out.comm_ms += r.ddp->exposed_comm_ms();
+  if (out.skipped != nonfinite) throw Error("the loss scaler skipped a step the kernel applied, or the reverse");
+  if (!out.skipped) ++r.progress.updates;
   return out;
 }
 
@@ -489,13 +530,13 @@ json Trainer::run() {
   }
   const int64_t end_step = cfg_.stop_at_step > 0 ? std::min(cfg_.stop_at_step, cfg_.steps) : cfg_.steps;
   r.prefetch = std::make_unique<BatchPrefetcher>(*r.loader, cfg_.grad_accum, device.is_cuda(), end_step);
-  for (int64_t step = first_step; step < end_step; ++step) {
-    const int64_t bytes_before = r.comm_bytes();
-    const StepOutcome s = train_step(step);
-    // No synchronisation here: the step's interval ended at its verdict's read (r.interval_start),
-    // and the update queued after it overlaps the next step's start.
-    const double step_s = std::chrono::duration<double>(s.boundary - r.interval_start).count();
-    r.interval_start = s.boundary;
+  // Step N's record and the decisions after it (stop, evaluation, sample, checkpoint), once the
+  // host has read it; false: the run stops after N.
+  auto record = [&](int64_t step, const StepOutcome& s) -> bool {
+    // The step's time: its interval of the phase chain (runtime/phase_timer.h), from the end of
+    // the previous step's update to the end of its own -- GPU time on a GPU, the host clock here.
+    double step_s = 0.0;
+    for (double ms : s.phase_ms) step_s += ms / 1e3;
     const auto joules_after = r.energy->joules();
     const auto& phase_ms = s.phase_ms;
     // The job's joules: every device's, summed (collective only when every meter reads).
@@ -526,7 +567,7 @@ json Trainer::run() {
       ++timed_steps;
     }
     last_loss = s.loss;
-    last_comm_bytes = r.comm_bytes() - bytes_before;
+    last_comm_bytes = s.comm_bytes;
     losses.push_back(s.loss);
     const int64_t tokens_seen = r.progress.samples * cfg_.gpt.seq_len;  // the whole run's, resumes included
     const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -535,7 +576,7 @@ json Trainer::run() {
              {"skipped", s.skipped},    {"tokens", r.tokens_per_step}, {"tokens_per_s", tokens_per_s},
              {"step_ms", step_s * 1e3}, {"tflops", tflops},         {"tflops_job", tflops_job},
              {"mfu", r.peak ? json(tflops_job / (devices * *r.peak)) : json(nullptr)},
-             {"mem_gb", mem_gb},        {"comm_bytes", r.comm_bytes() - bytes_before}, {"comm_ms", s.comm_ms},
+             {"mem_gb", mem_gb},        {"comm_bytes", s.comm_bytes}, {"comm_ms", s.comm_ms},
              {"forward_ms", phase_ms[static_cast<size_t>(Phase::Forward)]},
              {"backward_ms", phase_ms[static_cast<size_t>(Phase::Backward)]},
              {"exposed_comm_ms", phase_ms[static_cast<size_t>(Phase::Comm)]},
@@ -545,6 +586,10 @@ json Trainer::run() {
              {"tokens_seen", tokens_seen},
              {"elapsed_s", elapsed_s}};
     if (r.ddp) rec["comm_buckets_in_backward"] = r.ddp->launched_in_backward();
+    // The device check mode (tests): the host's reads of device memory from the step's start to
+    // its queued update -- 0 for a step without offload (runtime/device_check.h).
+    if (device_check_enabled()) rec["host_reads_before_update"] = s.host_reads;
+    rec["read_deferred"] = s.read_deferred;  // read after the next step's forward and backward were queued
     if (r.pipe) rec["pp_live_max"] = r.pipe->max_live();  // micro-batches whose activations stage 0 held at once
     r.log.write(rec);
     if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == end_step || s.skipped)) {
@@ -616,9 +661,42 @@ json Trainer::run() {
     }
     if (stopping) {
       stopped_at = step + 1;
-      break;
+      return false;
     }
+    return true;
+  };
+  // Whether step N's read may wait until step N + 1's forward and backward are queued, so that the
+  // device never idles while the host reads, logs and decides (docs/precision.md, "The step"):
+  // not when N + 1's backward needs N's loss scale (fp16), nor when work follows N that must not
+  // be timed as N + 1's or that reads N's weights before N + 1 is queued (the first step's watchdog
+  // switch, an evaluation, a sample, a scheduled checkpoint), nor for the last step.
+  auto may_defer = [&](int64_t step) {
+    const int64_t n = step + 1;
+    const bool eval = r.val_loader && ((cfg_.eval_every > 0 && n % cfg_.eval_every == 0) || n == cfg_.steps);
+    const bool save = !cfg_.save_dir.empty() && cfg_.save_every > 0 && n % cfg_.save_every == 0;
+    const bool sample = cfg_.sample_every > 0 && n % cfg_.sample_every == 0;
+    return r.precision != Precision::FP16 && step != first_step && n < end_step && !eval && !save && !sample;
+  };
+  std::optional<QueuedStep> queued;  // the step whose update is queued and whose verdict is not yet read
+  bool stopped = false;
+  for (int64_t step = first_step; step < end_step && !stopped; ++step) {
+    if (queued && !may_defer(queued->step)) {
+      stopped = !record(queued->step, finish_step(*queued));
+      queued.reset();
+      if (stopped) break;
+    }
+    QueuedStep q = forward_backward(step);
+    if (queued) {  // deferred: read behind this step's forward and backward; a stop discards them
+      StepOutcome s = finish_step(*queued);
+      s.read_deferred = true;
+      stopped = !record(queued->step, s);
+      queued.reset();
+      if (stopped) break;
+    }
+    queue_update(q);
+    queued = std::move(q);
   }
+  if (queued) record(queued->step, finish_step(*queued));  // the last step
 
   synchronize(device);  // the last update
   r.prefetch.reset();
@@ -631,7 +709,7 @@ json Trainer::run() {
     tail /= static_cast<double>(k);
   }
   // A fingerprint of the final weights, for comparing runs (parity tests): sum and sum of squares.
-  const auto [param_sum, param_sq] = weights_fingerprint(*r.model, r.zero.get(), r.mesh.get(), device);
+  const auto [param_sum, param_sq] = weights_fingerprint(*r.model, r.zero.get(), r.optimizer.get(), r.mesh.get(), device);
   // Pipeline: the log's step records are stage 0's (rank 0's); the summary adds every stage's
   // figures (its dp 0, tp 0 rank), gathered once at the end so no step's traffic includes them.
   json stages = nullptr;
@@ -640,7 +718,7 @@ json Trainer::run() {
     const MeshCoord c = r.mesh->coord();
     const std::vector<int64_t> mine{c.pp, c.dp, c.tp, last_comm_bytes, r.model->num_params(),
                                     st.device.params, st.device.grads, st.device.optimizer,
-                                    st.host.params, st.host.grads, st.host.optimizer};
+                                    st.host.params, st.host.grads, st.host.optimizer, st.device.cast_copies};
     const int64_t n = static_cast<int64_t>(mine.size());
     at::Tensor row = at::tensor(mine, at::kLong), all = at::empty({proc_.world_size * n}, at::kLong);
     r.host_world->all_gather(all, row)->wait();
@@ -650,7 +728,7 @@ json Trainer::run() {
       const int64_t* x = a + w * n;
       if (x[1] != 0 || x[2] != 0) continue;  // dp 0, tp 0: one rank per stage, in stage order
       ModelStateBytes b;
-      b.device = {x[5], x[6], x[7]};
+      b.device = {x[5], x[6], x[7], x[11]};
       b.host = {x[8], x[9], x[10]};
       stages.push_back({{"stage", x[0]}, {"comm_bytes_last_step", x[3]}, {"params_local", x[4]},
                         {"model_state", model_state_json(b)}});

@@ -43,9 +43,12 @@ class Trainer {
 
  private:
   struct Run;  // everything a run builds: mesh, data, model, wrappers, optimizer, sinks
+  struct QueuedStep;
   struct StepOutcome;
   void setup();
-  StepOutcome train_step(int64_t step);
+  QueuedStep forward_backward(int64_t step);
+  void queue_update(QueuedStep& q);
+  StepOutcome finish_step(QueuedStep& q);
   void log_config();
   double evaluate(int64_t step);  // mean validation loss, logged as an "eval" record
   TrainConfig cfg_;

@@ -51,7 +51,9 @@ inline nlohmann::json model_state_json(const ModelStateBytes& b) {
   auto place = [](const ModelStateBytes::Place& p) {
     return nlohmann::json{{"params", p.params}, {"grads", p.grads}, {"optimizer", p.optimizer}};
   };
-  return nlohmann::json{{"device", place(b.device)}, {"host", place(b.host)}};
+  nlohmann::json device = place(b.device);
+  device["cast_copies"] = b.device.cast_copies;  // autocast's copies (runtime/precision.h): the device's alone
+  return nlohmann::json{{"device", device}, {"host", place(b.host)}};
 }
 
 struct Trainer::Run {
@@ -100,8 +102,7 @@ struct Trainer::Run {
   // A step's interval runs from the previous step's one host synchronisation (its verdict's read)
   // to its own; a new chain starts at the first step and after an evaluation or a save.
   bool chain_broken = true;
-  std::chrono::steady_clock::time_point interval_start;
-  std::optional<double> interval_joules;  // this rank's energy counter at interval_start
+  std::optional<double> interval_joules;  // this rank's energy counter at the last step's record (or the chain's start)
   std::unique_ptr<EnergyMeter> energy;  // the GPU's energy counter (unavailable on the CPU)
   std::unique_ptr<JobDevices> devices;  // distinct devices of the job; the energy summed over them
   double flops_per_token = 0.0;
@@ -110,14 +111,16 @@ struct Trainer::Run {
 
   // This rank's model-state bytes by kind and place (parallel/zero.h's table): ZeRO's read off its
   // buffers; otherwise 4 B of parameter, 4 B of gradient and 8 B of AdamW moments per parameter.
+  int64_t cast_copy_bytes = 0;  // autocast's 16-bit copies of fp32 weights (runtime/precision.h)
   ModelStateBytes model_state() const {
-    if (zero) return zero->memory();
-    ModelStateBytes state;
+    ModelStateBytes state = zero ? zero->memory() : ModelStateBytes{};
+    state.device.cast_copies = cast_copy_bytes;
+    if (zero) return state;
     const int64_t psi = model->num_params();  // this rank's (its tp slices, its stage)
     // 16-bit working weights (optim/adamw.h): 2-byte parameters, fp32 main grads, and the fp32
     // master with the optimizer's moments.
     const bool masters = optimizer && optimizer->has_masters();
-    state.device = {masters ? 2 * psi : 4 * psi, 4 * psi, masters ? 12 * psi : 8 * psi};
+    state.device = {masters ? 2 * psi : 4 * psi, 4 * psi, masters ? 12 * psi : 8 * psi, cast_copy_bytes};
     return state;
   }
 
@@ -128,11 +131,26 @@ struct Trainer::Run {
   }
 };
 
+// A step queued on the device, not yet read by the host (runtime/trainer.cpp: forward_backward,
+// queue_update, finish_step).
+struct Trainer::QueuedStep {
+  int64_t step = 0;
+  double loss_scale = 1.0, lr = 0.0, comm_ms = 0.0;
+  int64_t comm_bytes = 0;  // this rank's traffic in the step (comm_bytes() at its start, then the difference)
+  int64_t host_reads = 0;  // device_to_host_reads() at its start, then the reads up to its queued update
+  int loss_copies = 1;     // the ranks whose losses the verdict's loss sums
+  at::Tensor verdict;      // [mean loss, non-finite, norm (or summed squares)], reduced, on the device
+  at::Tensor host;         // its copy in host memory (pinned on a GPU), queued after the update
+  size_t mark = 0;         // the PhaseTimer mark after the update and that copy
+};
+
 struct Trainer::StepOutcome {
   double loss = NAN, norm = NAN, lr = 0.0, loss_scale = 1.0, comm_ms = 0.0;
   bool skipped = false;
-  std::array<double, kNumPhases> phase_ms{};  // the step's interval, by phase (PhaseTimer::cut)
-  std::chrono::steady_clock::time_point boundary;  // the end of its interval: the verdict's read
+  int64_t comm_bytes = 0;  // this rank's traffic in the step
+  int64_t host_reads = 0;  // device_to_host_reads() from the step's start to its queued update
+  bool read_deferred = false;  // its verdict read after the next step's forward and backward were queued
+  std::array<double, kNumPhases> phase_ms{};  // the step's interval, by phase (PhaseTimer::cut): its sum is the step's time
 };
 
 }  // namespace kiln

@@ -3,6 +3,7 @@
 // scale, skip and growth against DeepSpeed's rule worked out by hand.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -78,6 +79,29 @@ TEST(AdamW, ParametersWithoutGradientAreUntouched) {
   opt.step(0.1);
   EXPECT_FALSE(at::equal(w.detach(), at::ones({2, 2})));
   EXPECT_TRUE(at::equal(frozen.detach(), at::ones({2, 2})));
+}
+
+// found_inf (the step's verdict as a tensor, no host read): 1 skips the update inside the fused
+// kernel -- weights, moments and step counts as before -- and the next clean step is the one an
+// optimizer that never saw the skipped step would take (bias correction at t = 1, not 2).
+TEST(AdamW, FoundInfSkipsTheUpdateOnTheDevice) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  auto w = at::randn({4, 3}, gen).requires_grad_(true);
+  auto w_ref = w.detach().clone().requires_grad_(true);
+  kiln::AdamW opt({w}, kiln::AdamWConfig{}), ref({w_ref}, kiln::AdamWConfig{});
+  const auto before = w.detach().clone();
+  w.mutable_grad() = at::full({4, 3}, std::numeric_limits<float>::infinity());
+  opt.step(1e-2, at::ones({}));  // skipped
+  EXPECT_TRUE(at::equal(w.detach(), before));
+  EXPECT_TRUE(at::equal(opt.state_of(w).exp_avg, at::zeros({4, 3})));
+  EXPECT_EQ(opt.state_of(w).step.item<float>(), 0.0f);
+  const auto g = at::randn({4, 3}, gen);
+  w.mutable_grad() = g.clone();
+  w_ref.mutable_grad() = g.clone();
+  opt.step(1e-2, at::zeros({}));  // applied
+  ref.step(1e-2);
+  EXPECT_TRUE(at::equal(w.detach(), w_ref.detach()));
+  EXPECT_EQ(opt.state_of(w).step.item<float>(), 1.0f);
 }
 
 // 16-bit working weights (optim/adamw.h): the fp32 masters take exactly fp32 AdamW's steps on

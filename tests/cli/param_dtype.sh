@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/cli/param_dtype.sh -- 16-bit working weights with fp32 masters (--param-dtype, optim/adamw.h)
-# and DDP's reduction dtype (--reduce-dtype, parallel/ddp.h). Issue 17, first part: the ZeRO-0
-# layouts (one process, DDP, tp, pp).
+# and DDP's reduction dtype (--reduce-dtype, parallel/ddp.h) on the ZeRO-0 layouts (one process,
+# DDP, tp, pp); tests/cli/param_dtype_zero.sh has ZeRO's.
 #
 # 1. Parity, per policy (bf16 and fp16 working weights, each with its compute precision), global
 #    batch 16: one process (micro-batch 4 x grad-accum 4), DDP 2 (4 x 2) and DDP 4 (4 x 1); then
@@ -29,8 +29,9 @@
 #    (steps 11-20 == the uninterrupted run's), and resumes under fp32 working weights (a policy
 #    change: --allow-config-change), whose first loss equals the bf16 run's step 11 within the
 #    bf16 rounding of the weights (1e-2).
-# 6. Bad combinations: one line, exit 2.
+# 6. The default (auto) is the compute precision's weights; bad combinations: one line, exit 2.
 source "$(dirname "$0")/common.sh"
+here=$(cd "$(dirname "$0")" && pwd)
 : "${MPIEXEC:=mpirun}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -44,7 +45,7 @@ for p in bf16 fp16; do
   mpi 2 "$KILN_BIN" "${T[@]}" "${P[@]}" --micro-batch 4 --grad-accum 2 --log-json "np2_$p.jsonl" >/dev/null
   mpi 4 "$KILN_BIN" "${T[@]}" "${P[@]}" --micro-batch 4 --grad-accum 1 --log-json "np4_$p.jsonl" >/dev/null
 done
-"$KILN_BIN" "${T[@]}" --precision bf16 --micro-batch 4 --grad-accum 4 --log-json ref_fp32w.jsonl >/dev/null
+"$KILN_BIN" "${T[@]}" --precision bf16 --param-dtype fp32 --micro-batch 4 --grad-accum 4 --log-json ref_fp32w.jsonl >/dev/null
 python3 - <<'PY'
 import json
 load = lambda n: [json.loads(l) for l in open(f"{n}.jsonl")]
@@ -62,7 +63,8 @@ for p in ("bf16", "fp16"):
     c = ref[0]
     assert c["config"]["param_dtype"] == p, c["config"]
     n = c["params_local"]
-    assert c["model_state"]["device"] == {"params": 2 * n, "grads": 4 * n, "optimizer": 12 * n}, c["model_state"]
+    # No autocast copies: the weights are already in the compute dtype.
+    assert c["model_state"]["device"] == {"params": 2 * n, "grads": 4 * n, "optimizer": 12 * n, "cast_copies": 0}, c["model_state"]
     for name, dp in (("np2", 2), ("np4", 4)):
         run = load(f"{name}_{p}")
         assert run[0]["world"]["dp"] == dp and len(steps(run)) == 20
@@ -78,7 +80,18 @@ for p in ("bf16", "fp16"):
 w = load("ref_fp32w")[0]["model_state"]["device"]
 n = load("ref_fp32w")[0]["params_local"]
 assert (w["params"], w["grads"], w["optimizer"]) == (4 * n, 4 * n, 8 * n), w
-print(f"model states per parameter: bf16 weights 2 + 4 + 12 = 18 B, fp32 weights 4 + 4 + 8 = 16 B ({n} parameters)")
+# fp32 weights under bf16 autocast: its cache keeps a 2-byte copy of every block matrix and the
+# c_attn / c_fc / c_proj biases (runtime/precision.h): every block parameter but the LayerNorms'.
+c = load("ref_fp32w")[0]["config"]
+d, L = c["d_model"], c["n_layer"]
+f = c.get("mlp_hidden") or 4 * d
+kv = c.get("n_kv_head") or c["n_head"]
+hd = d // c["n_head"]
+qkv = (c["n_head"] + 2 * kv) * hd
+block_products = d * qkv + qkv + c["n_head"] * hd * d + d + d * f + f + f * d + d
+assert w["cast_copies"] == 2 * L * block_products, (w, L, block_products)
+print(f"model states per parameter: bf16 weights 2 + 4 + 12 = 18 B, fp32 weights 4 + 4 + 8 = 16 B ({n} parameters), "
+      f"plus autocast's copies {w['cast_copies']} B")
 PY
 
 # 1b. tp 2, pp 2 and dp 2 x tp 2 x pp 2 (8 ranks), the same global batch of 16. tp splits each
@@ -145,26 +158,14 @@ PY
 # comm_bytes, equal the runs'.
 for log in ref_bf16 np2_bf16 np2_red16 np4_fp16 tp2_bf16 pp2_fp16 3d_bf16; do
   "$KILN_BIN" plan --compare "$log.jsonl" --json >"$log.cmp.json"
-  python3 - "$log" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1] + ".cmp.json"))
-rows = {r["name"]: r for r in c["rows"]}
-for place in ("device", "host"):
-    for kind in ("params", "grads", "optimizer"):
-        r = rows[f"model_state.{place}.{kind}"]
-        assert r["equal"] and r["measured"] == r["predicted"], r
-comm = rows["comm_bytes"]
-assert comm["measured"] == comm["predicted"] and comm["equal"], comm
-assert c["exact_ok"], [r for r in c["rows"] if r["exact"] and r["equal"] is False]
-print(f"kiln plan --compare {sys.argv[1]}: model state and comm_bytes ({comm['measured']}) exact")
-PY
+  python3 "$here/compare_exact.py" "$log.cmp.json" "$log"
 done
 
 # 4.
 C=(train --device cpu --steps 300 --log-every 300 --micro-batch 4)
-"$KILN_BIN" "${C[@]}" --precision bf16 --log-json c_bf16_fp32w.jsonl >/dev/null
+"$KILN_BIN" "${C[@]}" --precision bf16 --param-dtype fp32 --log-json c_bf16_fp32w.jsonl >/dev/null
 "$KILN_BIN" "${C[@]}" --precision bf16 --param-dtype bf16 --log-json c_bf16_bf16w.jsonl >/dev/null
-"$KILN_BIN" "${C[@]}" --precision fp16 --log-json c_fp16_fp32w.jsonl >/dev/null
+"$KILN_BIN" "${C[@]}" --precision fp16 --param-dtype fp32 --log-json c_fp16_fp32w.jsonl >/dev/null
 "$KILN_BIN" "${C[@]}" --precision fp16 --param-dtype fp16 --log-json c_fp16_fp16w.jsonl >/dev/null
 python3 - <<'PY'
 import json
@@ -185,7 +186,7 @@ R=(train --device cpu --steps 20 --log-every 20 --precision bf16 --micro-batch 4
 "$KILN_BIN" "${R[@]}" --param-dtype bf16 --log-json full.jsonl >/dev/null
 "$KILN_BIN" "${R[@]}" --param-dtype bf16 --save-dir ck --save-every 10 --stop-at-step 15 >/dev/null
 "$KILN_BIN" "${R[@]}" --param-dtype bf16 --save-dir ck --resume ck/step_00000010 --log-json resumed.jsonl >/dev/null
-"$KILN_BIN" "${R[@]}" --save-dir ck2 --resume ck/step_00000010 --allow-config-change --log-json fp32w.jsonl >fp32w.out
+"$KILN_BIN" "${R[@]}" --param-dtype fp32 --save-dir ck2 --resume ck/step_00000010 --allow-config-change --log-json fp32w.jsonl >fp32w.out
 grep -q "param_dtype" fp32w.out || { cat fp32w.out; fail "the policy change was not reported"; }
 python3 - <<'PY'
 import json, struct
@@ -210,9 +211,19 @@ print(f"resume: steps 11-20 == the uninterrupted run; under fp32 weights step 11
       f"checkpoint F32, {frac:.0%} of {k} not bf16-representable (the masters)")
 PY
 
-# 6.
+# 6. The default policy (auto): the compute precision's working weights.
+for p in fp32 bf16 fp16; do
+  "$KILN_BIN" train --device cpu --steps 1 --precision "$p" --log-json "default_$p.jsonl" >/dev/null
+  python3 - "$p" <<'PY'
+import json, sys
+p = sys.argv[1]
+c = json.loads(open(f"default_{p}.jsonl").readline())
+assert c["config"]["param_dtype"] == p, c["config"]["param_dtype"]
+n = c["params_local"]
+assert c["model_state"]["device"]["params"] == (4 if p == "fp32" else 2) * n, c["model_state"]
+print(f"--precision {p} alone: param_dtype {p} (auto)")
+PY
+done
 expect_refused 1 "--param-dtype bf16 keeps the working weights in the compute precision" train --device cpu --steps 1 --param-dtype bf16
-expect_refused 1 "--param-dtype bf16 is built for ZeRO-0 layouts \\(DDP, tp, pp\\) so far, not with --zero 1" train --device cpu --steps 1 --precision bf16 --param-dtype bf16 --zero 1
-expect_refused 2 "--reduce-dtype bf16 is built for ZeRO-0 layouts \\(DDP, tp, pp\\) so far, not with --zero 3" train --device cpu --steps 1 --zero 3 --reduce-dtype bf16
 expect_refused 1 "--reduce-dtype must be one of bf16, fp32 \\(got 'fp16'\\)" train --device cpu --steps 1 --reduce-dtype fp16
 echo "PASS"

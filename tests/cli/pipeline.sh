@@ -111,7 +111,7 @@ for name, (dp, tp, pp, blocks) in runs.items():
                 want_s += wte if first or last else 0
                 if dp > 1:
                     want_s += 2 * 4 * n_local
-                assert r["model_state"]["device"] == {"params": 4 * n_local, "grads": 4 * n_local, "optimizer": 8 * n_local}, (name, st, r)
+                assert r["model_state"]["device"] == {"params": 4 * n_local, "grads": 4 * n_local, "optimizer": 8 * n_local, "cast_copies": 0}, (name, st, r)
             else:
                 P_s = sum(padded(u, dp) for u in outer[0]) + (padded(outer[1], dp) if outer[1] else 0) + blocks[st] * padded(units(c)[1], dp)
                 want_s += padded(Vp * dm, dp) * 4 // dp if first or last else 0

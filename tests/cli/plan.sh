@@ -32,8 +32,9 @@ P = p["model"]["params"]
 assert P == 124475904, P
 st = p["stages"][0]
 ms = st["model_state"]["device"]
-# ZeRO-0: 4 + 4 + 8 bytes per parameter, unpadded
-assert (ms["params"], ms["grads"], ms["optimizer"]) == (4 * P, 4 * P, 8 * P), ms
+# ZeRO-0, bf16 by default with its default working weights (--param-dtype auto: bf16, fp32
+# masters): 2 + 4 + 12 bytes per parameter, unpadded, and no autocast copies
+assert (ms["params"], ms["grads"], ms["optimizer"], ms["cast_copies"]) == (2 * P, 4 * P, 12 * P, 0), ms
 assert st["comm_bytes"] == 0 and st["comm"] == []          # one device, no communicator
 t = p["time"]
 # nothing to wait for: the step is compute only, so MFU is the achieved fraction
@@ -50,8 +51,8 @@ st = z["stages"][0]
 dev = st["model_state"]["device"]
 pp_, n = st["psi_padded"], 16
 assert pp_ % (64 * n) == 0 and pp_ >= st["psi"]
-assert (dev["params"], dev["grads"], dev["optimizer"]) == (4 * pp_, 4 * pp_, 8 * pp_ // n), dev
-assert st["comm_bytes"] == 8 * pp_ + 24, (st["comm_bytes"], pp_)
+assert (dev["params"], dev["grads"], dev["optimizer"]) == (2 * pp_, 4 * pp_, 12 * pp_ // n), dev
+assert st["comm_bytes"] == 4 * pp_ + 2 * pp_ + 24, (st["comm_bytes"], pp_)  # fp32 reduce-scatter, bf16 all-gather
 links = {c["link"] for c in st["comm"]}
 assert links == {"inter-node"}, links                     # dp 16 spans the two nodes
 assert z["time"]["hfu"] > z["time"]["mfu"]                # selective recomputation counted in HFU only

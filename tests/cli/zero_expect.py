@@ -48,6 +48,9 @@ def expected(config_record):
     else:
         # forward gathers every unit; backward every block but the last (kept from its forward)
         comm = K * (4 * P + 4 * (P - us[0] - us[-1])) + rs + verdict
+    # fp32 runs: no autocast, so no cast copies (the device's alone; parallel/zero.h's ModelStateBytes)
+    assert c["precision"] == "fp32", "zero_expect models fp32 runs"
+    dev["cast_copies"] = 0
     return {"device": dev, "host": host}, comm
 
 
