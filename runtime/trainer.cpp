@@ -1,5 +1,6 @@
-// runtime/trainer.cpp -- set-up, the step, evaluation, checkpoints and the loop (its step, eval and
-// summary records); the config record is trainer_records.cpp's, the run's state trainer_run.h's.
+// runtime/trainer.cpp -- set-up, evaluation, checkpoints and the loop (its step, eval and summary
+// records); the step itself is trainer_step.cpp's, the config record trainer_records.cpp's, the
+// run's state trainer_run.h's.
 #include "runtime/trainer.h"
 #include "runtime/trainer_run.h"
 
@@ -24,7 +25,6 @@
 #include "data/tokenizer.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
-#include "optim/grad_clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/activation_checkpoint.h"
@@ -43,7 +43,6 @@
 #endif
 #include "runtime/device.h"
 #include "runtime/device_check.h"
-#include "runtime/host_memory.h"
 #include "runtime/host_threads.h"
 #include "runtime/rank0_verdict.h"
 #include "runtime/save_dir_lock.h"
@@ -76,15 +75,6 @@ std::shared_ptr<const TokenDataset> training_data(const TrainConfig& cfg) {
       cfg.data, parse_token_format(cfg.data_format), cfg.gpt.seq_len, cfg.gpt.vocab_size));
 }
 
-
-// The dropout seed of step `step` on data-parallel rank `dp_rank` (splitmix64 of the three):
-// reseeding every step makes the step number the whole RNG state a checkpoint needs.
-uint64_t step_seed(uint64_t seed, int64_t step, int dp_rank) {
-  uint64_t z = seed ^ (static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(dp_rank) << 48);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return (z ^ (z >> 31)) >> 1;  // manual_seed takes a non-negative int64 range
-}
 
 // The stop request of the wall-time limit, above every signal number (the ranks agree on the
 // largest request).
@@ -283,177 +273,6 @@ void Trainer::setup() {
   }
 }
 
-
-// A step in three parts (runtime/trainer_run.h's QueuedStep), so that its one host read can wait
-// behind the next step's forward and backward (Trainer::run):
-//   forward_backward  the micro-batches, the gradient reductions, the norm, the verdict's all-reduce
-//   queue_update      the update, decided on the device; the verdict's copy to the host queued after it
-//   finish_step       waits for that copy (the step's one host synchronisation) and reads it
-Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
-  Run& r = *run_;
-  const c10::Device device = r.dev.device;
-  QueuedStep out;
-  out.step = step;
-  if (r.chain_broken) {
-    r.timer->start();
-    r.interval_joules = r.energy->joules();
-    r.chain_broken = false;
-  }
-  out.loss_scale = r.scaler->scale();
-  out.comm_bytes = r.comm_bytes();                      // until queue_update: this step's traffic
-  out.host_reads = device_to_host_reads();              // until queue_update: the host's reads before the update
-  // Pipeline stages draw from streams of their own (stage 0's is the unpipelined one).
-  at::manual_seed(step_seed(cfg_.seed ^ (static_cast<uint64_t>(r.mesh ? r.mesh->coord().pp : 0) << 40), step, r.dp_rank));
-  if (r.ddp) r.ddp->zero_grad();
-  else if (!r.zero) r.model->zero_grad(/*set_to_none=*/true);
-  if (r.main_grads) r.main_grads->zero_grad();
-
-  auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
-  // Made one step ahead (pinned on a GPU, so the non-blocking copies below overlap compute).
-  const std::vector<Batch> batches = r.prefetch->take(step);
-  const double backward_factor = out.loss_scale / static_cast<double>(cfg_.grad_accum);
-  if (r.pipe) {
-    // 1F1B over the stages: the same hooks as below, around each micro-batch's backward.
-    PipelineHooks hooks;
-    hooks.before_backward = [&](int micro) {
-      if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);
-      if (r.zero) r.zero->begin_micro(micro);
-    };
-    hooks.after_backward = [&](int) {
-      if (r.zero) r.zero->end_micro();
-    };
-    hooks.after_action = [&](PipeAction::Type t) {
-      r.timer->mark(t == PipeAction::Type::Forward ? Phase::Forward : t == PipeAction::Type::Backward ? Phase::Backward : Phase::Comm);
-    };
-    loss_sum = r.pipe->train(static_cast<int>(cfg_.grad_accum), [&](int micro) { return batches.at(static_cast<size_t>(micro)); },
-                             backward_factor, hooks);
-  }
-  for (int64_t micro = 0; micro < (r.pipe ? 0 : cfg_.grad_accum); ++micro) {
-    if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);  // sync skipping
-    if (r.zero) r.zero->begin_micro(micro);
-    const Batch& batch = batches[static_cast<size_t>(micro)];
-    at::Tensor loss;
-    {
-      AutocastScope autocast(r.precision, device.type());
-      loss = r.model->loss(to_device(batch.inputs, device, /*non_blocking=*/true), to_device(batch.targets, device, /*non_blocking=*/true));
-    }
-    r.timer->mark(Phase::Forward);
-    (loss * backward_factor).backward();
-    loss_sum += loss.detach().to(at::kFloat);
-    r.timer->mark(Phase::Backward);
-    if (r.zero) {
-      r.zero->end_micro();
-      r.timer->mark(Phase::Comm);
-    }
-  }
-  if (r.ddp) {
-    r.ddp->finish_backward();
-    r.timer->mark(Phase::Comm);
-  }
-  if (r.pipe && (r.pipe->first() || r.pipe->last())) {
-    r.pipe->sync_tied_embedding(r.zero ? r.zero->grad_shard_of(r.model->wte) : grad_of(r.grad_of, r.model->wte));
-    r.timer->mark(Phase::Comm);
-  }
-  // DDP / one process: every rank holds the whole reduced gradient, so the norm and the clipping
-  // are local. ZeRO: each rank holds a shard; the squared norms are summed with the verdict and
-  // the clipping factor is applied by the sharded step.
-  // Pipeline: every stage holds its own parameters, so the squared norm is summed over the world
-  // with the verdict (each rank's share weighted so the sum counts every parameter once) and
-  // the clipping comes after it.
-  at::Tensor norm = r.zero               ? r.zero->local_grad_sq_norm()
-                    : r.pipe             ? pipeline_grad_sq_norm_share(*r.model, r.shape.dp, r.grad_of)
-                    : r.shape.tp > 1 ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, out.loss_scale, r.mesh->tp(), r.grad_of)
-                                     : clip_grad_norm(r.grads, cfg_.grad_clip, out.loss_scale);
-  r.timer->mark(Phase::Optimizer);
-
-  // One small tensor decides the step on every rank: the mean loss and whether anything was
-  // not finite (an fp16 overflow, or a diverged run), summed over dp; the norm rides along
-  // (every rank already holds the same one; ZeRO sums its squared shards too).
-  auto verdict = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum),
-                            at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat),
-                            norm.to(loss_sum.device(), at::kFloat)});
-  // ZeRO under tensor parallelism sums over dp x tp (the world, without pipeline stages): each
-  // rank's squared norm covers its tp slice, replicated parameters weighted 1/tp. Pipeline: over
-  // the world, the loss coming from the last stage alone.
-  const bool over_world = r.pipe || (r.zero && r.shape.tp > 1);
-  Communicator* verdict_group = over_world ? r.mesh->world().get() : r.mesh ? r.mesh->dp().get() : nullptr;
-  if (r.pipe && !r.pipe->last()) verdict[0].zero_();
-  const bool reduce_verdict = r.mesh && (r.shape.dp > 1 || r.zero || r.pipe);
-  if (reduce_verdict) {
-    auto reduced = verdict.narrow(0, 0, r.zero || r.pipe ? 3 : 2);  // a contiguous view
-    const auto t0 = Clock::now();
-    verdict_group->all_reduce(reduced, ReduceOp::Sum)->wait();
-    out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    r.timer->mark(Phase::Comm);
-  }
-
-  if (r.ddp) out.comm_ms += r.ddp->exposed_comm_ms();
-  out.verdict = verdict;
-  out.loss_copies = r.pipe ? r.shape.dp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
-  return out;
-}
-
-void Trainer::queue_update(QueuedStep& q) {
-  Run& r = *run_;
-  // The update, decided on the device (no host read before it; docs/precision.md, "The step"):
-  //   found_inf = [anything not finite on any rank]   the fused AdamW kernel skips the update
-  //   ZeRO, pp: n = sqrt(sum of squares) / S,  c = min(1, max / (n + 1e-6)) / S  (clip_grad_norm's
-  //   rule, in double as the host once did it, then fp32), applied to the reduced gradients.
-  // The learning rate is the schedule's at the updates applied so far: the host has read every
-  // earlier step's verdict by now (Trainer::run finishes step N before queueing N + 1's update).
-  const at::Tensor found_inf = (q.verdict[1] > 0).to(at::kFloat);
-  at::Tensor coef;
-  if (r.zero || r.pipe) {
-    const at::Tensor n = q.verdict[2].to(at::kDouble).sqrt() / q.loss_scale;
-    coef = cfg_.grad_clip > 0.0 ? at::clamp_max(cfg_.grad_clip / (n + 1e-6), 1.0) : at::ones_like(n);
-    coef = (coef / q.loss_scale).to(at::kFloat);
-    if (r.pipe && !r.zero) {
-      std::vector<at::Tensor> grads;
-      for (const auto& p : r.grads)  // where the gradients are: the fp32 main grads for 16-bit weights
-        if (p.grad().defined()) grads.push_back(p.grad());
-      scale_gradients(grads, n.to(at::kFloat), cfg_.grad_clip, q.loss_scale);
-    }
-  }
-  q.lr = r.schedule->at(r.progress.updates);
-  if (r.zero) r.zero->step(q.lr, coef, found_inf);
-  else r.optimizer->step(q.lr, found_inf);
-  q.host_reads = device_to_host_reads() - q.host_reads;
-  q.comm_bytes = r.comm_bytes() - q.comm_bytes;
-  // The verdict's copy to the host, queued behind the update (pinned on a GPU, so the copy does
-  // not block); the mark after it is what finish_step waits for.
-  q.host = host_buffer(q.verdict.numel(), r.dev.device.is_cuda(), at::kDouble);
-  q.host.copy_(q.verdict.to(at::kDouble), /*non_blocking=*/true);
-  q.mark = r.timer->mark(Phase::Optimizer);
-}
-
-Trainer::StepOutcome Trainer::finish_step(QueuedStep& q) {
-  Run& r = *run_;
-  StepOutcome out;
-  r.timer->wait(q.mark);  // the step's one host synchronisation: its update and its verdict's copy
-  out.phase_ms = r.timer->cut(q.mark);
-  out.loss_scale = q.loss_scale;
-  out.lr = q.lr;
-  out.comm_ms = q.comm_ms;
-  out.host_reads = q.host_reads;
-  out.comm_bytes = q.comm_bytes;
-  const double* h = q.host.data_ptr<double>();
-  out.loss = h[0] / static_cast<double>(q.loss_copies);
-  const bool nonfinite = h[1] > 0.0;
-  out.norm = r.zero || r.pipe ? std::sqrt(h[2]) / out.loss_scale : h[2];
-  if (r.precision == Precision::FP16) {
-    out.skipped = r.scaler->update(nonfinite);
-  } else if (nonfinite) {
-    if (cfg_.on_nonfinite == "stop") {
-      throw NumericsError("step " + std::to_string(q.step + 1) + ": loss " + std::to_string(out.loss) + ", gradient norm " +
-                          std::to_string(out.norm) + " is not finite; stopping with the update skipped (--on-nonfinite "
-                          "skip would skip such steps and go on)");
-    }
-    out.skipped = true;
-  }
-  if (out.skipped != nonfinite) throw Error("the loss scaler skipped a step the kernel applied, or the reverse");
-  if (!out.skipped) ++r.progress.updates;
-  return out;
-}
 
 // Mean loss over the first eval_batches micro-batches of the validation data, in eval mode, in
 // the run's compute precision.
