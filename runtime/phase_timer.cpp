@@ -56,8 +56,7 @@ void PhaseTimer::start() {
     cuda_->record();
   }
 #endif
-  start_time_ = std::chrono::steady_clock::now();
-  host_.push_back(start_time_);
+  host_.push_back(std::chrono::steady_clock::now());
 }
 
 size_t PhaseTimer::mark(Phase p) {

@@ -40,13 +40,11 @@ class PhaseTimer {
   // Blocks the host until the device has done the work up to mark `token` (CUDA: its event;
   // on the CPU the work is done already).
   void wait(size_t token);
-  // Milliseconds per phase from the chain's start or the last cut to mark `token` (the latest
-  // by default), which must be done (wait); the next interval begins at that mark.
+  // Milliseconds per phase from the chain's start or the last cut to mark `token`,
+  // which must be done (wait); the next interval begins at that mark.
   std::array<double, kNumPhases> cut(size_t token);
-  std::array<double, kNumPhases> cut() { return cut(latest()); }
   size_t latest() const { return base_ + host_.size() - 1; }
-  // The host clock at the chain's start and at the mark the last cut ended at.
-  std::chrono::steady_clock::time_point start_time() const { return start_time_; }
+  // The host clock at the mark the last cut ended at (at the chain's start before any cut).
   std::chrono::steady_clock::time_point cut_time() const { return host_.front(); }
 
  private:
@@ -55,7 +53,6 @@ class PhaseTimer {
   std::vector<Phase> phases_;
   std::vector<std::chrono::steady_clock::time_point> host_;  // the host clock at the interval's start and each mark since
   size_t base_ = 0;  // the token of host_[0]
-  std::chrono::steady_clock::time_point start_time_;
   std::unique_ptr<CudaEvents> cuda_;
 };
 

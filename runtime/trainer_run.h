@@ -111,6 +111,7 @@ struct Trainer::Run {
 
   // This rank's model-state bytes by kind and place (parallel/zero.h's table): ZeRO's read off its
   // buffers; otherwise 4 B of parameter, 4 B of gradient and 8 B of AdamW moments per parameter.
+  at::Tensor verdict_host;  // the verdict's host copy (pinned on a GPU), reused every step (trainer_step.cpp)
   int64_t cast_copy_bytes = 0;  // autocast's 16-bit copies of fp32 weights (runtime/precision.h)
   ModelStateBytes model_state() const {
     ModelStateBytes state = zero ? zero->memory() : ModelStateBytes{};
@@ -140,7 +141,7 @@ struct Trainer::QueuedStep {
   int64_t host_reads = 0;  // device_to_host_reads() at its start, then the reads up to its queued update
   int loss_copies = 1;     // the ranks whose losses the verdict's loss sums
   at::Tensor verdict;      // [mean loss, non-finite, norm (or summed squares)], reduced, on the device
-  at::Tensor host;         // its copy in host memory (pinned on a GPU), queued after the update
+  at::Tensor host;         // its copy in host memory (Run::verdict_host), queued after the update
   size_t mark = 0;         // the PhaseTimer mark after the update and that copy
 };
 

@@ -181,7 +181,10 @@ void Trainer::queue_update(QueuedStep& q) {
   q.comm_bytes = r.comm_bytes() - q.comm_bytes;
   // The verdict's copy to the host, queued behind the update (pinned on a GPU, so the copy does
   // not block); the mark after it is what finish_step waits for.
-  q.host = host_buffer(q.verdict.numel(), r.dev.device.is_cuda(), at::kDouble);
+  // One buffer for the run: step N is finished (its buffer read) before N + 1's update is queued.
+  // (A cudaHostAlloc per step would cost more than the read it serves.)
+  if (!r.verdict_host.defined()) r.verdict_host = host_buffer(q.verdict.numel(), r.dev.device.is_cuda(), at::kDouble);
+  q.host = r.verdict_host;
   q.host.copy_(q.verdict.to(at::kDouble), /*non_blocking=*/true);
   q.mark = r.timer->mark(Phase::Optimizer);
 }
