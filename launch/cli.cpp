@@ -93,6 +93,8 @@ const std::vector<Flag>& train_flags() {
       {"comm-init-timeout", Kind::Float, "the same for start-up and the first step", field(&TrainConfig::comm_init_timeout)},
       {"save-timeout", Kind::Float, "seconds the ranks wait while rank 0 writes or reads a checkpoint", field(&TrainConfig::save_timeout)},
       {"tp", Kind::Int, "tensor-parallel size", field(&TrainConfig::tp)},
+      {"sp", Kind::Bool, "sequence parallelism in the tensor-parallel group (Megatron's SP; needs --tp 2+)", field(&TrainConfig::sp)},
+      {"cp", Kind::Int, "context-parallel size: each sequence split over cp ranks (2 x cp must divide --seq-len)", field(&TrainConfig::cp)},
       {"pp", Kind::Int, "pipeline-parallel size (1F1B; --grad-accum micro-batches per step)", field(&TrainConfig::pp)},
       {"pp-split", Kind::String, "blocks per pipeline stage, e.g. 4,4,3 (default: balanced by count, extras to the middle stages)", field(&TrainConfig::pp_split)},
       {"zero", Kind::Int, "ZeRO stage 0-3", field(&TrainConfig::zero)},

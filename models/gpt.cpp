@@ -38,24 +38,37 @@ AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts
   c_proj = register_module("c_proj", std::make_shared<LinearImpl>(n_head_ * head_dim_, d, opts));
 }
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p) {
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true,
-                                          /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
+                            const at::Tensor& mask) {
+  return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+                                          dropout_p, /*is_causal=*/!mask.defined(), /*scale=*/std::nullopt,
+                                          /*enable_gqa=*/k.size(1) != q.size(1));
+}
+
+at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops) {
+  if (!ops.seq_rows) return at::dropout(x, p, /*train=*/true);
+  // The mask the unsplit run draws for the whole [B, T, d] (same shape, same generator state:
+  // the same draws), kept at this rank's rows; it is x's dtype, as at::dropout's own noise is.
+  const int64_t T = x.size(1) * ops.seq_split;
+  const at::Tensor whole = at::dropout(at::ones({x.size(0), T, x.size(2)}, x.options()), p, /*train=*/true);
+  return x * whole.index_select(1, ops.seq_rows(T, x.device()));
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1);
   const int64_t q_width = n_head_ * head_dim_, kv_width = n_kv_head_ * head_dim_;
   auto qkv = ops_->qkv      ? ops_->qkv(x, *c_attn)
              : ops_->column ? ops_->column(x, *c_attn)
-                            : c_attn->forward(x);  // [B, T, (H + 2 KV) h]
+                            : c_attn->forward(x);  // [B, T, (H + 2 KV) h] (sequence parallelism: every row)
+  const int64_t B = qkv.size(0), T = qkv.size(1);
   auto parts = qkv.split_with_sizes({q_width, kv_width, kv_width}, -1);
   // [B, T, heads, h] -> [B, heads, T, h], the layout SDPA expects.
   auto q = parts[0].view({B, T, n_head_, head_dim_}).transpose(1, 2);
   auto k = parts[1].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
   auto v = parts[2].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
   const double p = is_training() ? dropout_ : 0.0;
-  auto attend = [&] { return core ? core(q, k, v, p) : causal_attention(q, k, v, p); };  // [B, H, T, h]
+  at::Tensor mask;
+  if (ops_->gather_kv) std::tie(k, v, mask) = ops_->gather_kv(k, v);  // context parallelism: the whole sequence's
+  auto attend = [&] { return core ? core(q, k, v, p, mask) : causal_attention(q, k, v, p, mask); };  // [B, H, T, h]
   auto y = p > 0.0 && ops_->in_tp_region ? ops_->in_tp_region(x.device(), attend) : attend();
   y = y.transpose(1, 2).reshape({B, T, q_width});
   return ops_->row ? ops_->row(y, *c_proj) : c_proj->forward(y);
@@ -78,7 +91,8 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
   return ops_->row ? ops_->row(g, *c_proj) : c_proj->forward(g);
 }
 
-BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard) : dropout_(cfg.dropout) {
+BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard)
+    : dropout_(cfg.dropout), ops_(shard.ops) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts));
   attn = register_module("attn", std::make_shared<AttentionImpl>(cfg, opts, shard));
   ln_2 = register_module("ln_2", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts));
@@ -88,9 +102,9 @@ BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
   const bool drop = is_training() && dropout_ > 0.0;
   auto a = attn->forward(ln_1->forward(x));
-  auto y = x + (drop ? at::dropout(a, dropout_, true) : a);
+  auto y = x + (drop ? residual_dropout(a, dropout_, *ops_) : a);
   auto m = mlp->forward(ln_2->forward(y));
-  return y + (drop ? at::dropout(m, dropout_, true) : m);
+  return y + (drop ? residual_dropout(m, dropout_, *ops_) : m);
 }
 
 GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts, ModelShard shard) : cfg_(cfg), shard_(std::move(shard)) {
@@ -171,8 +185,10 @@ at::Tensor GPT::embed(const at::Tensor& idx) {
     throw ConfigError("sequence of " + std::to_string(T) + " tokens is longer than the model's context (" +
                       std::to_string(cfg_.seq_len) + ")");
   }
-  auto x = (shard_.ops->embed ? shard_.ops->embed(idx, wte) : at::embedding(wte, idx)) + wpe.narrow(0, 0, T);
-  if (is_training() && cfg_.dropout > 0.0) x = at::dropout(x, cfg_.dropout, true);
+  const LayerOps& ops = *shard_.ops;
+  at::Tensor x = ops.embed ? ops.embed(idx, wte) : at::embedding(wte, idx);  // [B, T_local, d]
+  x = x + (ops.seq_rows ? wpe.index_select(0, ops.seq_rows(x.size(1) * ops.seq_split, x.device())) : wpe.narrow(0, 0, T));
+  if (is_training() && cfg_.dropout > 0.0) x = residual_dropout(x, cfg_.dropout, ops);
   return x;
 }
 
@@ -194,12 +210,20 @@ at::Tensor GPT::logits(const at::Tensor& idx) { return at::linear(hidden(idx), w
 
 at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
   if (!shard_.whole_model()) throw Error("GPT::loss: a pipeline stage runs embed / run_blocks / head_loss");
+  if (shard_.ops->local_tokens) {  // context parallelism: this rank's positions; the loss is their mean
+    if (idx.size(1) > cfg_.seq_len) {
+      throw ConfigError("sequence of " + std::to_string(idx.size(1)) + " tokens is longer than the model's context (" +
+                        std::to_string(cfg_.seq_len) + ")");
+    }
+    return head_loss(run_blocks(embed(shard_.ops->local_tokens(idx))), shard_.ops->local_tokens(targets));
+  }
   return head_loss(run_blocks(embed(idx)), targets);
 }
 
 at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets) {
   if (!shard_.head) throw Error("GPT::head_loss: this pipeline stage does not hold the output layer");
   auto x = ln_f->forward(x_in);
+  if (shard_.ops->gather_sequence) x = shard_.ops->gather_sequence(x);  // sequence parallelism: every position
   if (shard_.ops->loss) return shard_.ops->loss(x.reshape({-1, x.size(-1)}), wte, targets.reshape({-1}));
   const auto x2 = x.reshape({-1, x.size(-1)});
   if (loss_chunk_rows < 0) return plain_linear_cross_entropy(x2, wte, targets.reshape({-1}), cfg_.vocab_size);

@@ -24,6 +24,11 @@
 // through the LayerOps it is given; parallel/tensor_parallel.h makes both. With the default
 // shard (tp = 1, empty ops) the model is the plain one.
 //
+// Sequence and context parallelism enter through the same LayerOps: the residual stream then
+// holds some positions of each sequence (LayerOps::seq_rows); the model takes those positions'
+// embeddings and dropout masks, and lets the ops gather what a layer needs whole (the tp layers'
+// inputs, the attention's keys and values, the head's input).
+//
 // Pipeline parallelism enters through ModelShard too: a stage holds blocks [block_begin,
 // block_end) (their parameters keep their whole-model names, h.<i>...), the first stage also the
 // embedding (wte, wpe), the last one ln_f and the tied output layer (its own copy of wte). A
@@ -35,6 +40,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -73,6 +79,28 @@ struct LayerOps {
   // region: with a random stream of this rank's own, so ranks holding different heads draw
   // different masks. Tensors on `device`.
   std::function<at::Tensor(c10::Device, const std::function<at::Tensor()>&)> in_tp_region;
+
+  // ---- a split sequence (parallel/sequence_parallel.h, parallel/context_parallel.h) ----
+  // The residual stream holds 1 / seq_split of each sequence's positions: the sequence's T
+  // positions are T_local x seq_split. seq_rows(T, device): which positions (int64 [T_local]),
+  // in the order the rank holds them; the model takes its position embeddings and draws its
+  // residual dropout masks by them (each mask drawn for the whole [B, T, d] and this rank's rows
+  // kept, so a split run draws the masks the unsplit one does). Empty: the whole sequence.
+  int64_t seq_split = 1;
+  std::function<at::Tensor(int64_t, c10::Device)> seq_rows;
+  // The model's input rows for this rank: [B, T] token ids (or targets) -> [B, T_local] (context
+  // parallelism: GPT::loss applies it). Empty: the whole sequence.
+  std::function<at::Tensor(const at::Tensor&)> local_tokens;
+  // Before the head's output layer: this rank's rows of ln_f(x) -> the whole sequence's
+  // (sequence parallelism: an all-gather over tp). Empty: as is.
+  std::function<at::Tensor(const at::Tensor&)> gather_sequence;
+  // The attention's keys and values [B, KV, T_local, h] -> those of the whole sequence [B, KV,
+  // T, h], with the mask [T_local, T] (true: attend) that keeps attention causal for this rank's
+  // query positions (context parallelism). Empty: local causal attention.
+  std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&)> gather_kv;
+  // The ops for decoding with a KV cache (models/kv_cache.h), which runs whole sequences of
+  // one token and cannot split them; null: these.
+  std::shared_ptr<const LayerOps> unsplit;
 };
 
 // This rank's part of a tensor-parallel model: tp ranks split the attention heads, the MLP
@@ -99,17 +127,22 @@ class LayerNormImpl : public torch::nn::Module {
 
 // The attention core: causal softmax(q k^T / sqrt(h)) v, dropout p on the probabilities, by
 // scaled_dot_product_attention. q [B, H, T, h], k and v [B, KV, T, h] -> [B, H, T, h]; each kv
-// head serves H / KV consecutive query heads.
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p);
+// head serves H / KV consecutive query heads. With `mask` ([Tq, Tk] bool, true: attend; context
+// parallelism's queries against the whole sequence's keys) the mask replaces the causal rule.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
+                            const at::Tensor& mask = {});
+// Residual dropout of x [B, T_local, d] under `ops`: at::dropout, or with a split sequence the
+// whole sequence's mask at this rank's rows (LayerOps::seq_rows).
+at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops);
 
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {});
   at::Tensor forward(const at::Tensor& x);  // [B, T, d] -> [B, T, d]
   std::shared_ptr<LinearImpl> c_attn, c_proj;
-  // Hook for the attention core, called as core(q, k, v, dropout_p) with causal_attention's
-  // shapes; empty: causal_attention. (Set by parallel/activation_checkpoint.h.)
-  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)> core;
+  // Hook for the attention core, called as core(q, k, v, dropout_p, mask) with causal_attention's
+  // arguments; empty: causal_attention. (Set by parallel/activation_checkpoint.h.)
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&)> core;
   // This rank's query and key/value heads, and the head width (models/kv_cache.h reads them).
   int64_t n_head() const { return n_head_; }
   int64_t n_kv_head() const { return n_kv_head_; }
@@ -145,6 +178,7 @@ class BlockImpl : public torch::nn::Module {
 
  private:
   double dropout_;
+  std::shared_ptr<const LayerOps> ops_;
 };
 
 class GPT : public torch::nn::Module {

@@ -77,7 +77,7 @@ at::Tensor forward_cached(GPT& model, const at::Tensor& idx, KVCache& cache) {
     throw ConfigError("positions [" + std::to_string(P) + ", " + std::to_string(P + n) + ") pass the cache's " +
                       std::to_string(cache.capacity()) + " (the model's context is " + std::to_string(model.config().seq_len) + ")");
   }
-  const LayerOps& ops = *model.shard().ops;
+  const LayerOps& ops = model.shard().ops->unsplit ? *model.shard().ops->unsplit : *model.shard().ops;
   at::Tensor x = (ops.embed ? ops.embed(idx, model.wte) : at::embedding(model.wte, idx)) + model.wpe.narrow(0, P, n);
   size_t layer = 0;
   for (const auto& block : model.blocks()) x = cached_block(*block, ops, x, layer++, cache);

@@ -314,9 +314,10 @@ void apply_activation_checkpointing(GPT& model, ActivationCheckpointing mode, Ch
     case ActivationCheckpointing::Selective:
       for (const auto& b : model.blocks()) {
         auto& block = *b;
-        block.attn->core = [opts](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double p) {
-          CheckpointFn core = [p](const std::vector<at::Tensor>& in) {
-            return std::vector<at::Tensor>{causal_attention(in[0], in[1], in[2], p)};
+        block.attn->core = [opts](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double p,
+                                  const at::Tensor& mask) {
+          CheckpointFn core = [p, mask](const std::vector<at::Tensor>& in) {
+            return std::vector<at::Tensor>{causal_attention(in[0], in[1], in[2], p, mask)};
           };
           return checkpoint(std::move(core), {q, k, v}, opts)[0];
         };

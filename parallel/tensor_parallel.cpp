@@ -13,6 +13,8 @@
 #include <ATen/Context.h>
 
 #include "models/gpt.h"
+#include "parallel/group_capsule.h"
+#include "parallel/sequence_parallel.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "runtime/error.h"
@@ -24,17 +26,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The group travels to backward in a capsule (ctx->saved_data holds IValues only).
-struct GroupHolder : torch::CustomClassHolder {
-  explicit GroupHolder(std::shared_ptr<Communicator> c) : comm(std::move(c)) {}
-  std::shared_ptr<Communicator> comm;
-};
-at::IValue capsule(const std::shared_ptr<Communicator>& tp) {
-  return at::IValue::make_capsule(c10::make_intrusive<GroupHolder>(tp));
-}
-Communicator& group_of(AutogradContext* ctx) {
-  return *c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["tp"].toCapsule())->comm;
-}
+at::IValue capsule(const std::shared_ptr<Communicator>& tp) { return group_capsule(tp); }
+Communicator& group_of(AutogradContext* ctx) { return group_in(ctx->saved_data["tp"]); }
 
 // A summed copy of t over the group (t itself is left alone).
 at::Tensor all_reduced(const at::Tensor& t, Communicator& tp, ReduceOp op = ReduceOp::Sum) {
@@ -56,7 +49,7 @@ struct CopyToTp : public torch::autograd::Function<CopyToTp> {
 struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::IValue tp) {
     ctx->saved_data["tp"] = tp;
-    return all_reduced(x, *c10::static_intrusive_pointer_cast<GroupHolder>(tp.toCapsule())->comm);
+    return all_reduced(x, group_in(tp));
   }
   static variable_list backward(AutogradContext* /*ctx*/, variable_list grads) { return {grads[0], at::Tensor()}; }
 };
@@ -87,7 +80,7 @@ struct SumOverKvSharers : public torch::autograd::Function<SumOverKvSharers> {
 struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
                             int64_t vocab_start, int64_t vocab, at::IValue tp_capsule) {
-    auto& tp = *c10::static_intrusive_pointer_cast<GroupHolder>(tp_capsule.toCapsule())->comm;
+    auto& tp = group_in(tp_capsule);
     const int64_t rows = logits.size(1);
     at::Tensor z = logits.to(at::kFloat);
     if (vocab_start + rows > vocab) {  // padding columns: out of the softmax
@@ -146,13 +139,19 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, co
   return bias.defined() ? y + bias : y;
 }
 
-at::Tensor vocab_parallel_embedding(const at::Tensor& ids, const at::Tensor& table, int64_t vocab_start,
-                                    const std::shared_ptr<Communicator>& tp) {
+namespace {
+// This rank's part of the embedding: ids outside its vocabulary rows look up zero.
+at::Tensor partial_embedding(const at::Tensor& ids, const at::Tensor& table, int64_t vocab_start) {
   at::Tensor local = ids - vocab_start;
   const at::Tensor outside = local.lt(0).logical_or(local.ge(table.size(0)));
   local = local.masked_fill(outside, 0);
-  at::Tensor partial = at::embedding(table, local).masked_fill(outside.unsqueeze(-1), 0.0);
-  return reduce_from_tp(partial, tp);
+  return at::embedding(table, local).masked_fill(outside.unsqueeze(-1), 0.0);
+}
+}  // namespace
+
+at::Tensor vocab_parallel_embedding(const at::Tensor& ids, const at::Tensor& table, int64_t vocab_start,
+                                    const std::shared_ptr<Communicator>& tp) {
+  return reduce_from_tp(partial_embedding(ids, table, vocab_start), tp);
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
@@ -180,11 +179,6 @@ void check_tensor_parallel(const GPTConfig& cfg, int64_t tp) {
   need(cfg.padded_vocab_size(), "the padded vocabulary");
 }
 
-namespace {
-// Runs fn with the device's default generator forked for tp rank `rank`: seeded from a hash of
-// the generator's current state (the same on every tp rank: the replicated region draws alike)
-// and the rank, then restored, so the main stream is as if fn had drawn nothing. Deterministic:
-// activation checkpointing replays the same state, hence the same fork.
 at::Tensor with_rank_rng(c10::Device device, int64_t rank, const std::function<at::Tensor()>& fn) {
   at::Generator gen = device.is_cuda() ? at::globalContext().defaultGenerator(device) : at::detail::getDefaultCPUGenerator();
   at::Tensor saved;
@@ -209,42 +203,66 @@ at::Tensor with_rank_rng(c10::Device device, int64_t rank, const std::function<a
   gen.set_state(saved);
   return out;
 }
-}  // namespace
 
-ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_ptr<Communicator>& tp) {
+ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_ptr<Communicator>& tp, bool sequence_parallel) {
   check_tensor_parallel(cfg, tp->size());
   ModelShard shard;
   shard.tp = tp->size();
   shard.rank = tp->rank();
-  const int64_t rows = cfg.padded_vocab_size() / shard.tp, vocab_start = shard.rank * rows, vocab = cfg.vocab_size;
-  auto ops = std::make_shared<LayerOps>();
-  ops->column = [tp](const at::Tensor& x, const LinearImpl& l) { return column_parallel_linear(x, l.weight, l.bias, tp); };
-  ops->row = [tp](const at::Tensor& x, const LinearImpl& l) { return row_parallel_linear(x, l.weight, l.bias, tp); };
-  ops->embed = [tp, vocab_start](const at::Tensor& idx, const at::Tensor& wte) {
-    return vocab_parallel_embedding(idx, wte, vocab_start, tp);
-  };
-  ops->loss = [tp, vocab_start, vocab](const at::Tensor& hidden, const at::Tensor& wte, const at::Tensor& targets) {
-    // The tied output layer is column-parallel (this rank's vocabulary rows); the logits stay split.
-    return vocab_parallel_cross_entropy(at::linear(copy_to_tp(hidden, tp), wte), targets, vocab_start, vocab, tp);
-  };
-  ops->reduce = [tp](const at::Tensor& partial) { return reduce_from_tp(partial, tp); };
-  if (cfg.n_kv_head < shard.tp) {
-    // Replicated kv heads: rank r keeps head r KV / t; its k and v rows' gradients are summed
-    // over the t / KV ranks that share the head, so every copy takes the same step.
-    const int64_t q_rows = cfg.n_head / shard.tp * cfg.head_dim(), kv = cfg.n_kv_head;
-    const int64_t head = shard.rank * kv / shard.tp;
-    ops->qkv = [tp, q_rows, head, kv](const at::Tensor& x, const LinearImpl& l) {
-      auto tie = [&](const at::Tensor& w) {
-        const int64_t rest = w.size(0) - q_rows;
-        return at::cat({w.narrow(0, 0, q_rows), SumOverKvSharers::apply(w.narrow(0, q_rows, rest), head, kv, capsule(tp))});
-      };
-      return column_parallel_linear(x, tie(l.weight), tie(l.bias), tp);
+  const int64_t t = shard.tp, rows = cfg.padded_vocab_size() / t, vocab_start = shard.rank * rows, vocab = cfg.vocab_size;
+  // The tp layers' two collectives: where a column-parallel layer takes its input, where a
+  // row-parallel layer's partial products are summed. Plain tp: identity / all-reduce (backward:
+  // all-reduce / identity); sequence parallelism: all-gather / reduce-scatter of the rows
+  // (parallel/sequence_parallel.h).
+  using Fn = std::function<at::Tensor(const at::Tensor&)>;
+  auto make_ops = [&](Fn enter, Fn leave, Fn head_enter) {
+    auto ops = std::make_shared<LayerOps>();
+    ops->column = [enter](const at::Tensor& x, const LinearImpl& l) { return at::linear(enter(x), l.weight, l.bias); };
+    ops->row = [leave](const at::Tensor& x, const LinearImpl& l) { return leave(at::linear(x, l.weight)) + l.bias; };
+    ops->embed = [leave, vocab_start](const at::Tensor& idx, const at::Tensor& wte) {
+      return leave(partial_embedding(idx, wte, vocab_start));
     };
-  }
-  ops->in_tp_region = [r = shard.rank](c10::Device device, const std::function<at::Tensor()>& fn) {
-    return with_rank_rng(device, r, fn);
+    ops->loss = [tp, head_enter, vocab_start, vocab](const at::Tensor& hidden, const at::Tensor& wte, const at::Tensor& targets) {
+      // The tied output layer is column-parallel (this rank's vocabulary rows); the logits stay split.
+      return vocab_parallel_cross_entropy(at::linear(head_enter(hidden), wte), targets, vocab_start, vocab, tp);
+    };
+    ops->reduce = leave;
+    if (cfg.n_kv_head < t) {
+      // Replicated kv heads: rank r keeps head r KV / t; its k and v rows' gradients are summed
+      // over the t / KV ranks that share the head, so every copy takes the same step.
+      const int64_t q_rows = cfg.n_head / t * cfg.head_dim(), kv = cfg.n_kv_head;
+      const int64_t head = shard.rank * kv / t;
+      ops->qkv = [tp, enter, q_rows, head, kv](const at::Tensor& x, const LinearImpl& l) {
+        auto tie = [&](const at::Tensor& w) {
+          const int64_t rest = w.size(0) - q_rows;
+          return at::cat({w.narrow(0, 0, q_rows), SumOverKvSharers::apply(w.narrow(0, q_rows, rest), head, kv, capsule(tp))});
+        };
+        return at::linear(enter(x), tie(l.weight), tie(l.bias));
+      };
+    }
+    ops->in_tp_region = [r = shard.rank](c10::Device device, const std::function<at::Tensor()>& fn) {
+      return with_rank_rng(device, r, fn);
+    };
+    return ops;
   };
-  shard.ops = std::move(ops);
+  Fn copy_in = [tp](const at::Tensor& x) { return copy_to_tp(x, tp); };
+  Fn reduce_out = [tp](const at::Tensor& x) { return reduce_from_tp(x, tp); };
+  auto plain = make_ops(copy_in, reduce_out, copy_in);
+  if (!sequence_parallel) {
+    shard.ops = std::move(plain);
+    return shard;
+  }
+  Fn gather = [tp](const at::Tensor& x) { return all_gather_rows(x, 1, tp); };
+  Fn scatter = [tp](const at::Tensor& x) { return reduce_scatter_rows(x, 1, tp); };
+  auto sp = make_ops(gather, scatter, [](const at::Tensor& x) { return x; });  // the head's input is gathered before ln_f's output is flattened
+  sp->gather_sequence = gather;
+  sp->seq_split = t;
+  sp->seq_rows = [t, r = shard.rank](int64_t T, c10::Device device) {
+    const int64_t n = T / t;
+    return at::arange(r * n, (r + 1) * n, at::TensorOptions().dtype(at::kLong).device(device));
+  };
+  sp->unsplit = std::move(plain);
+  shard.ops = std::move(sp);
   return shard;
 }
 

@@ -68,6 +68,12 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
                                         int64_t vocab, const std::shared_ptr<Communicator>& tp);
 
 // ---- the model ---------------------------------------------------------------------------
+// Runs fn with the device's default generator forked for `rank`: seeded from a hash of the
+// generator's current state (the same on every rank of a group: the replicated region draws
+// alike) and the rank, then restored, so the main stream is as if fn had drawn nothing.
+// Deterministic: activation checkpointing replays the same state, hence the same fork.
+at::Tensor with_rank_rng(c10::Device device, int64_t rank, const std::function<at::Tensor()>& fn);
+
 // The layer factory: this rank's ModelShard (models/gpt.h) -- its slice sizes and the LayerOps
 // above, bound to the tp group. Split: attention heads (c_attn by output rows, q, k and v heads
 // each divided; attn.c_proj by input columns), the MLP width (c_fc rows, mlp.c_proj columns),
@@ -88,7 +94,11 @@ struct GPTConfig;
 // ConfigError, one line, when tp does not divide the heads, the kv heads, d_model, the MLP
 // width or the padded vocabulary.
 void check_tensor_parallel(const GPTConfig& cfg, int64_t tp);
-ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_ptr<Communicator>& tp);
+// sequence_parallel: Megatron's SP (parallel/sequence_parallel.h): the residual stream split by
+// rows over tp, the ops' collectives all-gathers and reduce-scatters; the caller also calls
+// sum_replicated_gradients_over_tp on the model.
+ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_ptr<Communicator>& tp,
+                                      bool sequence_parallel = false);
 // Rank r's slice of whole-model parameter `name` under t-way tensor parallelism (w: its whole
 // tensor; w itself when the parameter is replicated or t is 1).
 at::Tensor tp_slice_of(const std::string& name, const at::Tensor& w, const GPTConfig& cfg, int64_t t, int64_t r);

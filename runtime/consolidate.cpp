@@ -62,7 +62,7 @@ at::Tensor WholeModel::local_part(const at::Tensor& param, CheckpointPart part) 
     }
     return zero_->gather_param(param, state_part(part));  // collective over dp
   }
-  if (mesh_ && mesh_->coord().dp != 0) return at::Tensor();
+  if (mesh_ && (mesh_->coord().dp != 0 || mesh_->coord().cp != 0)) return at::Tensor();  // dp and cp replicate it
   return own_state(param, part);
 }
 
@@ -85,8 +85,8 @@ at::Tensor WholeModel::gather(const std::string& name, CheckpointPart part) {
     const auto it = local_.find(name);
     if (it == local_.end()) throw Error("checkpoint: stage " + std::to_string(stage) + " lacks parameter " + name);
     const at::Tensor* param = &it->second;
-    const at::Tensor local = local_part(*param, part);  // defined on dp rank 0
-    if (me.dp == 0) {
+    const at::Tensor local = local_part(*param, part);  // defined on dp rank 0, cp rank 0
+    if (me.dp == 0 && me.cp == 0) {
       if (shape.tp > 1 && part != CheckpointPart::Step && is_tensor_parallel(name)) {
         const at::Tensor mine = to_device(local.contiguous(), device_);
         at::Tensor all = at::empty({shape.tp * mine.numel()}, mine.options());
@@ -102,7 +102,7 @@ at::Tensor WholeModel::gather(const std::string& name, CheckpointPart part) {
       }
     }
   }
-  const int writer_rank = stage * shape.dp * shape.tp;  // (stage, dp 0, tp 0): runtime/mesh.h's order
+  const int writer_rank = stage * shape.dp * shape.cp * shape.tp;  // (stage, dp 0, cp 0, tp 0): runtime/mesh.h's order
   const int rank = mesh_ ? mesh_->world()->rank() : 0;
   if (writer_rank != 0 && (rank == 0 || rank == writer_rank)) {
     if (!host_) throw Error("checkpoint: gathering a pipeline stage needs the host group");

@@ -5,30 +5,49 @@
 
 namespace kiln {
 
-MeshShape MeshShape::resolve(int world, int tp, int pp) {
-  if (tp < 1 || pp < 1 || world < 1 || world % (tp * pp) != 0) {
+MeshShape MeshShape::resolve(int world, int tp, int pp, int cp) {
+  if (tp < 1 || pp < 1 || cp < 1 || world < 1 || world % (tp * pp * cp) != 0) {
+    const std::string cp_part = cp > 1 ? " x cp " + std::to_string(cp) : "";
     throw ConfigError("layout does not divide the world: world " + std::to_string(world) + " ranks, tp " +
-                      std::to_string(tp) + " x pp " + std::to_string(pp) + " = " + std::to_string(tp * pp) +
-                      " (dp = world / (tp x pp) must be a whole number)");
+                      std::to_string(tp) + " x pp " + std::to_string(pp) + cp_part + " = " + std::to_string(tp * pp * cp) +
+                      " (dp = world / (tp x pp" + (cp > 1 ? " x cp" : "") + ") must be a whole number)");
   }
-  return MeshShape{world / (tp * pp), tp, pp};
+  return MeshShape{world / (tp * pp * cp), tp, pp, cp};
 }
 
 MeshCoord coord_of(int rank, const MeshShape& s) {
-  return MeshCoord{(rank / s.tp) % s.dp, rank % s.tp, rank / (s.tp * s.dp)};
+  MeshCoord c;
+  c.tp = rank % s.tp;
+  c.cp = (rank / s.tp) % s.cp;
+  c.dp = (rank / (s.tp * s.cp)) % s.dp;
+  c.pp = rank / (s.tp * s.cp * s.dp);
+  return c;
 }
 
 Mesh::Mesh(std::shared_ptr<Communicator> world, MeshShape shape) : world_(std::move(world)), shape_(shape) {
   const int r = world_->rank();
-  if (world_->size() != shape.dp * shape.tp * shape.pp) {
-    throw ConfigError("mesh dp " + std::to_string(shape.dp) + " x tp " + std::to_string(shape.tp) + " x pp " +
-                      std::to_string(shape.pp) + " does not match the world of " + std::to_string(world_->size()));
+  if (world_->size() != shape.dp * shape.cp * shape.tp * shape.pp) {
+    throw ConfigError("mesh dp " + std::to_string(shape.dp) + " x cp " + std::to_string(shape.cp) + " x tp " +
+                      std::to_string(shape.tp) + " x pp " + std::to_string(shape.pp) + " does not match the world of " +
+                      std::to_string(world_->size()));
   }
   coord_ = coord_of(r, shape);
-  // A group is the ranks whose other two coordinates agree: that pair is the split color.
-  dp_ = world_->split(coord_.pp * shape.tp + coord_.tp, coord_.dp, "dp");
-  tp_ = world_->split(coord_.pp * shape.dp + coord_.dp, coord_.tp, "tp");
-  pp_ = world_->split(coord_.dp * shape.tp + coord_.tp, coord_.pp, "pp");
+  const MeshCoord& c = coord_;
+  // A group is the ranks whose other coordinates agree: those make the split color. Every rank
+  // makes every split (MPI_Comm_split is collective over world), in the same order.
+  dp_ = world_->split((c.pp * shape.cp + c.cp) * shape.tp + c.tp, c.dp, "dp");
+  tp_ = world_->split((c.pp * shape.dp + c.dp) * shape.cp + c.cp, c.tp, "tp");
+  pp_ = world_->split((c.dp * shape.cp + c.cp) * shape.tp + c.tp, c.pp, "pp");
+  if (shape.cp > 1) {
+    cp_ = world_->split((c.pp * shape.dp + c.dp) * shape.tp + c.tp, c.cp, "cp");
+    dp_cp_ = world_->split(c.pp * shape.tp + c.tp, c.dp * shape.cp + c.cp, "dp_cp");
+  }
+}
+
+int64_t Mesh::bytes_sent() const {
+  int64_t b = world_->stats().bytes + dp_->stats().bytes + tp_->stats().bytes + pp_->stats().bytes;
+  if (cp_) b += cp_->stats().bytes + dp_cp_->stats().bytes;
+  return b;
 }
 
 }  // namespace kiln

@@ -78,6 +78,17 @@ void TrainConfig::validate() const {
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
   at_least("tp", tp, int64_t{1});
   at_least("pp", pp, int64_t{1});
+  at_least("cp", cp, int64_t{1});
+  if (sp && tp < 2) throw ConfigError("--sp splits the sequence over the tensor-parallel group: it needs --tp 2 or more");
+  if (sp && gpt.seq_len % tp != 0) {
+    throw ConfigError("--sp needs --tp " + std::to_string(tp) + " to divide the sequence length (" + std::to_string(gpt.seq_len) + ")");
+  }
+  if (cp > 1 && gpt.seq_len % (2 * cp) != 0) {
+    throw ConfigError("--cp " + std::to_string(cp) + " needs the sequence length (" + std::to_string(gpt.seq_len) +
+                      ") to divide into 2 x cp = " + std::to_string(2 * cp) + " chunks (each rank holds two)");
+  }
+  if (cp > 1 && pp > 1) throw ConfigError("--cp with --pp is not built (context parallelism runs the whole model on each rank): use --cp with --tp, dp and ZeRO");
+  if (cp > 1 && sp) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
 
   pipeline_block_counts(gpt.n_layer, pp, pp_split);  // pp above the blocks, or a bad --pp-split
@@ -154,6 +165,8 @@ nlohmann::json TrainConfig::to_json() const {
   j["save_timeout"] = save_timeout;
   j["tp"] = tp;
   j["pp"] = pp;
+  j["sp"] = sp;
+  j["cp"] = cp;
   j["pp_split"] = pp_split;
   j["zero"] = zero;
   j["offload"] = offload;

@@ -53,7 +53,9 @@ struct TrainConfig {
   double comm_init_timeout = 900.0;  // the same, for start-up and the first step
   double save_timeout = 1800.0;      // seconds the other ranks wait while rank 0 writes or reads a
                                      // checkpoint (collectives of a save or load, not --comm-timeout)
-  int64_t tp = 1, pp = 1;        // tensor / pipeline parallel sizes; dp = world / (tp pp)
+  int64_t tp = 1, pp = 1;        // tensor / pipeline parallel sizes; dp = world / (cp tp pp)
+  bool sp = false;               // sequence parallelism in the tp group (parallel/sequence_parallel.h)
+  int64_t cp = 1;                // context-parallel size: each sequence split over cp ranks
   std::string pp_split;          // blocks per pipeline stage, "4,4,3"; empty = balanced by count
   int64_t zero = 0;              // ZeRO stage 0..3
   std::string offload = "none";  // none | optimizer (ZeRO 1-3) | all (ZeRO-3)

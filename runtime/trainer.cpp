@@ -32,6 +32,8 @@
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/sequence_parallel.h"
+#include "parallel/context_parallel.h"
 #include "parallel/zero.h"
 #include "runtime/backend_choice.h"
 #include "runtime/checkpoint.h"
@@ -89,13 +91,14 @@ Trainer::~Trainer() = default;
 void Trainer::setup() {
   run_ = std::make_unique<Run>();
   Run& r = *run_;
-  if (!proc_.mpi && cfg_.tp * cfg_.pp > 1) {
-    const int64_t n = cfg_.tp * cfg_.pp;
-    throw ConfigError("--tp " + std::to_string(cfg_.tp) + " x --pp " + std::to_string(cfg_.pp) + " needs " + std::to_string(n) +
+  if (!proc_.mpi && cfg_.tp * cfg_.pp * cfg_.cp > 1) {
+    const int64_t n = cfg_.tp * cfg_.pp * cfg_.cp;
+    throw ConfigError("--tp " + std::to_string(cfg_.tp) + " x --pp " + std::to_string(cfg_.pp) +
+                      (cfg_.cp > 1 ? " x --cp " + std::to_string(cfg_.cp) : std::string()) + " needs " + std::to_string(n) +
                       " ranks: launch with mpirun -np " + std::to_string(n) + " (or a multiple of " + std::to_string(n) +
                       " for data parallelism as well)");
   }
-  r.shape = MeshShape::resolve(proc_.world_size, static_cast<int>(cfg_.tp), static_cast<int>(cfg_.pp));
+  r.shape = MeshShape::resolve(proc_.world_size, static_cast<int>(cfg_.tp), static_cast<int>(cfg_.pp), static_cast<int>(cfg_.cp));
   r.dev = select_device(cfg_.device, proc_.local_rank);
   r.precision = parse_precision(cfg_.precision);
   const c10::Device device = r.dev.device;
@@ -161,10 +164,13 @@ void Trainer::setup() {
   // time and keeps its part, so every layout starts from the same weights.
   r.stage_blocks = pipeline_block_counts(cfg_.gpt.n_layer, r.shape.pp, cfg_.pp_split);
   {
-    ModelShard shard = r.shape.tp > 1 ? make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp()) : ModelShard{};
+    ModelShard shard = r.shape.tp > 1 ? make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp(), cfg_.sp) : ModelShard{};
+    if (r.shape.cp > 1) shard = make_context_parallel(std::move(shard), cfg_.gpt, r.mesh->cp());
     if (r.shape.pp > 1) shard = pipeline_stage_shard(std::move(shard), r.stage_blocks, r.mesh->coord().pp);
     r.model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), std::move(shard));
     r.model->init_weights(cfg_.seed, r.shape.tp > 1 ? tp_slicer(cfg_.gpt, r.shape.tp, r.mesh->coord().tp) : nullptr);
+    // Sequence parallelism: the replicated parameters see their rank's rows; their gradients are summed over tp.
+    if (cfg_.sp) sum_replicated_gradients_over_tp(*r.model, r.mesh->tp());
   }
   if (cfg_.zero == 0) module_to_device(*r.model, device);
   r.model->loss_chunk_rows = cfg_.loss_chunk_rows;
@@ -179,8 +185,8 @@ void Trainer::setup() {
     // model's parameters (optim/adamw.h); gradients then accumulate in the masters' fp32 .grad.
     r.optimizer = std::make_unique<AdamW>(r.params, adam, dtype_named(cfg_.resolved_param_dtype()));
     r.grads = r.optimizer->grad_targets();
-    if (r.mesh && (r.shape.dp > 1 || explicit_backend)) {
-      r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp(), DDPConfig{},
+    if (r.mesh && (r.shape.grad_ranks() > 1 || explicit_backend)) {  // over dp x cp (runtime/mesh.h)
+      r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp_cp(), DDPConfig{},
                                                         r.optimizer->has_masters() ? r.grads : std::vector<at::Tensor>{},
                                                         dtype_named(cfg_.reduce_dtype));
       r.ddp->broadcast_parameters();
@@ -208,7 +214,7 @@ void Trainer::setup() {
     }
     zc.param_dtype = dtype_named(cfg_.resolved_param_dtype());  // 16-bit: fp32 master shards with the moments
     zc.reduce_dtype = dtype_named(cfg_.reduce_dtype);
-    r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp(), zc, adam);
+    r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp_cp(), zc, adam);  // sharded over dp x cp
   }
   if (cfg_.resolved_param_dtype() == "fp32" && r.precision != Precision::FP32) {
     std::vector<std::pair<std::string, int64_t>> named;
@@ -294,6 +300,11 @@ double Trainer::evaluate(int64_t step) {
       auto batch = r.val_loader->get(b, 0);
       AutocastScope autocast(r.precision, device.type());
       total += r.model->loss(to_device(batch.inputs, device), to_device(batch.targets, device)).to(at::kFloat);
+    }
+    if (r.shape.cp > 1) {  // each cp rank's loss is the mean over its positions: the whole mean is their average
+      total = total.reshape({1});
+      r.mesh->cp()->all_reduce(total, ReduceOp::Avg)->wait();
+      total = total[0];
     }
     if (r.zero) r.zero->end_forward_only();
     r.model->train();

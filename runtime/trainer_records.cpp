@@ -37,7 +37,7 @@ void Trainer::log_config() {
   r.log.write({{"type", "config"},
                {"config", cfg_.to_json()},
                {"world", {{"size", proc_.world_size}, {"dp", r.shape.dp}, {"tp", r.shape.tp}, {"pp", r.shape.pp},
-                          {"backend", r.backend}, {"ddp_buckets", r.ddp ? r.ddp->num_buckets() : 0}}},
+                          {"sp", cfg_.sp}, {"cp", r.shape.cp}, {"backend", r.backend}, {"ddp_buckets", r.ddp ? r.ddp->num_buckets() : 0}}},
                {"pipeline", {{"stages", r.shape.pp}, {"blocks", r.stage_blocks},
                              {"bubble", bubble_fraction(r.shape.pp, static_cast<int>(cfg_.grad_accum))}}},
                {"zero", {{"stage", cfg_.zero}, {"offload", cfg_.offload}, {"accum", cfg_.zero_accum},

@@ -126,9 +126,7 @@ struct Trainer::Run {
   }
 
   int64_t comm_bytes() const {
-    return mesh ? mesh->world()->stats().bytes + mesh->dp()->stats().bytes + mesh->tp()->stats().bytes +
-                      mesh->pp()->stats().bytes
-                : int64_t{0};
+    return mesh ? mesh->bytes_sent() : int64_t{0};
   }
 };
 

@@ -136,9 +136,10 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   // rank's squared norm covers its tp slice, replicated parameters weighted 1/tp. Pipeline: over
   // the world, the loss coming from the last stage alone.
   const bool over_world = r.pipe || (r.zero && r.shape.tp > 1);
-  Communicator* verdict_group = over_world ? r.mesh->world().get() : r.mesh ? r.mesh->dp().get() : nullptr;
+  // Context parallelism: over dp x cp, each cp rank's loss being the mean over its positions.
+  Communicator* verdict_group = over_world ? r.mesh->world().get() : r.mesh ? r.mesh->dp_cp().get() : nullptr;
   if (r.pipe && !r.pipe->last()) verdict[0].zero_();
-  const bool reduce_verdict = r.mesh && (r.shape.dp > 1 || r.zero || r.pipe);
+  const bool reduce_verdict = r.mesh && (r.shape.grad_ranks() > 1 || r.zero || r.pipe);
   if (reduce_verdict) {
     auto reduced = verdict.narrow(0, 0, r.zero || r.pipe ? 3 : 2);  // a contiguous view
     const auto t0 = Clock::now();

@@ -1,0 +1,64 @@
+// parallel/context_parallel.cpp -- the rank's positions, the K/V all-gather and the mask.
+#include "parallel/context_parallel.h"
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <tuple>
+
+#include "models/gpt.h"
+#include "parallel/sequence_parallel.h"
+#include "parallel/tensor_parallel.h"
+#include "runtime/error.h"
+
+namespace kiln {
+
+void check_context_parallel(const GPTConfig& cfg, int64_t cp) {
+  if (cp < 1) throw ConfigError("--cp must be at least 1 (got " + std::to_string(cp) + ")");
+  if (cfg.seq_len % (2 * cp) != 0) {
+    throw ConfigError("--cp " + std::to_string(cp) + " needs the sequence length (" + std::to_string(cfg.seq_len) +
+                      ") to divide into 2 x cp = " + std::to_string(2 * cp) + " chunks (each rank holds two)");
+  }
+}
+
+at::Tensor context_positions(int64_t T, int64_t n, int64_t r, c10::Device device) {
+  const int64_t C = T / (2 * n);
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  return at::cat({at::arange(r * C, (r + 1) * C, opts), at::arange((2 * n - 1 - r) * C, (2 * n - r) * C, opts)});
+}
+
+ModelShard make_context_parallel(ModelShard shard, const GPTConfig& cfg, const std::shared_ptr<Communicator>& cp) {
+  check_context_parallel(cfg, cp->size());
+  const std::shared_ptr<const LayerOps> before = shard.ops ? shard.ops : std::make_shared<LayerOps>();
+  if (before->seq_rows) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
+  auto ops = std::make_shared<LayerOps>(*before);
+  const int64_t n = cp->size(), r = cp->rank(), tp_rank = shard.rank;
+  ops->seq_split = n;
+  ops->seq_rows = [n, r](int64_t T, c10::Device device) { return context_positions(T, n, r, device); };
+  ops->local_tokens = [n, r](const at::Tensor& ids) {
+    return ids.index_select(1, context_positions(ids.size(1), n, r, ids.device()));
+  };
+  ops->gather_kv = [cp, n](const at::Tensor& k, const at::Tensor& v) {
+    const int64_t local = k.size(2), T = local * n;
+    const c10::Device device = k.device();
+    // [2, B, KV, 2C, h] gathered along the positions, rank-major: rank i's 2C rows hold its
+    // positions context_positions(T, n, i); `order` puts them in position order.
+    const at::Tensor all = all_gather_rows(at::stack({k, v}), 3, cp);
+    std::vector<at::Tensor> held;
+    for (int64_t i = 0; i < n; ++i) held.push_back(context_positions(T, n, i, device));
+    const at::Tensor order = at::argsort(at::cat(held));
+    const at::Tensor kv = all.index_select(3, order);
+    const at::Tensor mine = context_positions(T, n, cp->rank(), device);
+    const at::Tensor mask = at::arange(T, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0) <= mine.unsqueeze(1);
+    return std::make_tuple(kv[0], kv[1], mask);
+  };
+  // Attention dropout: a stream per (tp, cp) rank.
+  ops->in_tp_region = [tp_rank, n, r](c10::Device device, const std::function<at::Tensor()>& fn) {
+    return with_rank_rng(device, tp_rank * n + r, fn);
+  };
+  ops->unsplit = before->unsplit ? before->unsplit : before;
+  shard.ops = std::move(ops);
+  return shard;
+}
+
+}  // namespace kiln
