@@ -223,8 +223,7 @@ at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
 at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets) {
   if (!shard_.head) throw Error("GPT::head_loss: this pipeline stage does not hold the output layer");
   auto x = ln_f->forward(x_in);
-  if (shard_.ops->gather_sequence) x = shard_.ops->gather_sequence(x);  // sequence parallelism: every position
-  if (shard_.ops->loss) return shard_.ops->loss(x.reshape({-1, x.size(-1)}), wte, targets.reshape({-1}));
+  if (shard_.ops->loss) return shard_.ops->loss(x, wte, targets);
   const auto x2 = x.reshape({-1, x.size(-1)});
   if (loss_chunk_rows < 0) return plain_linear_cross_entropy(x2, wte, targets.reshape({-1}), cfg_.vocab_size);
   return linear_cross_entropy(x2, wte, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows);

@@ -27,7 +27,7 @@
 // Sequence and context parallelism enter through the same LayerOps: the residual stream then
 // holds some positions of each sequence (LayerOps::seq_rows); the model takes those positions'
 // embeddings and dropout masks, and lets the ops gather what a layer needs whole (the tp layers'
-// inputs, the attention's keys and values, the head's input).
+// inputs, the head's among them; the attention's keys and values).
 //
 // Pipeline parallelism enters through ModelShard too: a stage holds blocks [block_begin,
 // block_end) (their parameters keep their whole-model names, h.<i>...), the first stage also the
@@ -66,8 +66,9 @@ struct LayerOps {
   std::function<at::Tensor(const at::Tensor&, const LinearImpl&)> row;
   // wte[idx], with wte this rank's vocabulary rows.
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> embed;
-  // Mean cross-entropy of hidden @ wte^T [N, d] against targets [N] over the real vocabulary
-  // (fp32), with wte this rank's vocabulary rows.
+  // Mean cross-entropy of hidden @ wte^T (hidden [B, T_local, d], this rank's rows of ln_f's
+  // output) against targets [B, T] over the real vocabulary (fp32), with wte this rank's
+  // vocabulary rows.
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> loss;
   // y = x W^T + b of c_attn when it needs more than `column` (kv heads replicated over tp);
   // empty: `column`.
@@ -91,9 +92,6 @@ struct LayerOps {
   // The model's input rows for this rank: [B, T] token ids (or targets) -> [B, T_local] (context
   // parallelism: GPT::loss applies it). Empty: the whole sequence.
   std::function<at::Tensor(const at::Tensor&)> local_tokens;
-  // Before the head's output layer: this rank's rows of ln_f(x) -> the whole sequence's
-  // (sequence parallelism: an all-gather over tp). Empty: as is.
-  std::function<at::Tensor(const at::Tensor&)> gather_sequence;
   // The attention's keys and values [B, KV, T_local, h] -> those of the whole sequence [B, KV,
   // T, h], with the mask [T_local, T] (true: attend) that keeps attention causal for this rank's
   // query positions (context parallelism). Empty: local causal attention.

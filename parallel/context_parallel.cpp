@@ -47,10 +47,12 @@ ModelShard make_context_parallel(ModelShard shard, const GPTConfig& cfg, const s
     std::vector<at::Tensor> held;
     for (int64_t i = 0; i < n; ++i) held.push_back(context_positions(T, n, i, device));
     const at::Tensor order = at::argsort(at::cat(held));
-    const at::Tensor kv = all.index_select(3, order);
+    // K and V each in a tensor of its own: a kernel that copies one of them (the CPU's math path
+    // transposes K) then frees the gathered original instead of keeping it alive beside V.
+    const at::Tensor k_all = all[0].index_select(2, order), v_all = all[1].index_select(2, order);
     const at::Tensor mine = context_positions(T, n, cp->rank(), device);
     const at::Tensor mask = at::arange(T, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0) <= mine.unsqueeze(1);
-    return std::make_tuple(kv[0], kv[1], mask);
+    return std::make_tuple(k_all, v_all, mask);
   };
   // Attention dropout: a stream per (tp, cp) rank.
   ops->in_tp_region = [tp_rank, n, r](c10::Device device, const std::function<at::Tensor()>& fn) {

@@ -2,6 +2,7 @@
 #include "parallel/sequence_parallel.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 
 #include <string>
@@ -64,7 +65,46 @@ struct ReduceScatterRows : public torch::autograd::Function<ReduceScatterRows> {
   }
 };
 
+// y = all_gather_rows(x) W^T + b, keeping x's rows (not the gathered whole) for backward, which
+// gathers them again (Megatron's SP does the same: Korthikanti et al. s4.2.2). Under autocast x
+// is cast to the compute dtype before the gather, as at::linear would cast it after; the input
+// gradient is reduce-scattered in x's own dtype (the bytes plain tp's all-reduce moves).
+struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                            at::IValue group) {
+    const auto type = x.device().type();
+    const at::Tensor xc = at::autocast::is_autocast_enabled(type) ? x.to(at::autocast::get_autocast_dtype(type)) : x;
+    const at::Tensor whole = gather_blocks(xc, 1, group_in(group));
+    const at::Tensor y = b.numel() > 0 ? at::linear(whole, w, b) : at::linear(whole, w);
+    ctx->save_for_backward({xc, w});
+    ctx->saved_data["g"] = group;
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["b_dtype"] = b.numel() > 0 ? static_cast<int64_t>(b.scalar_type()) : int64_t{-1};
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &xc = saved[0], &w = saved[1];
+    Communicator& g = group_in(ctx->saved_data["g"]);
+    const at::Tensor dy = grads[0].contiguous();
+    const at::Tensor whole = gather_blocks(xc, 1, g);  // [B, T, K] again
+    const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const at::Tensor dx = scatter_blocks(at::matmul(dy, w.to(dy.scalar_type())).to(x_dtype), 1, g);
+    const at::Tensor dy2 = dy.reshape({-1, dy.size(-1)});
+    const at::Tensor dw = dy2.t().mm(whole.reshape({-1, whole.size(-1)}).to(dy.scalar_type())).to(w.scalar_type());
+    const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
+    const at::Tensor db = b_dtype < 0 ? at::Tensor() : dy2.sum(0).to(static_cast<at::ScalarType>(b_dtype));
+    return {dx, dw, db, at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                           const std::shared_ptr<Communicator>& group) {
+  // No bias: an empty tensor stands for it (an autograd function's inputs must be defined).
+  return GatheredLinear::apply(x, w, b.defined() ? b : at::empty({0}, w.options().requires_grad(false)), group_capsule(group));
+}
 
 at::Tensor all_gather_rows(const at::Tensor& x, int64_t dim, const std::shared_ptr<Communicator>& group) {
   return AllGatherRows::apply(x, dim, group_capsule(group));

@@ -7,16 +7,19 @@
 // replicated work and replicated activations. With --sp each of the t ranks keeps T/t positions
 // of the residual stream, rank r the rows [r T/t, (r+1) T/t), and the tp layers' two collectives
 // are split in halves that move the same bytes:
-//   entering a column-parallel layer (c_attn, c_fc, the tied output layer):
+//   entering a column-parallel layer (c_attn, c_fc, the tied output layer; gathered_linear):
 //     forward  X = all_gather_rows(X_r)        [B, T/t, d] -> [B, T, d]    (was: identity)
 //     backward dX_r = reduce_scatter_rows(dX)  the sum over tp, rank r's rows (was: all-reduce)
+//              and X gathered again for dW = dY^T X: the layer keeps X_r, not X, for backward
 //   leaving a row-parallel layer (attn.c_proj, mlp.c_proj, the vocabulary-parallel embedding):
 //     forward  Y_r = reduce_scatter_rows(sum_i X_i A_i)                     (was: all-reduce)
 //     backward dY = all_gather_rows(dY_r)                                   (was: identity)
 //   the row-parallel bias is added to the rank's rows after the reduce-scatter.
 // In comm_bytes' unit (runtime/comm.h) an all-reduce of [B, T, d] counts 2 B T d, an all-gather
-// and a reduce-scatter B T d each: the same per layer pair and pass. Activations of the
-// replicated regions per rank: / t (Korthikanti's 34 s b h / t + 5 a s^2 b / t per layer).
+// and a reduce-scatter B T d each: the same per layer pair and pass, plus the backward's second
+// gather of each column-parallel layer's input (B T d in the compute dtype; 2 per layer and 1
+// for the head). Activations of the replicated regions, and the column-parallel layers' saved
+// inputs, per rank: / t (Korthikanti's 34 s b h / t + 5 a s^2 b / t per layer).
 //
 // Parameters of the replicated regions (LayerNorm scales and shifts, the row-parallel biases,
 // wpe, ln_f) see only their rank's rows, so their gradients are partial sums: a hook on each adds
@@ -50,6 +53,13 @@ at::Tensor all_gather_rows(const at::Tensor& x, int64_t dim, const std::shared_p
 // Forward: x summed over the group, this rank's block of x.size(dim) / n along `dim` (a
 // reduce-scatter). Backward: the gradient's blocks gathered (an all-gather).
 at::Tensor reduce_scatter_rows(const at::Tensor& x, int64_t dim, const std::shared_ptr<Communicator>& group);
+
+// y = all_gather_rows(x, 1) W^T + b (b may be undefined): a column-parallel layer under sequence
+// parallelism that keeps only x's rows for backward and gathers them again there (one more
+// all-gather of [B, T, K] in the compute dtype per backward, for activations / t). Backward: dx
+// = reduce_scatter_rows(dy W) in x's dtype, dW = dy^T gather(x), db = sum dy.
+at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                           const std::shared_ptr<Communicator>& group);
 
 // Registers, on every parameter of `model` that tensor parallelism replicates, a hook that sums
 // its incoming gradient over tp before it is accumulated (the LayerNorms, row-parallel biases,

@@ -212,19 +212,22 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
   const int64_t t = shard.tp, rows = cfg.padded_vocab_size() / t, vocab_start = shard.rank * rows, vocab = cfg.vocab_size;
   // The tp layers' two collectives: where a column-parallel layer takes its input, where a
   // row-parallel layer's partial products are summed. Plain tp: identity / all-reduce (backward:
-  // all-reduce / identity); sequence parallelism: all-gather / reduce-scatter of the rows
-  // (parallel/sequence_parallel.h).
+  // all-reduce / identity); sequence parallelism: all-gather / reduce-scatter of the rows, the
+  // column-parallel layers keeping only their rank's rows for backward (parallel/sequence_parallel.h).
   using Fn = std::function<at::Tensor(const at::Tensor&)>;
-  auto make_ops = [&](Fn enter, Fn leave, Fn head_enter) {
+  // y = enter(x) W^T + b for a column-parallel layer (b may be undefined).
+  using ColumnFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
+  auto make_ops = [&](ColumnFn column, Fn leave) {
     auto ops = std::make_shared<LayerOps>();
-    ops->column = [enter](const at::Tensor& x, const LinearImpl& l) { return at::linear(enter(x), l.weight, l.bias); };
+    ops->column = [column](const at::Tensor& x, const LinearImpl& l) { return column(x, l.weight, l.bias); };
     ops->row = [leave](const at::Tensor& x, const LinearImpl& l) { return leave(at::linear(x, l.weight)) + l.bias; };
     ops->embed = [leave, vocab_start](const at::Tensor& idx, const at::Tensor& wte) {
       return leave(partial_embedding(idx, wte, vocab_start));
     };
-    ops->loss = [tp, head_enter, vocab_start, vocab](const at::Tensor& hidden, const at::Tensor& wte, const at::Tensor& targets) {
+    ops->loss = [tp, column, vocab_start, vocab](const at::Tensor& hidden, const at::Tensor& wte, const at::Tensor& targets) {
       // The tied output layer is column-parallel (this rank's vocabulary rows); the logits stay split.
-      return vocab_parallel_cross_entropy(at::linear(head_enter(hidden), wte), targets, vocab_start, vocab, tp);
+      const at::Tensor logits = column(hidden, wte, at::Tensor());
+      return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), vocab_start, vocab, tp);
     };
     ops->reduce = leave;
     if (cfg.n_kv_head < t) {
@@ -232,12 +235,12 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
       // over the t / KV ranks that share the head, so every copy takes the same step.
       const int64_t q_rows = cfg.n_head / t * cfg.head_dim(), kv = cfg.n_kv_head;
       const int64_t head = shard.rank * kv / t;
-      ops->qkv = [tp, enter, q_rows, head, kv](const at::Tensor& x, const LinearImpl& l) {
+      ops->qkv = [tp, column, q_rows, head, kv](const at::Tensor& x, const LinearImpl& l) {
         auto tie = [&](const at::Tensor& w) {
           const int64_t rest = w.size(0) - q_rows;
           return at::cat({w.narrow(0, 0, q_rows), SumOverKvSharers::apply(w.narrow(0, q_rows, rest), head, kv, capsule(tp))});
         };
-        return at::linear(enter(x), tie(l.weight), tie(l.bias));
+        return column(x, tie(l.weight), tie(l.bias));
       };
     }
     ops->in_tp_region = [r = shard.rank](c10::Device device, const std::function<at::Tensor()>& fn) {
@@ -245,17 +248,14 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
     };
     return ops;
   };
-  Fn copy_in = [tp](const at::Tensor& x) { return copy_to_tp(x, tp); };
-  Fn reduce_out = [tp](const at::Tensor& x) { return reduce_from_tp(x, tp); };
-  auto plain = make_ops(copy_in, reduce_out, copy_in);
+  auto plain = make_ops([tp](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return at::linear(copy_to_tp(x, tp), w, b); },
+                        [tp](const at::Tensor& x) { return reduce_from_tp(x, tp); });
   if (!sequence_parallel) {
     shard.ops = std::move(plain);
     return shard;
   }
-  Fn gather = [tp](const at::Tensor& x) { return all_gather_rows(x, 1, tp); };
-  Fn scatter = [tp](const at::Tensor& x) { return reduce_scatter_rows(x, 1, tp); };
-  auto sp = make_ops(gather, scatter, [](const at::Tensor& x) { return x; });  // the head's input is gathered before ln_f's output is flattened
-  sp->gather_sequence = gather;
+  auto sp = make_ops([tp](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return gathered_linear(x, w, b, tp); },
+                     [tp](const at::Tensor& x) { return reduce_scatter_rows(x, 1, tp); });
   sp->seq_split = t;
   sp->seq_rows = [t, r = shard.rank](int64_t T, c10::Device device) {
     const int64_t n = T / t;

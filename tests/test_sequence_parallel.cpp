@@ -1,0 +1,216 @@
+// tests/test_sequence_parallel.cpp -- the row collectives, the gathered column-parallel layer and
+// the context-parallel positions against their dense definitions (at 2 and 4 ranks), and the
+// activation memory sequence and context parallelism keep between forward and backward (at 2).
+//
+// Tolerance of the layer checks, fp32: max |diff| <= 1e-5 max |dense| + 1e-6, as
+// test_tensor_parallel.cpp (the sums over ranks reorder additions). The collectives alone move
+// data and sum n addends: exact for the gather, the same tolerance for the reduce-scatter.
+// Memory: the bytes glibc reports in use after the forward minus before it (mallinfo2, as
+// test_activation_checkpoint.cpp), 4 layers minus 2 layers, halved: per layer, against the
+// formulas in the comment of that test, within 3% (autograd's nodes and malloc's headers).
+#include <malloc.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/autograd.h>
+
+#include "models/gpt.h"
+#include "parallel/context_parallel.h"
+#include "parallel/sequence_parallel.h"
+#include "parallel/tensor_parallel.h"
+#include "runtime/comm_mpi.h"
+#include "runtime/env.h"
+
+namespace {
+
+std::shared_ptr<kiln::Communicator> g_world;  // set by main(); tests only read it
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double diff = (got - want).abs().max().item<double>(), scale = want.abs().max().item<double>();
+  EXPECT_LE(diff, 1e-5 * scale + 1e-6) << what << ": max |diff| " << diff << ", max |want| " << scale;
+}
+
+at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+
+// Every rank holds a different partial x_r (drawn from seed + r); the dense sum is the sum of all.
+at::Tensor partial_of(int64_t r, at::IntArrayRef shape) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + r);
+  return at::randn(shape, gen);
+}
+
+}  // namespace
+
+TEST(SequenceParallel, RowCollectivesAlongAnyDim) {
+  const int64_t n = g_world->size(), r = g_world->rank();
+  for (int64_t dim : {1, 3}) {
+    std::vector<int64_t> shape{2, 3, 4, 5};
+    shape[dim] = 2 * n;  // rows along dim: 2 per rank
+    // all_gather_rows: rank r contributes the block of rows [2r, 2r + 2) of one whole tensor.
+    at::manual_seed(3);
+    const at::Tensor whole = at::randn(shape), w = at::randn(shape);
+    auto mine = leaf(whole.narrow(dim, 2 * r, 2));
+    const at::Tensor gathered = kiln::all_gather_rows(mine, dim, g_world);
+    EXPECT_TRUE(at::equal(gathered, whole)) << "all-gather along dim " << dim;
+    (gathered * w).sum().backward();  // every rank the same loss: the gradient of its rows is n w
+    expect_close(mine.grad(), w.narrow(dim, 2 * r, 2) * static_cast<double>(n), "all-gather backward");
+    // reduce_scatter_rows: the sum of every rank's partial, this rank's rows.
+    auto part = leaf(partial_of(r, shape));
+    at::Tensor sum = at::zeros(shape);
+    for (int64_t i = 0; i < n; ++i) sum += partial_of(i, shape);
+    const at::Tensor out = kiln::reduce_scatter_rows(part, dim, g_world);
+    expect_close(out, sum.narrow(dim, 2 * r, 2), "reduce-scatter along dim " + std::to_string(dim));
+    (out * w.narrow(dim, 2 * r, 2)).sum().backward();  // rank r's loss on its rows: dL/dpart = w everywhere
+    expect_close(part.grad(), w, "reduce-scatter backward (the gradient gathered)");
+  }
+}
+
+// gathered_linear against at::linear of the gathered input, under one loss summed over ranks:
+// output, the input rows' gradient (summed over ranks: every rank's columns use every row), W's
+// and b's; and without a bias (the tied output layer).
+TEST(SequenceParallel, GatheredLinearMatchesTheDenseLayer) {
+  const int64_t n = g_world->size(), r = g_world->rank();
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({2, 3 * n, 16}), w = at::randn({8 * n, 16}), b = at::randn({8 * n}),
+                   g = at::randn({2, 3 * n, 8 * n});
+  for (bool bias : {true, false}) {
+    auto xd = leaf(x), wd = leaf(w), bd = leaf(b);
+    auto yd = bias ? at::linear(xd, wd, bd) : at::linear(xd, wd);
+    (yd * g).sum().backward();
+    auto xr = leaf(x.narrow(1, 3 * r, 3)), wr = leaf(w.chunk(n, 0)[r]), br = leaf(b.chunk(n, 0)[r]);
+    auto yr = kiln::gathered_linear(xr, wr, bias ? br : at::Tensor(), g_world);
+    (yr * g.chunk(n, -1)[r]).sum().backward();  // this rank's columns of the same loss
+    expect_close(yr, yd.chunk(n, -1)[r], "output columns");
+    expect_close(xr.grad(), xd.grad().narrow(1, 3 * r, 3), "input rows' gradient");
+    expect_close(wr.grad(), wd.grad().chunk(n, 0)[r], "weight gradient rows");
+    if (bias) expect_close(br.grad(), bd.grad().chunk(n, 0)[r], "bias gradient");
+    else EXPECT_FALSE(br.grad().defined());
+  }
+}
+
+// Chunks i and 2n-1-i: every position held once, and the causal attention work (position p
+// attends p + 1 keys) the same on every rank.
+TEST(ContextParallel, PositionsCoverTheSequenceAndBalanceTheWork) {
+  for (int64_t n = 1; n <= 4; ++n) {
+    const int64_t T = 16 * n;
+    std::vector<int> seen(static_cast<size_t>(T), 0);
+    int64_t first_work = -1;
+    for (int64_t r = 0; r < n; ++r) {
+      const at::Tensor pos = kiln::context_positions(T, n, r);
+      ASSERT_EQ(pos.numel(), T / n);
+      int64_t work = 0;
+      for (int64_t i = 0; i < pos.numel(); ++i) {
+        const int64_t p = pos[i].item<int64_t>();
+        ++seen[static_cast<size_t>(p)];
+        work += p + 1;
+      }
+      if (first_work < 0) first_work = work;
+      EXPECT_EQ(work, first_work) << "cp " << n << " rank " << r;
+    }
+    for (int s : seen) EXPECT_EQ(s, 1);
+  }
+}
+
+namespace {
+
+constexpr int64_t kBatch = 4;
+
+kiln::GPTConfig config(int64_t layers) {
+  auto c = kiln::GPTConfig::preset("tiny");  // d 128, 4 heads, T 128, vocabulary 512
+  c.n_layer = layers;
+  c.dropout = 0.1;
+  return c;
+}
+
+int64_t heap_in_use() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+}
+
+enum class Split { Tp, TpSp, Cp };
+
+// Bytes the forward allocates and still holds when it returns (after a warm-up step).
+int64_t kept_by_forward(const kiln::GPTConfig& c, Split split) {
+  kiln::ModelShard shard;
+  if (split == Split::Cp) shard = kiln::make_context_parallel(kiln::ModelShard{}, c, g_world);
+  else shard = kiln::make_tensor_parallel_shard(c, g_world, split == Split::TpSp);
+  kiln::GPT model(c, at::TensorOptions(), shard);
+  model.init_weights(1, split == Split::Cp ? nullptr : kiln::tp_slicer(c, g_world->size(), g_world->rank()));
+  if (split == Split::TpSp) kiln::sum_replicated_gradients_over_tp(model, g_world);
+  model.train();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor idx = at::randint(c.vocab_size, {kBatch, c.seq_len}, gen, at::kLong);
+  const at::Tensor tgt = at::randint(c.vocab_size, {kBatch, c.seq_len}, gen, at::kLong);
+  model.loss(idx, tgt).backward();
+  const int64_t before = heap_in_use();
+  auto loss = model.loss(idx, tgt);
+  const int64_t kept = heap_in_use() - before;
+  loss.backward();
+  return kept;
+}
+
+}  // namespace
+
+// Per layer, fp32 on the CPU math path with dropout (test_activation_checkpoint.cpp: 72d + 12HT
+// + 16 bytes per token unsplit, of which 24d + 16 in the regions tp replicates -- the block input,
+// the residual after attention, the two LayerNorms' outputs and statistics, the two residual
+// dropout masks -- and 48d + 12HT in the split ones), t = n ranks:
+//   tp       (24d + 16) + (48d + 12HT) / t           per token of the sequence
+//   tp + sp  (72d + 12HT + 16) / t                   the replicated regions split too
+//   cp       72d + 12HT + 16 + 8d (n - 1)            per token the rank holds (T / n of them):
+//            the scores stay [T/n, T] per head, and the gathered K and V (4d bytes each per
+//            position) are the whole sequence's
+TEST(SequenceParallel, ActivationMemoryFallsAsThePlanSays) {
+  if (g_world->size() != 2) GTEST_SKIP() << "measured at 2 ranks";
+  const auto c4 = config(4), c2 = config(2);
+  const int64_t d = c4.d_model, H = c4.n_head, T = c4.seq_len, n = 2, tokens = kBatch * T;
+  struct Row {
+    const char* name;
+    Split split;
+    int64_t predicted;
+    int64_t per_layer = 0;
+  };
+  std::vector<Row> rows = {{"tp 2", Split::Tp, ((24 * d + 16) + (48 * d + 12 * H * T) / n) * tokens},
+                           {"tp 2 + sp", Split::TpSp, (72 * d + 12 * H * T + 16) * tokens / n},
+                           {"cp 2", Split::Cp, (72 * d + 12 * H * T + 16 + 8 * d * (n - 1)) * tokens / n}};
+  const int64_t unsplit = (72 * d + 12 * H * T + 16) * tokens;
+  for (auto& r : rows) {
+    r.per_layer = (kept_by_forward(c4, r.split) - kept_by_forward(c2, r.split)) / 2;
+    if (g_world->rank() == 0) {
+      std::printf("  %-10s per layer %9lld B, predicted %9lld B (%+.2f%%); unsplit %lld B\n", r.name,
+                  static_cast<long long>(r.per_layer), static_cast<long long>(r.predicted),
+                  100.0 * static_cast<double>(r.per_layer - r.predicted) / static_cast<double>(r.predicted),
+                  static_cast<long long>(unsplit));
+    }
+    EXPECT_NEAR(static_cast<double>(r.per_layer), static_cast<double>(r.predicted), 0.03 * static_cast<double>(r.predicted))
+        << r.name;
+  }
+  EXPECT_LT(rows[1].per_layer, rows[0].per_layer);
+}
+
+int main(int argc, char** argv) {
+  kiln::Environment env(&argc, &argv);
+  if (!env.info().mpi) {
+    std::fprintf(stderr, "test_sequence_parallel: run under mpirun (e.g. mpirun -np 2 %s)\n", argv[0]);
+    return 2;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  if (env.info().rank != 0 && !std::getenv("KILN_TEST_ALL_RANKS")) {  // one rank reports; the verdict is shared below
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  g_world = kiln::make_mpi_communicator(MPI_COMM_WORLD, "world");
+  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (env.info().rank == 0)
+    std::printf("test_sequence_parallel: %d ranks, %s\n", env.info().world_size, any_failed ? "FAILED on some rank" : "passed on every rank");
+  g_world.reset();
+  return any_failed;
+}
