@@ -54,7 +54,7 @@ at::ScalarType PipelineStage::residual_dtype() const {
 at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& batch, double backward_factor,
                                 const PipelineHooks& hooks) {
   const GPTConfig& cfg = model_.config();
-  const std::vector<int64_t> shape{micro_batch_, cfg.seq_len, cfg.d_model};
+  const std::vector<int64_t> shape{micro_batch_, cfg.seq_len / model_.shard().ops->seq_split, cfg.d_model};  // --sp: the rank's rows
   const auto act = at::TensorOptions().dtype(residual_dtype()).device(device_);
   auto loss_sum = at::zeros({}, act.dtype(at::kFloat));
   std::map<int, Slot> live;  // micro-batches forwarded and not yet backwarded (or not yet sent back)
@@ -118,7 +118,7 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
 at::Tensor PipelineStage::evaluate(int micros, const std::function<Batch(int)>& batch) {
   at::NoGradGuard no_grad;
   const GPTConfig& cfg = model_.config();
-  const std::vector<int64_t> shape{micro_batch_, cfg.seq_len, cfg.d_model};
+  const std::vector<int64_t> shape{micro_batch_, cfg.seq_len / model_.shard().ops->seq_split, cfg.d_model};  // --sp: the rank's rows
   const auto act = at::TensorOptions().dtype(residual_dtype()).device(device_);
   auto loss_sum = at::zeros({}, act.dtype(at::kFloat));
   std::map<int, at::Tensor> outputs, inputs;

@@ -63,7 +63,9 @@ struct PipelineHooks {
 class PipelineStage {
  public:
   // model: this stage's part (built with pipeline_stage_shard); pp: the pipeline group, whose
-  // rank is the stage. Activations are [micro_batch, seq_len, d_model] on `device`, in the
+  // rank is the stage. Activations are [micro_batch, seq_len / seq_split, d_model] on `device`
+  // (sequence parallelism: a tp rank sends its rows to the next stage's rank of the same tp
+  // index, which holds the same rows), in the
   // residual stream's dtype: the parameters' (fp32, or bf16 / fp16 for 16-bit working weights,
   // optim/adamw.h -- the embedding's output and every residual add are in that dtype).
   PipelineStage(GPT& model, std::shared_ptr<Communicator> pp, c10::Device device, int64_t micro_batch,

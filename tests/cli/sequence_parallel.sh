@@ -2,8 +2,8 @@
 # tests/cli/sequence_parallel.sh -- sequence parallelism (--sp) and context parallelism (--cp) end
 # to end against the single process at the same global batch of 8 sequences (label mpi), the
 # tiny preset (L 4, d 128, T 128, 4 heads), 20 steps:
-#   tp 2 with and without --sp; tp 2 + sp with full and selective recomputation, with ZeRO-1 over
-#   dp 2, with one kv head (replicated over tp); cp 2, cp 2 x tp 2, cp 2 x dp 2 (DDP), cp 2 x dp 2
+#   tp 2 with and without --sp; tp 2 + sp with full and selective recomputation, with ZeRO-1 and
+#   ZeRO-3 over dp 2, with pp 2, with one kv head (replicated over tp); cp 2, cp 2 x tp 2, cp 2 x dp 2 (DDP), cp 2 x dp 2
 #   under ZeRO-1, cp 2 under ZeRO-3; cp 4 at seq 256 against its own single process.
 # Tolerance: relative 1e-5 on every step's loss and gradient norm and the final weights'
 # fingerprint, tp's (tests/cli/tp_parity.sh): the split layers and the gathered attention sum
@@ -41,6 +41,8 @@ mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --log-json "$work/sp.json
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --activation-checkpointing full --log-json "$work/sp_full.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --activation-checkpointing selective --log-json "$work/sp_sel.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --sp --zero 1 --log-json "$work/sp_dp2_z1.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --sp --zero 3 --log-json "$work/sp_dp2_z3.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --pp 2 --log-json "$work/sp_pp2.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --n-kv-head 1 --log-json "$work/sp_kv1.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --precision bf16 --log-json "$work/sp_bf16.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --dropout 0.1 --log-json "$work/tp2_drop.jsonl" >/dev/null
@@ -79,6 +81,7 @@ def bytes_per_step(run):
 
 for name, ref_name, layout in (("sp", "fp32", (1, 2, 1, True)), ("sp_full", "fp32", (1, 2, 1, True)),
                                ("sp_sel", "fp32", (1, 2, 1, True)), ("sp_dp2_z1", "fp32", (2, 2, 1, True)),
+                               ("sp_dp2_z3", "fp32", (2, 2, 1, True)), ("sp_pp2", "fp32", (1, 2, 1, True)),
                                ("sp_kv1", "kv1", (1, 2, 1, True)), ("cp2", "fp32", (1, 1, 2, False)),
                                ("cp2_tp2", "fp32", (1, 2, 2, False)), ("cp2_dp2", "fp32", (2, 1, 2, False)),
                                ("cp2_dp2_z1", "fp32", (2, 1, 2, False)), ("cp2_z3", "fp32", (1, 1, 2, False)),
