@@ -6,7 +6,8 @@
 // chunks i and 2n-1-i (positions [iC, (i+1)C) and [(2n-1-i)C, (2n-i)C), 2C = T/n in all). Under
 // causal attention a query at position p costs p + 1 key positions, so contiguous shards would
 // give the last rank ~2n-1 times the first one's work; with the mirrored pairs every rank's
-// attention costs the same: sum over its two chunks = C (2n - 1) C + C^2 for every i.
+// attention costs the same: the sum of (p + 1) over its positions is C^2 (2n - 1) + C (C + 1)
+// for every i.
 //
 // Every layer but attention is position-wise: it runs on the rank's 2C positions with the
 // model's own weights (replicated over cp). Position embeddings and residual dropout masks are
