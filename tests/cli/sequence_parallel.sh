@@ -2,9 +2,10 @@
 # tests/cli/sequence_parallel.sh -- sequence parallelism (--sp) and context parallelism (--cp) end
 # to end against the single process at the same global batch of 8 sequences (label mpi), the
 # tiny preset (L 4, d 128, T 128, 4 heads), 20 steps:
-#   tp 2 with and without --sp; tp 2 + sp with full and selective recomputation, with ZeRO-1 and
-#   ZeRO-3 over dp 2, with pp 2, with one kv head (replicated over tp); cp 2, cp 2 x tp 2, cp 2 x dp 2 (DDP), cp 2 x dp 2
-#   under ZeRO-1, cp 2 under ZeRO-3; cp 4 at seq 256 against its own single process.
+#   tp 2 with and without --sp; tp 2 + sp with full and selective recomputation, with ZeRO-1
+#   and ZeRO-3 over dp 2, with pp 2, with one kv head (replicated over tp); cp 2, cp 2 x tp 2,
+#   cp 2 x dp 2 (DDP), cp 2 x dp 2 under ZeRO-1, cp 2 under ZeRO-3, cp 2 x tp 2 x dp 2 under
+#   ZeRO-1 (8 ranks); cp 4 at seq 256 against its own single process.
 # Tolerance: relative 1e-5 on every step's loss and gradient norm and the final weights'
 # fingerprint, tp's (tests/cli/tp_parity.sh): the split layers and the gathered attention sum
 # the same products in another order (measured ~1e-7). A missing reduction over tp or cp, a bias
@@ -52,6 +53,7 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --tp 2 --log-json "$work/cp2_t
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --cp 2 --log-json "$work/cp2_dp2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --cp 2 --zero 1 --log-json "$work/cp2_dp2_z1.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --zero 3 --log-json "$work/cp2_z3.jsonl" >/dev/null
+mpi 8 "$KILN_BIN" "${T[@]}" --grad-accum 2 --cp 2 --tp 2 --zero 1 --log-json "$work/cp2_tp2_dp2_z1.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --precision bf16 --log-json "$work/cp2_bf16.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 4 --seq-len 256 --log-json "$work/cp4_256.jsonl" >/dev/null
 for run in a b; do
@@ -85,6 +87,7 @@ for name, ref_name, layout in (("sp", "fp32", (1, 2, 1, True)), ("sp_full", "fp3
                                ("sp_kv1", "kv1", (1, 2, 1, True)), ("cp2", "fp32", (1, 1, 2, False)),
                                ("cp2_tp2", "fp32", (1, 2, 2, False)), ("cp2_dp2", "fp32", (2, 1, 2, False)),
                                ("cp2_dp2_z1", "fp32", (2, 1, 2, False)), ("cp2_z3", "fp32", (1, 1, 2, False)),
+                               ("cp2_tp2_dp2_z1", "fp32", (2, 2, 2, False)),
                                ("cp4_256", "256", (1, 1, 4, False))):
     run = load(f"{d}/{name}.jsonl")
     assert tuple(world(run).values()) == layout, (name, world(run))
