@@ -49,9 +49,10 @@ const std::vector<FlagHelp> kClusterFlags = {
     {"host-adam-gparams", "host AdamW rate per node (offload), 1e9 parameters/s"},
 };
 const std::vector<FlagHelp> kLayoutFlags = {
-    {"dp", "data-parallel size (default: devices / (tp x pp))"},
+    {"dp", "data-parallel size (default: devices / (cp x tp x pp))"},
     {"tp", "tensor-parallel size (default 1)"},
     {"pp", "pipeline-parallel size (default 1)"},
+    {"cp", "context-parallel size: each sequence split over cp ranks, 2 cp chunks (default 1)"},
     {"pp-split", "blocks per pipeline stage, e.g. 4,4,3 (default: balanced by count, extras to the middle stages; as kiln train)"},
     {"zero", "ZeRO stage 0-3 (default 0)"},
     {"offload", "none | optimizer | all (default none)"},
@@ -61,6 +62,10 @@ const std::vector<FlagHelp> kLayoutFlags = {
     {"grad-accum", "micro-batches per optimizer step per dp rank (default 1)"},
     {"param-dtype", "working weights: auto | fp32 | bf16 | fp16 (default auto: the compute precision; 16-bit: fp32 masters with the optimizer state)"},
     {"reduce-dtype", "the dp gradient reduction (DDP's all-reduce, ZeRO's reduce-scatters): fp32 | bf16 (default fp32)"},
+};
+// Layout switches without a value (cxxopts booleans).
+const std::vector<FlagHelp> kLayoutSwitches = {
+    {"sp", "sequence parallelism inside the tp group (needs --tp 2 or more)"},
 };
 const std::vector<FlagHelp> kRunFlags = {
     {"precision", "fp32 | bf16 | fp16 (default bf16)"},
@@ -150,6 +155,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   add("model", kModelFlags);
   add("cluster", kClusterFlags);
   add("layout", kLayoutFlags);
+  for (const auto& f : kLayoutSwitches) opts.add_options("layout")(f.name, f.help);
   add("run", kRunFlags);
   add("training", kTrainingFlags);
   add("search", kSearchFlags);
@@ -171,6 +177,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     const std::string why = "does not go with --compare (the model and layout come from the log)";
     refuse(v, kModelFlags, why);
     refuse(v, kLayoutFlags, why);
+    refuse(v, kLayoutSwitches, why);
     refuse(v, kRunFlags, why);
     refuse(v, kTrainingFlags, why);
     refuse(v, kSearchFlags, why);
@@ -179,11 +186,13 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   } else if (v.has("search")) {
     out.mode = PlanArgs::Mode::Search;
     refuse(v, kLayoutFlags, "does not go with --search (the search chooses the layout)");
+    refuse(v, kLayoutSwitches, "does not go with --search (the search chooses the layout)");
     if (v.has("params")) throw ConfigError("--search needs a model shape (--model, or --n-layer --d-model ...), not --params");
   } else if (v.has("params")) {
     out.mode = PlanArgs::Mode::Totals;
     refuse(v, kModelFlags, "does not go with --params (P alone gives training totals; a shape gives the full plan)");
     refuse(v, kLayoutFlags, "needs a model shape (--model ...), not --params");
+    refuse(v, kLayoutSwitches, "needs a model shape (--model ...), not --params");
     refuse(v, kRunFlags, "needs a model shape (--model ...), not --params");
     if (out.attention_flops) throw ConfigError("--attention-flops needs a model shape (--model ...), not --params");
   } else {
@@ -265,15 +274,18 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (v.has("tp")) l.tp = v.integer("tp");
     if (v.has("pp")) l.pp = v.integer("pp");
     if (v.has("pp-split")) l.pp_split = v.text("pp-split");
-    if (l.tp < 1 || l.pp < 1) throw ConfigError("--tp and --pp must be at least 1");
+    if (v.has("cp")) l.cp = v.integer("cp");
+    l.sp = v.has("sp");
+    if (l.tp < 1 || l.pp < 1 || l.cp < 1) throw ConfigError("--tp, --pp and --cp must be at least 1");
     if (v.has("dp")) {
       l.dp = v.integer("dp");
     } else {
-      if (c.devices() % (l.tp * l.pp) != 0) {
-        throw ConfigError("--tp " + std::to_string(l.tp) + " x --pp " + std::to_string(l.pp) + " does not divide the cluster's " +
-                          std::to_string(c.devices()) + " devices");
+      if (c.devices() % (l.cp * l.tp * l.pp) != 0) {
+        throw ConfigError((l.cp > 1 ? "--cp " + std::to_string(l.cp) + " x " : std::string()) + "--tp " + std::to_string(l.tp) +
+                          " x --pp " + std::to_string(l.pp) + " does not divide the cluster's " + std::to_string(c.devices()) +
+                          " devices");
       }
-      l.dp = c.devices() / (l.tp * l.pp);
+      l.dp = c.devices() / (l.cp * l.tp * l.pp);
     }
     if (v.has("zero")) l.zero = static_cast<int>(v.integer("zero"));
     if (v.has("offload")) l.offload = plan::parse_offload(v.text("offload"));

@@ -36,7 +36,78 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The run a config record describes: its model, its layout (plan/cost_model.h) and its nodes.
+struct Run {
+  GPTConfig model;
+  Layout layout;
+  int64_t nodes = 1;
+};
+
+Run run_of(const json& config, const std::string& where) {
+  const json& c = config.contains("config") ? config.at("config") : json();
+  const json& world = config.contains("world") ? config.at("world") : json();
+  Run run;
+  GPTConfig& model = run.model;
+  model.n_layer = need<int64_t>(c, "n_layer", where);
+  model.n_head = need<int64_t>(c, "n_head", where);
+  model.n_kv_head = need<int64_t>(c, "n_kv_head", where);
+  model.d_model = need<int64_t>(c, "d_model", where);
+  model.seq_len = need<int64_t>(c, "seq_len", where);
+  model.vocab_size = need<int64_t>(c, "vocab_size", where);
+  model.dropout = c.value("dropout", 0.0);
+
+  // The device the run used: the record's device name ("cpu", or the GPU's), else the flag.
+  const std::string device = config.contains("device") && config.at("device").is_string() ? config.at("device").get<std::string>()
+                                                                                            : c.value("device", std::string("cpu"));
+  const bool cpu = device == "cpu";
+  Layout& l = run.layout;
+  l.dp = need<int64_t>(world, "dp", where);
+  l.tp = need<int64_t>(world, "tp", where);
+  l.pp = need<int64_t>(world, "pp", where);
+  // sequence / context parallelism: absent in logs from before them (false, 1)
+  l.sp = world.is_object() && world.contains("sp") ? world.at("sp").get<bool>() : c.value("sp", false);
+  l.cp = world.is_object() && world.contains("cp") ? world.at("cp").get<int64_t>() : c.value("cp", int64_t{1});
+  l.pp_split = c.value("pp_split", std::string());
+  l.zero = static_cast<int>(need<int64_t>(c, "zero", where));
+  l.offload = parse_offload(need<std::string>(c, "offload", where));
+  l.zero_accum = parse_zero_accum(c.value("zero_accum", std::string("reduce")));
+  l.recompute = parse_recompute(need<std::string>(c, "activation_checkpointing", where));
+  l.micro_batch = need<int64_t>(c, "micro_batch", where);
+  l.grad_accum = need<int64_t>(c, "grad_accum", where);
+  l.compute_bytes = need<std::string>(c, "precision", where) == "fp32" ? 4 : 2;
+  l.param_bytes = c.value("param_dtype", std::string("fp32")) == "fp32" ? 4 : 2;  // absent: a log from before the flag
+  l.reduce_bytes = c.value("reduce_dtype", std::string("fp32")) == "fp32" ? 4 : 2;
+  l.dropout = model.dropout > 0;
+  l.cpu = cpu;
+  // CPU SDPA runs its flash kernel only without dropout and with as many kv heads as heads.
+  l.attention = (!cpu || (!l.dropout && model.n_kv_head == model.n_head)) ? Attention::Flash : Attention::Math;
+  // kiln's rule (runtime/trainer.cpp): with dp x cp = 1 the DDP wrapper exists only when a
+  // backend was named (mpirun -np 1 --backend mpi|nccl); ZeRO always has its communicator.
+  l.comm_in_world_of_one = world.value("backend", std::string("none")) != "none" &&
+                           (c.value("backend", std::string("auto")) != "auto" || l.zero > 0);
+  l.base_bytes = cpu ? kCpuProcessBase : 0.0;
+
+  // The nodes the run spanned (the config record's topology; logs from before it: one node).
+  const json& topo = config.contains("topology") ? config.at("topology") : json::object();
+  run.nodes = topo.is_object() ? topo.value("nodes", int64_t{1}) : 1;
+  if (run.nodes < 1 || l.devices() % run.nodes != 0) {
+    throw ConfigError(where + ": the config record's topology (" + std::to_string(run.nodes) + " nodes) does not divide " +
+                      std::to_string(l.devices()) + " ranks");
+  }
+  return run;
+}
+
 }  // namespace
+
+double predicted_activation_bytes(const nlohmann::json& config_record) {
+  const std::string where = "predicted_activation_bytes";
+  const Run run = run_of(config_record, where);
+  // Activations depend on the model and the layout only; the cluster is there to validate.
+  ClusterSpec cluster = cluster_preset("h100");
+  cluster.nodes = run.nodes;
+  cluster.devices_per_node = run.layout.devices() / run.nodes;
+  return make_plan(run.model, cluster, run.layout).stages[0].activation_bytes;
+}
 
 std::optional<double> CompareRow::rel_error() const {
   if (!predicted || !measured) return std::nullopt;
@@ -76,53 +147,12 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
   }
   if (config.is_null()) throw ConfigError("--compare " + path + ": no config record (is this a kiln train --log-json file?)");
   const std::string where = "--compare " + path;
-  const json& c = config.contains("config") ? config.at("config") : json();
-  const json& world = config.contains("world") ? config.at("world") : json();
-
-  GPTConfig model;
-  model.n_layer = need<int64_t>(c, "n_layer", where);
-  model.n_head = need<int64_t>(c, "n_head", where);
-  model.n_kv_head = need<int64_t>(c, "n_kv_head", where);
-  model.d_model = need<int64_t>(c, "d_model", where);
-  model.seq_len = need<int64_t>(c, "seq_len", where);
-  model.vocab_size = need<int64_t>(c, "vocab_size", where);
-  model.dropout = c.value("dropout", 0.0);
-
-  const std::string device = config.value("device", "cpu");
-  const bool cpu = device == "cpu";
-  Layout l;
-  l.dp = need<int64_t>(world, "dp", where);
-  l.tp = need<int64_t>(world, "tp", where);
-  l.pp = need<int64_t>(world, "pp", where);
-  l.pp_split = c.value("pp_split", std::string());
-  l.zero = static_cast<int>(need<int64_t>(c, "zero", where));
-  l.offload = parse_offload(need<std::string>(c, "offload", where));
-  l.zero_accum = parse_zero_accum(c.value("zero_accum", std::string("reduce")));
-  l.recompute = parse_recompute(need<std::string>(c, "activation_checkpointing", where));
-  l.micro_batch = need<int64_t>(c, "micro_batch", where);
-  l.grad_accum = need<int64_t>(c, "grad_accum", where);
-  l.compute_bytes = need<std::string>(c, "precision", where) == "fp32" ? 4 : 2;
-  l.param_bytes = c.value("param_dtype", std::string("fp32")) == "fp32" ? 4 : 2;  // absent: a log from before the flag
-  l.reduce_bytes = c.value("reduce_dtype", std::string("fp32")) == "fp32" ? 4 : 2;
-  l.dropout = model.dropout > 0;
-  l.cpu = cpu;
-  // CPU SDPA runs its flash kernel only without dropout and with as many kv heads as heads.
-  l.attention = (!cpu || (!l.dropout && model.n_kv_head == model.n_head)) ? Attention::Flash : Attention::Math;
-  // kiln's rule (runtime/trainer.cpp): with dp = 1 the DDP wrapper exists only when a backend was
-  // named (mpirun -np 1 --backend mpi|nccl); ZeRO always has its communicator.
-  l.comm_in_world_of_one = world.value("backend", std::string("none")) != "none" &&
-                           (c.value("backend", std::string("auto")) != "auto" || l.zero > 0);
-  l.base_bytes = cpu ? kCpuProcessBase : 0.0;
-
-  // The nodes the run spanned (the config record's topology; logs from before it: one node).
-  const json& topo = config.contains("topology") ? config.at("topology") : json::object();
-  const int64_t nodes = topo.is_object() ? topo.value("nodes", int64_t{1}) : 1;
-  if (nodes < 1 || l.devices() % nodes != 0) {
-    throw ConfigError("--compare " + path + ": the config record's topology (" + std::to_string(nodes) + " nodes) does not divide " +
-                      std::to_string(l.devices()) + " ranks");
-  }
-  cluster.nodes = nodes;
-  cluster.devices_per_node = l.devices() / nodes;
+  const Run run = run_of(config, where);
+  const GPTConfig& model = run.model;
+  const Layout& l = run.layout;
+  const bool cpu = l.cpu;
+  cluster.nodes = run.nodes;
+  cluster.devices_per_node = l.devices() / run.nodes;
   CompareResult res;
   res.log_path = path;
   res.steps = static_cast<int64_t>(steps.size());

@@ -16,11 +16,15 @@
 //           it); the latter two need a peak FLOP/s (the log's, or --peak-tflops) and use --achieved.
 // It also reports the achieved fraction the run implies, to calibrate --achieved with:
 //   achieved = measured model FLOP/s x (F + F_recompute) / F / peak.
+// The record's world.sp and world.cp (sequence and context parallelism) are read too; a log from
+// before them means no sp and cp 1.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "plan/cost_model.h"
 
@@ -52,5 +56,12 @@ struct CompareResult {
 // its node shape is replaced by the run's world, its peak by the log's when peak_given is false.
 // Throws ConfigError for a missing or malformed file, or one without a config record.
 CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, bool peak_given);
+
+// The plan's activation bytes per rank (rank 0's: pipeline stage 0; every micro-batch it holds
+// in flight; the figure the report prints as "activations") for the run a config record
+// describes -- the record as kiln train writes it (its "config", "world", "device", "topology"),
+// no step records needed. The trainer puts it in that record. Throws ConfigError when a field the
+// layout needs is missing or the layout is one the plan refuses.
+double predicted_activation_bytes(const nlohmann::json& config_record);
 
 }  // namespace kiln::plan

@@ -54,14 +54,28 @@ std::string to_string(Attention a) { return a == Attention::Flash ? "flash" : "m
 // ---- validation -----------------------------------------------------------------------------
 
 void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
-  if (dp < 1 || tp < 1 || pp < 1) {
-    throw ConfigError("--dp, --tp and --pp must be at least 1 (got dp " + s(dp) + ", tp " + s(tp) + ", pp " + s(pp) + ")");
+  if (dp < 1 || tp < 1 || pp < 1 || cp < 1) {
+    throw ConfigError("--dp, --cp, --tp and --pp must be at least 1 (got dp " + s(dp) + ", cp " + s(cp) + ", tp " + s(tp) +
+                      ", pp " + s(pp) + ")");
   }
   if (devices() != c.devices()) {
-    throw ConfigError("layout dp " + s(dp) + " x tp " + s(tp) + " x pp " + s(pp) + " = " + s(devices()) +
-                      " devices does not match the cluster's " + s(c.devices()) + " (" + s(c.nodes) + " node(s) x " +
-                      s(c.devices_per_node) + ")");
+    throw ConfigError("layout dp " + s(dp) + (cp > 1 ? " x cp " + s(cp) : std::string()) + " x tp " + s(tp) + " x pp " + s(pp) +
+                      " = " + s(devices()) + " devices does not match the cluster's " + s(c.devices()) + " (" + s(c.nodes) +
+                      " node(s) x " + s(c.devices_per_node) + ")");
   }
+  // kiln's refusals (runtime/train_config.cpp), one line each
+  if (sp && tp < 2) throw ConfigError("--sp splits the sequence over the tensor-parallel group: it needs --tp 2 or more");
+  if (sp && m.seq_len % tp != 0) {
+    throw ConfigError("--sp needs --tp " + s(tp) + " to divide the sequence length (" + s(m.seq_len) + ")");
+  }
+  if (cp > 1 && m.seq_len % (2 * cp) != 0) {
+    throw ConfigError("--cp " + s(cp) + " needs the sequence length (" + s(m.seq_len) + ") to divide into 2 x cp = " +
+                      s(2 * cp) + " chunks (each rank holds two)");
+  }
+  if (cp > 1 && pp > 1) {
+    throw ConfigError("--cp with --pp is not built (context parallelism runs the whole model on each rank): use --cp with --tp, dp and ZeRO");
+  }
+  if (cp > 1 && sp) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
   if (offload == Offload::Optimizer && zero < 1) throw ConfigError("--offload optimizer needs --zero 1, 2 or 3");
   if (offload == Offload::All && zero != 3) throw ConfigError("--offload all needs --zero 3 (parameters are sharded only there)");
@@ -151,7 +165,7 @@ int64_t sum_units(const std::vector<int64_t>& units) {
 
 ModelState model_state(const std::vector<int64_t>& units, const Layout& l) {
   ModelState out;
-  const int64_t N = l.dp;
+  const int64_t N = l.grad_ranks();  // ZeRO shards over dp x cp
   if (l.zero == 0) {
     const int64_t psi = sum_units(units);
     // 16-bit working weights: 2-byte parameters, fp32 main grads, fp32 master + m + v (optim/adamw.h).
@@ -206,10 +220,11 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
   ActivationBytes out;
   if (mode != Recompute::None) out.per_layer = kCpuGeneratorState + (l.cpu ? 0.0 : kCudaGeneratorState);
   if (mode == Recompute::Full) {
-    out.replicated = r * d;  // the block's input
+    out.replicated = r * d;  // the block's input (its rank's rows under sp or cp)
     return out;
   }
-  // x, ln stats, ln_1 out, y, ln_2 out, residual-dropout masks
+  // x, ln stats, ln_1 out, y, ln_2 out, residual-dropout masks (under sp the rank's T/t rows of
+  // each: c_attn and c_fc keep their input's rows and gather them again in backward)
   out.replicated = r * d + 16.0 + a * d + r * d + a * d + (l.dropout ? 2.0 * mk * d : 0.0);
   const double qkv_views = a * (d + 2.0 * kv);
   double core = 0.0;
@@ -222,6 +237,20 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
   }
   const double gelu_out = mode == Recompute::Selective ? 0.0 : 4.0 * a * d;
   out.split = core + a * d /* attention out */ + 4.0 * a * d /* h */ + gelu_out;
+  if (l.cp > 1) {
+    // Context parallelism: attention's K and V gathered whole over cp, [b, KV_t, T, h] each, on
+    // top of the rank's own positions' (c_attn's output, which q views, keeps them); the math
+    // path's K, V copies are whole, expanded to the heads (2 a d / t). The causal mask is one
+    // additive bias [2C, T] for the run, shared by every layer (make_plan adds it once).
+    const int64_t t = l.tp;
+    const double kv_t = static_cast<double>((m.n_kv_head >= t ? m.n_kv_head / t : 1) * m.head_dim());
+    if (mode == Recompute::None && l.attention == Attention::Math) {
+      out.split -= 2.0 * a * d;  // the copies: whole, not per local token
+      out.kv_whole = 2.0 * a * d / static_cast<double>(t);
+    } else {
+      out.kv_whole = 2.0 * a * kv_t;
+    }
+  }
   return out;
 }
 
@@ -236,11 +265,12 @@ double Plan::host_bytes_per_node() const {
 namespace {
 
 struct Links {
-  double dp_bw, tp_bw, pp_bw;
-  std::string dp, tp, pp;
+  double dp_bw, tp_bw, pp_bw, cp_bw;
+  std::string dp, tp, pp, cp;
 };
 
-// Rank order is tp fastest, then dp, then pp (runtime/mesh.cpp); nodes hold consecutive ranks.
+// Rank order is tp fastest, then cp, then dp, then pp (runtime/mesh.h); nodes hold consecutive
+// ranks. The dp x cp gradient group spans what the dp group spans.
 Links links_for(const Layout& l, const ClusterSpec& c) {
   auto pick = [&](bool crosses, double& bw, std::string& name) {
     bw = crosses ? c.inter_node_busbw : c.intra_node_busbw;
@@ -248,7 +278,8 @@ Links links_for(const Layout& l, const ClusterSpec& c) {
   };
   Links k;
   pick(l.tp > c.devices_per_node, k.tp_bw, k.tp);
-  pick(l.tp * l.dp > c.devices_per_node, k.dp_bw, k.dp);
+  pick(l.tp * l.cp > c.devices_per_node, k.cp_bw, k.cp);
+  pick(l.tp * l.cp * l.dp > c.devices_per_node, k.dp_bw, k.dp);
   pick(l.devices() > c.devices_per_node, k.pp_bw, k.pp);
   return k;
 }
@@ -273,15 +304,15 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
   const Layout& l = p.layout;
   const GPTConfig& m = p.model;
   const ClusterSpec& c = p.cluster;
-  const int64_t N = l.dp, K = l.grad_accum;
+  const int64_t N = l.grad_ranks(), K = l.grad_accum;  // DDP and ZeRO reduce over dp x cp
   const double Kd = static_cast<double>(K);
   std::vector<CommItem> out;
 
   const bool first = st.stage == 0, last = st.stage == l.pp - 1;
   const bool pipelined = l.pp > 1;
 
-  // data parallel (exact kiln accounting). DDP runs with dp > 1, or a named backend in a world of
-  // one; ZeRO always has its dp communicator (kiln runs it under mpirun only), of one rank or more.
+  // data parallel (exact kiln accounting). DDP runs with dp x cp > 1, or a named backend in a world
+  // of one; ZeRO always has its dp communicator (kiln runs it under mpirun only), of one rank or more.
   if (N > 1 || l.comm_in_world_of_one || l.zero > 0) {
     const double psi = static_cast<double>(st.psi), psi_p = static_cast<double>(st.psi_padded);
     const bool reduce_each = l.zero_accum == ZeroAccum::Reduce && K > 1;
@@ -319,21 +350,22 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     }
   }
 
-  // The step's verdict (runtime/trainer.cpp): [loss, non-finite] (8 B) over dp for DDP with more
-  // than one dp rank (a world of one under mpirun decides its step alone); [loss, non-finite,
-  // grad norm^2] (12 B) under ZeRO, over dp, or over dp x tp with tp; under pp always the 12 B
-  // over the whole world (every stage's squared norm, the loss from the last stage).
+  // The step's verdict (runtime/trainer_step.cpp): [loss, non-finite] (8 B) over dp x cp for DDP
+  // with more than one such rank (a world of one under mpirun decides its step alone); [loss,
+  // non-finite, grad norm^2] (12 B) under ZeRO, over dp x cp, or over the world with tp; under pp
+  // always the 12 B over the whole world (every stage's squared norm, the loss from the last stage).
   if (pipelined) {
     out.push_back(collective("world", "step verdict all-reduce [loss, non-finite, grad norm^2]", l.devices(), 2 * 12,
                              k.pp_bw, k.pp, Window::Serial, 1));
   } else if (l.zero > 0) {
     out.push_back(collective(l.tp > 1 ? "world" : "dp", "step verdict all-reduce [loss, non-finite, grad norm^2]",
-                             N * l.tp, 2 * 12, k.dp_bw, k.dp, Window::Serial, 1));  // dp x tp: within a node iff dp is
+                             N * l.tp, 2 * 12, k.dp_bw, k.dp, Window::Serial, 1));  // dp x cp x tp: within a node iff dp is
   } else if (N > 1) {
     out.push_back(collective("dp", "step verdict all-reduce [loss, non-finite]", N, 2 * 8, k.dp_bw, k.dp, Window::Serial, 1));
   }
 
-  const double tok = static_cast<double>(l.micro_batch * m.seq_len);  // tokens per micro-batch
+  // tokens per micro-batch on this rank: its b T / cp positions under context parallelism
+  const double tok = static_cast<double>(l.micro_batch * m.seq_len / l.cp);
   const double d = static_cast<double>(m.d_model), a = l.compute_bytes;
   // tensor parallel: on the critical path (Megatron's all-reduces block the next GEMM)
   if (l.tp > 1) {
@@ -343,27 +375,65 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     // its fp32 list) and with fp32 weights; 16-bit on the CPU with 16-bit weights (CPU autocast
     // runs layer_norm in its input's dtype, the residual stream's).
     const double ln = l.cpu && l.param_bytes == 2 ? 2.0 : 4.0;
-    const double fwd = l.recompute == Recompute::Full ? 4.0 : 2.0;
-    const double per_micro = static_cast<double>(st.blocks) * (fwd * 2 * tok * d * a + 2.0 * 2 * tok * d * ln);
-    out.push_back(collective("tp", "block activation all-reduces (2 forward" +
-                                       std::string(l.recompute == Recompute::Full ? " + 2 recomputed" : "") +
-                                       ", 2 backward per layer and micro-batch)",
-                             l.tp, Kd * per_micro, k.tp_bw, k.tp, Window::Serial, K));
+    const bool full = l.recompute == Recompute::Full;
+    const double blocks = static_cast<double>(st.blocks);
+    if (l.sp) {
+      // sequence parallelism (parallel/sequence_parallel.h): per layer and forward pass, c_attn's
+      // and c_fc's inputs gathered (cast to the compute dtype first) and the two row-parallel
+      // outputs reduce-scattered, 4 b T d a; backward, the column inputs gathered again for dW and
+      // the row outputs' gradients gathered (4 b T d a), the column inputs' gradients
+      // reduce-scattered in the LayerNorm outputs' dtype (2 b T d ln)
+      const double forwards = full ? 2.0 : 1.0;
+      out.push_back(collective("tp", std::string("block all-gathers + reduce-scatters (forward") + (full ? " x 2, recomputed" : "") +
+                                         "; backward with the column inputs gathered again)",
+                               l.tp, Kd * blocks * ((forwards + 1) * 4 * tok * d * a + 2 * tok * d * ln), k.tp_bw, k.tp,
+                               Window::Serial, K));
+    } else {
+      const double fwd = full ? 4.0 : 2.0;
+      const double per_micro = blocks * (fwd * 2 * tok * d * a + 2.0 * 2 * tok * d * ln);
+      out.push_back(collective("tp", "block activation all-reduces (2 forward" + std::string(full ? " + 2 recomputed" : "") +
+                                         ", 2 backward per layer and micro-batch)",
+                               l.tp, Kd * per_micro, k.tp_bw, k.tp, Window::Serial, K));
+    }
     // the gradient norm's split part, summed over tp once per step (one double); under ZeRO or
     // pp the squared norm rides in the verdict all-reduce instead
     if (l.zero == 0 && !pipelined) {
       out.push_back(collective("tp", "gradient-norm all-reduce", l.tp, 2 * 8, k.tp_bw, k.tp, Window::Serial, 1));
     }
+    // the embedding: an all-reduce (sp: a reduce-scatter forward and an all-gather backward) of
+    // b T d in wte's dtype, the same bytes; the head: its input's gradient all-reduced in ln_f's
+    // dtype (sp: ln_f's output gathered in the compute dtype forward and again backward, its
+    // gradient reduce-scattered); the cross-entropy's max, sum-exp and target
     double edge = 0;
-    if (first) edge += 2 * tok * d * l.param_bytes;           // vocabulary-parallel embedding, forward (wte's dtype)
-    if (last) edge += 2 * tok * d * ln + 3 * 2 * tok * 4;     // head input gradient (ln_f's dtype); cross-entropy max, sum-exp, target
-    const char* what = first && last ? "embedding / head / cross-entropy all-reduces"
-                       : first       ? "embedding all-reduce (forward)"
+    if (first) edge += 2 * tok * d * l.param_bytes;
+    if (last) edge += (l.sp ? 2 * tok * d * a + tok * d * ln : 2 * tok * d * ln) + 3 * 2 * tok * 4;
+    const char* what = first && last ? (l.sp ? "embedding / head gathers and reduce-scatters, cross-entropy all-reduces"
+                                             : "embedding / head / cross-entropy all-reduces")
+                       : first       ? (l.sp ? "embedding reduce-scatter + all-gather" : "embedding all-reduce (forward)")
                                      : "head input-gradient / cross-entropy all-reduces";
     if (edge > 0) out.push_back(collective("tp", what, l.tp, Kd * edge, k.tp_bw, k.tp, Window::Serial, K));
+    if (l.sp) {
+      // the gradients of the parameters tp replicates, summed over tp by a hook in every backward
+      // (each rank saw only its rows), in the parameters' dtype: the LayerNorms and the two
+      // row-parallel biases of each block (6 d), wpe [T, d] on the first stage, ln_f on the last
+      const double replicated = blocks * 6 * d + (first ? static_cast<double>(m.seq_len) * d : 0.0) + (last ? 2 * d : 0.0);
+      out.push_back(collective("tp", "replicated parameters' gradient all-reduces (every backward)", l.tp,
+                               Kd * 2 * l.param_bytes * replicated, k.tp_bw, k.tp, Window::Serial, K));
+    }
+  }
+  // context parallel (parallel/context_parallel.h): per layer and micro-batch one all-gather of
+  // the stacked K and V, output [2, b, KV_t, T, h] in the compute dtype (again in a recomputed
+  // forward), and one reduce-scatter of their gradients, the same size; blocking, so serial
+  if (l.cp > 1) {
+    const int64_t kv_t = (m.n_kv_head >= l.tp ? m.n_kv_head / l.tp : 1) * m.head_dim();
+    const double gathered = 2.0 * static_cast<double>(l.micro_batch * m.seq_len * kv_t) * a;
+    const double passes = l.recompute == Recompute::Full ? 3.0 : 2.0;
+    out.push_back(collective("cp", std::string("K/V all-gather + gradient reduce-scatter (per layer: forward") +
+                                       (l.recompute == Recompute::Full ? ", recomputed forward" : "") + ", backward)",
+                             l.cp, Kd * static_cast<double>(st.blocks) * passes * gathered, k.cp_bw, k.cp, Window::Serial, K));
   }
   // pipeline (parallel/pipeline.h): the bytes this rank sends. Per micro-batch its output
-  // [b, T, d] forward (not the last stage) and its input's gradient backward (not the first), in
+  // [b, T, d] ([b, T/t, d] under sp) forward (not the last stage) and its input's gradient backward (not the first), in
   // the residual stream's dtype (the parameters'); once per step the tied wte's gradient (fp32,
   // the main grad for 16-bit weights) to the other end (first <-> last stage): the whole V'/t x d
   // slice, or under ZeRO this rank's shard of the wte unit.
@@ -373,7 +443,8 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     const std::string what = first ? "boundary activations sent forward" + dt
                              : last ? "boundary gradients sent backward" + dt
                                     : "boundary activations forward and gradients backward" + dt;
-    out.push_back(collective("pp", what, 2, Kd * directions * tok * d * l.param_bytes, k.pp_bw, k.pp, Window::Serial, K,
+    const double rows = l.sp ? tok / static_cast<double>(l.tp) : tok;  // --sp: the rank's rows of the sequence
+    out.push_back(collective("pp", what, 2, Kd * directions * rows * d * l.param_bytes, k.pp_bw, k.pp, Window::Serial, K,
                              /*ring_factor=*/false));
     if (first || last) {
       const int64_t wte = m.padded_vocab_size() * m.d_model / l.tp;
@@ -453,7 +524,8 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   const std::vector<int64_t> blocks = stage_blocks(model, l);
   // Each stage's forward FLOPs per token (section 5): its blocks, and on the last stage the
   // output layer and ln_f (2 x their parameters); the whole F/3 without pipelining.
-  const double per_device = tok / static_cast<double>(l.tp) / cluster.sustained_flops();
+  // a rank's share: the tp slice of its b T / cp positions (cp's mirrored chunks even out attention)
+  const double per_device = tok / static_cast<double>(l.tp * l.cp) / cluster.sustained_flops();
   const double block_fwd = 2 * n_block + 4 * d * T, block_re = p.recompute_flops_per_token / L;
   const double head_fwd = 2 * (static_cast<double>(model.padded_vocab_size()) * d + 2 * d);
   auto stage_times = [&](StagePlan& st) {
@@ -472,6 +544,11 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   const double a = l.compute_bytes, r = 4.0;
   const double Vp = static_cast<double>(model.padded_vocab_size()), V = static_cast<double>(model.vocab_size);
   const double logp = l.tp > 1 ? 4.0 * Vp / static_cast<double>(l.tp) : 4.0 * V;  // fp32 log-probabilities per token
+  const int64_t G = l.grad_ranks();  // ZeRO's shards: over dp x cp
+  // tokens of a micro-batch on this rank (its b T / cp positions), and, under sp, the residual
+  // stream's rows of them (b T / t)
+  const double local = tok / static_cast<double>(l.cp);
+  const double rows = l.sp ? local / static_cast<double>(l.tp) : local;
   for (int64_t s = 0; s < l.pp; ++s) {
     StagePlan st;
     st.stage = s;
@@ -479,30 +556,35 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     st.units = rank_units(model, l.tp, l.pp, s, l.pp_split);
     stage_times(st);
     st.psi = sum_units(st.units);
-    st.psi_padded = sum_padded(st.units, l.dp);
+    st.psi_padded = sum_padded(st.units, G);
     st.state = model_state(st.units, l);
     st.state.device.cast_copies = cast_copy_bytes(model, l, st.blocks);
 
     const bool first = s == 0, last = s == l.pp - 1;
     const double in_flight = static_cast<double>(std::min<int64_t>(l.pp - s, l.grad_accum));
-    double per_micro_batch = static_cast<double>(st.blocks) * kept.layer_bytes(tok, l.tp);
-    double outer = 0;                                                  // per token
-    if (first) outer += 8.0 + (l.dropout ? (l.cpu ? 4.0 : 1.0) * d : 0.0);  // token ids; embedding dropout mask
-    if (last) outer += r * d + 8.0 + a * d + logp + 8.0;                // ln_f in / stats / out, log-probs, targets
-    per_micro_batch += outer * tok;
+    double per_micro_batch = static_cast<double>(st.blocks) * kept.layer_bytes(tok, l.tp, l.sp, l.cp);
+    // outside the blocks: token ids (every position under sp, which embeds the whole sequence
+    // before its reduce-scatter); the embedding's dropout mask and ln_f's input, stats and output
+    // (the head keeps its rows under sp) on the residual stream's rows; log-probs and targets of
+    // every position the rank's loss covers
+    if (first) per_micro_batch += 8.0 * local + (l.dropout ? (l.cpu ? 4.0 : 1.0) * d * rows : 0.0);
+    if (last) per_micro_batch += (r * d + 8.0 + a * d) * rows + (logp + 8.0) * local;
     st.activation_bytes = per_micro_batch * in_flight;
+    // context parallelism's causal mask: one additive [2C, T] bias in the compute dtype for the
+    // run, shared by every layer and micro-batch (parallel/context_parallel.h)
+    if (l.cp > 1) st.activation_bytes += a * (static_cast<double>(model.seq_len) / static_cast<double>(l.cp)) * static_cast<double>(model.seq_len);
 
     double transient = 0;
-    if (last) transient += tok * (a * Vp / static_cast<double>(l.tp) + logp);  // logits and the log-probs' gradient
-    if (l.recompute == Recompute::Full) transient += none.layer_bytes(tok, l.tp);  // one layer recomputed
-    const int64_t max_block = st.blocks > 0 ? padded_numel(block_numel(model, l.tp), l.dp) : 0;
+    if (last) transient += local * (a * Vp / static_cast<double>(l.tp) + logp);  // logits and the log-probs' gradient
+    if (l.recompute == Recompute::Full) transient += none.layer_bytes(tok, l.tp, l.sp, l.cp);  // one layer recomputed
+    const int64_t max_block = st.blocks > 0 ? padded_numel(block_numel(model, l.tp), G) : 0;
     int64_t outer_units = 0;  // the units before the blocks
-    for (size_t i = 0; i + static_cast<size_t>(st.blocks) < st.units.size(); ++i) outer_units += padded_numel(st.units[i], l.dp);
+    for (size_t i = 0; i + static_cast<size_t>(st.blocks) < st.units.size(); ++i) outer_units += padded_numel(st.units[i], G);
     // ZeRO-2/3 without a full local buffer: up to two units' full gradients in flight to their
     // reduce-scatter (parallel/zero.h: max_in_flight 2). ZeRO-3 also holds the outer unit
     // gathered through the micro-step and one block gathered plus the next one prefetched.
     int64_t biggest = 0;
-    for (int64_t n : st.units) biggest = std::max(biggest, padded_numel(n, l.dp));
+    for (int64_t n : st.units) biggest = std::max(biggest, padded_numel(n, G));
     const bool full_buffer = l.zero == 1 || (l.zero_accum == ZeroAccum::Local && l.grad_accum > 1);
     if (l.zero >= 2 && !full_buffer) transient += 2 * 4 * static_cast<double>(biggest);
     if (l.zero == 3) {  // gathered in the working weights' dtype
@@ -538,7 +620,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   p.hfu = (p.flops_per_token + p.recompute_flops_per_token) * static_cast<double>(p.tokens_per_step) / denom;
 
   // required bandwidth per group, on the slowest stage
-  for (const char* g : {"dp", "tp", "pp", "host"}) {
+  for (const char* g : {"dp", "cp", "tp", "pp", "host"}) {
     GroupBandwidth b;
     b.group = g;
     for (const auto& it : p.stages[p.slowest_stage].comm) {

@@ -4,7 +4,9 @@
 // Notation: P = parameters of the FLOP count (kiln's N': all parameters less the position
 // embedding, tied output layer once), D = training tokens, L layers, d width, H heads, T sequence
 // length, V vocabulary (V' padded to 128), b micro-batch, K = grad-accum (micro-batches per step
-// per dp rank; the pipeline's m), N = dp, t = tp, p = pp. "Per rank" means per device/process.
+// per dp rank; the pipeline's m), N = dp, t = tp, p = pp, c = cp (context parallel: each sequence
+// split over c ranks), G = dp x c (the ranks a gradient is reduced over: DDP's and ZeRO's group).
+// "Per rank" means per device/process; world = dp x c x t x p.
 //
 // 1. Training compute and runtime (Kaplan et al. 2020 s2.1; Hoffmann et al. 2022 for D = 20P)
 //      T = 6 P D          (+ 12 L d T_seq D with the attention term: T = F D, F of runtime/metrics.h)
@@ -20,6 +22,7 @@
 //    both (K micro-steps accumulated in 16 bits would round every partial sum). Parameters
 //    are grouped in units -- unit 0 "outer" = wte, wpe, ln_f; one unit per block -- each padded
 //    to a multiple of N x 64 elements: n' = ceil(n / 64N) 64N, Psi' = sum n' (Psi unpadded);
+//    with context parallelism N is G = dp x c throughout (ZeRO shards over the dp x cp group);
 //    o = 8 (pb 4) or 12 (pb 2: the fp32 master shard joins m and v).
 //      stage   device params   device grads             device optimizer
 //      0       pb Psi          4 Psi                    o Psi
@@ -74,12 +77,32 @@
 //    2021; kiln's parallel/pipeline.h).
 //    Outside the blocks: embedding indices (8 B/token), ln_f (r d + 8 + a d) and the fp32
 //    log-probabilities of the loss (4 V/token; 4 V'/t vocabulary-parallel), plus transients.
+//    Sequence parallelism (--sp; Korthikanti s4.2.2, their 34 s b h / t): the replicated terms
+//    live on the rank's T/t rows, so they divide by t -- the LayerNorm outputs too: c_attn, c_fc
+//    and the head keep their input's rows (in the compute dtype) and gather them again in
+//    backward (parallel/sequence_parallel.h: gathered_linear), as Megatron does:
+//      per token, sp:      (replicated + split) / t          full, sp: r d / t
+//      outside the blocks: the embedding's mask and ln_f's input, stats and output / t; the
+//                          token ids and the loss's log-probabilities are every position's
+//    Context parallelism (--cp c): each rank holds 2C = T/c positions of each sequence, and every
+//    per-token term above is per local token (b T / c of them), except attention's gathered K and
+//    V, whole [b, KV/t, T, h] per layer (kv_t = this rank's kv heads x head_dim: kv / t, or
+//    head_dim when t exceeds the kv heads), and the causal mask: one additive [2C, T] bias in the
+//    compute dtype for the run, shared by every layer and micro-batch (a per-layer mask -- or a
+//    boolean one, which SDPA converts per call -- would be kept by the fused kernels for backward,
+//    a 2C T per layer: 51 GB for gpt2-1.5b at T 32768, c 2):
+//      per layer, cp:      (b T / c) x per-token bytes + b T x 2 a kv_t (K, V whole)
+//      math path:          the K, V copies whole (b T x 2 a d / t), q and the scores per local token
+//      full, cp:           (b T / c) r d
+//      once per rank:      a 2C T (the mask)
+//    docs/plan.md, section 8, has a seq 8192 / 32768 example.
 //
 // 4. Communication per rank per optimizer step, in kiln's comm_bytes convention (each
 //    collective counts its full buffer times its ring factor: all_reduce 2x, reduce_scatter 1x
 //    the input, all_gather 1x the output, broadcast 1x, send: bytes sent). The wire traffic of
 //    a ring collective over n ranks is comm_bytes x (n - 1)/n (nccl-tests PERFORMANCE.md) and
 //    its time wire / busbw of the link it crosses (inside a node, or between nodes).
+//    DDP and ZeRO run over the dp x cp group: N = G = dp x c in every row below.
 //      DDP (ZeRO-0, N > 1)  2 x 4 Psi + 16           (gradients; [loss, non-finite flag] 8 B;
 //                                                     a world of one under mpirun: 2 x 4 Psi;
 //                                                     --reduce-dtype bf16: 2 x 2 Psi)
@@ -105,15 +128,39 @@
 //    tied wte gradient to the other, 4 V' d / t (under ZeRO only its dp shard of the wte unit,
 //    4 n_wte' / N). The step's verdict [loss, non-finite, grad norm^2] is one all-reduce over the
 //    whole world (2 x 12), with or without ZeRO, and replaces DDP's 16-byte one and tp's norm.
+//    sp (parallel/sequence_parallel.h): each tp all-reduce of [b, T, d] becomes an all-gather
+//    (1x the output) plus a reduce-scatter (1x the input), and each column-parallel layer
+//    gathers its input again in backward (it keeps only its rows). Per layer and micro-batch:
+//      forward (each, twice under full):  c_attn, c_fc inputs gathered + the two row-parallel
+//                                         outputs reduce-scattered        4 b T d a
+//      backward:                          the two inputs gathered again + the row outputs'
+//                                         gradients gathered             4 b T d a
+//                                         the inputs' gradients reduce-scattered  2 b T d ln
+//    i.e. 8 b T d a + 2 b T d ln (12 b T d a + 2 b T d ln with full), against plain tp's
+//    4 b T d a (8 with full) + 4 b T d ln:
+//    2 b T d a more per layer in fp32. The embedding's reduce-scatter + all-gather, 2 b T d r,
+//    equal plain tp's all-reduce; the head: ln_f's output gathered forward and backward and its
+//    gradient reduce-scattered, 2 b T d a + b T d ln (plain: 2 b T d ln). NEW: every parameter
+//    tp replicates is all-reduced over tp in each backward, in its own dtype: per micro-batch
+//    2 pb (6 L_s d [+ T d wpe, first stage] [+ 2 d ln_f, last stage]) (the LayerNorms and the
+//    two row-parallel biases of each block). (sp with pp is refused: kiln's
+//    pipeline exchanges whole sequences.)
+//    cp (parallel/context_parallel.h): per layer and micro-batch one all-gather of the stacked K
+//    and V, output [2, b, KV_t, T, h], 2 b KV_t T h a bytes (again per recomputed forward under
+//    full; selective keeps the gathered K, V), and one reduce-scatter of their gradient, the same
+//    size (the gradient is in the compute dtype). tp's collectives run on the rank's b T / c
+//    positions. The verdict is over dp x c (16 B DDP; 24 B ZeRO, over the world with tp).
 //
 // 5. Time per optimizer step (per rank; the slowest stage sets it):
-//      t_f = F_s b T / (t R),  t_b = (2 F_s + F_re,s) b T / (t R)   per micro-batch on stage s:
+//      t_f = F_s b T / (t c R),  t_b = (2 F_s + F_re,s) b T / (t c R)   per micro-batch on stage s
+//      (cp's mirrored chunks give every cp rank the same attention work: an even 1/c share):
 //      F_s = L_s (2 n_block + 4 d T) [+ 2 (V' d + 2 d) on the last stage: the output layer and
 //      ln_f], summing to F/3 over the stages (F/3 itself at p = 1); F_re,s = L_s x recomputed
 //      FLOPs per token and layer: full 2 n_block + 4 d T, selective 4 d T
 //      compute  = K (t_f + t_b)
 //      exposed  = serial comm (tp, pp p2p, post-step all-gathers, verdicts, offload copies and
-//                 the host AdamW) + per window max(0, comm overlapped there - window's compute)
+//                 the host AdamW, cp's K/V gathers and reduce-scatters, sp's replicated-gradient
+//                 all-reduces) + per window max(0, comm overlapped there - window's compute)
 //                 (DDP buckets / ZeRO reduce-scatters behind backward, ZeRO-3 gathers behind the
 //                 phase they feed)
 //      bubble   = (p - 1)(t_f + t_b)       (1F1B: bubble fraction (p-1)/(K+p-1); Narayanan s2.2)
@@ -150,6 +197,8 @@ std::string to_string(Attention a);
 // validated once against the model and the cluster.
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;       // data / tensor / pipeline parallel sizes
+  int64_t cp = 1;                       // context-parallel size: each sequence split over cp ranks (2 cp chunks)
+  bool sp = false;                      // sequence parallelism inside the tp group (needs tp >= 2)
   int zero = 0;                         // ZeRO stage 0..3
   Offload offload = Offload::None;      // optimizer: stages 1-3; all: stage 3
   ZeroAccum zero_accum = ZeroAccum::Reduce;
@@ -166,7 +215,8 @@ struct Layout {
   bool comm_in_world_of_one = false;    // a communicator exists even with dp = 1 (mpirun + --backend)
   double base_bytes = 0;                // resident bytes outside the model (CPU runs: LibTorch, ~0.4 GB)
 
-  int64_t devices() const { return dp * tp * pp; }
+  int64_t devices() const { return dp * cp * tp * pp; }
+  int64_t grad_ranks() const { return dp * cp; }  // G: the group DDP and ZeRO reduce (and shard) over
   // Throws ConfigError with one line naming what does not divide or combine.
   void validate(const GPTConfig& model, const ClusterSpec& cluster) const;
 };
@@ -214,13 +264,22 @@ int64_t cast_copy_bytes(const GPTConfig& model, const Layout& layout, int64_t bl
 
 // ---- 3. activations -------------------------------------------------------------------------
 struct ActivationBytes {
-  double replicated = 0;  // bytes per token per layer, the same on every tp rank
+  double replicated = 0;  // bytes per token per layer, the same on every tp rank (without --sp; / tp with it)
   double split = 0;       // bytes per token per layer before dividing over tp
+  double kv_whole = 0;    // cp > 1: bytes per token of the WHOLE sequence per layer on each rank (its K, V heads, gathered)
   double per_layer = 0;   // bytes per layer and micro-batch: the checkpoint's saved generator states
-  double per_token(int64_t tp) const { return replicated + split / static_cast<double>(tp); }
-  double layer_bytes(double tokens, int64_t tp) const { return tokens * per_token(tp) + per_layer; }
+  // Per token of the rank's positions (the micro-batch's b T, or b T / cp with cp), per layer.
+  double per_token(int64_t tp, bool sp = false) const {
+    const double t = static_cast<double>(tp);
+    return (sp ? replicated / t : replicated) + split / t;
+  }
+  // One layer and micro-batch of `tokens` = b T on a rank (section 3).
+  double layer_bytes(double tokens, int64_t tp, bool sp = false, int64_t cp = 1) const {
+    return tokens / static_cast<double>(cp) * per_token(tp, sp) + tokens * kv_whole + per_layer;
+  }
 };
-// Kept between forward and backward, per token per layer, for `mode`.
+// Kept between forward and backward, per token per layer, for `mode` (the layout's tp and cp set
+// kv_whole and the mask; per_token / layer_bytes divide).
 ActivationBytes layer_activation_bytes(const GPTConfig& model, const Layout& layout, Recompute mode);
 
 // ---- 4. communication -----------------------------------------------------------------------

@@ -57,7 +57,7 @@ json state_json(const StateBytes& s, bool device) {
 
 // The command that runs the planned layout as pasted: the model (its preset's name, or its
 // shape), and every setting that differs from `kiln train`'s defaults (dp follows from the
-// world: dp = ranks / (tp x pp)). 16-bit compute is written --precision bf16 (the plan does not
+// world: dp = ranks / (cp x tp x pp)). 16-bit compute is written --precision bf16 (the plan does not
 // tell bf16 from fp16; both cost 2 bytes).
 std::string train_command(const GPTConfig& m, const Layout& l) {
   std::string out = strprintf("mpirun -np %lld kiln train", static_cast<long long>(l.devices()));
@@ -82,6 +82,8 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   if (l.param_bytes == 2) out += " --param-dtype bf16";
   if (l.reduce_bytes == 2) out += " --reduce-dtype bf16";
   if (l.tp != 1) out += strprintf(" --tp %lld", static_cast<long long>(l.tp));
+  if (l.sp) out += " --sp";
+  if (l.cp != 1) out += strprintf(" --cp %lld", static_cast<long long>(l.cp));
   if (l.pp != 1) out += strprintf(" --pp %lld", static_cast<long long>(l.pp));
   if (!l.pp_split.empty()) out += " --pp-split " + l.pp_split;
   if (l.zero != 0) out += strprintf(" --zero %d", l.zero);
@@ -165,7 +167,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
         {"params", m.num_params()}, {"params_non_embedding_pos", m.num_params_non_embedding_pos()}}},
       {"cluster", cluster_json(p.cluster)},
       {"layout",
-       {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", l.zero}, {"offload", to_string(l.offload)},
+       {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"sp", l.sp}, {"zero", l.zero}, {"offload", to_string(l.offload)},
         {"zero_accum", to_string(l.zero_accum)}, {"activation_checkpointing", to_string(l.recompute)},
         {"pp_split", l.pp_split}, {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
         {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"command", train_command(p.model, l)}}},
@@ -174,7 +176,8 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
         {"recompute_flops_per_token", p.recompute_flops_per_token}, {"forward_s", p.forward_s},
         {"backward_s", p.backward_s}, {"compute_s", p.compute_s}}},
       {"activation_bytes_per_token_per_layer",
-       {{"replicated", act.replicated}, {"split", act.split}, {"per_rank", act.per_token(l.tp)}, {"per_layer_constant", act.per_layer}}},
+       {{"replicated", act.replicated}, {"split", act.split}, {"per_rank", act.per_token(l.tp, l.sp)},
+        {"kv_whole_per_sequence_token", act.kv_whole}, {"per_layer_constant", act.per_layer}}},
       {"time",
        {{"compute_s", p.compute_s}, {"exposed_comm_s", p.exposed_comm_s}, {"bubble_s", p.bubble_s},
         {"step_s", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"mfu", p.mfu}, {"hfu", p.hfu},
@@ -280,9 +283,16 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
                    bytes(static_cast<double>(st.state.device.cast_copies)).c_str(), "-");
   }
   const ActivationBytes act = layer_activation_bytes(m, l, l.recompute);
-  o += strprintf("  %-22s %14s                (%.0f B per token per layer, %lld micro-batch(es) in flight)\n", "activations",
-              bytes(st.activation_bytes).c_str(), act.per_token(l.tp),
-              static_cast<long long>(std::min<int64_t>(l.pp - st.stage, l.grad_accum)));
+  std::string per_token = strprintf("%.0f B per token per layer", act.per_token(l.tp, l.sp));
+  if (l.sp) per_token += strprintf(" (sp: replicated part / %lld)", static_cast<long long>(l.tp));
+  if (l.cp > 1) {
+    const double T = static_cast<double>(m.seq_len);
+    per_token += strprintf(" on T/%lld positions + %.0f B per sequence token (K, V gathered); the causal mask %s once",
+                           static_cast<long long>(l.cp), act.kv_whole,
+                           bytes(static_cast<double>(l.compute_bytes) * T / static_cast<double>(l.cp) * T).c_str());
+  }
+  o += strprintf("  %-22s %14s                (%s, %lld micro-batch(es) in flight)\n", "activations", bytes(st.activation_bytes).c_str(),
+                 per_token.c_str(), static_cast<long long>(std::min<int64_t>(l.pp - st.stage, l.grad_accum)));
   o += strprintf("  %-22s %14s                (logits, recompute working set, gathered ZeRO-3 units)\n", "transients",
               bytes(st.transient_bytes).c_str());
   if (l.base_bytes > 0) o += strprintf("  %-22s %14s\n", "process base", bytes(l.base_bytes).c_str());

@@ -19,8 +19,8 @@ std::vector<int64_t> divisors(int64_t n) {
 }
 
 int simplicity(const Layout& l) {  // lower is simpler
-  return l.zero * 100 + static_cast<int>(l.offload) * 10 + static_cast<int>(l.recompute) +
-         (l.zero_accum == ZeroAccum::Local ? 1000 : 0);
+  return l.zero * 10000 + static_cast<int>(l.offload) * 1000 + static_cast<int>(l.recompute) * 100 + (l.cp > 1 ? 10 : 0) +
+         (l.sp ? 1 : 0) + (l.zero_accum == ZeroAccum::Local ? 100000 : 0);
 }
 
 std::string ms(double seconds) {
@@ -43,9 +43,11 @@ double recompute_s(const Plan& p) {
 }  // namespace
 
 std::string describe(const Layout& l) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "dp %lld tp %lld pp %lld, ZeRO-%d%s, offload %s, AC %s, mb %lld x %lld",
-                static_cast<long long>(l.dp), static_cast<long long>(l.tp), static_cast<long long>(l.pp), l.zero,
+  char buf[192];
+  const std::string cp = l.cp > 1 ? " cp " + std::to_string(l.cp) : "";
+  std::snprintf(buf, sizeof buf, "dp %lld%s tp %lld%s pp %lld, ZeRO-%d%s, offload %s, AC %s, mb %lld x %lld",
+                static_cast<long long>(l.dp), cp.c_str(), static_cast<long long>(l.tp), l.sp ? " (sp)" : "",
+                static_cast<long long>(l.pp), l.zero,
                 (l.zero >= 2 && l.grad_accum > 1) ? (l.zero_accum == ZeroAccum::Local ? " (accum local)" : " (accum reduce)") : "",
                 to_string(l.offload).c_str(), to_string(l.recompute).c_str(), static_cast<long long>(l.micro_batch),
                 static_cast<long long>(l.grad_accum));
@@ -126,43 +128,56 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
   std::vector<Plan> fitting;
   const int64_t devices = cluster.devices();
   bool any_dp = false;
-  for (int64_t tp : divisors(devices)) {
-    for (int64_t pp : divisors(devices / tp)) {
-      const int64_t dp = devices / (tp * pp);
-      if (space.global_batch % dp != 0) continue;
-      any_dp = true;
-      const int64_t per_rank = space.global_batch / dp;
-      for (int64_t mb : divisors(per_rank)) {
-        if (space.max_micro_batch > 0 && mb > space.max_micro_batch) continue;
-        for (int zero : space.zero_stages) {
-          for (Offload off : space.offload) {
-            for (Recompute rc : space.recompute) {
-              for (ZeroAccum acc : {ZeroAccum::Reduce, ZeroAccum::Local}) {
-                Layout l = space.base;
-                l.dp = dp, l.tp = tp, l.pp = pp, l.zero = zero, l.offload = off, l.recompute = rc;
-                l.micro_batch = mb;
-                l.grad_accum = per_rank / mb;
-                l.zero_accum = acc;
-                if (acc == ZeroAccum::Local && !(zero >= 2 && l.grad_accum > 1)) continue;  // the same layout
-                if ((off == Offload::Optimizer && zero == 0) || (off == Offload::All && zero != 3)) continue;  // no such setting
-                ++res.candidates;
-                try {
-                  l.validate(model, cluster);
-                } catch (const ConfigError&) {
-                  ++res.invalid;
-                  continue;
-                }
-                Plan p = make_plan(model, cluster, l);
-                if (!p.fits_device) {
-                  ++res.over_device;
-                  continue;
-                }
-                if (!p.fits_host) {
-                  ++res.over_host;
-                  continue;
-                }
-                fitting.push_back(std::move(p));
+  // The mesh shapes: dp x cp x tp x pp = devices; cp where 2 cp divides the sequence; sp on and
+  // off wherever tp > 1 (kiln builds it without cp). Layouts kiln refuses (cp with pp, tp not
+  // dividing the heads...) are counted by the validation below.
+  struct Shape {
+    int64_t dp, cp, tp, pp;
+    bool sp;
+  };
+  std::vector<Shape> shapes;
+  for (int64_t tp : divisors(devices))
+    for (int64_t pp : divisors(devices / tp))
+      for (int64_t cp : divisors(devices / (tp * pp))) {
+        if (cp > 1 && model.seq_len % (2 * cp) != 0) continue;
+        for (bool sp : {false, true})
+          if (!sp || (tp > 1 && cp == 1)) shapes.push_back({devices / (tp * pp * cp), cp, tp, pp, sp});
+      }
+  for (const Shape& shape : shapes) {
+    if (space.global_batch % shape.dp != 0) continue;
+    any_dp = true;
+    const int64_t per_rank = space.global_batch / shape.dp;
+    for (int64_t mb : divisors(per_rank)) {
+      if (space.max_micro_batch > 0 && mb > space.max_micro_batch) continue;
+      for (int zero : space.zero_stages) {
+        for (Offload off : space.offload) {
+          for (Recompute rc : space.recompute) {
+            for (ZeroAccum acc : {ZeroAccum::Reduce, ZeroAccum::Local}) {
+              Layout l = space.base;
+              l.dp = shape.dp, l.cp = shape.cp, l.tp = shape.tp, l.pp = shape.pp, l.sp = shape.sp;
+              l.zero = zero, l.offload = off, l.recompute = rc;
+              l.micro_batch = mb;
+              l.grad_accum = per_rank / mb;
+              l.zero_accum = acc;
+              if (acc == ZeroAccum::Local && !(zero >= 2 && l.grad_accum > 1)) continue;  // the same layout
+              if ((off == Offload::Optimizer && zero == 0) || (off == Offload::All && zero != 3)) continue;  // no such setting
+              ++res.candidates;
+              try {
+                l.validate(model, cluster);
+              } catch (const ConfigError&) {
+                ++res.invalid;
+                continue;
               }
+              Plan p = make_plan(model, cluster, l);
+              if (!p.fits_device) {
+                ++res.over_device;
+                continue;
+              }
+              if (!p.fits_host) {
+                ++res.over_host;
+                continue;
+              }
+              fitting.push_back(std::move(p));
             }
           }
         }

@@ -15,6 +15,8 @@
 #include <map>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "plan/cluster.h"
 #include "plan/compare.h"
 #include "plan/cost_model.h"
@@ -906,6 +908,306 @@ TEST(PlanCompare, MalformedInputIsAConfigError) {
   EXPECT_THROW(compare_with_log(no_config, cluster_preset("h100"), false), ConfigError);
   std::remove(junk.c_str());
   std::remove(no_config.c_str());
+}
+
+// ---- sequence and context parallelism ---------------------------------------------------------
+
+// tiny on the CPU in fp32, micro-batch 2, K 2: the runs of tests/cli/plan.sh.
+Layout cpu_fp32(int64_t dp, int zero, int64_t K) {
+  Layout l = layout(dp, zero, K);
+  l.micro_batch = 2;
+  l.compute_bytes = 4;
+  l.cpu = true;
+  return l;
+}
+
+TEST(PlanSequenceParallel, TrafficIsTpsPlusTheRegathersPlusTheReplicatedGradients) {
+  // tp 2, b 2, T 128, d 128, L 4, fp32 (a = ln = 4), K 2. Plain tp (measured by kiln train,
+  // tests/cli/plan.sh): 9,449,488. With --sp, per micro-batch:
+  //   blocks: L (8 b T d a + 2 b T d ln) against plain's L (4 b T d a + 4 b T d ln): + L 2 b T d a
+  //   (c_attn's and c_fc's inputs gathered again in backward)
+  //   head: 2 b T d a + b T d ln against plain's 2 b T d ln: + b T d a (its input gathered again)
+  //   the replicated parameters' gradients, all-reduced each backward: 2 x 4 (6 L d + 2 d + T d)
+  //   = 8 x (3,072 + 256 + 16,384) = 157,696
+  const double btd = 2.0 * 128 * 128;
+  Layout tp = cpu_fp32(1, 0, 2);
+  tp.tp = 2;
+  const double plain = make_plan(tiny(), toy_cluster(2), tp).stages[0].comm_bytes;
+  EXPECT_EQ(plain, 9449488);
+  Layout sp = tp;
+  sp.sp = true;
+  const double replicated = 2 * 4 * (6 * 4 * 128 + 2 * 128 + 128 * 128);
+  EXPECT_EQ(replicated, 157696);
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), sp).stages[0].comm_bytes, plain + 2 * ((4 * 2 + 1) * btd * 4 + replicated));
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), sp).stages[0].comm_bytes, 12124176);
+  // Every block collective of sp is gone from plain tp's list and the replicated gradients are new
+  bool found = false;
+  const Plan sp_plan = make_plan(tiny(), toy_cluster(2), sp);
+  for (const auto& it : sp_plan.stages[0].comm)
+    if (it.what.find("replicated parameters") != std::string::npos) found = it.comm_bytes == 2 * replicated;
+  EXPECT_TRUE(found);
+  // 16-bit weights on a GPU (a = 2, pb = 2, ln = 4: layer_norm autocasts to fp32), dp 2 under
+  // ZeRO-1: per micro-batch L (8 btd 2 + 2 btd 4) + the embedding 2 btd 2 + the head 2 btd 2 +
+  // btd 4 + the cross-entropy 3 x 2 x b T 4 + the replicated gradients 2 x 2 x 19,712; per step
+  // ZeRO-1's fp32 reduce-scatter and 16-bit all-gather, (4 + 2) Psi', and the 24-byte verdict
+  // (the squared norm rides in it: no tp norm all-reduce).
+  Layout g = layout(2, 1, 2);
+  g.tp = 2;
+  g.sp = true;
+  g.micro_batch = 2;
+  g.param_bytes = 2;
+  const Plan gp = make_plan(tiny(), toy_cluster(4), g);
+  const double psi_p = static_cast<double>(gp.stages[0].psi_padded);
+  const double per_micro = 4 * (8 * btd * 2 + 2 * btd * 4) + 2 * btd * 2 + (2 * btd * 2 + btd * 4) + 3 * 2 * 256 * 4 +
+                           2 * 2 * (6 * 4 * 128 + 2 * 128 + 128 * 128);
+  EXPECT_EQ(gp.stages[0].comm_bytes, 2 * per_micro + 4 * psi_p + 2 * psi_p + 24);
+  // Full recomputation runs each block's forward twice: 4 b T d a more per layer and micro-batch
+  Layout full = sp;
+  full.recompute = Recompute::Full;
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), full).stages[0].comm_bytes, 12124176 + 2 * 4 * 4 * btd * 4);
+}
+
+TEST(PlanSequenceParallel, ActivationsOfTheReplicatedRegionsFallByTp) {
+  // gpt2-124m, GPU bf16 flash, no dropout, tp 2: replicated 12d + 16 per token per layer, split
+  // 2(d + 2kv) + 4H + 18d. Without sp each rank keeps the replicated part whole; with sp 1/2 of it.
+  const GPTConfig m = GPTConfig::preset("gpt2-124m");
+  Layout l;
+  l.compute_bytes = 2;
+  const auto act = layer_activation_bytes(m, l, Recompute::None);
+  const double split = 2 * (768 + 2 * 768) + 4 * 12 + 18 * 768;
+  EXPECT_DOUBLE_EQ(act.per_token(2, false), 12 * 768 + 16 + split / 2);
+  EXPECT_DOUBLE_EQ(act.per_token(2, true), (12 * 768 + 16) / 2.0 + split / 2);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, l, Recompute::Full).per_token(4, true), 4 * 768 / 4.0);
+  // The whole stage (tiny, tp 2, b 1): blocks per token / 2 with sp; outside them the token ids
+  // (every position) and the log-probabilities (4 V'/t) stay, ln_f's 4d + 8 + 2d halves.
+  Layout t = layout(1, 0, 1);
+  t.tp = 2;
+  const Plan plain = make_plan(tiny(), toy_cluster(2), t);
+  t.sp = true;
+  const Plan sp = make_plan(tiny(), toy_cluster(2), t);
+  const auto a = layer_activation_bytes(tiny(), t, Recompute::None);
+  const double tok = 128, d = 128;
+  EXPECT_DOUBLE_EQ(plain.stages[0].activation_bytes,
+                   4 * a.layer_bytes(tok, 2) + 8 * tok + (4 * d + 8 + 2 * d) * tok + (4 * 512 / 2 + 8) * tok);
+  EXPECT_DOUBLE_EQ(sp.stages[0].activation_bytes,
+                   4 * tok * (a.replicated + a.split) / 2 + 8 * tok + (4 * d + 8 + 2 * d) * tok / 2 + (4 * 512 / 2 + 8) * tok);
+  EXPECT_LT(sp.stages[0].activation_bytes, plain.stages[0].activation_bytes);
+}
+
+TEST(PlanContextParallel, KAndVGatheredOncePerLayerEachWay) {
+  // cp 2, tiny, b 2, K 2, fp32 (kiln train, tests/cli/plan.sh): DDP over dp x cp = 2 ranks,
+  // 2 x 4 Psi + 16, and per layer and micro-batch the stacked K, V gathered ([2, b, KV, T, h]:
+  // 2 x 2 x 4 x 128 x 32 x 4 B = 262,144) and their gradient reduce-scattered (the same):
+  // 7,002,128 + 2 x 4 x 2 x 262,144 = 11,196,432
+  const double kv = 2.0 * 2 * 4 * 128 * 32 * 4;
+  Layout cp = cpu_fp32(1, 0, 2);
+  cp.cp = 2;
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), cp).stages[0].comm_bytes, 2 * 4 * kPsi + 16 + 2 * 4 * 2 * kv);
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), cp).stages[0].comm_bytes, 11196432);
+  // full recomputation gathers again in the recomputed forward
+  Layout full = cp;
+  full.recompute = Recompute::Full;
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), full).stages[0].comm_bytes, 2 * 4 * kPsi + 16 + 2 * 4 * 3 * kv);  // 13,293,584
+  // bf16 compute: the gather and its gradient in 2 bytes
+  Layout bf = cp;
+  bf.compute_bytes = 2;
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), bf).stages[0].comm_bytes, 2 * 4 * kPsi + 16 + 2 * 4 * 2 * kv / 2);  // 9,099,280
+  // cp 2 x tp 2 (4 ranks): tp's traffic on the rank's b T / 2 = 128 positions, the KV / 2 heads
+  // gathered, DDP over dp x cp of the tp rank's Psi (447,488) and the norm's all-reduce:
+  //   tp per micro-batch L (2 x 2 x 128 d 4 + 2 x 2 x 128 d 4) + 2 x 128 d 4 (embedding)
+  //   + 2 x 128 d 4 (head) + 3 x 2 x 128 x 4 = 2,362,368
+  Layout ct = cp;
+  ct.tp = 2;
+  const double tp_micro = 4 * (16.0 + 16.0) * 128 * 128 + 16.0 * 128 * 128 + 3 * 2 * 128 * 4;
+  EXPECT_EQ(tp_micro, 2362368);
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(4), ct).stages[0].comm_bytes, 2 * 4 * 447488.0 + 16 + 16 + 2 * tp_micro + 2 * 4 * 2 * kv / 2);
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(4), ct).stages[0].comm_bytes, 10401824);
+}
+
+TEST(PlanContextParallel, ZeroShardsOverDpTimesCp) {
+  // cp 2 x dp 2: ZeRO's N is 4. tiny's units pad to 64 x 4 = 256: outer 82,176 -> 82,176, block
+  // 198,272 -> 198,400: Psi' = 875,776; the optimizer shard 8 Psi' / 4.
+  Layout l = cpu_fp32(2, 1, 1);
+  l.cp = 2;
+  const Plan p = make_plan(tiny(), toy_cluster(4), l);
+  EXPECT_EQ(p.stages[0].psi_padded, 82176 + 4 * 198400);
+  EXPECT_EQ(p.stages[0].state.device.optimizer, 8 * 875776 / 4);
+  EXPECT_EQ(p.stages[0].comm_bytes, 4 * 875776.0 + 4 * 875776.0 + 24 + 4 * 2 * 262144);
+  // ZeRO-1 at cp 2 (kiln train: 11,196,440) and ZeRO-3, K 2
+  Layout z1 = cpu_fp32(1, 1, 2);
+  z1.cp = 2;
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), z1).stages[0].comm_bytes, 11196440);
+  Layout z3 = z1;
+  z3.zero = 3;
+  EXPECT_EQ(make_plan(tiny(), toy_cluster(2), z3).stages[0].comm_bytes, 22957080);
+}
+
+TEST(PlanContextParallel, ActivationsFallByCpButForTheWholeKAndV) {
+  // gpt2-124m at T 8192, GPU bf16 flash, b 1: per layer without cp 8192 x (34d + 4kv + 4H + 16 - 2d);
+  // with cp 4 every per-token term on 2048 positions, plus K and V whole (8192 x 2 x 2 x 768); the
+  // [2048, 8192] mask, a bf16 additive bias (2 bytes each), once for the rank, not per layer.
+  GPTConfig m = GPTConfig::preset("gpt2-124m");
+  m.seq_len = 8192;
+  Layout l;
+  l.compute_bytes = 2;
+  l.cp = 4;
+  Layout no_cp = l;
+  no_cp.cp = 1;
+  const auto one = layer_activation_bytes(m, no_cp, Recompute::None);
+  const auto four = layer_activation_bytes(m, l, Recompute::None);
+  EXPECT_DOUBLE_EQ(four.per_token(1), one.per_token(1));
+  EXPECT_DOUBLE_EQ(four.kv_whole, 2 * 2 * 768);
+  EXPECT_DOUBLE_EQ(four.layer_bytes(8192, 1, false, 4), 2048 * one.per_token(1) + 8192 * 2 * 2 * 768);
+  EXPECT_LT(four.layer_bytes(8192, 1, false, 4), one.layer_bytes(8192, 1) / 1.9);
+  // selective: the checkpoint keeps q, k, v (K, V whole); the mask it shares
+  const auto sel1 = layer_activation_bytes(m, Layout{}, Recompute::Selective);
+  const auto sel4 = layer_activation_bytes(m, l, Recompute::Selective);
+  EXPECT_DOUBLE_EQ(sel4.layer_bytes(8192, 1, false, 4), 2048 * sel1.per_token(1) + 8192 * 2 * 2 * 768 + 5056 + 16);
+  // full recomputation: the block input on the rank's positions, no K, V kept
+  const auto full = layer_activation_bytes(m, l, Recompute::Full);
+  EXPECT_DOUBLE_EQ(full.layer_bytes(8192, 1, false, 4), 2048 * 4 * 768 + 5056 + 16);
+  // the whole rank on 8 devices, dp 2 x cp 4: below the cp 1 dp 8 figure by more than half
+  Layout dp8 = layout(8, 0, 1);
+  dp8.compute_bytes = 2;
+  Layout cp4 = dp8;
+  cp4.dp = 2;
+  cp4.cp = 4;
+  const double a1 = make_plan(m, toy_cluster(8), dp8).stages[0].activation_bytes;
+  const double a4 = make_plan(m, toy_cluster(8), cp4).stages[0].activation_bytes;
+  EXPECT_LT(a4, a1 / 1.9);
+  EXPECT_GT(a4, a1 / 4);  // the whole K and V and the mask: more than a plain quarter
+  // the mask: once per rank, whatever the layers and micro-batches
+  Layout cp4k2 = cp4;
+  cp4k2.grad_accum = 2;
+  GPTConfig half = m;
+  half.n_layer = 6;
+  const double mask = 2.0 * 2048 * 8192;
+  const double blocks12 = a4 - mask, blocks6 = make_plan(half, toy_cluster(8), cp4).stages[0].activation_bytes - mask;
+  EXPECT_GT(blocks12, blocks6);
+  EXPECT_DOUBLE_EQ(make_plan(m, toy_cluster(8), cp4k2).stages[0].activation_bytes, a4);  // 1F1B-free: K micro-batches in turn
+}
+
+TEST(PlanLayout, SequenceAndContextParallelRefusalsAreOneLineEach) {
+  auto message = [](const Layout& l, const GPTConfig& m, int64_t devices) -> std::string {
+    try {
+      make_plan(m, toy_cluster(devices), l);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  Layout sp = layout(2, 0);
+  sp.sp = true;
+  EXPECT_NE(message(sp, tiny(), 2).find("--sp splits the sequence over the tensor-parallel group: it needs --tp 2 or more"),
+            std::string::npos);
+  GPTConfig odd = tiny();
+  odd.seq_len = 100;
+  Layout sp3 = layout(1, 0);
+  sp3.tp = 4;
+  sp3.sp = true;
+  odd.seq_len = 126;
+  EXPECT_NE(message(sp3, odd, 4).find("--sp needs --tp 4 to divide the sequence length (126)"), std::string::npos)
+      << message(sp3, odd, 4);
+  Layout cp = layout(1, 0);
+  cp.cp = 4;
+  odd.seq_len = 100;
+  EXPECT_NE(message(cp, odd, 4).find("--cp 4 needs the sequence length (100) to divide into 2 x cp = 8 chunks"),
+            std::string::npos);
+  Layout cpp = layout(1, 0);
+  cpp.cp = 2;
+  cpp.pp = 2;
+  EXPECT_NE(message(cpp, tiny(), 4).find("--cp with --pp is not built"), std::string::npos);
+  Layout cps = layout(1, 0);
+  cps.cp = 2;
+  cps.tp = 2;
+  cps.sp = true;
+  EXPECT_NE(message(cps, tiny(), 4).find("--cp with --sp is not built"), std::string::npos);
+  Layout ok = layout(1, 0);
+  ok.cp = 2;
+  ok.tp = 2;
+  EXPECT_EQ(message(ok, tiny(), 4), "");
+  EXPECT_EQ(ok.devices(), 4);
+  EXPECT_NE(message(layout(2, 0), tiny(), 4).find("does not match the cluster's 4"), std::string::npos);
+}
+
+TEST(PlanSearch, ConsidersSequenceAndContextParallelism) {
+  // tiny at T 4096 on 4 devices, global batch 4: the search enumerates cp (2 cp | 4096) and sp
+  // (wherever tp > 1) beside dp, tp and pp.
+  GPTConfig m = tiny();
+  m.seq_len = 4096;
+  ClusterSpec c = toy_cluster(4);
+  SearchSpace space;
+  space.global_batch = 4;
+  space.top = 100000;
+  const SearchResult all = search(m, c, space);
+  bool saw_cp = false, saw_sp = false;
+  for (const auto& b : all.best) {
+    saw_cp = saw_cp || b.plan.layout.cp > 1;
+    saw_sp = saw_sp || b.plan.layout.sp;
+  }
+  EXPECT_TRUE(saw_cp);
+  EXPECT_TRUE(saw_sp);
+  // ZeRO-3 without offload, with 1 byte less than its smallest dp 4 layout (full recomputation)
+  // needs: only the layouts that split the sequence or the model fit, cp among them
+  space.offload = {Offload::None};
+  space.zero_stages = {3};
+  Layout dp4 = layout(4, 3, 1);
+  dp4.compute_bytes = 2;
+  dp4.param_bytes = 2;
+  dp4.recompute = Recompute::Full;
+  c.device_memory = make_plan(m, c, dp4).peak_device_bytes() - 1;
+  space.base.compute_bytes = 2;
+  space.base.param_bytes = 2;
+  const SearchResult tight = search(m, c, space);
+  bool cp_fits = false;
+  for (const auto& b : tight.best) {
+    const Layout& l = b.plan.layout;
+    EXPECT_TRUE(l.cp > 1 || l.tp > 1 || l.pp > 1) << describe(l);
+    cp_fits = cp_fits || l.cp > 1;
+  }
+  EXPECT_TRUE(cp_fits);
+}
+
+TEST(PlanCompare, SequenceAndContextParallelLogsAndTheTrainersActivationFigure) {
+  // A cp 2 x tp 2 record (kiln train: comm_bytes 10,401,824) and an sp one; world.sp / world.cp
+  // are read, and a log from before them (no keys) is sp false, cp 1.
+  auto record = [](const std::string& world) {
+    return std::string(R"({"type":"config","config":{"n_layer":4,"n_head":4,"n_kv_head":4,"d_model":128,"seq_len":128,)"
+                       R"("vocab_size":512,"dropout":0.0,"zero":0,"offload":"none","activation_checkpointing":"none",)"
+                       R"("micro_batch":2,"grad_accum":2,"precision":"fp32","device":"cpu"},"device":"cpu",)"
+                       R"("world":)") +
+           world + "}";
+  };
+  const std::string cptp = record(R"({"size":4,"dp":1,"tp":2,"pp":1,"sp":false,"cp":2,"backend":"mpi"})");
+  const std::string path = write_log(cptp + "\n" + R"({"type":"step","step":1,"comm_bytes":10401824})" + "\n");
+  const CompareResult r = compare_with_log(path, cluster_preset("h100"), false);
+  EXPECT_EQ(r.plan.layout.cp, 2);
+  EXPECT_FALSE(r.plan.layout.sp);
+  EXPECT_TRUE(r.exact_ok());
+  for (const auto& row : r.rows) {
+    if (row.name == "comm_bytes") {
+      EXPECT_EQ(*row.predicted, 10401824);
+    }
+  }
+  std::remove(path.c_str());
+  // The trainer's figure: the config record alone, the plan's rank-0 activation bytes
+  const auto rec = nlohmann::json::parse(cptp);
+  Layout l = cpu_fp32(1, 0, 2);
+  l.tp = 2;
+  l.cp = 2;
+  l.base_bytes = 0.4e9;
+  EXPECT_DOUBLE_EQ(predicted_activation_bytes(rec), make_plan(tiny(), toy_cluster(4), l).stages[0].activation_bytes);
+  const auto sp = nlohmann::json::parse(record(R"({"size":2,"dp":1,"tp":2,"pp":1,"sp":true,"cp":1,"backend":"mpi"})"));
+  const auto old = nlohmann::json::parse(record(R"({"size":2,"dp":1,"tp":2,"pp":1,"backend":"mpi"})"));
+  EXPECT_LT(predicted_activation_bytes(sp), predicted_activation_bytes(old));  // before sp/cp: plain tp
+  // on a GPU (the record's device name) the dropout masks and the generator state differ; here
+  // no dropout, so only the attention kernel choice could, and it is flash either way
+  auto gpu = rec;
+  gpu["device"] = "NVIDIA H100 80GB HBM3";
+  EXPECT_GT(predicted_activation_bytes(gpu), 0);
+  auto bad = rec;
+  bad["world"].erase("dp");
+  EXPECT_THROW(predicted_activation_bytes(bad), ConfigError);
 }
 
 }  // namespace

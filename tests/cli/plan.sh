@@ -8,8 +8,10 @@
 # full recomputation, with ZeRO-3) and pipeline-parallel runs (pp 2; pp 3, whose default split
 # 1,2,1 puts the extra block on the middle stage; dp 2 x pp 2 under ZeRO-1; tp 2 x pp 2) are
 # compared in the last blocks. A run's log is rank 0's, so a pipeline run checks stage 0's
-# figures, and every stage's block count. Last, the command a plan suggests runs its layout as
-# pasted (model, precision, layout, batch).
+# figures, and every stage's block count. Sequence parallelism (tp 2 --sp in fp32; with dp 2,
+# ZeRO-1, bf16 and full recomputation) and context parallelism (cp 2 in bf16 under ZeRO-3; cp 4
+# at seq 256; cp 2 x tp 2 as a plan suggests it) are compared too. Last, the command a plan
+# suggests runs its layout as pasted (model, precision, layout, batch).
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -120,6 +122,11 @@ expect_fail "--zero 3 with --pp 2 is not supported yet" --model tiny --gpus-per-
 expect_fail "--pp-split '1,2' gives 2 stage\(s\) holding 3 block\(s\)" --model tiny --gpus-per-node 2 --pp 2 --pp-split 1,2
 expect_fail "--pp 8 is larger than the model's 4 blocks" --model tiny --pp 8
 expect_fail "--pp-split does not go with --compare" --compare "$work/junk.jsonl" --pp-split 2,2
+expect_fail "--sp splits the sequence over the tensor-parallel group: it needs --tp 2 or more" --model tiny --sp
+expect_fail "--cp 3 needs the sequence length \(128\) to divide into 2 x cp = 6 chunks" --model tiny --gpus-per-node 3 --cp 3
+expect_fail "--cp with --pp is not built" --model tiny --gpus-per-node 4 --cp 2 --pp 2
+expect_fail "--cp with --sp is not built" --model tiny --gpus-per-node 4 --cp 2 --tp 2 --sp
+expect_fail "--sp does not go with --search" --model tiny --search --sp
 
 # ---- pipeline layouts: kiln's split of the blocks, ZeRO-2 allowed -----------------------------------
 plan --model gpt2-124m --gpus-per-node 5 --pp 5 --micro-batch 4 --grad-accum 8 --zero 2 --json >"$work/pp5.json"
@@ -230,10 +237,41 @@ assert rows("pp3")["comm_bytes"]["measured"] == 3 * A + wte + 24
 print("pipeline: pp 3's split 1,2,1 and the comm_bytes of pp 2 / pp 3 by hand")
 PY
 
+# ---- --compare against sequence- and context-parallel runs -------------------------------------
+# sp: plain tp's traffic, plus c_attn's, c_fc's and the head's inputs gathered again in backward
+# (their rows are what they keep), plus the replicated parameters' gradients all-reduced over tp
+# in every backward. cp: K and V gathered once per layer and forward, their gradient reduce-
+# scattered once, DDP / ZeRO over dp x cp (plan/cost_model.h, section 4).
+echo "--compare, sequence and context parallel:"
+mpi 2 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --tp 2 --sp --log-json "$work/sp2.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --tp 2 --sp --zero 1 --precision bf16 --param-dtype fp32 \
+  --activation-checkpointing full --log-json "$work/sp2dp2_z1_full.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --cp 2 --zero 3 --precision bf16 --log-json "$work/cp2_z3_bf16.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 1 --cp 4 --seq-len 256 --log-json "$work/cp4.jsonl" >/dev/null
+for log in sp2 sp2dp2_z1_full cp2_z3_bf16 cp4; do check_compare "$work/$log.jsonl"; done
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+rows = lambda n: {r["name"]: r for r in json.load(open(f"{d}/{n}.jsonl.cmp.json"))["rows"]}
+cfg = lambda n: json.loads(open(f"{d}/{n}.jsonl").readline())
+assert cfg("sp2")["world"]["sp"] is True and cfg("cp4")["world"]["cp"] == 4
+# tiny, micro-batch 2, K 2, fp32: btd = 2 x 128 x 128; L 4
+btd, K, L = 2 * 128 * 128, 2, 4
+regather = K * (2 * L + 1) * btd * 4                           # c_attn, c_fc per layer; the head
+replicated = K * 2 * 4 * (6 * L * 128 + 2 * 128 + 128 * 128)   # LayerNorms, c_proj biases, ln_f, wpe
+assert rows("sp2")["comm_bytes"]["measured"] == rows("tp2")["comm_bytes"]["measured"] + regather + replicated
+# cp 4 at T 256, K 1, fp32: DDP over 4 ranks of tiny with wpe [256, 128] (Psi 891,648) and per
+# layer the stacked K, V gathered ([2, 2, 4, 256, 32] x 4 B) and their gradient reduce-scattered
+kv = 2 * 2 * 4 * 256 * 32 * 4
+assert rows("cp4")["comm_bytes"]["measured"] == 2 * 4 * 891648 + 16 + L * 2 * kv
+print("sp: tp's traffic + the backward's re-gathers + the replicated gradients; cp 4: DDP + K/V gathers, by hand")
+PY
+
 # ---- the suggested command runs the planned layout as pasted (here on the CPU, 2 steps)
 plan --model tiny --gpu h100 --gpus-per-node 4 --tp 2 --zero 1 --micro-batch 4 --grad-accum 2 --json >"$work/cmd1.json"
 plan --n-layer 3 --d-model 64 --n-head 2 --gpu h100 --gpus-per-node 2 --pp 2 --micro-batch 2 --grad-accum 2 --json >"$work/cmd2.json"
-for k in 1 2; do
+plan --model tiny --gpu h100 --gpus-per-node 4 --cp 2 --tp 2 --precision fp32 --micro-batch 2 --grad-accum 2 --json >"$work/cmd3.json"
+for k in 1 2 3; do
   cmd=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['layout']['command'])" "$work/cmd$k.json")
   echo "plan: $cmd"
   read -r -a words <<<"$cmd"
@@ -245,6 +283,7 @@ import json, sys
 plan, run = json.load(open(sys.argv[1])), json.loads(open(sys.argv[2]).readline())
 l, c, w = plan["layout"], run["config"], run["world"]
 assert (w["dp"], w["tp"], w["pp"]) == (l["dp"], l["tp"], l["pp"]), (w, l)
+assert (w.get("cp", 1), w.get("sp", False)) == (l["cp"], l["sp"]), (w, l)
 assert (c["zero"], c["offload"], c["activation_checkpointing"]) == (l["zero"], l["offload"], l["activation_checkpointing"]), c
 assert (c["micro_batch"], c["grad_accum"]) == (l["micro_batch"], l["grad_accum"]), c
 assert run["params"] == plan["model"]["params"], (run["params"], plan["model"]["params"])
@@ -252,4 +291,5 @@ assert run["compute_dtype"] == ("BFloat16" if l["compute_bytes"] == 2 else "Floa
 print("  ran: the layout, the model and the precision the plan planned")
 PY
 done
+check_compare "$work/cmd3.jsonl"  # cp 2 x tp 2, as the plan wrote it: comm_bytes exact
 echo "PASS"
