@@ -93,8 +93,9 @@ struct LayerOps {
   // parallelism: GPT::loss applies it). Empty: the whole sequence.
   std::function<at::Tensor(const at::Tensor&)> local_tokens;
   // The attention's keys and values [B, KV, T_local, h] -> those of the whole sequence [B, KV,
-  // T, h], with the mask [T_local, T] (true: attend) that keeps attention causal for this rank's
-  // query positions (context parallelism). Empty: local causal attention.
+  // T, h], with the mask [T_local, T] (boolean, true: attend; or an additive 0 / -inf bias of the
+  // compute dtype) that keeps attention causal for this rank's query positions (context
+  // parallelism). Empty: local causal attention.
   std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&)> gather_kv;
   // The ops for decoding with a KV cache (models/kv_cache.h), which runs whole sequences of
   // one token and cannot split them; null: these.
@@ -125,8 +126,9 @@ class LayerNormImpl : public torch::nn::Module {
 
 // The attention core: causal softmax(q k^T / sqrt(h)) v, dropout p on the probabilities, by
 // scaled_dot_product_attention. q [B, H, T, h], k and v [B, KV, T, h] -> [B, H, T, h]; each kv
-// head serves H / KV consecutive query heads. With `mask` ([Tq, Tk] bool, true: attend; context
-// parallelism's queries against the whole sequence's keys) the mask replaces the causal rule.
+// head serves H / KV consecutive query heads. With `mask` ([Tq, Tk]: bool, true: attend, or an
+// additive bias; context parallelism's queries against the whole sequence's keys) the mask
+// replaces the causal rule.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
                             const at::Tensor& mask = {});
 // Residual dropout of x [B, T_local, d] under `ops`: at::dropout, or with a split sequence the

@@ -15,7 +15,10 @@
 // the whole sequence, so the masks are the unsplit run's). Attention:
 //   K, V [B, KV/t, 2C, h] -> all-gather over cp (keys and values stacked, one call) -> the whole
 //   sequence's [B, KV/t, T, h], put in position order; the rank's queries attend with the mask
-//   M[j, k] = (k <= pos(j)) -- exact causal attention, nothing approximated.
+//   M[j, k] = (k <= pos(j)) -- exact causal attention, nothing approximated. M is passed as an
+//   additive bias (0 / -inf, the compute dtype) made once for the run and shared by every layer:
+//   the fused kernels keep their bias for backward, so a mask per layer (or a boolean one, which
+//   SDPA converts per call) would keep a [2C, T] tensor per layer.
 //   backward: dK, dV of the whole sequence -> reduce-scatter over cp: the sum of every rank's
 //   contributions to its own keys' and values' gradients.
 // The all-gather rather than a ring of point-to-point steps (Llama 3's choice for GQA models):
@@ -26,7 +29,8 @@
 // 2 B (KV/t) T h a (a = bytes of the compute dtype), backward reduce-scatter 2 B (KV/t) T h a'
 // (a' = the gradient's dtype, the same), again per recomputed forward.
 // Memory per rank: every activation / cp, except the attention's saved K and V, whole:
-// 2 B (KV/t) T h a per layer (plus, on the CPU's math path, the [B, H/t, 2C, T] scores).
+// 2 B (KV/t) T h a per layer (plus, on the CPU's math path, the [B, H/t, 2C, T] scores), and
+// the one shared bias, a 2C T bytes.
 //
 // Gradients: each cp rank's loss is the mean over its 2C positions of each sample; the global
 // loss is the mean over all T, i.e. the average of the cp ranks' means (equal counts). Averaging
