@@ -8,6 +8,8 @@
 #endif
 
 #include "runtime/trainer.h"
+#include "plan/compare.h"
+#include "runtime/error.h"
 #include "runtime/trainer_run.h"
 
 namespace kiln {
@@ -34,7 +36,7 @@ json changes_json(const std::vector<ConfigChange>& changes) {
 void Trainer::log_config() {
   Run& r = *run_;
   const ModelStateBytes state = r.model_state();
-  r.log.write({{"type", "config"},
+  json record({{"type", "config"},
                {"config", cfg_.to_json()},
                {"world", {{"size", proc_.world_size}, {"dp", r.shape.dp}, {"tp", r.shape.tp}, {"pp", r.shape.pp},
                           {"sp", cfg_.sp}, {"cp", r.shape.cp}, {"backend", r.backend}, {"ddp_buckets", r.ddp ? r.ddp->num_buckets() : 0}}},
@@ -67,6 +69,14 @@ void Trainer::log_config() {
                               {"eot", r.tokenizer ? json(r.tokenizer->eot()) : json(nullptr)},
                               {"source", r.tokenizer_source}}},
                {"versions", versions()}});
+  // The cost model's activation bytes for this rank (kiln plan's "activations": stage 0's, every
+  // micro-batch in flight; docs/plan.md): what --sp and --cp divide.
+  try {
+    record["activations"] = {{"estimate_bytes", plan::predicted_activation_bytes(record)}, {"source", "kiln plan"}};
+  } catch (const ConfigError& e) {
+    record["activations"] = {{"estimate_bytes", nullptr}, {"source", std::string("kiln plan: ") + e.what()}};
+  }
+  r.log.write(record);
   if (r.load_io) {
     // Marks where the resumed stretch begins: steps after it repeat any the log already has.
     json rec{{"type", "resume"}, {"dir", r.resumed_from}, {"step", r.progress.step}};

@@ -24,6 +24,8 @@
 #   cp n        DDP over dp x cp (2 x 4 psi + 16) + K L 4 A / (t) (the K/V all-gather forward and
 #               its reduce-scatter backward, the whole sequence's K and V, parallel/context_parallel.h);
 #               with tp the tp collectives move the rank's T / n positions
+# Memory: the config record's activation estimate (kiln plan's) falls with --sp and --cp, and with
+# --cp the measured peak (VmHWM) by at least half as much.
 # Checkpoints: cp 2 x tp 2 stops at 10 and resumes on one process; the single process's step-10
 # checkpoint resumes at tp 2 + sp: steps 11-20 and the step-20 weights within 1e-5 of the reference.
 # Bad input: --sp without --tp, --sp with tp not dividing the sequence, 2 cp not dividing it, cp
@@ -64,6 +66,13 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --tp 2 --stop-at-step 10 --sav
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/from_cp" --log-json "$work/from_cp.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --resume "$work/ref/step_00000010" --save-dir "$work/to_sp" \
   --log-json "$work/to_sp.jsonl" >/dev/null
+
+# Memory: the config record's estimate (kiln plan's activation bytes per rank) and the measured
+# peak (VmHWM on the CPU: the process, LibTorch's ~0.4 GB included), 2 steps each: the single
+# process against cp 2 (tiny, T 512, B 4, dropout 0.1).
+M2=(train --device cpu --model tiny --steps 2 --log-every 100 --micro-batch 4 --seq-len 512 --dropout 0.1)
+"$KILN_BIN" "${M2[@]}" --log-json "$work/mem_one.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${M2[@]}" --cp 2 --log-json "$work/mem_cp2.jsonl" >/dev/null
 
 python3 - "$work" "$(dirname "$0")" <<'PY'
 import sys
@@ -133,6 +142,20 @@ for name, b in want.items():
     got = bytes_per_step(cptp if name == "cp2_tp2" else load(f"{d}/{name}.jsonl"))
     assert got == b, (name, got, b)
     print(f"{name}: comm_bytes {got} per step, as worked out")
+
+# Memory: the estimate falls (sp: the replicated regions / t; cp: all but K and V / cp), and for
+# cp the measured peak by at least half the estimated fall (the peak also holds transients).
+# sp's fall is within VmHWM's run-to-run spread (a 75 MB fall measured as 10-94 MB over four
+# pairs of d 512 runs: glibc keeps freed pages), so sp's measurement is test_sequence_parallel.cpp's
+# (bytes in use, per layer).
+est = lambda n: load(f"{d}/{n}.jsonl")[0]["activations"]["estimate_bytes"]
+assert est("sp") < est("tp2"), (est("sp"), est("tp2"))
+print(f"sp: activations estimated {est('tp2') / 1e6:.2f} -> {est('sp') / 1e6:.2f} MB per rank")
+one, cp2 = est("mem_one"), est("mem_cp2")
+pb, ps = (max(r["mem_gb"] for r in load(f"{d}/{n}.jsonl") if r["type"] == "step") * 1e9 for n in ("mem_one", "mem_cp2"))
+assert one / 2 < cp2 < one / 1.8, (one, cp2)  # / cp, but for the whole K and V and the mask
+assert pb - ps >= 0.5 * (one - cp2), (one, cp2, pb, ps)
+print(f"cp 2: activations estimated {one / 1e6:.1f} -> {cp2 / 1e6:.1f} MB, measured peak {pb / 1e6:.0f} -> {ps / 1e6:.0f} MB")
 
 for name in ("from_cp", "to_sp"):
     run = load(f"{d}/{name}.jsonl")
