@@ -178,13 +178,19 @@ void GPT::init_weights(uint64_t seed, const TensorSlicer& slice) {
   }
 }
 
+namespace {
+void check_context(int64_t T, const GPTConfig& cfg) {
+  if (T > cfg.seq_len) {
+    throw ConfigError("sequence of " + std::to_string(T) + " tokens is longer than the model's context (" +
+                      std::to_string(cfg.seq_len) + ")");
+  }
+}
+}  // namespace
+
 at::Tensor GPT::embed(const at::Tensor& idx) {
   if (!shard_.embedding) throw Error("GPT::embed: this pipeline stage does not hold the embedding");
   const int64_t T = idx.size(1);
-  if (T > cfg_.seq_len) {
-    throw ConfigError("sequence of " + std::to_string(T) + " tokens is longer than the model's context (" +
-                      std::to_string(cfg_.seq_len) + ")");
-  }
+  check_context(T, cfg_);
   const LayerOps& ops = *shard_.ops;
   at::Tensor x = ops.embed ? ops.embed(idx, wte) : at::embedding(wte, idx);  // [B, T_local, d]
   x = x + (ops.seq_rows ? wpe.index_select(0, ops.seq_rows(x.size(1) * ops.seq_split, x.device())) : wpe.narrow(0, 0, T));
@@ -211,10 +217,7 @@ at::Tensor GPT::logits(const at::Tensor& idx) { return at::linear(hidden(idx), w
 at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
   if (!shard_.whole_model()) throw Error("GPT::loss: a pipeline stage runs embed / run_blocks / head_loss");
   if (shard_.ops->local_tokens) {  // context parallelism: this rank's positions; the loss is their mean
-    if (idx.size(1) > cfg_.seq_len) {
-      throw ConfigError("sequence of " + std::to_string(idx.size(1)) + " tokens is longer than the model's context (" +
-                        std::to_string(cfg_.seq_len) + ")");
-    }
+    check_context(idx.size(1), cfg_);  // the whole sequence's length; embed sees the rank's
     return head_loss(run_blocks(embed(shard_.ops->local_tokens(idx))), shard_.ops->local_tokens(targets));
   }
   return head_loss(run_blocks(embed(idx)), targets);

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "models/gpt.h"
 #include "parallel/sequence_parallel.h"
@@ -44,9 +45,10 @@ ModelShard make_context_parallel(ModelShard shard, const GPTConfig& cfg, const s
   // every layer: SDPA's fused kernels keep their bias for backward, and a boolean mask would be
   // converted -- a new [2C, T] tensor kept per layer (gpt2-1.5b at T 32k, cp 2: 51 GB in all).
   // One tensor for the run: a [2C, T] of the compute dtype.
+  // The gathered rows' permutation into position order is the same every call: kept beside it.
   struct MaskCache {
     std::mutex mutex;
-    at::Tensor bias;
+    at::Tensor bias, order;
   };
   auto cache = std::make_shared<MaskCache>();
   ops->gather_kv = [cp, n, cache](const at::Tensor& k, const at::Tensor& v) {
@@ -55,22 +57,21 @@ ModelShard make_context_parallel(ModelShard shard, const GPTConfig& cfg, const s
     // [2, B, KV, 2C, h] gathered along the positions, rank-major: rank i's 2C rows hold its
     // positions context_positions(T, n, i); `order` puts them in position order.
     const at::Tensor all = all_gather_rows(at::stack({k, v}), 3, cp);
-    std::vector<at::Tensor> held;
-    for (int64_t i = 0; i < n; ++i) held.push_back(context_positions(T, n, i, device));
-    const at::Tensor order = at::argsort(at::cat(held));
-    // K and V each in a tensor of its own: a kernel that copies one of them (the CPU's math path
-    // transposes K) then frees the gathered original instead of keeping it alive beside V.
-    const at::Tensor k_all = all[0].index_select(2, order), v_all = all[1].index_select(2, order);
     std::lock_guard<std::mutex> lock(cache->mutex);
-    at::Tensor& bias = cache->bias;
+    at::Tensor &bias = cache->bias, &order = cache->order;
     if (!bias.defined() || bias.size(0) != local || bias.size(1) != T || bias.device() != device ||
         bias.scalar_type() != k.scalar_type()) {
+      std::vector<at::Tensor> held;
+      for (int64_t i = 0; i < n; ++i) held.push_back(context_positions(T, n, i, device));
+      order = at::argsort(at::cat(held));
       const at::Tensor mine = context_positions(T, n, cp->rank(), device);
       const at::Tensor allowed = at::arange(T, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0) <= mine.unsqueeze(1);
       bias = at::zeros({local, T}, k.options().requires_grad(false))
                  .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
     }
-    return std::make_tuple(k_all, v_all, bias);
+    // K and V each in a tensor of its own: a kernel that copies one of them (the CPU's math path
+    // transposes K) then frees the gathered original instead of keeping it alive beside V.
+    return std::make_tuple(all[0].index_select(2, order), all[1].index_select(2, order), bias);
   };
   // Attention dropout: a stream per (tp, cp) rank.
   ops->in_tp_region = [tp_rank, n, r](c10::Device device, const std::function<at::Tensor()>& fn) {

@@ -248,7 +248,7 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
     };
     return ops;
   };
-  auto plain = make_ops([tp](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return at::linear(copy_to_tp(x, tp), w, b); },
+  auto plain = make_ops([tp](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return column_parallel_linear(x, w, b, tp); },
                         [tp](const at::Tensor& x) { return reduce_from_tp(x, tp); });
   if (!sequence_parallel) {
     shard.ops = std::move(plain);
