@@ -1,7 +1,10 @@
 // models/moe.h -- a Mixture-of-Experts feed-forward layer (Switch / GShard style), one process.
 //
 // STATUS: the layer and its tests only (issue 19, first part). It is not yet a block of GPT, has
-// no flags, and no expert parallelism: those are the issue's next parts.
+// no flags, and no expert parallelism: those are the issue's next parts. Its expert loop finds
+// each expert's tokens with nonzero(), a host synchronisation per expert: before it runs on a GPU,
+// sort the admitted assignments by expert and read the E counts once (the all-to-all needs them
+// anyway).
 //
 // N tokens x [d], E experts (each the dense block's MLP: c_fc [F, d] + b, GELU-tanh, c_proj
 // [d, F] + b, F = 4d), k of them per token:
