@@ -19,6 +19,11 @@
 //   broadcast(t, root)         t = t_root on every rank
 //   send_recv(ops)             the sends and receives of one step, posted together, so no order
 //                              of ranks can deadlock
+//   all_to_all(out, in,        in and out split along dim 0 into n row blocks (a row: everything
+//              out_splits,     after dim 0): block j of in, in_splits[j] rows, goes to rank j;
+//              in_splits)      out = [block r of in_0, block r of in_1, ..., block r of in_{n-1}],
+//                              the block from rank j out_splits[j] rows (MPI_Alltoallv; c10d's
+//                              alltoall_base; the token dispatch of Mixture-of-Experts)
 //   barrier()                  returns once every rank has entered it
 #pragma once
 
@@ -52,8 +57,10 @@ struct P2POp {
 // Traffic of this rank, in "algorithm bytes": each call counts its full buffer's bytes times the
 // ring factor of its kind -- all_reduce 2x the tensor (it is a reduce-scatter plus an all-gather),
 // reduce_scatter 1x the whole input, all_gather 1x the whole output, broadcast 1x, send_recv the
-// bytes sent. On a ring of n ranks the bytes a rank really sends are bytes x (n-1)/n (NCCL-tests'
-// bus bandwidth rule). In this unit data parallelism costs 2 psi per step (psi = gradient bytes),
+// bytes sent, all_to_all 1x the whole input (everything this rank hands to the call, its own
+// block included, which never leaves the rank). On a ring of n ranks the bytes a rank really
+// sends are bytes x (n-1)/n (NCCL-tests' bus bandwidth rule); for an all_to_all of equal splits
+// that is exact too. In this unit data parallelism costs 2 psi per step (psi = gradient bytes),
 // ZeRO-1/2 2 psi and ZeRO-3 3 psi, the ZeRO paper's figures.
 struct CommStats {
   int64_t calls = 0;
@@ -73,6 +80,17 @@ class Communicator {
   virtual std::shared_ptr<Work> all_gather(at::Tensor& out, const at::Tensor& in) = 0;
   virtual std::shared_ptr<Work> broadcast(at::Tensor& tensor, int root) = 0;
   virtual std::shared_ptr<Work> send_recv(const std::vector<P2POp>& ops) = 0;
+  // Variable-count all-to-all (semantics above). in and out: contiguous, same dtype and device,
+  // at least one dimension, rows of the same number of elements, not overlapping. in_splits and
+  // out_splits: one non-negative row count per rank, summing to in.size(0) and out.size(0); an
+  // empty vector means equal splits (dim 0 divided by size(), which must divide it). Zero-row
+  // blocks and tensors are fine. The caller makes out_splits[j] equal to what rank j sends this
+  // rank (its in_splits[rank]) -- only the own block's pair is checked here; a mismatch elsewhere
+  // is undefined (an MPI truncation error, a hang, or garbage). The usual way to learn the counts
+  // is an all_to_all of an int64 tensor of the n counts with equal splits (one each) first.
+  virtual std::shared_ptr<Work> all_to_all(at::Tensor& out, const at::Tensor& in,
+                                           const std::vector<int64_t>& out_splits,
+                                           const std::vector<int64_t>& in_splits) = 0;
   virtual void barrier() = 0;
 
   // A sub-group of the ranks that pass the same color, ordered by key (MPI_Comm_split).

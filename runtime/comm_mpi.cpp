@@ -1,5 +1,6 @@
 // runtime/comm_mpi.cpp -- Communicator over MPI non-blocking collectives (CPU tensors; CUDA ones staged).
 #include "runtime/comm_mpi.h"
+#include "runtime/all_to_all_blocks.h"
 
 #include <algorithm>
 #include <atomic>
@@ -106,6 +107,95 @@ std::vector<std::pair<int64_t, int64_t>> pieces_of(int64_t n, int64_t max) {
 void* at_element(const at::Tensor& t, int64_t offset) {
   return static_cast<char*>(t.data_ptr()) + offset * static_cast<int64_t>(t.element_size());
 }
+
+// A datatype of n elements of `type` (each `bytes` long), back to back, in which no count exceeds
+// max (MPI counts are ints): n = q max + r is q elements of "max elements of type" (built the same
+// way when q exceeds max) followed by r elements of type. Returns a type the caller frees.
+MPI_Datatype run_of(int64_t n, MPI_Datatype type, int64_t bytes, int64_t max, const std::string& what) {
+  MPI_Datatype out = MPI_DATATYPE_NULL;
+  if (n <= max) {
+    check_mpi(MPI_Type_contiguous(static_cast<int>(n), type, &out), what + ": MPI_Type_contiguous");
+    return out;
+  }
+  MPI_Datatype piece = MPI_DATATYPE_NULL;
+  check_mpi(MPI_Type_contiguous(static_cast<int>(max), type, &piece), what + ": MPI_Type_contiguous");
+  MPI_Datatype head = run_of(n / max, piece, bytes * max, max, what);
+  MPI_Type_free(&piece);  // head keeps what it needs
+  const int64_t r = n % max;
+  if (r == 0) return head;
+  int lengths[2] = {1, static_cast<int>(r)};
+  MPI_Aint displacements[2] = {0, static_cast<MPI_Aint>((n - r) * bytes)};
+  MPI_Datatype types[2] = {head, type};
+  const int rc = MPI_Type_create_struct(2, lengths, displacements, types, &out);
+  MPI_Type_free(&head);
+  check_mpi(rc, what + ": MPI_Type_create_struct");
+  return out;
+}
+
+// The per-peer arguments of one MPI_Ialltoallw, kept alive until its Work is gone (MPI reads
+// them until the call completes), with the derived datatypes it made. Block j of a side is
+// `count` elements at element `offset`: while both fit the piece size (and the offset in bytes an
+// int), it is (count, base type, byte displacement), the MPI_Alltoallv form; otherwise one
+// element of a derived type that holds the offset (an MPI_Aint) and a run_of of the count, with
+// displacement 0. The peers need not agree on the form: MPI matches the type signatures (so many
+// elements of the base type), not the types. This rank's own block is not in it (counts 0): it is
+// copied by the caller, which also keeps MPI from packing it through an int-sized buffer.
+class AllToAllArgs {
+ public:
+  AllToAllArgs(const AllToAllBlocks& blocks, int rank, MPI_Datatype base, int64_t bytes, int64_t max, const std::string& what) {
+    const size_t n = blocks.send_count.size();
+    for (auto* side : {&send_, &recv_}) {
+      side->counts.assign(n, 0);
+      side->displs.assign(n, 0);
+      side->types.assign(n, base);
+    }
+    for (size_t j = 0; j < n; ++j) {
+      if (static_cast<int>(j) == rank) continue;
+      place(send_, j, blocks.send_count[j], blocks.send_offset[j], base, bytes, max, what);
+      place(recv_, j, blocks.recv_count[j], blocks.recv_offset[j], base, bytes, max, what);
+    }
+  }
+  ~AllToAllArgs() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (auto& t : made_) MPI_Type_free(&t);  // fine while a call still uses them (MPI keeps them)
+  }
+  AllToAllArgs(const AllToAllArgs&) = delete;
+  AllToAllArgs& operator=(const AllToAllArgs&) = delete;
+
+  struct Side {
+    std::vector<int> counts, displs;
+    std::vector<MPI_Datatype> types;
+  };
+  const Side& send() const { return send_; }
+  const Side& recv() const { return recv_; }
+
+ private:
+  void place(Side& side, size_t j, int64_t count, int64_t offset, MPI_Datatype base, int64_t bytes, int64_t max,
+             const std::string& what) {
+    if (count == 0) return;
+    if (count <= max && offset <= max && offset * bytes <= INT32_MAX) {
+      side.counts[j] = static_cast<int>(count);
+      side.displs[j] = static_cast<int>(offset * bytes);
+      return;
+    }
+    MPI_Datatype run = run_of(count, base, bytes, max, what);
+    int one = 1;
+    MPI_Aint at = static_cast<MPI_Aint>(offset * bytes);
+    MPI_Datatype placed = MPI_DATATYPE_NULL;
+    const int rc = MPI_Type_create_struct(1, &one, &at, &run, &placed);
+    MPI_Type_free(&run);
+    check_mpi(rc, what + ": MPI_Type_create_struct");
+    made_.push_back(placed);
+    check_mpi(MPI_Type_commit(&placed), what + ": MPI_Type_commit");
+    side.counts[j] = 1;
+    side.types[j] = placed;
+  }
+
+  Side send_, recv_;
+  std::vector<MPI_Datatype> made_;
+};
 
 class MpiWork final : public Work {
  public:
@@ -315,6 +405,31 @@ class MpiCommunicator final : public Communicator {
       }
     }
     return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_);
+  }
+
+  std::shared_ptr<Work> all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                                   const std::vector<int64_t>& in_splits) override {
+    const std::string what = begin("all_to_all", in);
+    check_tensor(out, what);
+    const AllToAllBlocks blocks = AllToAllBlocks::resolve(out, in, out_splits, in_splits, rank_, size_, what);
+    Staging stage(*pool_, options_.stage_cpu);
+    at::Tensor hin = stage.in(in), hout = stage.out(out, /*copy_in=*/false);
+    const MPI_Datatype type = type_of(hin, what);
+    // This rank's own block, a copy on the host buffers (MPI is given none of it).
+    hout.reshape({-1}).narrow(0, blocks.recv_offset[rank_], blocks.recv_count[rank_])
+        .copy_(hin.reshape({-1}).narrow(0, blocks.send_offset[rank_], blocks.send_count[rank_]));
+    auto args = std::make_shared<AllToAllArgs>(blocks, rank_, type, static_cast<int64_t>(hin.element_size()),
+                                               options_.max_count, what);
+    const auto& snd = args->send();
+    const auto& rcv = args->recv();
+    MPI_Request req;
+    call(what, MPI_Ialltoallw(hin.data_ptr(), snd.counts.data(), snd.displs.data(), snd.types.data(), hout.data_ptr(),
+                              rcv.counts.data(), rcv.displs.data(), rcv.types.data(), comm_, &req));
+    // The arguments and types live as long as the Work (MPI reads them until the call completes).
+    auto finish = [then = stage.then(nullptr), args]() {
+      if (then) then();
+    };
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, std::move(finish), what, watchdog_);
   }
 
   void barrier() override {

@@ -1,5 +1,6 @@
 // runtime/comm_nccl.cpp -- Communicator over NCCL, on a CUDA stream of the communicator's own.
 #include "runtime/comm_nccl.h"
+#include "runtime/all_to_all_blocks.h"
 
 #include <unistd.h>
 
@@ -416,6 +417,40 @@ class NcclCommunicator final : public Communicator {
           if (rc != ncclSuccess) failed = "ncclSend";
         } else {
           rc = ncclRecv(t.data_ptr(), n(t), types[i], ops[i].peer, comm(), s);
+          if (rc != ncclSuccess) failed = "ncclRecv";
+        }
+      }
+      const ncclResult_t end = ncclGroupEnd();  // always closes the group, even after a failure
+      if (failed != nullptr) throw_nccl(rc, Site{failed, __FILE__, __LINE__}, what);
+      KILN_NCCL_CHECK(end, what);
+    });
+  }
+
+  std::shared_ptr<Work> all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                                   const std::vector<int64_t>& in_splits) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string what = describe("all_to_all", in.defined() ? in.nbytes() : 0);
+    check_tensor(in, what);
+    check_tensor(out, what);
+    const AllToAllBlocks blocks = AllToAllBlocks::resolve(out, in, out_splits, in_splits, rank_, size_, what);
+    const ncclDataType_t type = nccl_type(in, what);
+    commit(in.nbytes());
+    return launch(what, {in, out}, [&](cudaStream_t s) {
+      // One group: every peer's send and receive (this rank's own block included, a send to
+      // itself) posted together, so no order of ranks deadlocks. Empty blocks post nothing.
+      const int64_t bytes = static_cast<int64_t>(in.element_size());
+      const auto* src = static_cast<const char*>(in.data_ptr());
+      auto* dst = static_cast<char*>(out.data_ptr());
+      KILN_NCCL_CHECK(ncclGroupStart(), what);
+      ncclResult_t rc = ncclSuccess;
+      const char* failed = nullptr;
+      for (int j = 0; j < size_ && failed == nullptr; ++j) {
+        if (blocks.send_count[j] > 0) {
+          rc = ncclSend(src + blocks.send_offset[j] * bytes, static_cast<size_t>(blocks.send_count[j]), type, j, comm(), s);
+          if (rc != ncclSuccess) failed = "ncclSend";
+        }
+        if (failed == nullptr && blocks.recv_count[j] > 0) {
+          rc = ncclRecv(dst + blocks.recv_offset[j] * bytes, static_cast<size_t>(blocks.recv_count[j]), type, j, comm(), s);
           if (rc != ncclSuccess) failed = "ncclRecv";
         }
       }

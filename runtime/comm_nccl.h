@@ -10,6 +10,9 @@
 //   all_gather(out, in)       out = [in_0, ..., in_{n-1}] (ncclAllGather)
 //   broadcast(t, root)        t = t_root (ncclBroadcast, in place)
 //   send_recv(ops)            every send and receive in one ncclGroupStart/ncclGroupEnd
+//   all_to_all(out, in, ...)  one ncclGroupStart/ncclGroupEnd of an ncclSend of in's block and an
+//                             ncclRecv into out's block per peer (the own block a send to
+//                             itself); empty blocks post nothing
 //   barrier()                 a one-element all-reduce that the host waits for
 // dtypes: fp32, fp64, bf16, fp16, int32, int64, uint8 (Sum, Avg, Max and Min for each). Tensors
 // must be contiguous and on the group's GPU; anything else is refused ("backend nccl does not

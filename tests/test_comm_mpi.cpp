@@ -4,6 +4,8 @@
 //
 // Inputs: rank r holds (r + 1) * (i + 1) at element i. With n ranks and i < 8 every result
 // below is an integer or half-integer under 256, so it is exact in bf16 and fp16 as well.
+// all_to_all has inputs of its own (rows_to, cell): every element names its sender, receiver,
+// row and column, so the exchange is checked element for element.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -28,6 +30,63 @@ void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::stri
   EXPECT_TRUE(at::equal(got.to(at::kDouble), want.to(at::kDouble)))
       << what << ": got " << got.to(at::kDouble) << " want " << want.to(at::kDouble);
 }
+
+// all_to_all: rank s sends rows_to(pattern, s, j) rows to rank j. Pattern 0 is uneven, with empty
+// blocks (0 -> 2, 3 -> 0 at 4 ranks), a rank that sends nothing at all (rank 1) and, at 2 ranks, a
+// rank 0 that receives only its own block; pattern 1 sends everything to rank 0, so every other
+// rank's output is empty.
+int64_t rows_to(int pattern, int s, int j) {
+  if (pattern == 0) return s == 1 ? 0 : (3 * s + 2 * j + 1) % 5;
+  return j == 0 ? s + 1 : 0;
+}
+
+// Element c of row i of the block rank s sends rank j: a row in the wrong place, from the wrong
+// rank or for the wrong rank, or a block shifted by a row or an element, changes the value. Under
+// 2^24, so exact in fp32.
+double cell(int s, int j, int64_t i, int64_t c) { return 10000.0 * s + 1000.0 * j + 10.0 * i + c; }
+
+// Rows of `row` shape (the sizes after dim 0): rank s's input (its blocks for ranks 0..n-1, in
+// order), and rank r's output of the dense exchange (the blocks for r of ranks 0..n-1, in order).
+at::Tensor a2a_rows(const std::vector<std::pair<int, int>>& blocks, const std::vector<int64_t>& counts,
+                    std::vector<int64_t> row, at::ScalarType dtype) {
+  int64_t rows = 0, width = 1;
+  for (auto k : counts) rows += k;
+  for (auto d : row) width *= d;
+  auto t = at::empty({rows, width}, at::kDouble);
+  int64_t at_row = 0;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (int64_t i = 0; i < counts[b]; ++i, ++at_row)
+      for (int64_t c = 0; c < width; ++c) t[at_row][c] = cell(blocks[b].first, blocks[b].second, i, c);
+  row.insert(row.begin(), rows);
+  return t.reshape(row).to(dtype);
+}
+at::Tensor a2a_input(int pattern, int s, int n, const std::vector<int64_t>& row, at::ScalarType dtype) {
+  std::vector<std::pair<int, int>> blocks;
+  std::vector<int64_t> counts;
+  for (int j = 0; j < n; ++j) blocks.emplace_back(s, j), counts.push_back(rows_to(pattern, s, j));
+  return a2a_rows(blocks, counts, row, dtype);
+}
+at::Tensor a2a_dense(int pattern, int r, int n, const std::vector<int64_t>& row, at::ScalarType dtype) {
+  std::vector<std::pair<int, int>> blocks;
+  std::vector<int64_t> counts;
+  for (int s = 0; s < n; ++s) blocks.emplace_back(s, r), counts.push_back(rows_to(pattern, s, r));
+  return a2a_rows(blocks, counts, row, dtype);
+}
+
+// The splits a caller learns the way MoE dispatch does: its own row counts per rank, and the
+// counts the peers will send it, from an all_to_all of one int64 count per rank (equal splits).
+std::pair<std::vector<int64_t>, std::vector<int64_t>> a2a_splits(kiln::Communicator& c, int pattern) {
+  const int n = c.size(), r = c.rank();
+  std::vector<int64_t> in_splits;
+  for (int j = 0; j < n; ++j) in_splits.push_back(rows_to(pattern, r, j));
+  auto mine = at::tensor(in_splits, at::kLong);
+  auto theirs = at::full({n}, -1, at::kLong);
+  c.all_to_all(theirs, mine, {}, {})->wait();
+  std::vector<int64_t> out_splits(theirs.data_ptr<int64_t>(), theirs.data_ptr<int64_t>() + n);
+  return {out_splits, in_splits};
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -224,6 +283,18 @@ TEST(MpiComm, SplitAndStagedPathsAgree) {
     small->send_recv({{kiln::P2POp::Kind::Send, out, (r + 1) % n}, {kiln::P2POp::Kind::Recv, got, (r - 1 + n) % n}})->wait();
     expect_equal(got, ramp(10, (r - 1 + n) % n + 1, dtype), "split send_recv");
   }
+  // all_to_all: blocks over 3 elements, and blocks at offsets over 3 elements, travel as derived
+  // datatypes; the smaller ones as plain counts.
+  for (int pattern = 0; pattern < 2; ++pattern) {
+    const auto [out_splits, in_splits] = a2a_splits(*small, pattern);
+    for (auto dtype : {at::kFloat, at::kLong}) {
+      auto in = a2a_input(pattern, r, n, {2}, dtype);
+      auto want = a2a_dense(pattern, r, n, {2}, dtype);
+      auto out = at::full(want.sizes(), -1, want.options());
+      small->all_to_all(out, in, out_splits, in_splits)->wait();
+      expect_equal(out, want, "split all_to_all pattern " + std::to_string(pattern));
+    }
+  }
   // One call, whatever the pieces: the sequence number and the traffic counted are the call's.
   const auto before = small->stats();
   const auto seq = small->sequence();
@@ -232,6 +303,113 @@ TEST(MpiComm, SplitAndStagedPathsAgree) {
   EXPECT_EQ(small->sequence(), seq + 1);
   EXPECT_EQ(small->stats().calls, before.calls + 1);
   EXPECT_EQ(small->stats().bytes, before.bytes + 2 * 44);
+}
+
+// all_to_all with uneven splits learnt from a count exchange, against the dense exchange each rank
+// computes by itself: empty blocks, a rank that sends nothing, ranks that receive nothing, rows
+// of 1, 3 and 2 x 2 elements. The output starts as -1, so a block left unwritten shows too.
+TEST(MpiComm, AllToAllUnevenSplitsAgainstTheDenseExchange) {
+  auto& c = *g_world;
+  const int n = c.size(), r = c.rank();
+  const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> cases = {
+      {at::kFloat, {3}}, {at::kLong, {2, 2}}, {at::kDouble, {}}, {at::kInt, {3}}};
+  for (int pattern = 0; pattern < 2; ++pattern) {
+    const auto [out_splits, in_splits] = a2a_splits(c, pattern);
+    for (int s = 0; s < n; ++s) EXPECT_EQ(out_splits[s], rows_to(pattern, s, r)) << "the count exchange, from rank " << s;
+    for (const auto& [dtype, row] : cases) {
+      const std::string what = "all_to_all pattern " + std::to_string(pattern) + " " + c10::toString(dtype);
+      auto in = a2a_input(pattern, r, n, row, dtype);
+      auto want = a2a_dense(pattern, r, n, row, dtype);
+      auto out = at::full(want.sizes(), -1, want.options());
+      c.all_to_all(out, in, out_splits, in_splits)->wait();
+      expect_equal(out, want, what);
+      expect_equal(in, a2a_input(pattern, r, n, row, dtype), what + " (the input is untouched)");
+    }
+  }
+}
+
+// Empty splits: dim 0 divided equally, rank j's block of every input landing in rank order.
+TEST(MpiComm, AllToAllEqualSplitsByDefault) {
+  auto& c = *g_world;
+  const int n = c.size(), r = c.rank();
+  std::vector<std::pair<int, int>> sent, got;
+  for (int k = 0; k < n; ++k) sent.emplace_back(r, k), got.emplace_back(k, r);
+  const std::vector<int64_t> two(static_cast<size_t>(n), 2);
+  for (auto dtype : {at::kFloat, at::kLong}) {
+    auto in = a2a_rows(sent, two, {3}, dtype);
+    auto out = at::full({2 * n, 3}, -1, in.options());
+    c.all_to_all(out, in, {}, {})->wait();
+    expect_equal(out, a2a_rows(got, two, {3}, dtype), "all_to_all equal splits");
+  }
+  auto flat_in = a2a_rows(sent, two, {}, at::kFloat);  // 1-D: rows of one element
+  auto flat_out = at::full({2 * n}, -1, at::kFloat);
+  c.all_to_all(flat_out, flat_in, {}, {})->wait();
+  expect_equal(flat_out, a2a_rows(got, two, {}, at::kFloat), "all_to_all equal splits, 1-D");
+  auto none = at::empty({0, 3}, at::kFloat), none_out = at::empty({0, 3}, at::kFloat);  // every block empty
+  c.all_to_all(none_out, none, {}, {})->wait();
+}
+
+// What the checks refuse, each with its own line; every rank refuses, so nothing is left waiting.
+TEST(MpiComm, AllToAllRefusesBadSplits) {
+  auto& c = *g_world;
+  const int n = c.size(), r = c.rank();
+  auto in = at::zeros({2 * n, 3}, at::kFloat), out = at::zeros({2 * n, 3}, at::kFloat);
+  const std::vector<int64_t> two(static_cast<size_t>(n), 2);
+  auto refused = [&](at::Tensor o, const at::Tensor& i, std::vector<int64_t> os, std::vector<int64_t> is, const std::string& part) {
+    try {
+      c.all_to_all(o, i, os, is);
+      ADD_FAILURE() << "all_to_all must refuse: " << part;
+    } catch (const kiln::Error& e) {
+      EXPECT_TRUE(contains(e.what(), part)) << e.what();
+      EXPECT_TRUE(contains(e.what(), "all_to_all #")) << e.what();
+    }
+  };
+  auto longer = two;
+  longer.push_back(0);
+  refused(out, in, two, longer, "in_splits has " + std::to_string(n + 1) + " entries, need one per rank (" + std::to_string(n) + ")");
+  if (n > 1) refused(out, in, std::vector<int64_t>(two.begin() + 1, two.end()), two, "out_splits has " + std::to_string(n - 1) + " entries");
+  auto more = two;
+  more[n - 1] = 3;
+  refused(out, in, two, more, "in_splits sums to " + std::to_string(2 * n + 1) + " rows, but in has " + std::to_string(2 * n));
+  refused(out, in, more, two, "out_splits sums to " + std::to_string(2 * n + 1) + " rows, but out has " + std::to_string(2 * n));
+  auto negative = two;
+  negative[0] = -1, negative[n - 1] += 3;
+  refused(out, in, two, negative, "in_splits[0] is -1 (rows must be >= 0)");
+  auto odd_in = at::zeros({2 * n + 1, 3}, at::kFloat);
+  refused(out, odd_in, {}, {}, "equal splits (empty in_splits) need in's dim 0 (" + std::to_string(2 * n + 1) + ") divisible");
+  if (n > 1) {  // rows to itself that out does not expect (the one pair a rank can check alone)
+    auto self = two, other = two;
+    self[r] = 3, self[(r + 1) % n] = 1;
+    refused(out, in, other, self, "in_splits[" + std::to_string(r) + "] sends 3 rows to this rank itself, but out_splits[" +
+                                      std::to_string(r) + "] expects 2");
+  }
+  refused(at::zeros({2 * n, 3}, at::kDouble), in, {}, {}, "input and output dtypes differ");
+  refused(at::zeros({2 * n, 4}, at::kFloat), in, {}, {}, "a row of in has 3 elements, a row of out 4");
+  refused(at::zeros({2 * n * 3}, at::kFloat), in, {}, {}, "a row of in has 3 elements, a row of out 1");
+  auto scalar = at::zeros({}, at::kFloat);
+  refused(scalar, scalar, {}, {}, "a 0-dim tensor has none");
+  auto both = at::zeros({4 * n, 3}, at::kFloat);
+  refused(both.narrow(0, 0, 2 * n), both.narrow(0, n, 2 * n), {}, {}, "in and out overlap");
+  refused(out, at::zeros({3, 2 * n}, at::kFloat).t(), {}, {}, "tensor must be contiguous");
+}
+
+// One call, counted as the bytes of the whole input (comm.h), whatever the splits.
+TEST(MpiComm, AllToAllCountsTheInput) {
+  auto& c = *g_world;
+  const int n = c.size(), r = c.rank();
+  const auto [out_splits, in_splits] = a2a_splits(c, 0);
+  auto in = a2a_input(0, r, n, {3}, at::kFloat);
+  auto out = at::empty(a2a_dense(0, r, n, {3}, at::kFloat).sizes(), at::kFloat);
+  const auto before = c.stats();
+  const auto seq = c.sequence();
+  auto work = c.all_to_all(out, in, out_splits, in_splits);
+  while (!work->is_completed()) {
+  }
+  work->wait();
+  EXPECT_EQ(c.sequence(), seq + 1);
+  EXPECT_EQ(c.stats().calls, before.calls + 1);
+  EXPECT_EQ(c.stats().bytes, before.bytes + static_cast<int64_t>(in.nbytes()));
+  expect_equal(out, a2a_dense(0, r, n, {3}, at::kFloat), "all_to_all polled to completion");
 }
 
 // A group of the run refuses what NCCL would: on a CUDA run a CPU tensor; on a CPU run under the

@@ -86,6 +86,23 @@ bool eventually(F ok, double seconds = 5.0) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// all_to_all (tests/test_comm_mpi.cpp has the same): rank s sends rows_to(s, j) rows to rank j,
+// uneven, with empty blocks and a rank 1 that sends nothing; element c of row i of the block s
+// sends j holds 10000 s + 1000 j + 10 i + c, so a misplaced row or element shows.
+int64_t rows_to(int s, int j) { return s == 1 ? 0 : (3 * s + 2 * j + 1) % 5; }
+
+// The blocks (sender, receiver) in order, rows of `width` elements, on the GPU.
+at::Tensor a2a_rows(const std::vector<std::pair<int, int>>& blocks, int64_t width, at::ScalarType dtype) {
+  int64_t rows = 0;
+  for (const auto& [s, j] : blocks) rows += rows_to(s, j);
+  auto t = at::empty({rows, width}, at::kDouble);
+  int64_t at_row = 0;
+  for (const auto& [s, j] : blocks)
+    for (int64_t i = 0; i < rows_to(s, j); ++i, ++at_row)
+      for (int64_t c = 0; c < width; ++c) t[at_row][c] = 10000.0 * s + 1000.0 * j + 10.0 * i + c;
+  return t.to(on_gpu(dtype));
+}
+
 }  // namespace
 
 TEST(NcclComm, AllReduceEveryOpEveryDtype) {
@@ -203,6 +220,57 @@ TEST(NcclComm, SubGroupsFromSplit) {
   expect_equal(t, at::full({2}, n, at::kDouble), "world after split");
   EXPECT_EQ(half->stats().calls, static_cast<int64_t>(kDtypes.size()) + 2);
   EXPECT_EQ(half->sequence(), kDtypes.size() + 2);
+}
+
+// all_to_all against the dense exchange each rank computes by itself: the counts first (an
+// all_to_all of one int64 per rank, equal splits), then the rows, fp32 and int64; the traffic
+// counted is the whole input (comm.h).
+TEST(NcclComm, AllToAllUnevenSplitsAgainstTheDenseExchange) {
+  auto& c = *g_world;
+  const int n = c.size(), r = c.rank();
+  std::vector<int64_t> in_splits;
+  std::vector<std::pair<int, int>> sent, got;
+  for (int k = 0; k < n; ++k) {
+    in_splits.push_back(rows_to(r, k));
+    sent.emplace_back(r, k);
+    got.emplace_back(k, r);
+  }
+  auto counts = at::tensor(in_splits, at::kLong).to(on_gpu(at::kLong));
+  auto theirs = at::full({n}, -1, on_gpu(at::kLong));
+  c.all_to_all(theirs, counts, {}, {})->wait();
+  const auto host = theirs.to(at::kCPU);
+  std::vector<int64_t> out_splits(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + n);
+  for (int k = 0; k < n; ++k) EXPECT_EQ(out_splits[k], rows_to(k, r)) << "the count exchange, from rank " << k;
+  for (auto dtype : {at::kFloat, at::kLong}) {
+    auto in = a2a_rows(sent, 3, dtype);
+    auto want = a2a_rows(got, 3, dtype).to(at::kCPU);
+    auto out = at::full(want.sizes(), -1, on_gpu(dtype));
+    const auto before = c.stats();
+    c.all_to_all(out, in, out_splits, in_splits)->wait();
+    EXPECT_EQ(c.stats().bytes, before.bytes + static_cast<int64_t>(in.nbytes()));
+    expect_equal(out, want, "all_to_all " + name(dtype));
+  }
+  auto eq_in = at::arange(2 * n, on_gpu(at::kFloat)) + 100 * r;  // equal splits: 2 rows of 1 each
+  auto eq_out = at::full({2 * n}, -1, on_gpu(at::kFloat));
+  c.all_to_all(eq_out, eq_in, {}, {})->wait();
+  auto eq_want = at::empty({2 * n}, at::kDouble);
+  for (int k = 0; k < n; ++k)
+    for (int i = 0; i < 2; ++i) eq_want[2 * k + i] = 2 * r + i + 100 * k;
+  expect_equal(eq_out, eq_want, "all_to_all equal splits");
+  // Refused before it takes a sequence number: CPU tensors, splits that do not add up.
+  const auto seq = c.sequence();
+  auto cpu = at::zeros({2 * n}, at::kFloat);
+  try {
+    c.all_to_all(cpu, cpu.clone(), {}, {});
+    FAIL() << "CPU tensors must be refused";
+  } catch (const kiln::Error& e) {
+    EXPECT_TRUE(contains(e.what(), "backend nccl does not support CPU tensors; ")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "all_to_all #")) << e.what();
+  }
+  std::vector<int64_t> wrong(static_cast<size_t>(n), 2);
+  wrong[0] = 3;
+  EXPECT_THROW(c.all_to_all(eq_out, eq_in, {}, wrong), kiln::Error);
+  EXPECT_EQ(c.sequence(), seq) << "a refused call must not take a sequence number";
 }
 
 // The collective waits for what the caller's stream queued before it; wait() orders the waiting
