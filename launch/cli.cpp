@@ -46,7 +46,7 @@ std::function<void(TrainConfig&, const json&)> model_field(T GPTConfig::*member)
 const std::vector<Flag>& train_flags() {
   static const std::vector<Flag> flags = {
       // --model comes first: the preset is the base the other model flags override.
-      {"model", Kind::String, "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b",
+      {"model", Kind::String, "model preset: tiny, tiny-moe, gpt2-124m, gpt2-124m-moe, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b",
        [](TrainConfig& c, const json& v) {
          c.model = v.get<std::string>();
          c.gpt = GPTConfig::preset(c.model);
@@ -58,6 +58,13 @@ const std::vector<Flag>& train_flags() {
       {"seq-len", Kind::Int, "context length", model_field(&GPTConfig::seq_len)},
       {"vocab-size", Kind::Int, "vocabulary size (padded to a multiple of 128)", model_field(&GPTConfig::vocab_size)},
       {"dropout", Kind::Float, "dropout probability", model_field(&GPTConfig::dropout)},
+      {"n-experts", Kind::Int, "Mixture-of-Experts: experts per MoE layer (0: a dense model; docs/moe.md)", model_field(&GPTConfig::n_experts)},
+      {"top-k", Kind::Int, "MoE: experts per token", model_field(&GPTConfig::top_k)},
+      {"moe-every", Kind::Int, "MoE: an MoE layer in blocks 0, N, 2N, ... (dense MLP elsewhere)", model_field(&GPTConfig::moe_every)},
+      {"moe-capacity-factor", Kind::Float, "MoE: assignments an expert takes per sequence, ceil(factor x k x T / E); past it they are dropped (0: dropless)",
+       model_field(&GPTConfig::moe_capacity_factor)},
+      {"moe-aux-loss-coef", Kind::Float, "MoE: weight of the load-balancing loss per MoE layer", model_field(&GPTConfig::moe_aux_loss_coef)},
+      {"moe-z-loss-coef", Kind::Float, "MoE: weight of the router z-loss per MoE layer", model_field(&GPTConfig::moe_z_loss_coef)},
       {"data", Kind::List, "token shards: paths or quoted globs, comma-separated (default: synthetic corpus)", field(&TrainConfig::data)},
       {"data-format", Kind::String, "auto | shard (llm.c) | raw (uint16, nanoGPT train.bin)", field(&TrainConfig::data_format)},
       {"val-data", Kind::List, "evaluation shards (paths or globs)", field(&TrainConfig::val_data)},
@@ -95,6 +102,7 @@ const std::vector<Flag>& train_flags() {
       {"tp", Kind::Int, "tensor-parallel size", field(&TrainConfig::tp)},
       {"sp", Kind::Bool, "sequence parallelism in the tensor-parallel group (Megatron's SP; needs --tp 2+)", field(&TrainConfig::sp)},
       {"cp", Kind::Int, "context-parallel size: each sequence split over cp ranks (2 x cp must divide --seq-len)", field(&TrainConfig::cp)},
+      {"ep", Kind::Int, "expert-parallel size: an MoE model's experts divided over ep data-parallel ranks, tokens moved by all-to-all (divides dp and --n-experts)", field(&TrainConfig::ep)},
       {"pp", Kind::Int, "pipeline-parallel size (1F1B; --grad-accum micro-batches per step)", field(&TrainConfig::pp)},
       {"pp-split", Kind::String, "blocks per pipeline stage, e.g. 4,4,3 (default: balanced by count, extras to the middle stages)", field(&TrainConfig::pp_split)},
       {"zero", Kind::Int, "ZeRO stage 0-3", field(&TrainConfig::zero)},

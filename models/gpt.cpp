@@ -91,19 +91,24 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
   return ops_->row ? ops_->row(g, *c_proj) : c_proj->forward(g);
 }
 
-BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard)
+BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard, int64_t index)
     : dropout_(cfg.dropout), ops_(shard.ops) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts));
   attn = register_module("attn", std::make_shared<AttentionImpl>(cfg, opts, shard));
   ln_2 = register_module("ln_2", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts));
-  mlp = register_module("mlp", std::make_shared<MLPImpl>(cfg, opts, shard));
+  if (cfg.is_moe_layer(index)) {
+    if (shard.ops->seq_rows) throw ConfigError("MoE blocks with a split sequence (--sp, --cp) are not built");
+    moe = register_module("moe", std::make_shared<MoEImpl>(cfg.d_model, cfg.mlp_hidden(), MoEConfig::of(cfg), opts, shard.ops));
+  } else {
+    mlp = register_module("mlp", std::make_shared<MLPImpl>(cfg, opts, shard));
+  }
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
   const bool drop = is_training() && dropout_ > 0.0;
   auto a = attn->forward(ln_1->forward(x));
   auto y = x + (drop ? residual_dropout(a, dropout_, *ops_) : a);
-  auto m = mlp->forward(ln_2->forward(y));
+  auto m = moe ? moe->forward(ln_2->forward(y)) : mlp->forward(ln_2->forward(y));
   return y + (drop ? residual_dropout(m, dropout_, *ops_) : m);
 }
 
@@ -124,7 +129,7 @@ GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts, ModelShard shard) 
   if (shard_.embedding) wpe = register_parameter("wpe", at::empty({cfg_.seq_len, cfg_.d_model}, o));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg_.n_layer; ++i) {
-    if (i >= shard_.block_begin && i < shard_.block_end) h->push_back(std::make_shared<BlockImpl>(cfg_, o, shard_));
+    if (i >= shard_.block_begin && i < shard_.block_end) h->push_back(std::make_shared<BlockImpl>(cfg_, o, shard_, i));
     else h->push_back(std::make_shared<torch::nn::Module>());  // another stage's block: keeps the numbering
   }
   if (shard_.head) ln_f = register_module("ln_f", std::make_shared<LayerNormImpl>(cfg_.d_model, cfg_.layer_norm_eps, o));
@@ -161,9 +166,9 @@ void GPT::init_weights(uint64_t seed, const TensorSlicer& slice) {
       cpu.normal_(0.0, 0.01, gen);
     } else if (is_norm) {
       cpu.fill_(ends_with("weight") ? 1.0 : 0.0);
-    } else if (ends_with("bias")) {
+    } else if (ends_with("bias") || ends_with("moe.fc_b") || ends_with("moe.proj_b")) {
       cpu.zero_();
-    } else if (ends_with("c_proj.weight")) {
+    } else if (ends_with("c_proj.weight") || ends_with("moe.proj_w")) {  // MoE: each expert's c_proj
       cpu.normal_(0.0, std_resid, gen);
     } else {
       cpu.normal_(0.0, 0.02, gen);
@@ -236,6 +241,30 @@ int64_t GPT::num_params() const {
   int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();
   return n;
+}
+
+std::vector<std::pair<int64_t, std::shared_ptr<MoEImpl>>> GPT::moe_layers() const {
+  std::vector<std::pair<int64_t, std::shared_ptr<MoEImpl>>> out;
+  for (int64_t i = shard_.block_begin; i < shard_.block_end; ++i) {
+    auto block = std::dynamic_pointer_cast<BlockImpl>(h->ptr(static_cast<size_t>(i)));
+    if (block && block->moe) out.emplace_back(i, block->moe);
+  }
+  return out;
+}
+
+void GPT::set_moe_loss_backward_scale(double scale) {
+  for (auto& [i, moe] : moe_layers()) moe->loss_backward_scale = scale;
+}
+
+at::Tensor GPT::take_moe_stats(c10::Device device) {
+  if (!cfg_.is_moe()) return {};
+  const int64_t width = moe_stats_width(cfg_.n_experts);
+  at::Tensor out = at::zeros({cfg_.n_moe_layers(), width}, at::TensorOptions().dtype(at::kFloat).device(device));
+  for (auto& [i, moe] : moe_layers()) {
+    if (moe->step_stats.defined()) out[i / cfg_.moe_every].copy_(moe->step_stats);
+    moe->step_stats = at::Tensor();
+  }
+  return out.view({-1});
 }
 
 }  // namespace kiln

@@ -47,6 +47,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include "models/gpt_config.h"
+#include "models/moe.h"
 
 namespace kiln {
 
@@ -100,6 +101,17 @@ struct LayerOps {
   // The ops for decoding with a KV cache (models/kv_cache.h), which runs whole sequences of
   // one token and cannot split them; null: these.
   std::shared_ptr<const LayerOps> unsplit;
+
+  // ---- expert parallelism (parallel/expert_parallel.h) ----
+  // The MoE layers' experts are divided over expert_split ranks: this one holds experts
+  // [expert_rank E / expert_split, (expert_rank + 1) E / expert_split). dispatch_experts(rows,
+  // counts, run_local): rows [n, d] sorted by expert, counts[e] of them for expert e (all E);
+  // sends each expert's rows to the rank holding it, calls run_local(arrived, local_counts) on
+  // what arrives there (rows of this rank's experts, sorted by local expert) and returns the
+  // outputs [n, d] in rows' order. Empty: every expert on this rank.
+  int64_t expert_split = 1, expert_rank = 0;
+  using ExpertRunner = std::function<at::Tensor(const at::Tensor&, const std::vector<int64_t>&)>;
+  std::function<at::Tensor(const at::Tensor&, const std::vector<int64_t>&, const ExpertRunner&)> dispatch_experts;
 };
 
 // This rank's part of a tensor-parallel model: tp ranks split the attention heads, the MLP
@@ -168,13 +180,20 @@ class MLPImpl : public torch::nn::Module {
   std::shared_ptr<const LayerOps> ops_;
 };
 
+// A transformer block. Its feed-forward is the dense MLP, or, in the MoE blocks of an MoE model
+// (GPTConfig::is_moe_layer), a Mixture-of-Experts layer (models/moe.h) over the block's
+// sequences, with every expert on this rank or, under expert parallelism, this rank's share of
+// them (LayerOps::expert_split): exactly one of mlp and moe is set. Under tensor
+// parallelism the MoE layer is replicated (each tp rank routes and runs the same tokens; its
+// gradients are equal on every tp rank, as a LayerNorm's).
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {});
+  BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {}, int64_t index = 0);
   at::Tensor forward(const at::Tensor& x);
   std::shared_ptr<LayerNormImpl> ln_1, ln_2;
   std::shared_ptr<AttentionImpl> attn;
-  std::shared_ptr<MLPImpl> mlp;
+  std::shared_ptr<MLPImpl> mlp;  // null in an MoE block
+  std::shared_ptr<MoEImpl> moe;  // null in a dense block
 
  private:
   double dropout_;
@@ -218,6 +237,17 @@ class GPT : public torch::nn::Module {
   const GPTConfig& config() const { return cfg_; }
   const ModelShard& shard() const { return shard_; }
   int64_t num_params() const;  // counts the module's parameters (the tied wte once)
+
+  // ---- Mixture-of-Experts (an MoE config; nothing otherwise)
+  // This stage's MoE layers with their block numbers, in order.
+  std::vector<std::pair<int64_t, std::shared_ptr<MoEImpl>>> moe_layers() const;
+  // The factor the language-model loss is multiplied by before backward (loss scale / grad-accum):
+  // the MoE losses' gradients take it too (MoEImpl::loss_backward_scale).
+  void set_moe_loss_backward_scale(double scale);
+  // The MoE layers' step_stats since the last call, as one float tensor [n_moe_layers x
+  // moe_stats_width(E)] on `device`, row i for the model's i-th MoE layer (zero for another
+  // stage's); clears them. Undefined for a dense model.
+  at::Tensor take_moe_stats(c10::Device device);
 
   at::Tensor wte, wpe;  // [V', d], [T, d] (undefined on a pipeline stage that lacks them)
   torch::nn::ModuleList h;

@@ -21,6 +21,8 @@
 // save_pretrained() itself writes GPT-2. The vocabulary padding rows of wte (V..V') are not
 // stored; kiln keeps them zero, and loading sets them to zero.
 //
+// MoE models' expert tensors keep kiln's names and layout ("transformer.h.N.moe.fc_w" [E, F, d],
+// not transposed); GPT2LMHeadModel has no such layer, and hf_gpt2_config() refuses them.
 // Grouped-query models (n_kv_head != n_head) have no GPT2LMHeadModel equivalent: their weights
 // map to the same names (c_attn is then [d, d + 2kv]), but hf_gpt2_config() refuses them.
 #pragma once

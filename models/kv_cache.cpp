@@ -60,6 +60,9 @@ at::Tensor cached_block(BlockImpl& block, const LayerOps& ops, const at::Tensor&
   const auto a = ops.row ? ops.row(y, *attn.c_proj) : attn.c_proj->forward(y);
   const auto x1 = x + a;
   const auto m_in = block.ln_2->forward(x1);
+  // An MoE block routes the call's tokens of each sequence as one group (models/moe.h): with
+  // capacity dropping, what a long prompt drops can differ from the whole-sequence forward's.
+  if (block.moe) return x1 + block.moe->forward(m_in);
   MLPImpl& mlp = *block.mlp;
   const auto g = at::gelu(ops.column ? ops.column(m_in, *mlp.c_fc) : mlp.c_fc->forward(m_in), "tanh");
   return x1 + (ops.row ? ops.row(g, *mlp.c_proj) : mlp.c_proj->forward(g));

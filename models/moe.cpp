@@ -1,4 +1,4 @@
-// models/moe.cpp -- the router, the capacity rule, the experts, the two losses.
+// models/moe.cpp -- the router, the capacity rule, the sorted dispatch, the experts, the two losses.
 #include "models/moe.h"
 
 #include <algorithm>
@@ -7,10 +7,37 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/autograd.h>
 
+#include "models/gpt.h"
+#include "models/gpt_config.h"
+#include "runtime/device_check.h"
 #include "runtime/error.h"
 
 namespace kiln {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// y unchanged; backward gives `loss` the gradient `scale` besides passing y's on (Megatron's
+// MoEAuxLossAutoScaler): the auxiliary losses join the gradient wherever the block's backward
+// runs (a pipeline stage, a checkpointed block's recomputation), without joining the LM loss.
+struct AttachAuxLoss : public torch::autograd::Function<AttachAuxLoss> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, const at::Tensor& loss, double scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({loss});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor loss = ctx->get_saved_variables()[0];
+    return {grads[0], at::full({}, ctx->saved_data["scale"].toDouble(), loss.options()), at::Tensor()};
+  }
+};
+
+}  // namespace
 
 void MoEConfig::validate() const {
   if (n_experts < 1) throw ConfigError("--n-experts must be at least 1 (got " + std::to_string(n_experts) + ")");
@@ -18,6 +45,18 @@ void MoEConfig::validate() const {
     throw ConfigError("--top-k must be in [1, --n-experts " + std::to_string(n_experts) + "] (got " + std::to_string(top_k) + ")");
   }
   if (!(capacity_factor >= 0.0)) throw ConfigError("--moe-capacity-factor must be 0 (dropless) or positive");
+  if (!(aux_loss_coef >= 0.0)) throw ConfigError("--moe-aux-loss-coef must be at least 0");
+  if (!(z_loss_coef >= 0.0)) throw ConfigError("--moe-z-loss-coef must be at least 0");
+}
+
+MoEConfig MoEConfig::of(const GPTConfig& c) {
+  MoEConfig m;
+  m.n_experts = c.n_experts;
+  m.top_k = c.top_k;
+  m.capacity_factor = c.moe_capacity_factor;
+  m.aux_loss_coef = c.moe_aux_loss_coef;
+  m.z_loss_coef = c.moe_z_loss_coef;
+  return m;
 }
 
 int64_t moe_capacity(const MoEConfig& cfg, int64_t n_tokens) {
@@ -26,69 +65,118 @@ int64_t moe_capacity(const MoEConfig& cfg, int64_t n_tokens) {
                                         static_cast<double>(cfg.n_experts)));
 }
 
-MoEImpl::MoEImpl(int64_t d, int64_t hidden, const MoEConfig& cfg, const at::TensorOptions& opts) : cfg_(cfg) {
+MoEImpl::MoEImpl(int64_t d, int64_t hidden, const MoEConfig& cfg, const at::TensorOptions& opts, std::shared_ptr<const LayerOps> ops)
+    : cfg_(cfg), ops_(std::move(ops)) {
   cfg_.validate();
-  const int64_t E = cfg_.n_experts;
+  const int64_t E = cfg_.n_experts, split = ops_ ? ops_->expert_split : 1;
+  if (E % split != 0) {
+    throw ConfigError("--ep " + std::to_string(split) + " does not divide the experts (--n-experts " + std::to_string(E) + ")");
+  }
+  const int64_t local = E / split;
   router = register_parameter("router", at::empty({E, d}, opts));
-  fc_w = register_parameter("fc_w", at::empty({E, hidden, d}, opts));
-  fc_b = register_parameter("fc_b", at::empty({E, hidden}, opts));
-  proj_w = register_parameter("proj_w", at::empty({E, d, hidden}, opts));
-  proj_b = register_parameter("proj_b", at::empty({E, d}, opts));
+  fc_w = register_parameter("fc_w", at::empty({local, hidden, d}, opts));
+  fc_b = register_parameter("fc_b", at::empty({local, hidden}, opts));
+  proj_w = register_parameter("proj_w", at::empty({local, d, hidden}, opts));
+  proj_b = register_parameter("proj_b", at::empty({local, d}, opts));
+}
+
+at::Tensor MoEImpl::run_experts(const at::Tensor& rows, const std::vector<int64_t>& counts) const {
+  // One unbind per weight, not E selects: each select's backward would make a whole [E, ...]
+  // gradient (E^2 the traffic); unbind's stacks the experts' gradients once.
+  const std::vector<at::Tensor> fw = fc_w.unbind(0), fb = fc_b.unbind(0), pw = proj_w.unbind(0), pb = proj_b.unbind(0);
+  std::vector<at::Tensor> outs;
+  int64_t offset = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    const at::Tensor h = at::gelu(at::linear(rows.narrow(0, offset, counts[e]), fw[e], fb[e]), "tanh");
+    outs.push_back(at::linear(h, pw[e], pb[e]));
+    offset += counts[e];
+  }
+  if (offset != rows.size(0)) throw Error("MoE: the expert counts do not add up to the rows given");
+  return outs.empty() ? rows.new_empty({0, rows.size(1)}) : at::cat(outs);
 }
 
 at::Tensor MoEImpl::forward(const at::Tensor& x_in) {
+  if (x_in.dim() != 2 && x_in.dim() != 3) throw Error("MoE: input must be [N, d] or [G, S, d]");
   const int64_t d = x_in.size(-1), E = cfg_.n_experts, k = cfg_.top_k;
   const at::Tensor x = x_in.reshape({-1, d});
   const int64_t N = x.size(0);
-  // Router in fp32 at least (its softmax decides discrete choices; ST-MoE keeps it in fp32 too).
+  const int64_t G = x_in.dim() == 3 ? x_in.size(0) : 1, S = G > 0 ? N / G : 0;
+  // Router in fp32 at least (its softmax decides discrete choices; ST-MoE keeps it in fp32 too),
+  // autocast or not.
   const auto rdt = at::promote_types(at::kFloat, x.scalar_type());
-  const at::Tensor logits = at::linear(x.to(rdt), router.to(rdt));  // [N, E]
+  at::Tensor logits;  // [N, E]
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    logits = at::linear(x.to(rdt), router.to(rdt));
+  }
   const at::Tensor probs = at::softmax(logits, -1);
   auto [top_p, top_e] = at::topk(probs, k, -1);  // [N, k], descending
   const at::Tensor gates = k > 1 ? top_p / top_p.sum(-1, /*keepdim=*/true) : top_p;
 
-  // Capacity: choice j of every token before choice j + 1 of any; token order within a choice.
-  const int64_t C = moe_capacity(cfg_, N);
-  const at::Tensor order = top_e.t().reshape({-1});  // [k N]: choice-major
-  const at::Tensor onehot = at::one_hot(order, E);   // [k N, E]
-  const at::Tensor position = (onehot.cumsum(0) - 1).mul(onehot).sum(-1);  // the slot within its expert
-  const at::Tensor admitted = C > 0 ? position.lt(C) : at::ones_like(position, at::kBool);
-  const at::Tensor admitted_nk = admitted.view({k, N}).t();  // [N, k]
-
-  // Experts: each one's admitted tokens in one batch.
-  at::Tensor y = at::zeros({N, d}, x.options());  // the residual stream's dtype
-  std::vector<int64_t> loads(static_cast<size_t>(E), 0);
-  const at::Tensor kept_e = top_e.masked_fill(admitted_nk.logical_not(), -1);
-  for (int64_t e = 0; e < E; ++e) {
-    const at::Tensor hit = kept_e.eq(e);  // [N, k]: at most one true per row (top-k is distinct)
-    const at::Tensor rows = hit.any(-1).nonzero().squeeze(-1);
-    loads[static_cast<size_t>(e)] = rows.numel();
-    if (rows.numel() == 0) continue;
-    const at::Tensor g = (gates * hit).sum(-1).index_select(0, rows).unsqueeze(-1);  // [n_e, 1]
-    const at::Tensor xe = x.index_select(0, rows);
-    const at::Tensor h = at::gelu(at::linear(xe, fc_w[e], fc_b[e]), "tanh");
-    const at::Tensor out = at::linear(h, proj_w[e], proj_b[e]);
-    y = y.index_add(0, rows, (out * g.to(out.scalar_type())).to(y.scalar_type()));
+  // Capacity, per group: choice j of every token before choice j + 1 of any; token order within
+  // a choice. position: the assignment's slot within its expert's queue.
+  const int64_t C = moe_capacity(cfg_, S);
+  at::Tensor admitted;  // [N, k]
+  if (C > 0) {
+    const at::Tensor order = top_e.view({G, S, k}).transpose(1, 2).reshape({G, k * S});  // choice-major
+    const at::Tensor onehot = at::one_hot(order, E);                                      // [G, kS, E]
+    const at::Tensor position = (onehot.cumsum(1) - 1).mul_(onehot).sum(-1);             // [G, kS]
+    admitted = position.lt(C).view({G, k, S}).transpose(1, 2).reshape({N, k});
+  } else {
+    admitted = at::ones({N, k}, top_e.options().dtype(at::kBool));
   }
 
-  // Losses: Switch's load balancing (f from the choices before dropping, P differentiable) and
-  // the router z-loss.
-  const at::Tensor f = at::one_hot(top_e.reshape({-1}), E).to(at::kFloat).mean(0);  // sums to 1
-  const at::Tensor P = probs.mean(0);
-  aux_loss = static_cast<double>(E) * (f * P).sum();
+  // Dispatch: the assignments (token-major: n k + j) sorted by expert, the dropped ones last (as
+  // expert E); a stable sort keeps token order within an expert.
+  const at::Tensor chosen = top_e.reshape({-1});
+  const at::Tensor key = chosen.masked_fill(admitted.reshape({-1}).logical_not(), E);
+  const at::Tensor perm = std::get<1>(at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+  const at::Tensor ones = at::ones_like(key);
+  const at::Tensor kept = at::zeros({E + 1}, key.options()).index_add_(0, key, ones).narrow(0, 0, E);
+  const at::Tensor routed = at::zeros({E}, key.options()).index_add_(0, chosen, ones);  // before dropping
+  const at::Tensor host = to_host(at::cat({kept, routed}));  // the call's one host read
+  const int64_t* h = host.data_ptr<int64_t>();
+  const std::vector<int64_t> counts(h, h + E);
+  int64_t n_kept = 0, most = 0, least = N * k;
+  for (int64_t e = 0; e < E; ++e) {
+    n_kept += h[e];
+    most = std::max(most, h[E + e]);
+    least = std::min(least, h[E + e]);
+  }
+  const at::Tensor take = perm.narrow(0, 0, n_kept);           // admitted assignments, by expert
+  const at::Tensor tokens = at::div(take, k, "floor");         // their tokens
+  const at::Tensor g = gates.reshape({-1}).index_select(0, take).unsqueeze(-1);  // [n_kept, 1]
+  const at::Tensor rows = x.index_select(0, tokens);
+  const at::Tensor out = ops_ && ops_->dispatch_experts
+                             ? ops_->dispatch_experts(rows, counts, [this](const at::Tensor& r, const std::vector<int64_t>& c) { return run_experts(r, c); })
+                             : run_experts(rows, counts);
+  at::Tensor y = at::zeros({N, d}, x.options()).index_add_(0, tokens, (out * g.to(out.scalar_type())).to(x.scalar_type()));
+
+  // Losses: Switch's load balancing per group (f from the choices before dropping, P
+  // differentiable) and the router z-loss.
+  const at::Tensor f = at::one_hot(top_e.reshape({G, S * k}), E).to(rdt).mean(1);  // [G, E], rows sum to 1
+  const at::Tensor P = probs.view({G, S, E}).mean(1);                              // [G, E]
+  aux_loss = (static_cast<double>(E) * (f * P).sum(-1)).mean();
   z_loss = at::logsumexp(logits, -1).square().mean();
 
   const double mean_load = static_cast<double>(N * k) / static_cast<double>(E);
-  int64_t kept = 0, most = 0, least = N * k;
-  for (int64_t l : loads) {
-    kept += l;
-    most = std::max(most, l);
-    least = std::min(least, l);
-  }
-  stats.dropped_fraction = N * k > 0 ? 1.0 - static_cast<double>(kept) / static_cast<double>(N * k) : 0.0;
+  stats.dropped_fraction = N * k > 0 ? 1.0 - static_cast<double>(n_kept) / static_cast<double>(N * k) : 0.0;
   stats.max_load = mean_load > 0 ? static_cast<double>(most) / mean_load : 0.0;
   stats.min_load = mean_load > 0 ? static_cast<double>(least) / mean_load : 0.0;
-  return y.to(x_in.scalar_type()).view(x_in.sizes());
+
+  at::Tensor result = y.view(x_in.sizes());
+  if (at::GradMode::is_enabled()) {
+    const auto fo = routed.options().dtype(at::kFloat);
+    const at::Tensor row = at::cat({routed.to(at::kFloat), at::full({1}, static_cast<double>(n_kept), fo),
+                                    aux_loss.detach().to(at::kFloat).reshape({1}), z_loss.detach().to(at::kFloat).reshape({1})});
+    step_stats = step_stats.defined() ? step_stats + row : row;
+    const double ca = cfg_.aux_loss_coef, cz = cfg_.z_loss_coef;
+    if ((ca > 0.0 || cz > 0.0) && router.requires_grad()) {
+      result = AttachAuxLoss::apply(result, ca * aux_loss + cz * z_loss, loss_backward_scale);
+    }
+  }
+  return result;
 }
 
 }  // namespace kiln

@@ -1,76 +1,118 @@
-// models/moe.h -- a Mixture-of-Experts feed-forward layer (Switch / GShard style), one process.
+// models/moe.h -- a Mixture-of-Experts feed-forward layer (Switch / GShard style).
 //
-// STATUS: the layer and its tests only (issue 19, first part). It is not yet a block of GPT, has
-// no flags, and no expert parallelism: those are the issue's next parts. Its expert loop finds
-// each expert's tokens with nonzero(), a host synchronisation per expert: before it runs on a GPU,
-// sort the admitted assignments by expert and read the E counts once (the all-to-all needs them
-// anyway).
+// GPT's MoE blocks hold one (models/gpt.h; GPTConfig::n_experts). Under expert parallelism
+// (parallel/expert_parallel.h) a rank holds E / ep of the experts and the LayerOps it is given
+// move each expert's rows to the rank holding it and back; the router (replicated) and
+// everything below decide the same way on every layout.
 //
-// N tokens x [d], E experts (each the dense block's MLP: c_fc [F, d] + b, GELU-tanh, c_proj
-// [d, F] + b, F = 4d), k of them per token:
+// Input x [G, S, d]: G groups of S tokens (GPT passes [B, T, d]: a group is one sequence, GShard's
+// "group"); a 2-D x [N, d] is one group of N tokens. E experts (each the dense block's MLP: c_fc
+// [F, d] + b, GELU-tanh, c_proj [d, F] + b, F = 4d), k of them per token:
 //   router      z = x W_g^T                  [N, E], fp32 (or x's wider dtype), W_g [E, d], no bias
-//               p = softmax(z)               over the E experts
+//               p = softmax(z)               over the E experts (softmax, then top-k)
 //               (e_1..e_k), (p_1..p_k) = top-k of p; gates g_j = p_j / sum_j p_j (k > 1: the
 //               chosen probabilities renormalised, as GShard's top-2 and Mixtral's
 //               top-k-then-softmax, which is the same thing; k = 1: g = p_1, Switch's)
-//   capacity    C = ceil(capacity_factor x k x N / E) assignments per expert (capacity_factor
-//               0: no limit, "dropless"). Assignments are admitted choice by choice (every
-//               token's first choice before any second choice: GShard's priority), in token
-//               order within a choice; an expert's assignments past C are dropped: that slot
-//               contributes nothing, so a token all of whose choices are dropped passes through
-//               the block's residual connection unchanged.
+//   capacity    per group: C = ceil(capacity_factor x k x S / E) assignments per expert
+//               (capacity_factor 0: no limit, "dropless"). Within a group, assignments are
+//               admitted choice by choice (every token's first choice before any second choice:
+//               GShard's priority), in token order within a choice; an expert's assignments past C
+//               are dropped: that slot contributes nothing, so a token all of whose choices are
+//               dropped passes through the block's residual connection unchanged. A group being
+//               one sequence, what is dropped depends on the sequence alone -- never on the
+//               micro-batch size or the layout (dp, ep): every layout drops what the single
+//               process drops.
 //   output      y_n = sum over n's admitted assignments j of g_j MLP_{e_j}(x_n)
-//   aux loss    (Switch, Fedus et al. 2021, eq. 4) L_aux = E sum_e f_e P_e, f_e = the fraction
-//               of the N k assignments routed to e (before dropping), P_e = mean_n p_{n,e};
-//               1 when routing is uniform, E at worst. Only P_e carries a gradient.
+//   aux loss    (Switch, Fedus et al. 2021, eq. 4, per group as Switch's own code computes it)
+//               L_aux = mean_g E sum_e f_{g,e} P_{g,e}, f_{g,e} = the fraction of group g's S k
+//               assignments routed to e (before dropping), P_{g,e} = mean over g's tokens of p_e;
+//               1 when routing is uniform, E at worst. Only P carries a gradient.
 //   z-loss      (ST-MoE, Zoph et al. 2022, eq. 5) L_z = mean_n (logsumexp_e z_{n,e})^2.
-// The trainer is to add coef_aux L_aux + coef_z L_z to the language-model loss.
-// Stats per call (for the step record): the dropped fraction of assignments, and the most and
-// least loaded expert's admitted assignments over the mean (N k / E).
+// Both are means over groups or tokens, so a data-parallel mean of per-rank losses is the
+// single process's loss.
+//
+// The losses reach the gradient without entering the returned loss: the output is passed through
+// an identity whose backward also gives the combined loss aux_coef L_aux + z_coef L_z the
+// gradient `loss_backward_scale` (Megatron's MoEAuxLossAutoScaler). Set it to the factor the
+// language-model loss is multiplied by before backward (loss scale / grad-accum; the trainer
+// does): the gradient is then that of (L_LM + aux_coef L_aux + z_coef L_z) x that factor, with
+// pipeline stages, activation checkpointing and every other wrapper unchanged.
+//
+// Dispatch: the admitted assignments are sorted by expert (stable: token order within an
+// expert), each expert runs its contiguous rows in one batch, and the outputs are summed back
+// into their tokens (index_add). The E counts are read by the host once per call (one
+// synchronisation, as Megatron's dropless dispatcher), to size each expert's batch.
+//
+// Stats per call (host, for tests and the console): the dropped fraction of the N k assignments,
+// and the most and least chosen expert's assignments (before dropping) over the mean N k / E.
+// For the step record, a device row [E routed counts, admitted count, L_aux, L_z] is added into
+// `step_stats` by every forward that runs with grad on (so a checkpointed block's recomputation
+// counts once, and evaluation not at all); the trainer sums and clears it each step.
 // FLOPs per token: 2 d E (router) + k x the dense MLP's; parameters: E x the MLP's + d E.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
 namespace kiln {
 
+struct GPTConfig;
+
 struct MoEConfig {
-  int64_t n_experts = 4;
-  int64_t top_k = 2;
-  double capacity_factor = 1.25;  // 0: dropless
+  int64_t n_experts = 4;          // E
+  int64_t top_k = 2;              // k
+  double capacity_factor = 1.25;  // per group; 0: dropless
+  double aux_loss_coef = 0.0;     // weight of L_aux in the gradient (GPT: --moe-aux-loss-coef)
+  double z_loss_coef = 0.0;       // weight of L_z (GPT: --moe-z-loss-coef)
   // Throws ConfigError, one line, for top_k outside [1, n_experts], n_experts < 1 or a negative
-  // capacity factor.
+  // capacity factor or coefficient.
   void validate() const;
+  static MoEConfig of(const GPTConfig& cfg);
 };
 
 struct MoEStats {
   double dropped_fraction = 0.0;  // of the N k assignments
-  double max_load = 0.0, min_load = 0.0;  // admitted assignments of the most / least used expert, over N k / E
+  double max_load = 0.0, min_load = 0.0;  // assignments routed to the most / least chosen expert, over N k / E
 };
+
+// The width of a step_stats row: E routed counts, then admitted, L_aux, L_z.
+inline int64_t moe_stats_width(int64_t n_experts) { return n_experts + 3; }
+
+struct LayerOps;
 
 class MoEImpl : public torch::nn::Module {
  public:
-  MoEImpl(int64_t d_model, int64_t hidden, const MoEConfig& cfg, const at::TensorOptions& opts);
-  // x [.., d] -> [.., d]; sets aux_loss, z_loss (scalars in the router's dtype, differentiable)
-  // and stats.
+  // ops: expert parallelism's (LayerOps::expert_split, dispatch_experts); null: every expert here.
+  MoEImpl(int64_t d_model, int64_t hidden, const MoEConfig& cfg, const at::TensorOptions& opts,
+          std::shared_ptr<const LayerOps> ops = nullptr);
+  // x [G, S, d] or [N, d] -> the same shape; sets aux_loss, z_loss (scalars in the router's
+  // dtype, differentiable) and stats.
   at::Tensor forward(const at::Tensor& x);
 
+  // rows [n, d], every expert's rows consecutive (counts[e] of them for expert e, in order) ->
+  // [n, d]: MLP_e of each row. The experts' part of forward (expert parallelism runs it on the
+  // rows it receives).
+  at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& counts) const;
+
   at::Tensor router;          // [E, d]
-  at::Tensor fc_w, fc_b;      // [E, F, d], [E, F]
-  at::Tensor proj_w, proj_b;  // [E, d, F], [E, d]
-  at::Tensor aux_loss, z_loss;
-  MoEStats stats;
+  at::Tensor fc_w, fc_b;      // [E_local, F, d], [E_local, F]   (E_local = E / ep: this rank's experts)
+  at::Tensor proj_w, proj_b;  // [E_local, d, F], [E_local, d]
+  at::Tensor aux_loss, z_loss;  // the last call's
+  MoEStats stats;               // the last call's
+  at::Tensor step_stats;        // [moe_stats_width(E)] float, summed over grad-mode calls; undefined: none yet
+  double loss_backward_scale = 1.0;
   const MoEConfig& config() const { return cfg_; }
 
  private:
   MoEConfig cfg_;
+  std::shared_ptr<const LayerOps> ops_;
 };
 
-// The capacity C for n tokens (0: unlimited).
+// The capacity C for a group of n tokens (0: unlimited).
 int64_t moe_capacity(const MoEConfig& cfg, int64_t n_tokens);
 
 }  // namespace kiln

@@ -299,7 +299,7 @@ void apply_activation_checkpointing(GPT& model, ActivationCheckpointing mode, Ch
   for (const auto& b : model.blocks()) {
     auto& block = *b;
     block.attn->core = nullptr;
-    block.mlp->gelu_proj = nullptr;
+    if (block.mlp) block.mlp->gelu_proj = nullptr;
   }
   switch (mode) {
     case ActivationCheckpointing::None:
@@ -321,9 +321,11 @@ void apply_activation_checkpointing(GPT& model, ActivationCheckpointing mode, Ch
           };
           return checkpoint(std::move(core), {q, k, v}, opts)[0];
         };
-        block.mlp->gelu_proj = [](const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) {
-          return gelu_linear(h, weight, bias);
-        };
+        if (block.mlp) {  // an MoE block keeps its experts' activations (models/moe.h)
+          block.mlp->gelu_proj = [](const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) {
+            return gelu_linear(h, weight, bias);
+          };
+        }
       }
       break;
   }

@@ -11,7 +11,7 @@ namespace kiln {
 DistributedDataParallel::DistributedDataParallel(std::vector<at::Tensor> params, std::shared_ptr<Communicator> dp,
                                                  DDPConfig cfg, std::vector<at::Tensor> targets, at::ScalarType reduce_dtype)
     : params_(std::move(params)), targets_(targets.empty() ? params_ : std::move(targets)), dp_(std::move(dp)),
-      reduce_dtype_(reduce_dtype), bucket_of_(params_.size()) {
+      reduce_dtype_(reduce_dtype), skip_if_alone_(cfg.skip_if_alone), bucket_of_(params_.size()) {
   if (targets_.size() != params_.size()) throw Error("ddp: one gradient target per parameter");
   if (reduce_dtype_ != at::kFloat && reduce_dtype_ != at::kBFloat16) throw Error("ddp: the reduction dtype must be fp32 or bf16");
   // Reverse registration order: the head's gradients arrive first in backward.
@@ -89,7 +89,18 @@ void DistributedDataParallel::on_grad_ready(size_t k) {
   }
 }
 
+namespace {
+struct DoneWork : public Work {
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+}  // namespace
+
 void DistributedDataParallel::launch(Bucket& b) {
+  if (skip_if_alone_ && dp_->size() == 1) {
+    b.work = std::make_shared<DoneWork>();
+    return;
+  }
   if (reduce_dtype_ == at::kFloat) {
     b.work = dp_->all_reduce(b.flat, ReduceOp::Avg);
     return;

@@ -46,6 +46,10 @@ namespace kiln {
 struct DDPConfig {
   int64_t bucket_bytes = 25 << 20;       // target bucket size, bytes (PyTorch's default, 25 MiB)
   int64_t first_bucket_bytes = 1 << 20;  // the first (last-layer) bucket, bytes
+  // A group of one rank: no collective (the mean of one gradient is itself). Off by default, so
+  // `mpirun -np 1 --backend X` exercises the backend; on for expert parallelism's expert-data-
+  // parallel groups, which hold one copy when dp = ep (parallel/expert_parallel.h).
+  bool skip_if_alone = false;
 };
 
 class DistributedDataParallel {
@@ -91,6 +95,7 @@ class DistributedDataParallel {
   std::vector<at::Tensor> params_, targets_;  // targets_[k] is params_[k] for fp32 working weights
   std::shared_ptr<Communicator> dp_;
   at::ScalarType reduce_dtype_;
+  bool skip_if_alone_ = false;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // param index -> bucket index
   GradReadyHooks hooks_;

@@ -78,9 +78,11 @@ std::string read_text(const std::string& path) {
 }
 
 json model_shape(const GPTConfig& c) {
-  return {{"n_layer", c.n_layer},   {"n_head", c.n_head},   {"n_kv_head", c.n_kv_head},
-          {"d_model", c.d_model},   {"seq_len", c.seq_len}, {"vocab_size", c.vocab_size},
-          {"padded_vocab_size", c.padded_vocab_size()}};
+  json j{{"n_layer", c.n_layer},   {"n_head", c.n_head},   {"n_kv_head", c.n_kv_head},
+         {"d_model", c.d_model},   {"seq_len", c.seq_len}, {"vocab_size", c.vocab_size},
+         {"padded_vocab_size", c.padded_vocab_size()}};
+  if (c.is_moe()) j.update({{"n_experts", c.n_experts}, {"moe_every", c.moe_every}});  // which blocks hold experts
+  return j;
 }
 
 // Test hooks (checkpoint.h): KILN_TEST_CRASH_IN_SAVE=k kills this process (SIGKILL, no clean-up)
@@ -224,6 +226,9 @@ OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, 
     if (have.value(key, json()) != value) {
       diff += (diff.empty() ? "" : ", ") + key + " " + have.value(key, json()).dump() + " (this run: " + value.dump() + ")";
     }
+  }
+  for (const char* key : {"n_experts", "moe_every"}) {  // an MoE checkpoint for a dense run
+    if (have.contains(key) && !want.contains(key)) diff += (diff.empty() ? "" : ", ") + std::string(key) + " " + have[key].dump() + " (this run: dense)";
   }
   if (!diff.empty()) throw ConfigError(where + " is for another model shape: " + diff);
   // Every file against the CRC-32 recorded when it was written (read through, a buffer at a time).

@@ -8,6 +8,7 @@
 
 #include "models/gpt.h"
 #include "optim/adamw.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
@@ -81,7 +82,19 @@ at::Tensor WholeModel::gather(const std::string& name, CheckpointPart part) {
   const int stage = shape.pp > 1 ? pipeline_stage_of(name, stage_blocks_) : 0;
   const std::vector<int64_t> whole_shape = shape_of(name, part);
   at::Tensor whole;  // on the stage's writer
-  if (me.pp == stage) {
+  const bool ep_split = shape.ep > 1 && part != CheckpointPart::Step && is_expert_parameter(name);
+  if (me.pp == stage && ep_split) {
+    // Expert parallelism: the first ep group's experts (dp ranks [0, ep)), all-gathered along the
+    // expert dimension onto dp rank 0.
+    const auto it = local_.find(name);
+    if (it == local_.end()) throw Error("checkpoint: this rank lacks parameter " + name);
+    if (me.dp < shape.ep && me.cp == 0) {
+      const at::Tensor mine = to_device(own_state(it->second, part).contiguous(), device_);
+      at::Tensor all = at::empty({shape.ep * mine.numel()}, mine.options());
+      mesh_->ep()->all_gather(all, mine.reshape({-1}))->wait();
+      if (me.dp == 0) whole = all.cpu().to(at::kFloat).view(whole_shape).contiguous();
+    }
+  } else if (me.pp == stage) {
     const auto it = local_.find(name);
     if (it == local_.end()) throw Error("checkpoint: stage " + std::to_string(stage) + " lacks parameter " + name);
     const at::Tensor* param = &it->second;
@@ -148,18 +161,29 @@ void WholeModel::scatter(const std::string& name, CheckpointPart part, const at:
   if (it == local_.end()) return;  // another stage's
   const at::Tensor* param = &it->second;
   const int64_t tp = mesh_ ? mesh_->shape().tp : 1, r = mesh_ ? mesh_->coord().tp : 0;
-  const at::Tensor slice = part == CheckpointPart::Step ? t : tp_slice_of(name, t, model_.config(), tp, r);
+  const int64_t ep = mesh_ ? mesh_->shape().ep : 1;
+  const at::Tensor slice = part == CheckpointPart::Step ? t
+                           : ep > 1                     ? ep_slice_of(name, t, ep, mesh_->ep()->rank())
+                                                        : tp_slice_of(name, t, model_.config(), tp, r);
   load_local(*param, part, slice);
 }
 
 std::pair<double, double> weights_fingerprint(GPT& model, ZeroEngine* zero, const AdamW* optimizer, const Mesh* mesh,
                                               c10::Device device) {
   at::NoGradGuard no_grad;
-  double sum = 0.0, sq = 0.0;
+  double sum = 0.0, sq = 0.0, expert_sum = 0.0, expert_sq = 0.0;  // experts: this rank's share under --ep
+  const bool ep = mesh && mesh->shape().ep > 1;
   if (zero) {
     std::tie(sum, sq) = zero->param_moments();
   } else {
     for (const auto& item : model.named_parameters()) {
+      if (ep && is_expert_parameter(item.key())) {
+        const at::Tensor& p = optimizer && optimizer->has_masters() ? optimizer->state_of(item.value()).master : item.value();
+        const at::Tensor flat = p.detach().reshape({-1}).to(at::kDouble);
+        expert_sum += flat.sum().item<double>();
+        expert_sq += flat.square().sum().item<double>();
+        continue;
+      }
       const at::Tensor& p = optimizer && optimizer->has_masters() ? optimizer->state_of(item.value()).master : item.value();
       const at::Tensor flat = p.detach().reshape({-1}).to(at::kDouble);
       int64_t start = 0;
@@ -173,6 +197,13 @@ std::pair<double, double> weights_fingerprint(GPT& model, ZeroEngine* zero, cons
     }
   }
   if (!mesh) return {sum, sq};
+  if (ep) {  // every expert once: the shares summed over the ep group
+    auto e = to_device(at::tensor({expert_sum, expert_sq}, at::kDouble), device);
+    mesh->ep()->all_reduce(e, ReduceOp::Sum)->wait();
+    e = e.cpu();
+    sum += e[0].item<double>();
+    sq += e[1].item<double>();
+  }
   auto t = to_device(at::tensor({sum, sq}, at::kDouble), device);
   if (!zero && mesh->shape().tp > 1) mesh->tp()->all_reduce(t, ReduceOp::Sum)->wait();
   if (mesh->shape().pp > 1) mesh->pp()->all_reduce(t, ReduceOp::Sum)->wait();

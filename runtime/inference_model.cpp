@@ -43,6 +43,11 @@ GPTConfig model_config(const fs::path& dir, const json& state, const std::string
     cfg.d_model = saved.at("d_model").get<int64_t>();
     cfg.seq_len = saved.at("seq_len").get<int64_t>();
     cfg.vocab_size = saved.at("vocab_size").get<int64_t>();
+    // MoE (models/moe.h): the routing the model was trained with.
+    cfg.n_experts = saved.value("n_experts", int64_t{0});
+    cfg.top_k = saved.value("top_k", cfg.top_k);
+    cfg.moe_every = saved.value("moe_every", cfg.moe_every);
+    cfg.moe_capacity_factor = saved.value("moe_capacity_factor", cfg.moe_capacity_factor);
   } catch (const json::exception& e) {
     throw ConfigError(command + ": " + (dir / "trainer_state.json").string() + ": run.config lacks the model's shape (" +
                       e.what() + ")");

@@ -139,6 +139,13 @@ GPTConfig from_kiln_state(const json& st, const std::string& where, double* drop
   g.vocab_size = positive_int(m, "vocab_size", where + " (trainer_state.json model)");
   const json run_cfg = st.value("run", json::object()).value("config", json::object());
   *dropout = run_cfg.value("dropout", 0.0);
+  // MoE (models/moe.h): which blocks hold how many experts, and the routing trained with.
+  g.n_experts = m.value("n_experts", int64_t{0});
+  g.moe_every = m.value("moe_every", g.moe_every);
+  g.top_k = run_cfg.value("top_k", g.top_k);
+  g.moe_capacity_factor = run_cfg.value("moe_capacity_factor", g.moe_capacity_factor);
+  g.moe_aux_loss_coef = run_cfg.value("moe_aux_loss_coef", g.moe_aux_loss_coef);
+  g.moe_z_loss_coef = run_cfg.value("moe_z_loss_coef", g.moe_z_loss_coef);
   return g;
 }
 
@@ -179,6 +186,22 @@ void apply_init_from(const std::map<std::string, json>& given, TrainConfig& conf
                         " " + std::to_string(f.have) + "); the shape comes from --init-from: leave the flag out");
     }
   }
+  // Mixture-of-Experts: the experts come from the file (an HF GPT-2 has none); the routing and the
+  // losses' weights may be set anew for the new run.
+  if ((preset || given.count("n-experts") || given.count("moe-every")) &&
+      (now.n_experts != file.n_experts || (now.is_moe() && now.moe_every != file.moe_every))) {
+    throw ConfigError(where + ": " + (file.is_moe() ? "its MoE layers (" + std::to_string(file.n_experts) + " experts, every " +
+                                                          std::to_string(file.moe_every) + " blocks)"
+                                                    : std::string("a dense model")) +
+                      " cannot seed " + (now.is_moe() ? "an MoE model of " + std::to_string(now.n_experts) + " experts every " +
+                                                            std::to_string(now.moe_every) + " blocks"
+                                                      : std::string("a dense model")) +
+                      ": the experts come from --init-from, leave --model / --n-experts / --moe-every out");
+  }
+  if (given.count("top-k")) file.top_k = now.top_k;
+  if (given.count("moe-capacity-factor")) file.moe_capacity_factor = now.moe_capacity_factor;
+  if (given.count("moe-aux-loss-coef")) file.moe_aux_loss_coef = now.moe_aux_loss_coef;
+  if (given.count("moe-z-loss-coef")) file.moe_z_loss_coef = now.moe_z_loss_coef;
   // Context: the file's n_positions unless a shorter one is asked for.
   if (preset || given.count("seq-len")) {
     if (now.seq_len > file.seq_len) {

@@ -42,11 +42,20 @@ Mesh::Mesh(std::shared_ptr<Communicator> world, MeshShape shape) : world_(std::m
     cp_ = world_->split((c.pp * shape.dp + c.dp) * shape.tp + c.tp, c.cp, "cp");
     dp_cp_ = world_->split(c.pp * shape.tp + c.tp, c.dp * shape.cp + c.cp, "dp_cp");
   }
+  if (shape.ep > 1) {
+    if (shape.dp % shape.ep != 0) {
+      throw ConfigError("--ep " + std::to_string(shape.ep) + " must divide the data-parallel size (dp " + std::to_string(shape.dp) +
+                        "): the expert-parallel groups are carved out of dp");
+    }
+    ep_ = dp_->split(c.dp / shape.ep, c.dp % shape.ep, "ep");
+    edp_ = dp_->split(c.dp % shape.ep, c.dp / shape.ep, "expert_dp");
+  }
 }
 
 int64_t Mesh::bytes_sent() const {
   int64_t b = world_->stats().bytes + dp_->stats().bytes + tp_->stats().bytes + pp_->stats().bytes;
   if (cp_) b += cp_->stats().bytes + dp_cp_->stats().bytes;
+  if (ep_) b += ep_->stats().bytes + edp_->stats().bytes;
   return b;
 }
 

@@ -19,6 +19,7 @@ namespace kiln {
 
 struct MeshShape {
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  int ep = 1;  // expert parallelism: groups of ep consecutive dp ranks (parallel/expert_parallel.h); divides dp
   // dp = world / (cp * tp * pp). Throws ConfigError listing every factor when it does not divide.
   static MeshShape resolve(int world, int tp, int pp, int cp = 1);
   // The ranks a gradient is reduced over: dp x cp.
@@ -46,11 +47,16 @@ class Mesh {
   const std::shared_ptr<Communicator>& cp() const { return cp_; }
   // The gradient-reduction group: dp x cp, ordered by (dp, cp) index; dp itself when cp = 1.
   const std::shared_ptr<Communicator>& dp_cp() const { return cp_ ? dp_cp_ : dp_; }
+  // ep > 1 only (null otherwise): this rank's expert-parallel group (dp ranks [g ep, (g + 1) ep)
+  // with g = dp / ep, ordered by dp) and its expert-data-parallel group (the dp ranks with the
+  // same dp % ep, ordered by dp: the copies of this rank's experts).
+  const std::shared_ptr<Communicator>& ep() const { return ep_; }
+  const std::shared_ptr<Communicator>& expert_dp() const { return edp_; }
   // comm_bytes of every group this rank belongs to, each counted once.
   int64_t bytes_sent() const;
 
  private:
-  std::shared_ptr<Communicator> world_, dp_, tp_, pp_, cp_, dp_cp_;
+  std::shared_ptr<Communicator> world_, dp_, tp_, pp_, cp_, dp_cp_, ep_, edp_;
   MeshShape shape_;
   MeshCoord coord_;
 };

@@ -8,6 +8,11 @@
 // backward. Causal attention only needs half of that square (Megatron since 2025 counts 6LdT);
 // kiln keeps the full-square convention so its MFU compares with nanoGPT, torchtitan and PaLM.
 // For gpt2-124m at T = 1024: N = 123,689,472, F = 855.4 MFLOP per token.
+// Mixture-of-Experts (models/moe.h): N is the ACTIVE count N_active (GPTConfig::
+// num_active_params: each MoE layer's k experts and its router, not all E), the FLOPs a token
+// really costs; the MoE dispatch's gathers, sorts and scatters are not counted (as the peers).
+// gpt2-124m-moe (8 experts, top-2, every other block) at T = 1024: N_active = 152,060,928,
+// F = 1,025.6 MFLOP per token, where all 322.9M parameters would claim 2,045.7.
 //
 //   MFU = tokens_per_s * F / (G * peak)
 // tokens_per_s is the job's (the global batch), G the job's distinct devices

@@ -89,6 +89,23 @@ void TrainConfig::validate() const {
   }
   if (cp > 1 && pp > 1) throw ConfigError("--cp with --pp is not built (context parallelism runs the whole model on each rank): use --cp with --tp, dp and ZeRO");
   if (cp > 1 && sp) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
+  at_least("ep", ep, int64_t{1});
+  if (ep > 1) {
+    if (!gpt.is_moe()) throw ConfigError("--ep " + std::to_string(ep) + " divides the experts of an MoE model: give --n-experts (or --model tiny-moe)");
+    if (gpt.n_experts % ep != 0) {
+      throw ConfigError("--ep " + std::to_string(ep) + " does not divide the experts (--n-experts " + std::to_string(gpt.n_experts) + ")");
+    }
+    const char* other = zero > 0 ? "--zero" : tp > 1 ? "--tp" : pp > 1 ? "--pp" : sample_every > 0 ? "--sample-every" : nullptr;
+    if (other) {
+      throw ConfigError(std::string("--ep with ") + other + " is not built yet: expert parallelism runs with DDP over dp "
+                        "(one pipeline stage, no tensor parallelism, no ZeRO)");
+    }
+  }
+  if (gpt.is_moe() && (sp || cp > 1)) {
+    throw ConfigError(std::string("--n-experts with ") + (sp ? "--sp" : "--cp") +
+                      " is not built (an MoE layer routes each sequence as one group; a split sequence would need its "
+                      "ranks to agree on the capacity): use tp, pp, dp and ZeRO");
+  }
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
 
   pipeline_block_counts(gpt.n_layer, pp, pp_split);  // pp above the blocks, or a bad --pp-split
@@ -131,6 +148,14 @@ nlohmann::json TrainConfig::to_json() const {
   j["vocab_size"] = gpt.vocab_size;
   j["padded_vocab_size"] = gpt.padded_vocab_size();
   j["dropout"] = gpt.dropout;
+  if (gpt.is_moe()) {  // a dense run's record (and checkpoint) stays as it was
+    j["n_experts"] = gpt.n_experts;
+    j["top_k"] = gpt.top_k;
+    j["moe_every"] = gpt.moe_every;
+    j["moe_capacity_factor"] = gpt.moe_capacity_factor;
+    j["moe_aux_loss_coef"] = gpt.moe_aux_loss_coef;
+    j["moe_z_loss_coef"] = gpt.moe_z_loss_coef;
+  }
   j["data"] = data;
   j["data_format"] = data_format;
   j["val_data"] = val_data;
@@ -167,6 +192,7 @@ nlohmann::json TrainConfig::to_json() const {
   j["pp"] = pp;
   j["sp"] = sp;
   j["cp"] = cp;
+  if (ep > 1) j["ep"] = ep;
   j["pp_split"] = pp_split;
   j["zero"] = zero;
   j["offload"] = offload;
@@ -203,7 +229,9 @@ std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_
                                                "lr_schedule", "warmup_type", "warmup_start_lr", "lr_decay_steps",
                                                "weight_decay", "grad_clip",  "beta1",            "beta2",
                                                "adam_eps",    "precision",   "param_dtype", "reduce_dtype", "loss_scale",       "loss_scale_window",
-                                               "initial_scale_power", "hysteresis", "min_loss_scale"};
+                                               "initial_scale_power", "hysteresis", "min_loss_scale",
+                                               // MoE: the routing and the losses (the shapes are checked with the tensors)
+                                               "top_k", "moe_capacity_factor", "moe_aux_loss_coef", "moe_z_loss_coef"};
   // This run's own outputs and its way of resuming: not settings of the training.
   static const std::set<std::string> ignored = {"resume", "log_json", "tensorboard", "log_every", "save_dir", "stop_at_step",
                                                 "allow_config_change", "deepspeed", "sample_every"};

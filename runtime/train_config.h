@@ -56,6 +56,7 @@ struct TrainConfig {
   int64_t tp = 1, pp = 1;        // tensor / pipeline parallel sizes; dp = world / (cp tp pp)
   bool sp = false;               // sequence parallelism in the tp group (parallel/sequence_parallel.h)
   int64_t cp = 1;                // context-parallel size: each sequence split over cp ranks
+  int64_t ep = 1;                // expert-parallel size: MoE experts divided over ep dp ranks (parallel/expert_parallel.h)
   std::string pp_split;          // blocks per pipeline stage, "4,4,3"; empty = balanced by count
   int64_t zero = 0;              // ZeRO stage 0..3
   std::string offload = "none";  // none | optimizer (ZeRO 1-3) | all (ZeRO-3)

@@ -29,6 +29,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/ddp.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/tensor_parallel.h"
@@ -99,6 +100,11 @@ void Trainer::setup() {
                       " for data parallelism as well)");
   }
   r.shape = MeshShape::resolve(proc_.world_size, static_cast<int>(cfg_.tp), static_cast<int>(cfg_.pp), static_cast<int>(cfg_.cp));
+  r.shape.ep = static_cast<int>(cfg_.ep);
+  if (r.shape.dp % r.shape.ep != 0) {
+    throw ConfigError("--ep " + std::to_string(cfg_.ep) + " must divide the data-parallel size (dp " + std::to_string(r.shape.dp) +
+                      " of " + std::to_string(proc_.world_size) + " ranks): the expert-parallel groups are carved out of dp");
+  }
   r.dev = select_device(cfg_.device, proc_.local_rank);
   r.precision = parse_precision(cfg_.precision);
   const c10::Device device = r.dev.device;
@@ -167,8 +173,11 @@ void Trainer::setup() {
     ModelShard shard = r.shape.tp > 1 ? make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp(), cfg_.sp) : ModelShard{};
     if (r.shape.cp > 1) shard = make_context_parallel(std::move(shard), cfg_.gpt, r.mesh->cp());
     if (r.shape.pp > 1) shard = pipeline_stage_shard(std::move(shard), r.stage_blocks, r.mesh->coord().pp);
+    if (r.shape.ep > 1) shard = make_expert_parallel(std::move(shard), cfg_.gpt, r.mesh->ep());
     r.model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), std::move(shard));
-    r.model->init_weights(cfg_.seed, r.shape.tp > 1 ? tp_slicer(cfg_.gpt, r.shape.tp, r.mesh->coord().tp) : nullptr);
+    r.model->init_weights(cfg_.seed, r.shape.tp > 1   ? tp_slicer(cfg_.gpt, r.shape.tp, r.mesh->coord().tp)
+                                     : r.shape.ep > 1 ? ep_slicer(r.shape.ep, r.mesh->ep()->rank())
+                                                      : nullptr);
     // Sequence parallelism: the replicated parameters see their rank's rows; their gradients are summed over tp.
     if (cfg_.sp) sum_replicated_gradients_over_tp(*r.model, r.mesh->tp());
   }
@@ -185,7 +194,27 @@ void Trainer::setup() {
     // model's parameters (optim/adamw.h); gradients then accumulate in the masters' fp32 .grad.
     r.optimizer = std::make_unique<AdamW>(r.params, adam, dtype_named(cfg_.resolved_param_dtype()));
     r.grads = r.optimizer->grad_targets();
-    if (r.mesh && (r.shape.grad_ranks() > 1 || explicit_backend)) {  // over dp x cp (runtime/mesh.h)
+    if (r.shape.ep > 1) {
+      // Expert parallelism: the dense parameters' mean over dp, the experts' over the ranks
+      // holding the same ones (then x 1/ep: parallel/expert_parallel.h).
+      std::vector<at::Tensor> dense, experts;
+      const auto named = r.model->named_parameters();
+      for (size_t k = 0; k < named.size(); ++k) {
+        const bool expert = is_expert_parameter(named[k].key());
+        (expert ? experts : dense).push_back(r.params[k]);
+        (expert ? r.expert_targets : r.dense_targets).push_back(r.grads[k]);
+      }
+      const bool masters = r.optimizer->has_masters();
+      r.ddp = std::make_unique<DistributedDataParallel>(dense, r.mesh->dp_cp(), DDPConfig{}, masters ? r.dense_targets : std::vector<at::Tensor>{},
+                                                        dtype_named(cfg_.reduce_dtype));
+      DDPConfig alone;
+      alone.skip_if_alone = true;
+      r.expert_ddp = std::make_unique<DistributedDataParallel>(experts, r.mesh->expert_dp(), alone,
+                                                               masters ? r.expert_targets : std::vector<at::Tensor>{},
+                                                               dtype_named(cfg_.reduce_dtype));
+      r.ddp->broadcast_parameters();
+      r.expert_ddp->broadcast_parameters();
+    } else if (r.mesh && (r.shape.grad_ranks() > 1 || explicit_backend)) {  // over dp x cp (runtime/mesh.h)
       r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp_cp(), DDPConfig{},
                                                         r.optimizer->has_masters() ? r.grads : std::vector<at::Tensor>{},
                                                         dtype_named(cfg_.reduce_dtype));
@@ -421,6 +450,14 @@ json Trainer::run() {
     if (device_check_enabled()) rec["host_reads_before_update"] = s.host_reads;
     rec["read_deferred"] = s.read_deferred;  // read after the next step's forward and backward were queued
     if (r.pipe) rec["pp_live_max"] = r.pipe->max_live();  // micro-batches whose activations stage 0 held at once
+    if (s.moe) {  // runtime/moe_stats.h
+      rec["moe_aux_loss"] = json_num(s.moe->aux_loss);
+      rec["moe_z_loss"] = json_num(s.moe->z_loss);
+      rec["moe_dropped"] = s.moe->dropped_fraction;
+      rec["moe_max_load"] = s.moe->max_load;
+      rec["moe_min_load"] = s.moe->min_load;
+      rec["moe_max_load_by_layer"] = s.moe->max_load_by_layer;
+    }
     r.log.write(rec);
     if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == end_step || s.skipped)) {
       StepLine line{step + 1, cfg_.steps, s.loss, s.lr, s.norm, step_s * 1e3, tokens_per_s, tflops, tflops_job,

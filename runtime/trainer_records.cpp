@@ -48,6 +48,8 @@ void Trainer::log_config() {
                {"params", cfg_.gpt.num_params()},
                {"params_local", r.model->num_params()},
                {"params_non_embedding_pos", cfg_.gpt.num_params_non_embedding_pos()},
+               {"params_active", cfg_.gpt.num_active_params()},  // MoE: k experts per layer (= params, dense)
+               {"params_active_non_embedding_pos", cfg_.gpt.num_active_params_non_embedding_pos()},
                {"flops_per_token", r.flops_per_token},
                {"tokens_per_step", r.tokens_per_step},
                {"device", r.dev.name},
@@ -85,6 +87,13 @@ void Trainer::log_config() {
     r.log.write(rec);
   }
   if (proc_.rank != 0) return;
+  if (cfg_.gpt.is_moe()) {
+    std::printf("kiln: Mixture-of-Experts: %lld of %lld blocks, %lld experts, top-%lld, capacity %s, %lld parameters active per token\n",
+                static_cast<long long>(cfg_.gpt.n_moe_layers()), static_cast<long long>(cfg_.gpt.n_layer),
+                static_cast<long long>(cfg_.gpt.n_experts), static_cast<long long>(cfg_.gpt.top_k),
+                cfg_.gpt.moe_capacity_factor > 0 ? ("factor " + json(cfg_.gpt.moe_capacity_factor).dump() + " per sequence").c_str() : "dropless",
+                static_cast<long long>(cfg_.gpt.num_active_params()));
+  }
   std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d) on %d device(s) of %d node(s), %lld tokens/step, %lld steps\n",
               (cfg_.init_from.empty() ? cfg_.model : "--init-from " + cfg_.init_from).c_str(),
               static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(),

@@ -34,6 +34,7 @@
 #include "runtime/job_devices.h"
 #include "runtime/log_sink.h"
 #include "runtime/mesh.h"
+#include "runtime/moe_stats.h"
 #include "runtime/phase_timer.h"
 #include "runtime/precision.h"
 #include "runtime/save_dir_lock.h"
@@ -74,6 +75,10 @@ struct Trainer::Run {
   std::vector<at::Tensor> params;
   std::vector<at::Tensor> grads;               // where gradients accumulate (AdamW's grad targets: fp32)
   std::unique_ptr<MainGrads> main_grads;       // 16-bit working weights without DDP: fp32 accumulation
+  // --ep (parallel/expert_parallel.h): the experts' gradient targets and their reduction over the
+  // expert-data-parallel group (ddp then holds the dense parameters only).
+  std::vector<at::Tensor> dense_targets, expert_targets;
+  std::unique_ptr<DistributedDataParallel> expert_ddp;
   GradOf grad_of;                              // 16-bit working weights: a parameter's main grad (else empty: .grad())
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<ZeroEngine> zero;            // --zero 1..3: shards, reductions and the step
@@ -138,7 +143,9 @@ struct Trainer::QueuedStep {
   int64_t comm_bytes = 0;  // this rank's traffic in the step (comm_bytes() at its start, then the difference)
   int64_t host_reads = 0;  // device_to_host_reads() at its start, then the reads up to its queued update
   int loss_copies = 1;     // the ranks whose losses the verdict's loss sums
-  at::Tensor verdict;      // [mean loss, non-finite, norm (or summed squares)], reduced, on the device
+  int moe_copies = 1;      // the copies of each MoE stats row the verdict sums (tp, when reduced over the world)
+  at::Tensor verdict;      // [mean loss, non-finite, MoE stats rows (MoE models), norm (or summed squares)], reduced, on the device
+  int64_t norm_index = 2;  // where the norm is in it
   at::Tensor host;         // its copy in host memory (Run::verdict_host), queued after the update
   size_t mark = 0;         // the PhaseTimer mark after the update and that copy
 };
@@ -149,6 +156,7 @@ struct Trainer::StepOutcome {
   int64_t comm_bytes = 0;  // this rank's traffic in the step
   int64_t host_reads = 0;  // device_to_host_reads() from the step's start to its queued update
   bool read_deferred = false;  // its verdict read after the next step's forward and backward were queued
+  std::optional<MoEStepStats> moe;  // MoE models: the step's routing (runtime/moe_stats.h)
   std::array<double, kNumPhases> phase_ms{};  // the step's interval, by phase (PhaseTimer::cut): its sum is the step's time
 };
 

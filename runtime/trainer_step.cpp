@@ -22,6 +22,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/ddp.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
@@ -64,6 +65,7 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   out.host_reads = device_to_host_reads();              // until queue_update: the host's reads before the update
   // Pipeline stages draw from streams of their own (stage 0's is the unpipelined one).
   at::manual_seed(step_seed(cfg_.seed ^ (static_cast<uint64_t>(r.mesh ? r.mesh->coord().pp : 0) << 40), step, r.dp_rank));
+  if (r.expert_ddp) r.expert_ddp->zero_grad();
   if (r.ddp) r.ddp->zero_grad();
   else if (!r.zero) r.model->zero_grad(/*set_to_none=*/true);
   if (r.main_grads) r.main_grads->zero_grad();
@@ -72,6 +74,8 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   // Made one step ahead (pinned on a GPU, so the non-blocking copies below overlap compute).
   const std::vector<Batch> batches = r.prefetch->take(step);
   const double backward_factor = out.loss_scale / static_cast<double>(cfg_.grad_accum);
+  // MoE: the router losses' gradients take the LM loss's factor (models/moe.h).
+  if (cfg_.gpt.is_moe()) r.model->set_moe_loss_backward_scale(backward_factor);
   if (r.pipe) {
     // 1F1B over the stages: the same hooks as below, around each micro-batch's backward.
     PipelineHooks hooks;
@@ -90,6 +94,7 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   }
   for (int64_t micro = 0; micro < (r.pipe ? 0 : cfg_.grad_accum); ++micro) {
     if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);  // sync skipping
+    if (r.expert_ddp) r.expert_ddp->set_sync(micro + 1 == cfg_.grad_accum);
     if (r.zero) r.zero->begin_micro(micro);
     const Batch& batch = batches[static_cast<size_t>(micro)];
     at::Tensor loss;
@@ -108,6 +113,12 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   }
   if (r.ddp) {
     r.ddp->finish_backward();
+    if (r.expert_ddp) {
+      r.expert_ddp->finish_backward();
+      std::vector<at::Tensor> expert_grads;
+      for (const auto& t : r.expert_targets) expert_grads.push_back(t.grad());
+      scale_expert_gradients(expert_grads, r.shape.ep);
+    }
     r.timer->mark(Phase::Comm);
   }
   if (r.pipe && (r.pipe->first() || r.pipe->last())) {
@@ -120,7 +131,13 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   // Pipeline: every stage holds its own parameters, so the squared norm is summed over the world
   // with the verdict (each rank's share weighted so the sum counts every parameter once) and
   // the clipping comes after it.
-  at::Tensor norm = r.zero               ? r.zero->local_grad_sq_norm()
+  auto grads_of = [](const std::vector<at::Tensor>& targets) {
+    std::vector<at::Tensor> g;
+    for (const auto& t : targets) g.push_back(t.grad());
+    return g;
+  };
+  at::Tensor norm = r.shape.ep > 1 ? clip_grad_norm_ep(grads_of(r.dense_targets), grads_of(r.expert_targets), cfg_.grad_clip, out.loss_scale, r.mesh->ep())
+                    : r.zero               ? r.zero->local_grad_sq_norm()
                     : r.pipe             ? pipeline_grad_sq_norm_share(*r.model, r.shape.dp, r.grad_of)
                     : r.shape.tp > 1 ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, out.loss_scale, r.mesh->tp(), r.grad_of)
                                      : clip_grad_norm(r.grads, cfg_.grad_clip, out.loss_scale);
@@ -129,9 +146,15 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   // One small tensor decides the step on every rank: the mean loss and whether anything was
   // not finite (an fp16 overflow, or a diverged run), summed over dp; the norm rides along
   // (every rank already holds the same one; ZeRO sums its squared shards too).
-  auto verdict = at::stack({loss_sum / static_cast<double>(cfg_.grad_accum),
-                            at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat),
-                            norm.to(loss_sum.device(), at::kFloat)});
+  // MoE: the step's routing stats (models/moe.h, one row per MoE layer) ride along before the
+  // norm, summed with the loss: [loss, non-finite, MoE rows..., norm].
+  const at::Tensor moe_stats = r.model->take_moe_stats(device);
+  std::vector<at::Tensor> parts{(loss_sum / static_cast<double>(cfg_.grad_accum)).reshape({1}),
+                                at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat).reshape({1})};
+  if (moe_stats.defined()) parts.push_back(moe_stats);
+  parts.push_back(norm.to(loss_sum.device(), at::kFloat).reshape({1}));
+  auto verdict = at::cat(parts);
+  out.norm_index = verdict.numel() - 1;
   // ZeRO under tensor parallelism sums over dp x tp (the world, without pipeline stages): each
   // rank's squared norm covers its tp slice, replicated parameters weighted 1/tp. Pipeline: over
   // the world, the loss coming from the last stage alone.
@@ -141,7 +164,7 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   if (r.pipe && !r.pipe->last()) verdict[0].zero_();
   const bool reduce_verdict = r.mesh && (r.shape.grad_ranks() > 1 || r.zero || r.pipe);
   if (reduce_verdict) {
-    auto reduced = verdict.narrow(0, 0, r.zero || r.pipe ? 3 : 2);  // a contiguous view
+    auto reduced = verdict.narrow(0, 0, r.zero || r.pipe ? out.norm_index + 1 : out.norm_index);  // a contiguous view
     const auto t0 = Clock::now();
     verdict_group->all_reduce(reduced, ReduceOp::Sum)->wait();
     out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -149,8 +172,12 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   }
 
   if (r.ddp) out.comm_ms += r.ddp->exposed_comm_ms();
+  if (r.expert_ddp) out.comm_ms += r.expert_ddp->exposed_comm_ms();
   out.verdict = verdict;
   out.loss_copies = r.pipe ? r.shape.dp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
+  // Each MoE row summed over the dp ranks' tokens, and over tp copies of the same when the
+  // verdict went over the world.
+  out.moe_copies = reduce_verdict && over_world ? r.shape.tp : 1;
   return out;
 }
 
@@ -165,7 +192,7 @@ void Trainer::queue_update(QueuedStep& q) {
   const at::Tensor found_inf = (q.verdict[1] > 0).to(at::kFloat);
   at::Tensor coef;
   if (r.zero || r.pipe) {
-    const at::Tensor n = q.verdict[2].to(at::kDouble).sqrt() / q.loss_scale;
+    const at::Tensor n = q.verdict[q.norm_index].to(at::kDouble).sqrt() / q.loss_scale;
     coef = cfg_.grad_clip > 0.0 ? at::clamp_max(cfg_.grad_clip / (n + 1e-6), 1.0) : at::ones_like(n);
     coef = (coef / q.loss_scale).to(at::kFloat);
     if (r.pipe && !r.zero) {
@@ -203,7 +230,8 @@ Trainer::StepOutcome Trainer::finish_step(QueuedStep& q) {
   const double* h = q.host.data_ptr<double>();
   out.loss = h[0] / static_cast<double>(q.loss_copies);
   const bool nonfinite = h[1] > 0.0;
-  out.norm = r.zero || r.pipe ? std::sqrt(h[2]) / out.loss_scale : h[2];
+  out.norm = r.zero || r.pipe ? std::sqrt(h[q.norm_index]) / out.loss_scale : h[q.norm_index];
+  if (cfg_.gpt.is_moe()) out.moe = moe_step_stats(h + 2, cfg_.gpt, q.moe_copies, cfg_.grad_accum * r.shape.dp);
   if (r.precision == Precision::FP16) {
     out.skipped = r.scaler->update(nonfinite);
   } else if (nonfinite) {

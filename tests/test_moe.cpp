@@ -1,9 +1,13 @@
 // tests/test_moe.cpp -- the Mixture-of-Experts layer (models/moe.h) against a token-by-token
 // reference: outputs and every gradient (fp64, tolerance 1e-10: the same products summed in
 // another order), the capacity rule (first choices before second ones, token order within a
-// choice; dropped slots contribute nothing), the two losses' values, the stats, and the refusals.
+// choice; dropped slots contribute nothing; per sequence), the two losses' values and their way
+// into the gradient, the stats, and the refusals; then the layer in GPT (which blocks, the
+// parameter count, initialisation, activation checkpointing).
 #include <cmath>
 #include <functional>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -11,7 +15,9 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include "models/gpt.h"
 #include "models/moe.h"
+#include "parallel/activation_checkpoint.h"
 #include "runtime/error.h"
 
 namespace {
@@ -98,7 +104,7 @@ TEST(MoE, CapacityAdmitsFirstChoicesFirstAndDropsTheRest) {
   expect_close(y.narrow(0, 0, 4), want.narrow(0, 0, 4), "admitted tokens");
   EXPECT_TRUE(at::equal(y.narrow(0, 4, 4), at::zeros({4, 3}, at::kDouble))) << "dropped tokens pass nothing";
   EXPECT_DOUBLE_EQ(m.stats.dropped_fraction, 0.5);
-  EXPECT_DOUBLE_EQ(m.stats.max_load, 1.0);  // 4 admitted of a mean 16 / 4 = 4
+  EXPECT_DOUBLE_EQ(m.stats.max_load, 2.0);  // the router sent 8 to expert 0, of a mean 16 / 4 = 4
   EXPECT_DOUBLE_EQ(m.stats.min_load, 0.0);  // experts 2 and 3 got nothing
   // The balance loss sees the choices before dropping: f = (1/2, 1/2, 0, 0).
   const at::Tensor P = at::softmax(at::linear(x, m.router), -1).mean(0);
@@ -131,7 +137,7 @@ TEST(MoE, FirstChoicesOfEveryTokenComeBeforeAnySecondChoice) {
   const at::Tensor y = m.forward(x);
   expect_close(y, reference(m, x, [](int64_t, int64_t j) { return j == 0; }), "first choices only");
   EXPECT_DOUBLE_EQ(m.stats.dropped_fraction, 0.5);
-  EXPECT_DOUBLE_EQ(m.stats.max_load, 1.0);
+  EXPECT_DOUBLE_EQ(m.stats.max_load, 2.0);  // experts 0 and 1 were each chosen 8 times (4 first, 4 second)
 }
 
 // A zero router: p uniform, so L_aux = E sum_e f_e / E = 1 whatever top-k's tie-breaking picks,
@@ -150,6 +156,116 @@ TEST(MoE, LossesOfAUniformRouter) {
   EXPECT_NEAR(m.z_loss.item<double>(), std::log(8.0) * std::log(8.0), 1e-5);
 }
 
+// Capacity and the balance loss are per group (a sequence of GPT's): a [G, S, d] input routes
+// exactly as G calls on [S, d] would, whatever else is in the batch. Tokens of sequence 0 all
+// prefer expert 0; sequence 1's are spread, so a batch-wide capacity would drop some of sequence
+// 1's tokens to make room for sequence 0's, and a per-group one does not.
+TEST(MoE, CapacityAndBalanceLossArePerSequence) {
+  kiln::MoEConfig cfg;
+  cfg.n_experts = 4;
+  cfg.top_k = 2;
+  cfg.capacity_factor = 1.0;  // C = ceil(2 x 6 / 4) = 3 per sequence
+  auto m = make_layer(5, 7, cfg, 11);
+  at::manual_seed(12);
+  at::Tensor x = at::randn({2, 6, 5}, at::kDouble);
+  {
+    at::NoGradGuard g;
+    x[0].select(1, 0).fill_(4.0);  // sequence 0: a large first feature ...
+    m.router.select(1, 0).copy_(at::tensor({3.0, 1.0, -1.0, -3.0}, at::kDouble));  // ... favours expert 0
+  }
+  const at::Tensor w = at::randn({2, 6, 5}, at::kDouble);
+  auto xb = x.clone().requires_grad_(true);
+  const at::Tensor yb = m.forward(xb);
+  const at::Tensor aux_b = m.aux_loss.detach().clone(), z_b = m.z_loss.detach().clone();
+  const double dropped_b = m.stats.dropped_fraction;
+  (yb * w).sum().backward();
+  std::vector<at::Tensor> grads_b;
+  for (auto& p : m.parameters()) grads_b.push_back(p.grad().clone()), p.mutable_grad().reset();
+
+  std::vector<at::Tensor> ys, auxes, zs;
+  double dropped = 0.0;
+  auto xs = x.clone().requires_grad_(true);
+  for (int64_t s = 0; s < 2; ++s) {
+    ys.push_back(m.forward(xs[s]));
+    auxes.push_back(m.aux_loss.detach().clone());
+    zs.push_back(m.z_loss.detach().clone());
+    dropped += m.stats.dropped_fraction / 2.0;
+  }
+  (at::stack(ys) * w).sum().backward();
+  expect_close(yb, at::stack(ys), "outputs");
+  expect_close(xb.grad(), xs.grad(), "input gradient");
+  const auto params = m.parameters();
+  for (size_t i = 0; i < params.size(); ++i) expect_close(grads_b[i], params[i].grad(), "parameter gradient");
+  EXPECT_NEAR(aux_b.item<double>(), (auxes[0] + auxes[1]).item<double>() / 2.0, 1e-12) << "L_aux: the mean over sequences";
+  EXPECT_NEAR(z_b.item<double>(), (zs[0] + zs[1]).item<double>() / 2.0, 1e-12);
+  EXPECT_NEAR(dropped_b, dropped, 1e-12);
+  EXPECT_GT(dropped_b, 0.0) << "sequence 0 overflows expert 0: the test needs some dropping";
+  // And a batch-wide capacity would have routed otherwise: the whole batch as one group differs.
+  const at::Tensor one_group = m.forward(x.reshape({12, 5})).view({2, 6, 5});
+  EXPECT_GT((one_group - yb).abs().max().item<double>(), 1e-6) << "the groups must matter in this example";
+}
+
+// The losses reach the gradient through the output (models/moe.h, AttachAuxLoss): with weights
+// ca, cz and loss_backward_scale s, backward(s sum(y w)) gives every parameter the gradient of
+// s (sum(y w) + ca L_aux + cz L_z), the losses added by hand to a layer that attaches nothing.
+TEST(MoE, AuxiliaryLossesJoinTheGradientWithTheLossScale) {
+  kiln::MoEConfig cfg;
+  cfg.n_experts = 4;
+  cfg.top_k = 2;
+  cfg.capacity_factor = 1.25;
+  cfg.aux_loss_coef = 0.3;
+  cfg.z_loss_coef = 0.05;
+  auto m = make_layer(6, 8, cfg, 21);
+  at::manual_seed(22);
+  const at::Tensor x = at::randn({3, 5, 6}, at::kDouble), w = at::randn({3, 5, 6}, at::kDouble);
+  const double s = 8.0;
+  m.loss_backward_scale = s;
+  (m.forward(x) * w).sum().mul(s).backward();
+  std::vector<at::Tensor> attached;
+  for (auto& p : m.parameters()) attached.push_back(p.grad().clone()), p.mutable_grad().reset();
+
+  kiln::MoEConfig none = cfg;
+  none.aux_loss_coef = none.z_loss_coef = 0.0;
+  kiln::MoEImpl ref(6, 8, none, at::TensorOptions().dtype(at::kDouble));
+  {
+    at::NoGradGuard g;
+    const auto src = m.parameters();
+    auto dst = ref.parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  (ref.forward(x) * w).sum().mul(s).backward();
+  const at::Tensor router_without = ref.parameters()[0].grad().clone();
+  for (auto& p : ref.parameters()) p.mutable_grad().reset();
+  const at::Tensor y = ref.forward(x);
+  ((y * w).sum() + 0.3 * ref.aux_loss + 0.05 * ref.z_loss).mul(s).backward();
+  const auto want = ref.parameters();
+  for (size_t i = 0; i < want.size(); ++i) expect_close(attached[i], want[i].grad(), "parameter gradient");
+  EXPECT_GT((router_without - attached[0]).abs().max().item<double>(), 1e-6) << "the losses must move the router's gradient";
+}
+
+// step_stats: summed over calls with grad on, untouched by calls without (evaluation, and the
+// no-grad first pass of a checkpointed block, whose recomputation counts instead).
+TEST(MoE, StepStatsCountGradModeCallsOnly) {
+  kiln::MoEConfig cfg;
+  cfg.n_experts = 4;
+  cfg.top_k = 2;
+  cfg.capacity_factor = 0.0;
+  auto m = make_layer(4, 4, cfg, 31);
+  const at::Tensor x = at::randn({2, 8, 4}, at::kDouble);
+  {
+    at::NoGradGuard g;
+    m.forward(x);
+  }
+  EXPECT_FALSE(m.step_stats.defined());
+  m.forward(x);
+  m.forward(x);
+  ASSERT_TRUE(m.step_stats.defined());
+  ASSERT_EQ(m.step_stats.numel(), kiln::moe_stats_width(4));
+  EXPECT_DOUBLE_EQ(m.step_stats.narrow(0, 0, 4).sum().item<double>(), 2.0 * 16 * 2) << "k x tokens per call, two calls";
+  EXPECT_DOUBLE_EQ(m.step_stats[4].item<double>(), 2.0 * 16 * 2) << "dropless: every assignment admitted";
+  EXPECT_NEAR(m.step_stats[5].item<double>(), 2.0 * m.aux_loss.item<double>(), 1e-5);
+}
+
 TEST(MoE, BadSettingsAreOneLineErrors) {
   auto refused = [](int64_t E, int64_t k, double cf) {
     kiln::MoEConfig c;
@@ -165,4 +281,97 @@ TEST(MoE, BadSettingsAreOneLineErrors) {
   EXPECT_NE(refused(0, 1, 1.0).find("--n-experts must be at least 1"), std::string::npos);
   EXPECT_NE(refused(4, 2, -1.0).find("--moe-capacity-factor"), std::string::npos);
   EXPECT_EQ(refused(4, 2, 0.0), "");
+}
+
+// ---- the MoE layer in GPT (models/gpt.h) ---------------------------------------------------
+
+namespace {
+
+kiln::GPTConfig small_moe(int64_t every) {
+  kiln::GPTConfig c = kiln::GPTConfig::preset("tiny-moe");
+  c.n_layer = 4;
+  c.d_model = 32;
+  c.n_head = c.n_kv_head = 2;
+  c.seq_len = 16;
+  c.vocab_size = 64;
+  c.moe_every = every;
+  return c;
+}
+
+}  // namespace
+
+// Blocks i with i % moe_every == 0 hold an MoE layer, the others the dense MLP; the module's
+// parameters are the count GPTConfig gives; the experts' biases start at zero and their c_proj
+// at the residual projections' N(0, 0.02 / sqrt(2L)).
+TEST(MoEGPT, BlocksParametersAndInitialisation) {
+  for (int64_t every : {1, 2}) {
+    const kiln::GPTConfig cfg = small_moe(every);
+    kiln::GPT model(cfg);
+    model.init_weights(7);
+    EXPECT_EQ(model.num_params(), cfg.num_params());
+    ASSERT_EQ(static_cast<int64_t>(model.moe_layers().size()), cfg.n_moe_layers());
+    for (int64_t i = 0; i < cfg.n_layer; ++i) {
+      const auto block = model.blocks()[static_cast<size_t>(i)];
+      EXPECT_EQ(block->moe != nullptr, i % every == 0) << "block " << i;
+      EXPECT_EQ(block->mlp != nullptr, i % every != 0) << "block " << i;
+    }
+    const auto moe = model.moe_layers().front().second;
+    EXPECT_EQ(moe->fc_b.abs().max().item<double>(), 0.0);
+    EXPECT_EQ(moe->proj_b.abs().max().item<double>(), 0.0);
+    EXPECT_NEAR(moe->proj_w.std().item<double>(), 0.02 / std::sqrt(8.0), 2e-3);
+    EXPECT_NEAR(moe->fc_w.std().item<double>(), 0.02, 2e-3);
+  }
+  // The presets: the module's count, and the figures gpt_config.cpp quotes.
+  for (const auto& [name, total, active] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
+           {"tiny-moe", 4'567'296, 1'406'208}, {"gpt2-124m-moe", 322'854'912, 152'847'360}}) {
+    const auto cfg = kiln::GPTConfig::preset(name);
+    EXPECT_EQ(kiln::GPT(cfg, at::TensorOptions().device(at::kMeta)).num_params(), total) << name;
+    EXPECT_EQ(cfg.num_params(), total) << name;
+    EXPECT_EQ(cfg.num_active_params(), active) << name;
+  }
+  // Active parameters: k of E experts' MLPs per MoE layer.
+  const kiln::GPTConfig c = small_moe(1);
+  const int64_t mlp = 2 * 32 * 128 + 128 + 32;
+  EXPECT_EQ(c.num_params() - c.num_active_params(), 4 * (8 - 2) * mlp);
+}
+
+// Full activation checkpointing recomputes the MoE blocks: the same gradients, bit for bit (the
+// same routing, the same kernels), and the routing stats counted once (the recomputation runs
+// with grad on, the first pass without).
+TEST(MoEGPT, FullCheckpointingGivesTheSameGradientsAndCountsOnce) {
+  const kiln::GPTConfig cfg = small_moe(1);
+  auto run = [&](kiln::ActivationCheckpointing mode) {
+    kiln::GPT model(cfg);
+    model.init_weights(3);
+    kiln::apply_activation_checkpointing(model, mode);
+    model.set_moe_loss_backward_scale(1.0);
+    at::manual_seed(5);
+    const at::Tensor idx = at::randint(0, cfg.vocab_size, {3, cfg.seq_len}, at::kLong);
+    const at::Tensor tgt = at::randint(0, cfg.vocab_size, {3, cfg.seq_len}, at::kLong);
+    model.loss(idx, tgt).backward();
+    std::vector<at::Tensor> grads;
+    for (const auto& p : model.parameters()) grads.push_back(p.grad().clone());
+    return std::make_pair(grads, model.take_moe_stats(at::kCPU));
+  };
+  const auto [plain, plain_stats] = run(kiln::ActivationCheckpointing::None);
+  const auto [full, full_stats] = run(kiln::ActivationCheckpointing::Full);
+  ASSERT_EQ(plain.size(), full.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], full[i])) << "parameter " << i;
+  EXPECT_TRUE(at::equal(plain_stats, full_stats));
+  // Per layer: k x tokens assignments routed.
+  const auto rows = plain_stats.view({cfg.n_moe_layers(), kiln::moe_stats_width(cfg.n_experts)});
+  for (int64_t l = 0; l < cfg.n_moe_layers(); ++l)
+    EXPECT_EQ(rows[l].narrow(0, 0, cfg.n_experts).sum().item<double>(), 2.0 * 3 * cfg.seq_len);
+  const auto [selective, selective_stats] = run(kiln::ActivationCheckpointing::Selective);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], selective[i])) << "parameter " << i;
+}
+
+// A split sequence is refused where the model is built (TrainConfig refuses the flags first).
+TEST(MoEGPT, SplitSequenceRefused) {
+  kiln::ModelShard shard;
+  auto ops = std::make_shared<kiln::LayerOps>();
+  ops->seq_split = 2;
+  ops->seq_rows = [](int64_t T, c10::Device d) { return at::arange(T / 2, at::TensorOptions().dtype(at::kLong).device(d)); };
+  shard.ops = ops;
+  EXPECT_THROW(kiln::GPT(small_moe(1), at::TensorOptions(), shard), kiln::ConfigError);
 }

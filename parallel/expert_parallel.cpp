@@ -1,0 +1,148 @@
+// parallel/expert_parallel.cpp -- the all_to_all autograd function, the dispatch, the slicer,
+// the expert gradients' scaling and norm.
+#include "parallel/expert_parallel.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/autograd.h>
+
+#include "optim/grad_clip.h"
+#include "parallel/group_capsule.h"
+#include "runtime/comm.h"
+#include "runtime/device_check.h"
+#include "runtime/error.h"
+
+namespace kiln {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Rows of x exchanged: in_splits[j] rows to rank j, out_splits[j] rows from it.
+at::Tensor exchanged(const at::Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
+                     Communicator& group) {
+  int64_t rows = 0;
+  for (int64_t n : out_splits) rows += n;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = rows;
+  at::Tensor out = at::empty(shape, x.options());
+  group.all_to_all(out, x.contiguous(), out_splits, in_splits)->wait();
+  return out;
+}
+
+// all_to_all forward; the reverse all_to_all backward (the splits swapped).
+struct AllToAllRows : public torch::autograd::Function<AllToAllRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, std::vector<int64_t> out_splits,
+                            std::vector<int64_t> in_splits, at::IValue group) {
+    ctx->saved_data["out"] = out_splits;
+    ctx->saved_data["in"] = in_splits;
+    ctx->saved_data["group"] = group;
+    return exchanged(x, out_splits, in_splits, group_in(group));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto out_splits = ctx->saved_data["out"].toIntVector(), in_splits = ctx->saved_data["in"].toIntVector();
+    return {exchanged(grads[0], in_splits, out_splits, group_in(ctx->saved_data["group"])), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool is_expert_parameter(const std::string& name) {
+  return ends_with(name, "moe.fc_w") || ends_with(name, "moe.fc_b") || ends_with(name, "moe.proj_w") || ends_with(name, "moe.proj_b");
+}
+
+at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
+                           const std::shared_ptr<Communicator>& group) {
+  return AllToAllRows::apply(x, out_splits, in_splits, group_capsule(group));
+}
+
+ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const std::shared_ptr<Communicator>& ep) {
+  const int64_t n = ep->size(), E = cfg.n_experts;
+  if (!cfg.is_moe()) throw ConfigError("--ep " + std::to_string(n) + " divides the experts of an MoE model: give --n-experts");
+  if (E % n != 0) throw ConfigError("--ep " + std::to_string(n) + " does not divide the experts (--n-experts " + std::to_string(E) + ")");
+  auto ops = std::make_shared<LayerOps>(*shard.ops);
+  ops->expert_split = n;
+  ops->expert_rank = ep->rank();
+  const int64_t local = E / n;
+  ops->dispatch_experts = [ep, n, local](const at::Tensor& rows, const std::vector<int64_t>& counts, const LayerOps::ExpertRunner& run_local) {
+    // The counts: to rank j the counts of its experts; from rank j, c[j][l] for this rank's expert l.
+    std::vector<int64_t> send(static_cast<size_t>(n), 0);
+    for (int64_t e = 0; e < n * local; ++e) send[static_cast<size_t>(e / local)] += counts[static_cast<size_t>(e)];
+    const at::Tensor mine = to_device(at::tensor(counts, at::kLong), rows.device());
+    at::Tensor theirs = at::empty({n * local}, mine.options());
+    ep->all_to_all(theirs, mine, {}, {})->wait();
+    const at::Tensor c = to_host(theirs);  // [n, local], row j from rank j
+    const int64_t* cj = c.data_ptr<int64_t>();
+    std::vector<int64_t> recv(static_cast<size_t>(n), 0), local_counts(static_cast<size_t>(local), 0);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t l = 0; l < local; ++l) {
+        recv[static_cast<size_t>(j)] += cj[j * local + l];
+        local_counts[static_cast<size_t>(l)] += cj[j * local + l];
+      }
+    const at::Tensor arrived = all_to_all_rows(rows, recv, send, ep);  // ordered (j, l)
+    // (j, l) -> (l, j): each local expert's rows consecutive; `order` lists arrived rows by (l, j).
+    std::vector<int64_t> start(static_cast<size_t>(n * local)), order;
+    order.reserve(static_cast<size_t>(arrived.size(0)));
+    for (int64_t k = 0, offset = 0; k < n * local; offset += cj[k], ++k) start[static_cast<size_t>(k)] = offset;
+    for (int64_t l = 0; l < local; ++l)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t i = 0; i < cj[j * local + l]; ++i) order.push_back(start[static_cast<size_t>(j * local + l)] + i);
+    const at::Tensor by_expert = to_device(at::tensor(order, at::kLong), rows.device());
+    const at::Tensor out = run_local(arrived.index_select(0, by_expert), local_counts);
+    // Back to (j, l) order, then home.
+    const at::Tensor back = at::zeros({arrived.size(0), out.size(1)}, out.options()).index_copy(0, by_expert, out);
+    return all_to_all_rows(back, send, recv, ep);
+  };
+  shard.ops = std::move(ops);
+  return shard;
+}
+
+at::Tensor ep_slice_of(const std::string& name, const at::Tensor& w, int64_t ep, int64_t rank) {
+  if (ep <= 1 || !is_expert_parameter(name)) return w;
+  const int64_t local = w.size(0) / ep;
+  return w.narrow(0, rank * local, local);
+}
+
+GPT::TensorSlicer ep_slicer(int64_t ep, int64_t rank) {
+  return [ep, rank](const std::string& name, const at::Tensor& whole) { return ep_slice_of(name, whole, ep, rank); };
+}
+
+void scale_expert_gradients(const std::vector<at::Tensor>& expert_grads, int64_t ep) {
+  std::vector<at::Tensor> defined;
+  for (const auto& g : expert_grads)
+    if (g.defined()) defined.push_back(g);
+  if (!defined.empty() && ep > 1) at::_foreach_mul_(defined, 1.0 / static_cast<double>(ep));
+}
+
+at::Tensor clip_grad_norm_ep(const std::vector<at::Tensor>& dense_grads, const std::vector<at::Tensor>& expert_grads,
+                             double max_norm, double grad_scale, const std::shared_ptr<Communicator>& ep) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> dense, experts;
+  for (const auto& g : dense_grads)
+    if (g.defined()) dense.push_back(g);
+  for (const auto& g : expert_grads)
+    if (g.defined()) experts.push_back(g);
+  if (dense.empty() && experts.empty()) return at::zeros({}, at::kFloat);
+  const auto& any = dense.empty() ? experts.front() : dense.front();
+  // On the CPU in double, as optim/grad_clip.cpp.
+  const auto dt = any.is_cpu() ? std::optional<at::ScalarType>(at::kDouble) : std::nullopt;
+  auto sq_of = [&](const std::vector<at::Tensor>& gs) {
+    if (gs.empty()) return at::zeros({}, any.options().dtype(at::kDouble));
+    return at::stack(at::_foreach_norm(gs, 2, dt)).to(at::kDouble).square().sum();
+  };
+  at::Tensor expert_sq = sq_of(experts).reshape({1}).clone();
+  ep->all_reduce(expert_sq, ReduceOp::Sum)->wait();
+  at::Tensor total = (sq_of(dense) + expert_sq[0]).sqrt().to(at::kFloat);
+  if (grad_scale != 1.0) total = total / grad_scale;
+  std::vector<at::Tensor> all = dense;
+  all.insert(all.end(), experts.begin(), experts.end());
+  scale_gradients(all, total, max_norm, grad_scale);
+  return total;
+}
+
+}  // namespace kiln

@@ -1,0 +1,84 @@
+// parallel/expert_parallel.h -- expert parallelism (`--ep N`): the experts of every MoE layer
+// divided over an expert-parallel group carved out of the data-parallel ranks, tokens moved to
+// their experts and back by all-to-all (GShard, Lepikhin et al. 2020; DeepSpeed-MoE; Megatron-Core).
+//
+// Groups (runtime/mesh.h): the dp ranks of a (pp, cp, tp) position are cut into dp / ep groups of
+// ep consecutive dp indices: ep group g = dp ranks [g ep, (g + 1) ep), ep rank = dp % ep. Rank r
+// of an ep group holds experts [r E/ep, (r + 1) E/ep) of every MoE layer; the router, attention,
+// norms and dense blocks are replicated as before. The "expert-data-parallel" group joins the dp
+// ranks holding the same experts: dp % ep equal, dp / ep of them.
+//
+// One MoE layer's forward on an ep rank (models/moe.h gives the rows sorted by expert, n_e rows for
+// expert e, all E):
+//   counts    all_to_all of the E counts, E/ep to each rank: c[j][l] = rows rank j sends this rank's
+//             local expert l                                                         [ep, E/ep]
+//   dispatch  all_to_all of the rows: to rank j the rows of its experts (sum over its experts of
+//             n_e); from rank j sum_l c[j][l] rows, ordered (j, l)
+//   experts   the arrived rows reordered (l, j) so each local expert's rows are consecutive, the
+//             experts run, the outputs put back in (j, l) order
+//   combine   all_to_all back (the splits swapped): each row's output returns to its token's rank
+// Backward: each all_to_all's gradient is the all_to_all with the splits swapped (AllToAllRows).
+// The counts' host read is the layer's one synchronisation (as without ep; the splits need it).
+// Traffic (comm_bytes, runtime/comm.h: an all_to_all counts its whole input): per MoE layer and
+// micro-batch, 8 E bytes (the counts) + the rows sent (a x b_in x d bytes, a the admitted
+// assignments of this rank's tokens, b_in the residual stream's bytes) + the rows returned (R x
+// b_out x d, R the rows this rank's experts ran, b_out the experts' output dtype), and the same
+// two again in backward (rows in the other direction). Summed over an ep group, forward dispatch
+// and combine each move every admitted assignment once.
+//
+// Gradients. Each rank's loss L_r is the mean over its own tokens; the step's objective is
+// (1/dp) sum_r L_r. A dense parameter's gradient is reduced over dp as before (DDP's mean). An
+// expert's gradient on its rank already sums the contributions of its ep group's tokens (they
+// came back through the combine's backward); summed over the dp / ep ranks holding the same
+// expert it is sum_r dL_r/dtheta, so the mean is that sum / dp: the expert-data-parallel group's
+// mean (its size dp / ep) times 1 / ep (scale_expert_gradients). The global norm counts every
+// parameter once: ||g||^2 = ||g_dense||^2 + sum over the ep group of ||g_experts, local||^2.
+//
+// Checkpoints hold every expert once, whole ([E, ...], kiln's order), whatever the layout: the
+// first ep group's ranks all-gather their experts to dp rank 0 (runtime/consolidate.cpp); a
+// resume keeps rank r's rows [r E/ep, (r + 1) E/ep).
+// Built with DDP (dp > ep: the expert-data-parallel reduction) on one pipeline stage without
+// tensor parallelism; ZeRO, tp, pp and --sample-every with --ep are refused (not built yet).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "models/gpt.h"
+
+namespace kiln {
+
+class Communicator;
+
+// Whether parameter `name` (GPT's names) is an expert's, divided over ep: h.N.moe.{fc_w, fc_b,
+// proj_w, proj_b} (the router is replicated).
+bool is_expert_parameter(const std::string& name);
+
+// `shard` with expert parallelism over `ep` (this rank's position in it: ep->rank()): its
+// LayerOps gain expert_split, expert_rank and dispatch_experts. Throws ConfigError when ep does
+// not divide the experts.
+ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const std::shared_ptr<Communicator>& ep);
+
+// An expert parameter's rows [rank E/ep, (rank + 1) E/ep) of the whole `w` (any other parameter
+// whole): the slicer for GPT::init_weights and for loading checkpoints.
+at::Tensor ep_slice_of(const std::string& name, const at::Tensor& w, int64_t ep, int64_t rank);
+GPT::TensorSlicer ep_slicer(int64_t ep, int64_t rank);
+
+// y = all_to_all(x) with row splits (runtime/comm.h), differentiable: backward sends the
+// gradient back with the splits swapped.
+at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
+                           const std::shared_ptr<Communicator>& group);
+
+// After the data-parallel reduction: the experts' gradients times 1 / ep (see above).
+void scale_expert_gradients(const std::vector<at::Tensor>& expert_grads, int64_t ep);
+
+// The global norm of dense and expert gradients (the expert part summed over `ep`), then the
+// clipping multiply as optim/grad_clip.h's clip_grad_norm (grad_scale: fp16's loss scale). A
+// 0-dim fp32 tensor on the gradients' device.
+at::Tensor clip_grad_norm_ep(const std::vector<at::Tensor>& dense_grads, const std::vector<at::Tensor>& expert_grads,
+                             double max_norm, double grad_scale, const std::shared_ptr<Communicator>& ep);
+
+}  // namespace kiln
