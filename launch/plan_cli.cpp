@@ -25,7 +25,7 @@ struct FlagHelp {
 
 // Grouped so that each mode can refuse the flags that do not belong to it.
 const std::vector<FlagHelp> kModelFlags = {
-    {"model", "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b"},
+    {"model", "model preset: tiny, tiny-moe, gpt2-124m, gpt2-124m-moe, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b"},
     {"n-layer", "transformer blocks (overrides the preset)"},
     {"n-head", "attention heads"},
     {"n-kv-head", "key/value heads (default: n-head)"},
@@ -33,6 +33,12 @@ const std::vector<FlagHelp> kModelFlags = {
     {"seq-len", "context length"},
     {"vocab-size", "vocabulary size (padded to a multiple of 128)"},
     {"dropout", "dropout probability (masks are kept when > 0)"},
+    {"n-experts", "Mixture-of-Experts: experts per MoE layer (0: a dense model; every rank holds every expert)"},
+    {"top-k", "MoE: experts per token (default 2)"},
+    {"moe-every", "MoE: an MoE layer in blocks 0, N, 2N, ... (default 1)"},
+    {"moe-capacity-factor", "MoE: capacity per expert and sequence, ceil(factor x k x T / E) (0: dropless); not in the cost"},
+    {"moe-aux-loss-coef", "MoE: load-balancing loss weight; not in the cost, only passed to the suggested command"},
+    {"moe-z-loss-coef", "MoE: router z-loss weight; not in the cost, only passed to the suggested command"},
 };
 const std::vector<FlagHelp> kClusterFlags = {
     {"gpu", "device preset: h100, h200, a100, v100, mi250x (default h100; --compare: from the log's device)"},
@@ -215,6 +221,12 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   if (v.has("seq-len")) out.model.seq_len = v.integer("seq-len");
   if (v.has("vocab-size")) out.model.vocab_size = v.integer("vocab-size");
   if (v.has("dropout")) out.model.dropout = v.number("dropout");
+  if (v.has("n-experts")) out.model.n_experts = v.integer("n-experts");
+  if (v.has("top-k")) out.model.top_k = v.integer("top-k");
+  if (v.has("moe-every")) out.model.moe_every = v.integer("moe-every");
+  if (v.has("moe-capacity-factor")) out.model.moe_capacity_factor = v.number("moe-capacity-factor");
+  if (v.has("moe-aux-loss-coef")) out.model.moe_aux_loss_coef = v.number("moe-aux-loss-coef");
+  if (v.has("moe-z-loss-coef")) out.model.moe_z_loss_coef = v.number("moe-z-loss-coef");
   if (out.mode == PlanArgs::Mode::Layout || out.mode == PlanArgs::Mode::Search) out.model.validate();
   if (out.mode == PlanArgs::Mode::Totals) {
     out.params = v.number("params");
@@ -315,8 +327,10 @@ int run_plan(const PlanArgs& a) {
     if (a.json) std::printf("%s\n", j.dump(2).c_str());
     else std::fputs(text.c_str(), stdout);
   };
-  const double attention_term = a.attention_flops ? flops_per_token(a.model) - 6.0 * static_cast<double>(a.model.num_params_non_embedding_pos()) : 0.0;
-  const double P = static_cast<double>(a.model.num_params_non_embedding_pos());
+  // P of T = 6 P D: N_active less the position embedding (runtime/metrics.h; all parameters for
+  // a dense model, k experts per MoE layer for an MoE one)
+  const double P = static_cast<double>(a.model.num_active_params_non_embedding_pos());
+  const double attention_term = a.attention_flops ? flops_per_token(a.model) - 6.0 * P : 0.0;
   switch (a.mode) {
     case PlanArgs::Mode::Totals: {
       const TrainingTotals t = training_totals(a.params, a.tokens, 0, a.cluster);

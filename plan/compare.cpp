@@ -55,6 +55,20 @@ Run run_of(const json& config, const std::string& where) {
   model.seq_len = need<int64_t>(c, "seq_len", where);
   model.vocab_size = need<int64_t>(c, "vocab_size", where);
   model.dropout = c.value("dropout", 0.0);
+  // Mixture-of-Experts (present only in an MoE run's record; absent: a dense model). The loss
+  // coefficients change nothing the plan counts; they are read so that the model is the run's.
+  model.n_experts = c.value("n_experts", int64_t{0});
+  if (c.value("ep", int64_t{1}) > 1) {  // parallel/expert_parallel.h: not in the cost model yet
+    throw ConfigError(where + ": an expert-parallel run (--ep " + std::to_string(c.value("ep", int64_t{1})) +
+                      "): kiln plan does not model expert parallelism yet (its all-to-all traffic and the experts' shards)");
+  }
+  if (model.is_moe()) {
+    model.top_k = need<int64_t>(c, "top_k", where);
+    model.moe_every = need<int64_t>(c, "moe_every", where);
+    model.moe_capacity_factor = c.value("moe_capacity_factor", model.moe_capacity_factor);
+    model.moe_aux_loss_coef = c.value("moe_aux_loss_coef", model.moe_aux_loss_coef);
+    model.moe_z_loss_coef = c.value("moe_z_loss_coef", model.moe_z_loss_coef);
+  }
 
   // The device the run used: the record's device name ("cpu", or the GPU's), else the flag.
   const std::string device = config.contains("device") && config.at("device").is_string() ? config.at("device").get<std::string>()
@@ -176,6 +190,12 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
     return std::nullopt;
   };
   add("params", "count", static_cast<double>(model.num_params()), logged("params"), true);
+  // MoE: the parameters a token's forward uses (the N of the FLOPs; = params for a dense model)
+  if (model.is_moe()) add("params_active", "count", static_cast<double>(model.num_active_params()), logged("params_active"), true);
+  // what rank 0 holds (its stage's units: its tp slices, an MoE layer whole): GPT::num_params()
+  // of its model, the Psi its model-state bytes are counted on
+  add("params_local", "count", static_cast<double>(st.psi), logged("params_local"), true,
+      logged("params_local") ? "" : "not in this log");
   add("flops_per_token", "FLOP", p.flops_per_token, logged("flops_per_token"), true);
   add("tokens_per_step", "count", static_cast<double>(p.tokens_per_step), logged("tokens_per_step"), true);
 

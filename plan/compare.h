@@ -17,7 +17,9 @@
 // It also reports the achieved fraction the run implies, to calibrate --achieved with:
 //   achieved = measured model FLOP/s x (F + F_recompute) / F / peak.
 // The record's world.sp and world.cp (sequence and context parallelism) are read too; a log from
-// before them means no sp and cp 1.
+// before them means no sp and cp 1. So are its MoE fields (config.n_experts, top_k, moe_every,
+// moe_capacity_factor, the loss coefficients; absent: a dense model), with the exact rows
+// params_active (MoE only) and params_local (rank 0's GPT::num_params(), its stage's tp slices).
 #pragma once
 
 #include <optional>

@@ -21,19 +21,34 @@ std::string s(int64_t v) { return std::to_string(v); }
 
 double ring(int64_t n) { return n <= 1 ? 0.0 : static_cast<double>(n - 1) / static_cast<double>(n); }
 
-// Parameters of one block at tp = t (section 2).
-int64_t block_numel(const GPTConfig& m, int64_t t) {
-  const int64_t d = m.d_model, F = m.mlp_hidden(), hd = m.head_dim();
+// The attention half of a block at tp = t, with both LayerNorms (section 2).
+int64_t attention_numel(const GPTConfig& m, int64_t t) {
+  const int64_t d = m.d_model, hd = m.head_dim();
   const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;  // replicated when t exceeds them
   const int64_t qkv = d / t + 2 * kv_heads * hd;
   return 2 * d + (d * qkv + qkv)       // ln_1, c_attn (column-parallel: weight and bias split)
          + (d / t) * d + d             // attn c_proj (row-parallel: bias whole)
-         + 2 * d                       // ln_2
-         + d * (F / t) + F / t         // mlp c_fc (column-parallel)
-         + (F / t) * d + d;            // mlp c_proj (row-parallel)
+         + 2 * d;                      // ln_2
+}
+
+// One expert, or the dense MLP at tp = t: c_fc [F, d] + b (column-parallel), c_proj [d, F] + b
+// (row-parallel: bias whole).
+int64_t mlp_numel(const GPTConfig& m, int64_t t) {
+  const int64_t d = m.d_model, F = m.mlp_hidden();
+  return d * (F / t) + F / t + (F / t) * d + d;
 }
 
 }  // namespace
+
+int64_t block_numel(const GPTConfig& m, int64_t t, int64_t index) {
+  if (m.is_moe_layer(index)) return attention_numel(m, t) + m.n_experts * mlp_numel(m, 1) + m.n_experts * m.d_model;
+  return attention_numel(m, t) + mlp_numel(m, t);
+}
+
+int64_t block_active_numel(const GPTConfig& m, int64_t index) {
+  if (m.is_moe_layer(index)) return attention_numel(m, 1) + m.top_k * mlp_numel(m, 1) + m.n_experts * m.d_model;
+  return block_numel(m, 1, index);
+}
 
 // ---- enums ----------------------------------------------------------------------------------
 
@@ -76,6 +91,11 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
     throw ConfigError("--cp with --pp is not built (context parallelism runs the whole model on each rank): use --cp with --tp, dp and ZeRO");
   }
   if (cp > 1 && sp) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
+  if (m.is_moe() && (sp || cp > 1)) {  // kiln's refusal (runtime/train_config.cpp), word for word
+    throw ConfigError(std::string("--n-experts with ") + (sp ? "--sp" : "--cp") +
+                      " is not built (an MoE layer routes each sequence as one group; a split sequence would need its "
+                      "ranks to agree on the capacity): use tp, pp, dp and ZeRO");
+  }
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
   if (offload == Offload::Optimizer && zero < 1) throw ConfigError("--offload optimizer needs --zero 1, 2 or 3");
   if (offload == Offload::All && zero != 3) throw ConfigError("--offload all needs --zero 3 (parameters are sharded only there)");
@@ -144,7 +164,8 @@ std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int6
     const int64_t outer = (first ? wpe : 0) + (last ? ln_f : 0);
     if (outer > 0) units.push_back(outer);
   }
-  for (int64_t i = 0; i < blocks[static_cast<size_t>(stage)]; ++i) units.push_back(block_numel(m, tp));
+  const int64_t begin = pipeline_block_starts(blocks)[static_cast<size_t>(stage)];
+  for (int64_t i = 0; i < blocks[static_cast<size_t>(stage)]; ++i) units.push_back(block_numel(m, tp, begin + i));
   return units;
 }
 
@@ -199,19 +220,23 @@ ModelState model_state(const std::vector<int64_t>& units, const Layout& l) {
 
 // The matrix products' weights of one block at tp = t (c_attn weight and bias, attn c_proj weight,
 // c_fc weight and bias, mlp c_proj weight; the two row-parallel biases only at t = 1, where the
-// product adds them), as block_numel splits them.
-int64_t cast_copy_bytes(const GPTConfig& m, const Layout& l, int64_t blocks) {
+// product adds them), as block_numel splits them. An MoE block: the attention's only (the
+// experts' slices are not leaves, which autocast does not cache; runtime/precision.cpp).
+int64_t cast_copy_bytes(const GPTConfig& m, const Layout& l, int64_t blocks, int64_t first_block) {
   if (l.param_bytes == 2 || l.compute_bytes == 4) return 0;
   const int64_t t = l.tp, d = m.d_model, F = m.mlp_hidden(), hd = m.head_dim();
   const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;
   const int64_t qkv = d / t + 2 * kv_heads * hd;
-  const int64_t per_block = (d * qkv + qkv) + (d / t) * d + (d * (F / t) + F / t) + (F / t) * d + (t == 1 ? 2 * d : 0);
-  return 2 * blocks * per_block;
+  const int64_t attention = (d * qkv + qkv) + (d / t) * d + (t == 1 ? d : 0);
+  const int64_t mlp = (d * (F / t) + F / t) + (F / t) * d + (t == 1 ? d : 0);
+  int64_t total = 0;
+  for (int64_t i = first_block; i < first_block + blocks; ++i) total += attention + (m.is_moe_layer(i) ? 0 : mlp);
+  return 2 * total;
 }
 
 // ---- 3. activations -------------------------------------------------------------------------
 
-ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Recompute mode) {
+ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Recompute mode, bool moe) {
   // r: the residual stream's bytes, the parameters' dtype (fp32, or 16-bit working weights).
   const double a = l.compute_bytes, r = l.param_bytes, mk = l.cpu ? 4.0 : 1.0;
   const double d = static_cast<double>(m.d_model), H = static_cast<double>(m.n_head);
@@ -226,6 +251,24 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
   // x, ln stats, ln_1 out, y, ln_2 out, residual-dropout masks (under sp the rank's T/t rows of
   // each: c_attn and c_fc keep their input's rows and gather them again in backward)
   out.replicated = r * d + 16.0 + a * d + r * d + a * d + (l.dropout ? 2.0 * mk * d : 0.0);
+  if (moe) {
+    // An MoE layer (models/moe.cpp's ops; section 3 MoE), replicated over tp: ln_2's output in
+    // fp32 (the router's input) in place of c_fc's a d copy; the router's logits and
+    // probabilities, the logsumexp; the top-k indices, probabilities and their sum; per
+    // assignment the expert's input, h, gelu(h), its output, the gated output in ln_2's dtype
+    // (index_add keeps its source), the gate and two int64 indices. ln_2's dtype: fp32 but on
+    // the CPU with 16-bit weights (as tp's ln, section 4).
+    const double E = static_cast<double>(m.n_experts), k = static_cast<double>(m.top_k);
+    const double ln = l.cpu && l.param_bytes == 2 ? 2.0 : 4.0;
+    const double topk = m.top_k > 1 ? 12.0 * k + 4.0 : 8.0;  // k = 1: the gate is the probability, only the index is kept
+    out.replicated += (4.0 - a) * d + 8.0 * E + 4.0 + topk + k * (10.0 * a * d + ln * d + a + 16.0);
+    // Per layer and micro-batch: the 16-bit casts of the experts' fp32 weights, saved by their
+    // linears (not autocast's cache: the slices fc_w[e] are not leaves), every expert assumed
+    // to receive tokens; with 16-bit weights the router's fp32 copy.
+    const double F = static_cast<double>(m.mlp_hidden());
+    if (a == 2 && r == 4) out.per_layer += a * 2.0 * F * d * E;
+    if (r == 2) out.per_layer += 4.0 * E * d;
+  }
   const double qkv_views = a * (d + 2.0 * kv);
   double core = 0.0;
   if (mode == Recompute::Selective) {
@@ -236,7 +279,8 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
     core = 3.0 * a * d + a * H * T + (l.dropout ? (mk + a) * H * T : 0.0);
   }
   const double gelu_out = mode == Recompute::Selective ? 0.0 : 4.0 * a * d;
-  out.split = core + a * d /* attention out */ + 4.0 * a * d /* h */ + gelu_out;
+  // an MoE block has no split MLP (its experts are in `replicated`, kept under selective too)
+  out.split = core + a * d /* attention out */ + (moe ? 0.0 : 4.0 * a * d /* h */ + gelu_out);
   if (l.cp > 1) {
     // Context parallelism: attention's K and V gathered whole over cp, [b, KV_t, T, h] each, on
     // top of the rank's own positions' (c_attn's output, which q views, keeps them); the math
@@ -354,14 +398,19 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
   // with more than one such rank (a world of one under mpirun decides its step alone); [loss,
   // non-finite, grad norm^2] (12 B) under ZeRO, over dp x cp, or over the world with tp; under pp
   // always the 12 B over the whole world (every stage's squared norm, the loss from the last stage).
+  // MoE: every MoE layer's routing row (E counts, admitted, L_aux, L_z; zeros for another
+  // stage's layers) rides in it before the norm, X = n_moe_layers (E + 3) floats more.
+  const double moe_floats = static_cast<double>(m.n_moe_layers() * (m.n_experts + 3));
+  const std::string moe_rows = m.is_moe() ? ", MoE routing rows" : "";
   if (pipelined) {
-    out.push_back(collective("world", "step verdict all-reduce [loss, non-finite, grad norm^2]", l.devices(), 2 * 12,
-                             k.pp_bw, k.pp, Window::Serial, 1));
+    out.push_back(collective("world", "step verdict all-reduce [loss, non-finite" + moe_rows + ", grad norm^2]", l.devices(),
+                             2 * 4 * (3 + moe_floats), k.pp_bw, k.pp, Window::Serial, 1));
   } else if (l.zero > 0) {
-    out.push_back(collective(l.tp > 1 ? "world" : "dp", "step verdict all-reduce [loss, non-finite, grad norm^2]",
-                             N * l.tp, 2 * 12, k.dp_bw, k.dp, Window::Serial, 1));  // dp x cp x tp: within a node iff dp is
+    out.push_back(collective(l.tp > 1 ? "world" : "dp", "step verdict all-reduce [loss, non-finite" + moe_rows + ", grad norm^2]",
+                             N * l.tp, 2 * 4 * (3 + moe_floats), k.dp_bw, k.dp, Window::Serial, 1));  // dp x cp x tp: within a node iff dp is
   } else if (N > 1) {
-    out.push_back(collective("dp", "step verdict all-reduce [loss, non-finite]", N, 2 * 8, k.dp_bw, k.dp, Window::Serial, 1));
+    out.push_back(collective("dp", "step verdict all-reduce [loss, non-finite" + moe_rows + "]", N, 2 * 4 * (2 + moe_floats), k.dp_bw,
+                             k.dp, Window::Serial, 1));
   }
 
   // tokens per micro-batch on this rank: its b T / cp positions under context parallelism
@@ -377,6 +426,8 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     const double ln = l.cpu && l.param_bytes == 2 ? 2.0 : 4.0;
     const bool full = l.recompute == Recompute::Full;
     const double blocks = static_cast<double>(st.blocks);
+    // an MoE block (replicated over tp) has attention's collectives only: half a dense block's
+    const double tp_blocks = blocks - 0.5 * static_cast<double>(st.moe_blocks);
     if (l.sp) {
       // sequence parallelism (parallel/sequence_parallel.h): per layer and forward pass, c_attn's
       // and c_fc's inputs gathered (cast to the compute dtype first) and the two row-parallel
@@ -390,9 +441,10 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
                                Window::Serial, K));
     } else {
       const double fwd = full ? 4.0 : 2.0;
-      const double per_micro = blocks * (fwd * 2 * tok * d * a + 2.0 * 2 * tok * d * ln);
+      const double per_micro = tp_blocks * (fwd * 2 * tok * d * a + 2.0 * 2 * tok * d * ln);
       out.push_back(collective("tp", "block activation all-reduces (2 forward" + std::string(full ? " + 2 recomputed" : "") +
-                                         ", 2 backward per layer and micro-batch)",
+                                         ", 2 backward per layer and micro-batch" +
+                                         (st.moe_blocks > 0 ? "; half that in an MoE block)" : ")"),
                                l.tp, Kd * per_micro, k.tp_bw, k.tp, Window::Serial, K));
     }
     // the gradient norm's split part, summed over tp once per step (one double); under ZeRO or
@@ -510,29 +562,35 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   p.cluster = cluster;
   p.layout = layout;
   const Layout& l = layout;
-  const double L = static_cast<double>(model.n_layer), d = static_cast<double>(model.d_model);
+  const double d = static_cast<double>(model.d_model);
   const double T = static_cast<double>(model.seq_len);
   const double tok = static_cast<double>(l.micro_batch * model.seq_len);
 
   // compute
   p.tokens_per_step = l.micro_batch * l.grad_accum * l.dp * model.seq_len;
-  p.flops_per_token = flops_per_token(model);
-  const double n_block = static_cast<double>(block_numel(model, 1));
-  if (l.recompute == Recompute::Full) p.recompute_flops_per_token = 2 * L * n_block + 4 * L * d * T;
-  if (l.recompute == Recompute::Selective) p.recompute_flops_per_token = 4 * L * d * T;
+  p.flops_per_token = flops_per_token(model);  // 6 N_active + 12 L d T
+  // Forward FLOPs per token of block i (section 5): 2 n_block (its active parameters: an MoE
+  // block's k experts and router) + 4 d T (attention's scores and values); full recomputation
+  // repeats it, selective the 4 d T.
+  auto block_fwd = [&](int64_t i) { return 2 * static_cast<double>(block_active_numel(model, i)) + 4 * d * T; };
+  auto block_re = [&](int64_t i) {
+    return l.recompute == Recompute::Full ? block_fwd(i) : l.recompute == Recompute::Selective ? 4 * d * T : 0.0;
+  };
+  for (int64_t i = 0; i < model.n_layer; ++i) p.recompute_flops_per_token += block_re(i);
   const double Kd = static_cast<double>(l.grad_accum);
   const std::vector<int64_t> blocks = stage_blocks(model, l);
+  const std::vector<int64_t> starts = pipeline_block_starts(blocks);
   // Each stage's forward FLOPs per token (section 5): its blocks, and on the last stage the
   // output layer and ln_f (2 x their parameters); the whole F/3 without pipelining.
   // a rank's share: the tp slice of its b T / cp positions (cp's mirrored chunks even out attention)
   const double per_device = tok / static_cast<double>(l.tp * l.cp) / cluster.sustained_flops();
-  const double block_fwd = 2 * n_block + 4 * d * T, block_re = p.recompute_flops_per_token / L;
   const double head_fwd = 2 * (static_cast<double>(model.padded_vocab_size()) * d + 2 * d);
   auto stage_times = [&](StagePlan& st) {
-    const double Lb = static_cast<double>(st.blocks);
     const bool pipelined = l.pp > 1;
-    const double f = pipelined ? Lb * block_fwd + (st.stage == l.pp - 1 ? head_fwd : 0.0) : p.flops_per_token / 3.0;
-    const double re = pipelined ? Lb * block_re : p.recompute_flops_per_token;
+    double f = 0, re = 0;
+    for (int64_t i = st.first_block; i < st.first_block + st.blocks; ++i) f += block_fwd(i), re += block_re(i);
+    if (!pipelined) f = p.flops_per_token / 3.0, re = p.recompute_flops_per_token;
+    if (pipelined && st.stage == l.pp - 1) f += head_fwd;
     st.forward_s = f * per_device;
     st.backward_s = (2.0 * f + re) * per_device;
   };
@@ -541,6 +599,8 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   const Links links = links_for(l, cluster);
   const ActivationBytes kept = layer_activation_bytes(model, l, l.recompute);
   const ActivationBytes none = layer_activation_bytes(model, l, Recompute::None);
+  const ActivationBytes kept_moe = layer_activation_bytes(model, l, l.recompute, /*moe=*/true);
+  const ActivationBytes none_moe = layer_activation_bytes(model, l, Recompute::None, /*moe=*/true);
   const double a = l.compute_bytes, r = 4.0;
   const double Vp = static_cast<double>(model.padded_vocab_size()), V = static_cast<double>(model.vocab_size);
   const double logp = l.tp > 1 ? 4.0 * Vp / static_cast<double>(l.tp) : 4.0 * V;  // fp32 log-probabilities per token
@@ -553,16 +613,20 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     StagePlan st;
     st.stage = s;
     st.blocks = blocks[static_cast<size_t>(s)];
+    st.first_block = starts[static_cast<size_t>(s)];
+    for (int64_t i = st.first_block; i < st.first_block + st.blocks; ++i) st.moe_blocks += model.is_moe_layer(i) ? 1 : 0;
     st.units = rank_units(model, l.tp, l.pp, s, l.pp_split);
     stage_times(st);
     st.psi = sum_units(st.units);
     st.psi_padded = sum_padded(st.units, G);
     st.state = model_state(st.units, l);
-    st.state.device.cast_copies = cast_copy_bytes(model, l, st.blocks);
+    st.state.device.cast_copies = cast_copy_bytes(model, l, st.blocks, st.first_block);
 
     const bool first = s == 0, last = s == l.pp - 1;
     const double in_flight = static_cast<double>(std::min<int64_t>(l.pp - s, l.grad_accum));
-    double per_micro_batch = static_cast<double>(st.blocks) * kept.layer_bytes(tok, l.tp, l.sp, l.cp);
+    const double dense_blocks = static_cast<double>(st.blocks - st.moe_blocks), moe_blocks = static_cast<double>(st.moe_blocks);
+    double per_micro_batch = dense_blocks * kept.layer_bytes(tok, l.tp, l.sp, l.cp) +
+                             moe_blocks * kept_moe.layer_bytes(tok, l.tp, l.sp, l.cp);
     // outside the blocks: token ids (every position under sp, which embeds the whole sequence
     // before its reduce-scatter); the embedding's dropout mask and ln_f's input, stats and output
     // (the head keeps its rows under sp) on the residual stream's rows; log-probs and targets of
@@ -576,10 +640,23 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
 
     double transient = 0;
     if (last) transient += local * (a * Vp / static_cast<double>(l.tp) + logp);  // logits and the log-probs' gradient
-    if (l.recompute == Recompute::Full) transient += none.layer_bytes(tok, l.tp, l.sp, l.cp);  // one layer recomputed
-    const int64_t max_block = st.blocks > 0 ? padded_numel(block_numel(model, l.tp), G) : 0;
-    int64_t outer_units = 0;  // the units before the blocks
-    for (size_t i = 0; i + static_cast<size_t>(st.blocks) < st.units.size(); ++i) outer_units += padded_numel(st.units[i], G);
+    // MoE backward (models/moe.cpp runs expert e on the slices fc_w[e], ...): each slice's
+    // gradient is a full-size [E, ...] tensor (select_backward), summed into one buffer per
+    // stacked weight: while a layer's backward runs, the four buffers (E x the expert's numel) and
+    // one more full fc_w-sized gradient, in the weights' dtype
+    if (st.moe_blocks > 0) {
+      const double E = static_cast<double>(model.n_experts), F = static_cast<double>(model.mlp_hidden());
+      transient += static_cast<double>(l.param_bytes) * E * (static_cast<double>(mlp_numel(model, 1)) + F * d);
+    }
+    if (l.recompute == Recompute::Full) {  // one layer recomputed: the larger kind the stage holds
+      transient += std::max(st.blocks > st.moe_blocks ? none.layer_bytes(tok, l.tp, l.sp, l.cp) : 0.0,
+                            st.moe_blocks > 0 ? none_moe.layer_bytes(tok, l.tp, l.sp, l.cp) : 0.0);
+    }
+    int64_t outer_units = 0, max_block = 0;  // the units before the blocks; the largest block's
+    for (size_t i = 0; i < st.units.size(); ++i) {
+      if (i + static_cast<size_t>(st.blocks) < st.units.size()) outer_units += padded_numel(st.units[i], G);
+      else max_block = std::max(max_block, padded_numel(st.units[i], G));
+    }
     // ZeRO-2/3 without a full local buffer: up to two units' full gradients in flight to their
     // reduce-scatter (parallel/zero.h: max_in_flight 2). ZeRO-3 also holds the outer unit
     // gathered through the micro-step and one block gathered plus the next one prefetched.

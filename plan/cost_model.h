@@ -97,6 +97,55 @@
 //      once per rank:      a 2C T (the mask)
 //    docs/plan.md, section 8, has a seq 8192 / 32768 example.
 //
+// MoE (GPTConfig::n_experts > 0; models/moe.h; no expert parallelism: every rank holds every
+// expert). Block i is an MoE block when i % moe_every == 0. E experts, k per token, F = 4d.
+//    Parameters: an MoE block's feed-forward is E (dF + F + Fd + d) + E d (the experts and the
+//      router W_g [E, d], no bias) in place of the MLP's dF + F + Fd + d; it is REPLICATED over
+//      tp (nothing in it is split: parallel/tensor_parallel.cpp splits by name, and the MoE names
+//      are not split), so a tp rank holds its attention slice plus the whole MoE layer. Each
+//      block is its own ZeRO unit, so ZeRO shards the experts as any parameter; DDP all-reduces
+//      them, ZeRO reduce-scatters and gathers them (section 4's Psi, Psi' include them).
+//    FLOPs: F = 6 N_active + 12 L d T (runtime/metrics.h): an MoE block's active parameters are
+//      k experts and the router, k (dF + F + Fd + d) + E d; a stage's F_s uses the same per block.
+//    Autocast copies (section 2): only the attention's weights of an MoE block are cached (c_attn
+//      weight and bias, attn c_proj weight [+ its bias at t = 1]); the experts run on slices
+//      fc_w[e], proj_w[e], which are not leaves, and autocast caches leaves only (runtime/
+//      precision.cpp autocast_cached_numel, by name, counts no MoE parameter). Their 16-bit casts
+//      are saved for backward by each expert's linear instead: counted as activations, per
+//      micro-batch (below).
+//    Activations of an MoE block, per token (an ESTIMATE from the op list of models/moe.cpp, not
+//      measured), all replicated over tp: the attention half as a dense block's, then
+//        4 d          ln_2's output, fp32 (the router's input: it runs in fp32 whatever the
+//                     compute dtype; in place of the dense block's a d)
+//        8 E + 4      the router logits (kept by the z-loss's logsumexp) and softmax probs, fp32,
+//                     and the logsumexp
+//        12 k + 4     the top-k indices (int64) and probabilities, their sum (the gates)
+//        k (10 a d + a + 16)   per assignment: the expert's input (a d), h (4 a d), gelu(h)
+//                     (4 a d), its output (a d, kept by the gate product), the gate (a), the
+//                     sort's permutation and the token index (int64)
+//      i.e. 4d + 8E + 12k + 8 + k (10 a d + a + 16) where a dense block has a d + 8 a d / t; k
+//      assignments per token is an upper bound (the capacity drops some).
+//      Per MoE layer and micro-batch, with fp32 weights under 16-bit autocast: the experts'
+//      weight casts the linears save, a x 2 F d x E (every expert assumed to receive tokens);
+//      with 16-bit weights the router's fp32 copy, 4 E d.
+//      selective: the MoE layer keeps all of this (only attention's core is recomputed); full:
+//      r d per block, as a dense block. Measured with kiln's MoEImpl on the CPU (mallinfo2, d 128,
+//      E 8, k 2, dropless): 1.3% (fp32) and 2.0% (bf16) above this (autograd's nodes); docs/plan.md s9.
+//      Transient while an MoE layer's backward runs: each expert's slice gradient is a full-size
+//      [E, ...] tensor (select_backward) summed into one buffer per stacked weight: pb x E x
+//      (mlp + F d), the four buffers and one more fc_w-sized gradient.
+//    Communication: the step's verdict carries each MoE layer's routing stats, n_moe_layers x
+//      (E + 3) floats inserted before the norm (runtime/trainer_step.cpp), all-reduced as before:
+//      DDP 2 x 4 (2 + X), ZeRO and pp 2 x 4 (3 + X), X = n_moe_layers (E + 3), on every stage
+//      (each stage sends every layer's row, zeros for the others'). tp: an MoE block has no tp
+//      collective (its input is whole on every rank, its output needs no reduction), so it has
+//      1 forward all-reduce (attention's c_proj; 2 under full recomputation) and 1 backward
+//      (c_attn's input gradient) per micro-batch, against a dense block's 2 and 2.
+//    Training totals (section 1) count P = N_active less the position embedding (6 N_active D),
+//      and D = 20 N_active by default: a convention, not a compute-optimal law for MoE (give
+//      --tokens).
+//    kiln refuses MoE with --sp or --cp (a sequence is one routing group); the plan does too.
+//
 // 4. Communication per rank per optimizer step, in kiln's comm_bytes convention (each
 //    collective counts its full buffer times its ring factor: all_reduce 2x, reduce_scatter 1x
 //    the input, all_gather 1x the output, broadcast 1x, send: bytes sent). The wire traffic of
@@ -154,9 +203,10 @@
 // 5. Time per optimizer step (per rank; the slowest stage sets it):
 //      t_f = F_s b T / (t c R),  t_b = (2 F_s + F_re,s) b T / (t c R)   per micro-batch on stage s
 //      (cp's mirrored chunks give every cp rank the same attention work: an even 1/c share):
-//      F_s = L_s (2 n_block + 4 d T) [+ 2 (V' d + 2 d) on the last stage: the output layer and
-//      ln_f], summing to F/3 over the stages (F/3 itself at p = 1); F_re,s = L_s x recomputed
-//      FLOPs per token and layer: full 2 n_block + 4 d T, selective 4 d T
+//      F_s = sum over its blocks (2 n_block + 4 d T) [+ 2 (V' d + 2 d) on the last stage: the
+//      output layer and ln_f], n_block the block's active parameters (MoE: k experts and the
+//      router), summing to F/3 over the stages (F/3 itself at p = 1); F_re,s = the sum over its
+//      blocks of the recomputed FLOPs per token: full 2 n_block + 4 d T, selective 4 d T
 //      compute  = K (t_f + t_b)
 //      exposed  = serial comm (tp, pp p2p, post-step all-gathers, verdicts, offload copies and
 //                 the host AdamW, cp's K/V gathers and reduce-scatters, sp's replicated-gradient
@@ -244,6 +294,12 @@ std::vector<int64_t> rank_units(const GPTConfig& model, int64_t tp, int64_t pp, 
                                 const std::string& pp_split = "");
 // Blocks per stage: kiln's split (parallel/pipeline_layout.h), the layout's --pp-split if given.
 std::vector<int64_t> stage_blocks(const GPTConfig& model, const Layout& layout);
+// Parameters of block `index` (its number in the whole model) on a tp rank: a dense block's
+// matrices split over tp, an MoE block's experts and router whole (replicated).
+int64_t block_numel(const GPTConfig& model, int64_t tp, int64_t index);
+// The parameters one token's forward multiplies by in block `index` (tp 1): a dense block's all,
+// an MoE block's attention half, k experts and the router (the n_block of section 5's F_s).
+int64_t block_active_numel(const GPTConfig& model, int64_t index);
 int64_t padded_numel(int64_t n, int64_t dp);  // ceil(n / 64 dp) 64 dp
 int64_t sum_padded(const std::vector<int64_t>& units, int64_t dp);
 int64_t sum_units(const std::vector<int64_t>& units);
@@ -259,8 +315,9 @@ struct ModelState {
 // params, grads and optimizer of section 2's table; cast_copies is left 0 (make_plan sets it
 // from cast_copy_bytes, which needs the model's shape).
 ModelState model_state(const std::vector<int64_t>& units, const Layout& layout);
-// Autocast's held 2-byte weight copies on a rank of a stage with `blocks` blocks (section 2).
-int64_t cast_copy_bytes(const GPTConfig& model, const Layout& layout, int64_t blocks);
+// Autocast's held 2-byte weight copies on a rank of a stage holding blocks [first_block,
+// first_block + blocks) (section 2; an MoE block's attention weights only).
+int64_t cast_copy_bytes(const GPTConfig& model, const Layout& layout, int64_t blocks, int64_t first_block = 0);
 
 // ---- 3. activations -------------------------------------------------------------------------
 struct ActivationBytes {
@@ -279,8 +336,9 @@ struct ActivationBytes {
   }
 };
 // Kept between forward and backward, per token per layer, for `mode` (the layout's tp and cp set
-// kv_whole and the mask; per_token / layer_bytes divide).
-ActivationBytes layer_activation_bytes(const GPTConfig& model, const Layout& layout, Recompute mode);
+// kv_whole and the mask; per_token / layer_bytes divide). moe: an MoE block's (section 3, MoE;
+// an estimate), else a dense block's.
+ActivationBytes layer_activation_bytes(const GPTConfig& model, const Layout& layout, Recompute mode, bool moe = false);
 
 // ---- 4. communication -----------------------------------------------------------------------
 enum class Window { Serial, Forward, Backward, LastBackward };  // what compute it can hide behind
@@ -301,6 +359,8 @@ struct CommItem {
 struct StagePlan {
   int64_t stage = 0;
   int64_t blocks = 0;
+  int64_t first_block = 0;        // the number of its first block in the whole model
+  int64_t moe_blocks = 0;         // how many of its blocks are MoE blocks
   std::vector<int64_t> units;     // this rank's parameter units (the outer ones, then one per block)
   double forward_s = 0, backward_s = 0;  // this stage's compute per micro-batch
   int64_t psi = 0, psi_padded = 0;

@@ -65,7 +65,8 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   for (const auto& name : GPTConfig::preset_names()) {
     const GPTConfig p = GPTConfig::preset(name);
     if (p.n_layer == m.n_layer && p.n_head == m.n_head && p.n_kv_head == m.n_kv_head && p.d_model == m.d_model &&
-        p.seq_len == m.seq_len && p.vocab_size == m.vocab_size) {
+        p.seq_len == m.seq_len && p.vocab_size == m.vocab_size && p.n_experts == m.n_experts &&
+        (!m.is_moe() || (p.top_k == m.top_k && p.moe_every == m.moe_every))) {
       preset = name;
       break;
     }
@@ -77,7 +78,16 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
                   static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head), static_cast<long long>(m.n_kv_head),
                   static_cast<long long>(m.d_model), static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
   }
-  if (m.dropout != (preset.empty() ? 0.0 : GPTConfig::preset(preset).dropout)) out += strprintf(" --dropout %g", m.dropout);
+  const GPTConfig base = preset.empty() ? GPTConfig{} : GPTConfig::preset(preset);
+  if (m.dropout != base.dropout) out += strprintf(" --dropout %g", m.dropout);
+  if (m.is_moe()) {  // a shape given by flags, or a preset's MoE settings changed (%.17g: the value itself)
+    if (m.n_experts != base.n_experts) out += strprintf(" --n-experts %lld", static_cast<long long>(m.n_experts));
+    if (m.top_k != base.top_k) out += strprintf(" --top-k %lld", static_cast<long long>(m.top_k));
+    if (m.moe_every != base.moe_every) out += strprintf(" --moe-every %lld", static_cast<long long>(m.moe_every));
+    if (m.moe_capacity_factor != base.moe_capacity_factor) out += strprintf(" --moe-capacity-factor %.17g", m.moe_capacity_factor);
+    if (m.moe_aux_loss_coef != base.moe_aux_loss_coef) out += strprintf(" --moe-aux-loss-coef %.17g", m.moe_aux_loss_coef);
+    if (m.moe_z_loss_coef != base.moe_z_loss_coef) out += strprintf(" --moe-z-loss-coef %.17g", m.moe_z_loss_coef);
+  }
   if (l.compute_bytes == 2) out += " --precision bf16";
   if (l.param_bytes == 2) out += " --param-dtype bf16";
   if (l.reduce_bytes == 2) out += " --reduce-dtype bf16";
@@ -159,12 +169,22 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
                   {"available", b.available}, {"enough", b.enough}});
   }
   const ActivationBytes act = layer_activation_bytes(m, l, l.recompute);
+  json act_json = {{"replicated", act.replicated}, {"split", act.split}, {"per_rank", act.per_token(l.tp, l.sp)},
+                   {"kv_whole_per_sequence_token", act.kv_whole}, {"per_layer_constant", act.per_layer}};
+  if (m.is_moe()) {  // an MoE block's own figures (an estimate; plan/cost_model.h section 3, MoE)
+    const ActivationBytes moe = layer_activation_bytes(m, l, l.recompute, /*moe=*/true);
+    act_json["moe"] = {{"replicated", moe.replicated}, {"split", moe.split}, {"per_rank", moe.per_token(l.tp, l.sp)},
+                       {"per_layer_constant", moe.per_layer}};
+  }
   return {
       {"type", "plan"},
       {"model",
        {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_kv_head", m.n_kv_head}, {"d_model", m.d_model},
         {"seq_len", m.seq_len}, {"vocab_size", m.vocab_size}, {"padded_vocab_size", m.padded_vocab_size()},
-        {"params", m.num_params()}, {"params_non_embedding_pos", m.num_params_non_embedding_pos()}}},
+        {"params", m.num_params()}, {"params_non_embedding_pos", m.num_params_non_embedding_pos()},
+        {"params_active", m.num_active_params()}, {"params_active_non_embedding_pos", m.num_active_params_non_embedding_pos()},
+        {"n_experts", m.n_experts}, {"top_k", m.is_moe() ? json(m.top_k) : json(nullptr)},
+        {"moe_every", m.is_moe() ? json(m.moe_every) : json(nullptr)}, {"n_moe_layers", m.n_moe_layers()}}},
       {"cluster", cluster_json(p.cluster)},
       {"layout",
        {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"sp", l.sp}, {"zero", l.zero}, {"offload", to_string(l.offload)},
@@ -175,9 +195,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
        {{"tokens_per_step", p.tokens_per_step}, {"flops_per_token", p.flops_per_token},
         {"recompute_flops_per_token", p.recompute_flops_per_token}, {"forward_s", p.forward_s},
         {"backward_s", p.backward_s}, {"compute_s", p.compute_s}}},
-      {"activation_bytes_per_token_per_layer",
-       {{"replicated", act.replicated}, {"split", act.split}, {"per_rank", act.per_token(l.tp, l.sp)},
-        {"kv_whole_per_sequence_token", act.kv_whole}, {"per_layer_constant", act.per_layer}}},
+      {"activation_bytes_per_token_per_layer", act_json},
       {"time",
        {{"compute_s", p.compute_s}, {"exposed_comm_s", p.exposed_comm_s}, {"bubble_s", p.bubble_s},
         {"step_s", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"mfu", p.mfu}, {"hfu", p.hfu},
@@ -232,7 +250,7 @@ json compare_json(const CompareResult& r) {
           {"calibrated_achieved", opt(r.calibrated_achieved)},
           {"exact_ok", r.exact_ok()},
           {"rows", rows},
-          {"plan", plan_json(r.plan, training_totals(static_cast<double>(r.plan.model.num_params_non_embedding_pos()), 0, 0, r.plan.cluster),
+          {"plan", plan_json(r.plan, training_totals(static_cast<double>(r.plan.model.num_active_params_non_embedding_pos()), 0, 0, r.plan.cluster),
                              layout_totals(r.plan, 0))}};
 }
 
@@ -260,6 +278,11 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
               static_cast<long long>(m.n_layer), static_cast<long long>(m.d_model), static_cast<long long>(m.n_head),
               static_cast<long long>(m.n_kv_head), static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size),
               static_cast<long long>(m.padded_vocab_size()), static_cast<long long>(m.num_params()));
+  if (m.is_moe()) {
+    o += strprintf("          MoE in %lld of %lld blocks: %lld experts, top-%lld, %lld parameters active per token (the P of 6 P D)\n",
+                   static_cast<long long>(m.n_moe_layers()), static_cast<long long>(m.n_layer), static_cast<long long>(m.n_experts),
+                   static_cast<long long>(m.top_k), static_cast<long long>(m.num_active_params()));
+  }
   o += strprintf("cluster   %lld x %lld %s: %s, %.0f TFLOP/s peak x %.2f achieved, %.0f W\n",
               static_cast<long long>(c.nodes), static_cast<long long>(c.devices_per_node), c.device.c_str(),
               bytes(c.device_memory).c_str(), c.peak_flops / 1e12, c.achieved, c.watts);
@@ -284,6 +307,12 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   }
   const ActivationBytes act = layer_activation_bytes(m, l, l.recompute);
   std::string per_token = strprintf("%.0f B per token per layer", act.per_token(l.tp, l.sp));
+  if (m.is_moe()) {
+    const ActivationBytes moe = layer_activation_bytes(m, l, l.recompute, /*moe=*/true);
+    const std::string dense = m.n_moe_layers() < m.n_layer ? strprintf("%.0f B per token per dense layer, ", act.per_token(l.tp, l.sp)) : "";
+    per_token = dense + strprintf("%.0f B per token per MoE layer (estimate) + %s per MoE layer and micro-batch",
+                                  moe.per_token(l.tp, l.sp), bytes(moe.per_layer).c_str());
+  }
   if (l.sp) per_token += strprintf(" (sp: replicated part / %lld)", static_cast<long long>(l.tp));
   if (l.cp > 1) {
     const double T = static_cast<double>(m.seq_len);
@@ -293,8 +322,8 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   }
   o += strprintf("  %-22s %14s                (%s, %lld micro-batch(es) in flight)\n", "activations", bytes(st.activation_bytes).c_str(),
                  per_token.c_str(), static_cast<long long>(std::min<int64_t>(l.pp - st.stage, l.grad_accum)));
-  o += strprintf("  %-22s %14s                (logits, recompute working set, gathered ZeRO-3 units)\n", "transients",
-              bytes(st.transient_bytes).c_str());
+  o += strprintf("  %-22s %14s                (logits, recompute working set, gathered ZeRO-3 units%s)\n", "transients",
+              bytes(st.transient_bytes).c_str(), m.is_moe() ? ", MoE expert-gradient buffers" : "");
   if (l.base_bytes > 0) o += strprintf("  %-22s %14s\n", "process base", bytes(l.base_bytes).c_str());
   o += strprintf("  %-22s %14s of %s: %s\n", "peak", bytes(st.peak_device_bytes).c_str(), bytes(c.device_memory).c_str(),
               p.fits_device ? "fits" : "DOES NOT FIT");

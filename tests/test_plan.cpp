@@ -17,9 +17,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "launch/plan_cli.h"
 #include "plan/cluster.h"
 #include "plan/compare.h"
 #include "plan/cost_model.h"
+#include "plan/report.h"
 #include "plan/search.h"
 #include "runtime/error.h"
 #include "runtime/metrics.h"
@@ -1208,6 +1210,275 @@ TEST(PlanCompare, SequenceAndContextParallelLogsAndTheTrainersActivationFigure) 
   auto bad = rec;
   bad["world"].erase("dp");
   EXPECT_THROW(predicted_activation_bytes(bad), ConfigError);
+}
+
+// ---- Mixture-of-Experts ---------------------------------------------------------------------------
+//
+// tiny-moe: tiny with E 8 experts, top-2, in every block (moe_every 1). d 128, F 512:
+//   one expert (the dense MLP): c_fc 128 x 512 + 512 = 66,048, c_proj 512 x 128 + 128 = 65,664 -> 131,712
+//   MoE feed-forward: 8 x 131,712 + the router 8 x 128 = 1,053,696 + 1,024 = 1,054,720
+//   attention half (ln_1, c_attn, attn c_proj, ln_2): 256 + 49,536 + 16,512 + 256 = 66,560
+//   MoE block: 66,560 + 1,054,720 = 1,121,280; active: 66,560 + 2 x 131,712 + 1,024 = 331,008
+//   Psi = 82,176 + 4 x 1,121,280 = 4,567,296; N_active = 82,176 + 4 x 331,008 = 1,406,208
+constexpr int64_t kMoeBlock = 1121280, kMoeActive = 331008, kMoePsi = 4567296;
+
+GPTConfig tiny_moe(int64_t every = 1) {
+  GPTConfig m = GPTConfig::preset("tiny-moe");
+  m.moe_every = every;
+  return m;
+}
+
+TEST(PlanMoE, UnitsEqualTheModelsParameterCounts) {
+  const GPTConfig m = tiny_moe();
+  ASSERT_EQ(m.num_params(), kMoePsi);
+  ASSERT_EQ(m.num_active_params(), 1406208);
+  const auto u = rank_units(m, 1, 1, 0);
+  ASSERT_EQ(u.size(), 5u);
+  EXPECT_EQ(u[0], kOuter);
+  for (size_t i = 1; i < u.size(); ++i) EXPECT_EQ(u[i], kMoeBlock);
+  EXPECT_EQ(sum_units(u), m.num_params());
+  EXPECT_EQ(block_active_numel(m, 0), kMoeActive);
+  // tp 2: the attention half split (c_attn 128 x 192 + 192, attn c_proj 64 x 128 + 128), the MoE
+  // layer whole (replicated): 256 + 24,768 + 8,320 + 256 + 1,054,720 = 1,088,320 per block; the
+  // outer unit with half of wte: 32,768 + 16,384 + 256 = 49,408. 4,402,688 = kiln's params_local
+  // of a tp 2 run (tests/cli/plan.sh)
+  const auto t2 = rank_units(m, 2, 1, 0);
+  EXPECT_EQ(t2[1], 1088320);
+  EXPECT_EQ(sum_units(t2), 49408 + 4 * 1088320);
+  EXPECT_EQ(sum_units(t2), 4402688);
+  // pp 2: stage 0 holds wte, wpe and blocks 0-1 (2,324,480, kiln's params_local of pp 2); stage 1
+  // the tied copy of wte, ln_f and blocks 2-3; together the model plus the copy
+  const int64_t s0 = sum_units(rank_units(m, 1, 2, 0)), s1 = sum_units(rank_units(m, 1, 2, 1));
+  EXPECT_EQ(s0, 65536 + 16384 + 2 * kMoeBlock);
+  EXPECT_EQ(s0, 2324480);
+  EXPECT_EQ(s0 + s1, m.num_params() + 65536);
+  // moe_every 2 (blocks 0 and 2 MoE, 1 and 3 dense), pp 3 split 1, 2, 1: stage 0 block 0 (MoE),
+  // stage 1 blocks 1 (dense), 2 (MoE), stage 2 block 3 (dense): the block numbers decide, not the
+  // position within the stage
+  const GPTConfig e2 = tiny_moe(2);
+  EXPECT_EQ(e2.num_params(), kOuter + 2 * kMoeBlock + 2 * kBlock);  // 2,721,280
+  EXPECT_EQ(rank_units(e2, 1, 3, 0), (std::vector<int64_t>{65536, 16384, kMoeBlock}));
+  EXPECT_EQ(rank_units(e2, 1, 3, 1), (std::vector<int64_t>{kBlock, kMoeBlock}));
+  EXPECT_EQ(rank_units(e2, 1, 3, 2), (std::vector<int64_t>{65536, 256, kBlock}));
+  // ... and at tp 2 every stage's rank: the dense blocks split (99,520 = the tiny block at tp 2:
+  // 33,600 + 128 x 256 + 256 + 256 x 128 + 128), the MoE blocks' experts whole
+  int64_t total_t2 = 0;
+  for (int64_t s = 0; s < 3; ++s) total_t2 += sum_units(rank_units(e2, 2, 3, s));
+  EXPECT_EQ(total_t2, 2 * 32768 + 16384 + 256 + 2 * 1088320 + 2 * 99520);
+  EXPECT_EQ(block_numel(tiny(), 2, 0), 99520);
+  // the same units in make_plan, and a stage's MoE blocks counted
+  Layout pp3 = layout(1, 1);
+  pp3.pp = 3;
+  const Plan p = make_plan(e2, toy_cluster(3), pp3);
+  EXPECT_EQ(p.stages[1].first_block, 1);
+  EXPECT_EQ(p.stages[1].moe_blocks, 1);
+  EXPECT_EQ(p.stages[2].moe_blocks, 0);
+  EXPECT_EQ(p.stages[0].psi, 65536 + 16384 + kMoeBlock);
+}
+
+TEST(PlanMoE, FlopsCountTheActiveParameters) {
+  // F = 6 N_active + 12 L d T (runtime/metrics.h): 6 x (1,406,208 - 16,384) + 12 x 4 x 128 x 128
+  //   = 8,338,944 + 786,432 = 9,125,376 (all 4,567,296 parameters would claim 28,137,216)
+  const GPTConfig m = tiny_moe();
+  Layout l = layout(1, 0);
+  l.compute_bytes = 4;
+  const Plan one = make_plan(m, toy_cluster(1), l);
+  EXPECT_EQ(one.flops_per_token, 9125376);
+  EXPECT_EQ(one.flops_per_token, flops_per_token(m));
+  // a stage's forward: per block 2 x 331,008 + 4 d T = 727,552; the last stage adds the output
+  // layer and ln_f, 2 (V' d + 2 d) = 131,584; the stages sum to F/3 (toy cluster: 1 TFLOP/s, b T 128)
+  Layout pp2 = l;
+  pp2.pp = 2;
+  const Plan piped = make_plan(m, toy_cluster(2), pp2);
+  const double tok = 128, R = 1e12;
+  EXPECT_DOUBLE_EQ(piped.stages[0].forward_s, 2 * 727552 * tok / R);
+  EXPECT_DOUBLE_EQ(piped.stages[1].forward_s, (2 * 727552 + 131584) * tok / R);
+  EXPECT_NEAR((piped.stages[0].forward_s + piped.stages[1].forward_s) * R / tok, 9125376 / 3.0, 1e-6);
+  // full recomputation repeats each block's forward (active parameters): 4 x 727,552
+  Layout full = l;
+  full.recompute = Recompute::Full;
+  EXPECT_EQ(make_plan(m, toy_cluster(1), full).recompute_flops_per_token, 4 * 727552);
+  // moe_every 2: two MoE blocks (727,552) and two dense (2 x 198,272 + 65,536 = 462,080)
+  EXPECT_EQ(make_plan(tiny_moe(2), toy_cluster(1), full).recompute_flops_per_token, 2 * 727552 + 2 * 462080);
+}
+
+TEST(PlanMoE, CommBytesCarryTheRoutingRowsAndNoTpCollectivesInMoEBlocks) {
+  // The verdict grows by X = n_moe_layers x (E + 3) = 4 x 11 = 44 floats, all-reduced: 2 x 4 x 44
+  // more. Each figure below is what kiln train reported for the run (tests/cli/plan.sh).
+  const GPTConfig m = tiny_moe();
+  auto comm = [&](Layout l, const GPTConfig& model) { return make_plan(model, toy_cluster(l.devices()), l).stages[0].comm_bytes; };
+  Layout ddp = cpu_fp32(2, 0, 2);
+  EXPECT_EQ(comm(ddp, m), 2 * 4 * kMoePsi + 2 * 4 * (2 + 44));  // 36,538,736
+  EXPECT_EQ(comm(ddp, m), 36538736);
+  Layout z1 = cpu_fp32(2, 1, 2);  // Psi' = Psi (every unit a multiple of 128 already)
+  EXPECT_EQ(comm(z1, m), 8 * kMoePsi + 2 * 4 * (3 + 44));  // 36,538,744
+  // pp 2, stage 0: K A + wte + the world's verdict with the rows: 2 x 131,072 + 262,144 + 376
+  Layout pp = cpu_fp32(1, 0, 2);
+  pp.pp = 2;
+  EXPECT_EQ(comm(pp, m), 2 * 131072 + 262144 + 2 * 4 * (3 + 44));  // 524,664
+  // tp 2 (b T d = 32,768, fp32): an MoE block has attention's forward all-reduce and c_attn's
+  // input-gradient all-reduce only, 2 x 2 b T d 4 = 524,288 per micro-batch, half a dense block's
+  // (1,048,576); the embedding 262,144 and the head 262,144 + 6,144, K 2, the norm's 16:
+  //   2 x (4 x 524,288 + 262,144 + 268,288) + 16 = 5,255,184 (dense tiny: 9,449,488)
+  Layout tp = cpu_fp32(1, 0, 2);
+  tp.tp = 2;
+  EXPECT_EQ(comm(tp, m), 2 * (4 * 524288 + 262144 + 268288) + 16);
+  EXPECT_EQ(comm(tp, m), 5255184);
+  EXPECT_EQ(comm(tp, tiny()), 9449488);
+  // moe_every 2: two of each; a dense model's verdict is unchanged (no rows)
+  EXPECT_EQ(comm(tp, tiny_moe(2)), 2 * (2 * 524288 + 2 * 1048576 + 262144 + 268288) + 16);
+  EXPECT_EQ(comm(ddp, tiny()), 2 * 4 * kPsi + 16);
+}
+
+TEST(PlanMoE, AutocastCopiesLeaveTheExpertsOut) {
+  // fp32 weights under 16-bit autocast: an MoE block's attention weights only (the experts run on
+  // slices, which autocast does not cache): c_attn 49,536 + attn c_proj weight 16,384 + its bias
+  // 128 at tp 1 = 66,048 per block, 2 bytes each: 4 blocks 528,384 (kiln's cast_copies, a ZeRO-3
+  // bf16 run). moe_every 2 at tp 2: 2 MoE blocks x (24,768 + 8,192) + 2 dense x (32,960 + 33,024
+  // + 32,768) = 263,424 elements: 526,848 B (kiln's, tp 2 x dp 2)
+  Layout l = layout(1, 0);
+  EXPECT_EQ(cast_copy_bytes(tiny_moe(), l, 4), 2 * 4 * 66048);
+  EXPECT_EQ(cast_copy_bytes(tiny_moe(), l, 4), 528384);
+  l.tp = 2;
+  EXPECT_EQ(cast_copy_bytes(tiny_moe(2), l, 4), 526848);
+  // a stage of blocks 1..2 at tp 1: one dense (197,760) and one MoE (66,048)
+  Layout t1 = layout(1, 0);
+  EXPECT_EQ(cast_copy_bytes(tiny_moe(2), t1, 2, 1), 2 * (197760 + 66048));
+  EXPECT_EQ(cast_copy_bytes(tiny_moe(2), t1, 2, 0), 2 * (66048 + 197760));
+}
+
+TEST(PlanMoE, ActivationsOfAnMoEBlockByHand) {
+  // gpt2-124m-moe (d 768, H 12, kv 768, E 8, k 2, F 3,072), GPU, bf16 autocast over fp32 weights
+  // (a 2, r 4), flash, no dropout. Per token, replicated over tp:
+  //   the dense block's 4d + 16 + 2d + 4d + 2d = 12d + 16, ln_2's output in fp32 (+2d),
+  //   router 8E + 4 = 68, top-k 12k + 4 = 28, k (10 a d + 4 d + a + 16) = 2 (24d + 18) = 48d + 36
+  //   = 62d + 148 = 47,764
+  // split: flash core 2 (d + 2 kv) + 4H = 6d + 48, attention out 2d: 8d + 48 = 6,192 (no MLP)
+  // per layer and micro-batch: the experts' 16-bit weight casts, 2 x 2 F d x E = 75,497,472
+  const GPTConfig m = GPTConfig::preset("gpt2-124m-moe");
+  Layout l;
+  l.compute_bytes = 2;
+  const auto moe = layer_activation_bytes(m, l, Recompute::None, true);
+  EXPECT_DOUBLE_EQ(moe.replicated, 62 * 768 + 148);
+  EXPECT_DOUBLE_EQ(moe.split, 8 * 768 + 48);
+  EXPECT_DOUBLE_EQ(moe.per_layer, 75497472);
+  EXPECT_DOUBLE_EQ(moe.per_token(2), 62 * 768 + 148 + (8 * 768 + 48) / 2.0);  // the MoE part is not split
+  // selective recomputes attention's core only: the experts' activations stay; full keeps r d
+  const auto sel = layer_activation_bytes(m, l, Recompute::Selective, true);
+  EXPECT_DOUBLE_EQ(sel.replicated, moe.replicated);
+  EXPECT_DOUBLE_EQ(sel.split, 8 * 768);
+  EXPECT_DOUBLE_EQ(sel.per_layer, 5056 + 16 + 75497472);
+  const auto full = layer_activation_bytes(m, l, Recompute::Full, true);
+  EXPECT_DOUBLE_EQ(full.per_token(1), 4 * 768);
+  EXPECT_DOUBLE_EQ(full.per_layer, 5056 + 16);
+  // 16-bit weights: no casts, the router's fp32 copy 4 E d = 24,576 instead
+  l.param_bytes = 2;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, l, Recompute::None, true).per_layer, 24576);
+  // CPU fp32, tiny-moe (the shape kiln's MoEImpl was measured at, docs/plan.md): per token 4d
+  // (ln_2 out) + 68 + 28 + 2 (40d + 4d + 4 + 16) = 92d + 136 beyond the attention half, no casts
+  Layout cpu = cpu_fp32(1, 0, 1);
+  const auto c = layer_activation_bytes(tiny_moe(), cpu, Recompute::None, true);
+  const auto dense = layer_activation_bytes(tiny(), cpu, Recompute::None);
+  EXPECT_DOUBLE_EQ(c.replicated - (dense.replicated - 4 * 128), 92 * 128 + 136);
+  EXPECT_DOUBLE_EQ(c.per_layer, 0);
+  // A stage holds each kind with its own figure: gpt2-124m-moe, b 1, T 1,024, one device: 6 MoE
+  // and 6 dense blocks, token ids, ln_f and the loss
+  Layout one;
+  one.compute_bytes = 2;
+  one.micro_batch = 1;
+  const Plan p = make_plan(m, toy_cluster(1), one);
+  const auto dn = layer_activation_bytes(m, one, Recompute::None);
+  const double T = 1024, V = 50257;
+  EXPECT_DOUBLE_EQ(p.stages[0].activation_bytes, 6 * dn.layer_bytes(T, 1) + 6 * moe.layer_bytes(T, 1) + 8 * T +
+                                                     (4 * 768 + 8 + 2 * 768) * T + (4 * V + 8) * T);
+}
+
+TEST(PlanMoE, RefusedWithSpOrCpAsKilnRefusesIt) {
+  Layout sp = layout(1, 0);
+  sp.tp = 2;
+  sp.sp = true;
+  try {
+    make_plan(tiny_moe(), toy_cluster(2), sp);
+    ADD_FAILURE() << "MoE with --sp planned";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--n-experts with --sp is not built"), std::string::npos) << e.what();
+  }
+  Layout cp = layout(1, 0);
+  cp.cp = 2;
+  EXPECT_THROW(make_plan(tiny_moe(), toy_cluster(2), cp), ConfigError);
+  sp.sp = false;
+  EXPECT_NO_THROW(make_plan(tiny_moe(), toy_cluster(2), sp));  // plain tp: the MoE layer replicated
+  // the search keeps dp / tp / pp / ZeRO for an MoE model and counts sp and cp as not valid
+  SearchSpace space;
+  space.global_batch = 8;
+  space.top = 50;
+  const SearchResult r = search(tiny_moe(), toy_cluster(4), space);
+  ASSERT_FALSE(r.best.empty());
+  for (const auto& b : r.best) EXPECT_TRUE(!b.plan.layout.sp && b.plan.layout.cp == 1) << describe(b.plan.layout);
+}
+
+TEST(PlanMoE, FlagsPresetsAndTheSuggestedCommand) {
+  // --model tiny-moe is tiny-moe, not tiny (whose shape it shares); flags override the preset
+  const PlanArgs a = parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--micro-batch", "2"});
+  EXPECT_EQ(a.model.n_experts, 8);
+  const Plan p = make_plan(a.model, a.cluster, a.layout);
+  const TrainingTotals t = training_totals(static_cast<double>(a.model.num_active_params_non_embedding_pos()), 0, 0, a.cluster);
+  const auto j = plan_json(p, t, layout_totals(p, t.tokens));
+  EXPECT_NE(j["layout"]["command"].get<std::string>().find("--model tiny-moe"), std::string::npos) << j["layout"]["command"];
+  EXPECT_EQ(j["model"]["params_active"], 1406208);
+  const PlanArgs b = parse_plan_args({"--model", "tiny", "--n-experts", "4", "--top-k", "1", "--moe-every", "2",
+                                      "--moe-capacity-factor", "2", "--moe-aux-loss-coef", "0.02", "--gpus-per-node", "1"});
+  EXPECT_EQ(b.model.n_experts, 4);
+  EXPECT_EQ(b.model.top_k, 1);
+  EXPECT_EQ(b.model.moe_every, 2);
+  EXPECT_EQ(b.model.moe_capacity_factor, 2.0);
+  const Plan q = make_plan(b.model, b.cluster, b.layout);
+  const std::string cmd = plan_json(q, t, layout_totals(q, t.tokens))["layout"]["command"];
+  EXPECT_NE(cmd.find("--n-layer 4"), std::string::npos) << cmd;  // no preset has this shape
+  EXPECT_NE(cmd.find("--n-experts 4 --top-k 1 --moe-every 2 --moe-capacity-factor 2 --moe-aux-loss-coef 0.02"),
+            std::string::npos) << cmd;
+  EXPECT_THROW(parse_plan_args({"--model", "tiny", "--n-experts", "2", "--top-k", "3"}), ConfigError);
+  EXPECT_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--tp", "2", "--sp"}), ConfigError);
+}
+
+TEST(PlanMoE, CompareReadsTheMoEFieldsOfTheConfigRecord) {
+  // a DDP dp 2 run of tiny-moe (kiln train's record, cut to what is read): the MoE fields make
+  // the model 4,567,296 parameters, 1,406,208 active, comm_bytes 36,538,736 with the routing rows
+  auto record = [](const std::string& moe) {
+    return std::string(R"({"type":"config","config":{"n_layer":4,"n_head":4,"n_kv_head":4,"d_model":128,"seq_len":128,)") +
+           R"("vocab_size":512,"dropout":0.0,"zero":0,"offload":"none","activation_checkpointing":"none",)" + moe +
+           R"("micro_batch":2,"grad_accum":2,"precision":"fp32"},"device":"cpu","params":4567296,"params_active":1406208,)"
+           R"("params_local":4567296,"flops_per_token":9125376.0,"tokens_per_step":1024,)"
+           R"("world":{"size":2,"dp":2,"tp":1,"pp":1,"backend":"mpi"},)"
+           R"("model_state":{"device":{"params":18269184,"grads":18269184,"optimizer":36538368,"cast_copies":0},)"
+           R"("host":{"params":0,"grads":0,"optimizer":0}}})" "\n" R"({"type":"step","step":1,"comm_bytes":36538736})" "\n";
+  };
+  const std::string moe = R"("n_experts":8,"top_k":2,"moe_every":1,"moe_capacity_factor":1.25,)"
+                          R"("moe_aux_loss_coef":0.01,"moe_z_loss_coef":0.001,)";
+  const std::string path = write_log(record(moe));
+  const CompareResult r = compare_with_log(path, cluster_preset("h100"), false);
+  EXPECT_TRUE(r.exact_ok());
+  std::map<std::string, CompareRow> rows;
+  for (const auto& x : r.rows) rows.emplace(x.name, x);
+  EXPECT_EQ(*rows.at("params_active").predicted, 1406208);
+  EXPECT_EQ(*rows.at("params_local").predicted, 4567296);
+  EXPECT_EQ(*rows.at("comm_bytes").predicted, 36538736);
+  EXPECT_EQ(*rows.at("flops_per_token").predicted, 9125376);
+  std::remove(path.c_str());
+  // without the fields the record is a dense tiny: every MoE figure above is then a mismatch
+  const std::string dense = write_log(record(""));
+  const CompareResult d = compare_with_log(dense, cluster_preset("h100"), false);
+  EXPECT_FALSE(d.exact_ok());
+  EXPECT_EQ(d.plan.model.n_experts, 0);
+  std::map<std::string, CompareRow> drows;
+  for (const auto& x : d.rows) drows.emplace(x.name, x);
+  EXPECT_TRUE(drows.at("params_local").mismatch());
+  EXPECT_EQ(drows.count("params_active"), 0u);
+  std::remove(dense.c_str());
+  // moe_every is needed with n_experts (kiln writes it)
+  const std::string partial = write_log(record(R"("n_experts":8,"top_k":2,)"));
+  EXPECT_THROW(compare_with_log(partial, cluster_preset("h100"), false), ConfigError);
+  std::remove(partial.c_str());
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 # compared in the last blocks. A run's log is rank 0's, so a pipeline run checks stage 0's
 # figures, and every stage's block count. Sequence parallelism (tp 2 --sp in fp32; with dp 2,
 # ZeRO-1, bf16 and full recomputation) and context parallelism (cp 2 in bf16 under ZeRO-3; cp 4
-# at seq 256; cp 2 x tp 2 as a plan suggests it) are compared too. Last, the command a plan
+# at seq 256; cp 2 x tp 2 as a plan suggests it) are compared too, and Mixture-of-Experts runs
+# (tiny-moe: one process, DDP dp 2 in bf16, ZeRO-1 dp 2, tp 2, pp 2). Last, the command a plan
 # suggests runs its layout as pasted (model, precision, layout, batch).
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
@@ -127,6 +128,8 @@ expect_fail "--cp 3 needs the sequence length \(128\) to divide into 2 x cp = 6 
 expect_fail "--cp with --pp is not built" --model tiny --gpus-per-node 4 --cp 2 --pp 2
 expect_fail "--cp with --sp is not built" --model tiny --gpus-per-node 4 --cp 2 --tp 2 --sp
 expect_fail "--sp does not go with --search" --model tiny --search --sp
+expect_fail "--n-experts with --sp is not built" --model tiny-moe --gpus-per-node 2 --tp 2 --sp
+expect_fail "--top-k must be in \[1, --n-experts 2\]" --model tiny --n-experts 2 --top-k 3
 
 # ---- pipeline layouts: kiln's split of the blocks, ZeRO-2 allowed -----------------------------------
 plan --model gpt2-124m --gpus-per-node 5 --pp 5 --micro-batch 4 --grad-accum 8 --zero 2 --json >"$work/pp5.json"
@@ -265,6 +268,44 @@ assert rows("sp2")["comm_bytes"]["measured"] == rows("tp2")["comm_bytes"]["measu
 kv = 2 * 2 * 4 * 256 * 32 * 4
 assert rows("cp4")["comm_bytes"]["measured"] == 2 * 4 * 891648 + 16 + L * 2 * kv
 print("sp: tp's traffic + the backward's re-gathers + the replicated gradients; cp 4: DDP + K/V gathers, by hand")
+PY
+
+# ---- --compare against Mixture-of-Experts runs ----------------------------------------------------
+# tiny-moe (8 experts, top-2, every block; no expert parallelism: every rank holds every expert):
+# the experts in the units and the model state, the verdict's routing rows (n_moe_layers x (E + 3)
+# floats, 2 x 4 x 44 B more), no tp collective inside an MoE block, the experts' weights not in
+# autocast's cache (the DDP run is bf16 over fp32 weights: cast_copies = attention's only).
+echo "--compare, Mixture-of-Experts:"
+M=(train --device cpu --model tiny-moe --steps 2 --log-every 100 --micro-batch 2)
+"$KILN_BIN" "${M[@]}" --log-json "$work/moe1.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${M[@]}" --grad-accum 2 --precision bf16 --param-dtype fp32 --log-json "$work/moe_ddp2.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${M[@]}" --grad-accum 2 --zero 1 --log-json "$work/moe_z1.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${M[@]}" --grad-accum 2 --tp 2 --log-json "$work/moe_tp2.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${M[@]}" --grad-accum 2 --pp 2 --log-json "$work/moe_pp2.jsonl" >/dev/null
+for log in moe1 moe_ddp2 moe_z1 moe_tp2 moe_pp2; do check_compare "$work/$log.jsonl"; done
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+rows = lambda n: {r["name"]: r for r in json.load(open(f"{d}/{n}.jsonl.cmp.json"))["rows"]}
+meas = lambda n, row: rows(n)[row]["measured"]
+# tiny-moe: Psi 4,567,296 (1,406,208 active); X = 4 MoE layers x (8 + 3) = 44 routing floats
+P, X = 4567296, 44
+for n in ("moe1", "moe_ddp2", "moe_z1", "moe_tp2", "moe_pp2"):
+    r = rows(n)
+    assert r["params_active"]["measured"] == 1406208 and r["params_active"]["equal"], r["params_active"]
+    assert r["params_local"]["equal"], r["params_local"]
+assert meas("moe1", "params_local") == P and meas("moe1", "comm_bytes") == 0
+assert meas("moe_ddp2", "comm_bytes") == 2 * 4 * P + 2 * 4 * (2 + X)       # DDP + [loss, flag, rows]
+assert meas("moe_ddp2", "model_state.device.cast_copies") == 2 * 4 * 66048  # attention's weights only
+assert meas("moe_z1", "comm_bytes") == 8 * P + 2 * 4 * (3 + X)            # ZeRO-1 + [loss, flag, rows, norm]
+# tp 2: the MoE layers whole on each rank; per micro-batch 4 blocks x 1 forward + 1 backward
+# all-reduce of b T d 4 (half a dense block's), the embedding's and the head's, K 2, the norm
+btd4 = 2 * 128 * 128 * 4
+assert meas("moe_tp2", "params_local") == 49408 + 4 * 1088320
+assert meas("moe_tp2", "comm_bytes") == 2 * (4 * 2 * 2 * btd4 + 2 * btd4 + 2 * btd4 + 3 * 2 * (2 * 128) * 4) + 16 == 5255184
+# pp 2, stage 0: K A + its wte gradient + the world's verdict with the rows
+assert meas("moe_pp2", "comm_bytes") == 2 * btd4 + 262144 + 2 * 4 * (3 + X)
+print("MoE: the experts in the model state, the routing rows in the verdict, no tp collective in MoE blocks, by hand")
 PY
 
 # ---- the suggested command runs the planned layout as pasted (here on the CPU, 2 steps)
