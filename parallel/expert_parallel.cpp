@@ -8,6 +8,7 @@
 
 #include "optim/grad_clip.h"
 #include "parallel/group_capsule.h"
+#include "parallel/tensor_parallel.h"
 #include "runtime/comm.h"
 #include "runtime/device_check.h"
 #include "runtime/error.h"
@@ -119,29 +120,34 @@ void scale_expert_gradients(const std::vector<at::Tensor>& expert_grads, int64_t
   if (!defined.empty() && ep > 1) at::_foreach_mul_(defined, 1.0 / static_cast<double>(ep));
 }
 
-at::Tensor clip_grad_norm_ep(const std::vector<at::Tensor>& dense_grads, const std::vector<at::Tensor>& expert_grads,
-                             double max_norm, double grad_scale, const std::shared_ptr<Communicator>& ep) {
+at::Tensor clip_grad_norm_ep(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& ep,
+                             const std::shared_ptr<Communicator>& tp, const GradOf& grad_at) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> dense, experts;
-  for (const auto& g : dense_grads)
-    if (g.defined()) dense.push_back(g);
-  for (const auto& g : expert_grads)
-    if (g.defined()) experts.push_back(g);
-  if (dense.empty() && experts.empty()) return at::zeros({}, at::kFloat);
-  const auto& any = dense.empty() ? experts.front() : dense.front();
-  // On the CPU in double, as optim/grad_clip.cpp.
-  const auto dt = any.is_cpu() ? std::optional<at::ScalarType>(at::kDouble) : std::nullopt;
-  auto sq_of = [&](const std::vector<at::Tensor>& gs) {
-    if (gs.empty()) return at::zeros({}, any.options().dtype(at::kDouble));
-    return at::stack(at::_foreach_norm(gs, 2, dt)).to(at::kDouble).square().sum();
-  };
-  at::Tensor expert_sq = sq_of(experts).reshape({1}).clone();
-  ep->all_reduce(expert_sq, ReduceOp::Sum)->wait();
-  at::Tensor total = (sq_of(dense) + expert_sq[0]).sqrt().to(at::kFloat);
+  std::vector<at::Tensor> grads;
+  at::Tensor sq[3];  // tp-split, replicated, experts
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor g = grad_of(grad_at, item.value());
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp
+    const bool split = tp && is_tensor_parallel(item.key());
+    const int kind = split ? 0 : is_expert_parameter(item.key()) ? 2 : 1;
+    const auto pieces = split ? tp_weighted_pieces(item.key(), g, model) : std::vector<std::pair<at::Tensor, double>>{{g, 1.0}};
+    for (const auto& [piece, weight] : pieces) {
+      at::Tensor v = at::linalg_vector_norm(piece, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble) * weight;
+      sq[kind] = sq[kind].defined() ? sq[kind] + v : v;
+    }
+  }
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  const auto opts = grads.front().options().dtype(at::kDouble);
+  for (auto& t : sq)
+    if (!t.defined()) t = at::zeros({}, opts);
+  at::Tensor split_sum = sq[0].reshape({1}).clone(), expert_sum = sq[2].reshape({1}).clone();
+  if (tp) tp->all_reduce(split_sum, ReduceOp::Sum)->wait();
+  ep->all_reduce(expert_sum, ReduceOp::Sum)->wait();
+  at::Tensor total = (split_sum[0] + sq[1] + expert_sum[0]).sqrt().to(at::kFloat);
   if (grad_scale != 1.0) total = total / grad_scale;
-  std::vector<at::Tensor> all = dense;
-  all.insert(all.end(), experts.begin(), experts.end());
-  scale_gradients(all, total, max_norm, grad_scale);
+  scale_gradients(grads, total, max_norm, grad_scale);
   return total;
 }
 

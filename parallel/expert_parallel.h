@@ -37,8 +37,11 @@
 // Checkpoints hold every expert once, whole ([E, ...], kiln's order), whatever the layout: the
 // first ep group's ranks all-gather their experts to dp rank 0 (runtime/consolidate.cpp); a
 // resume keeps rank r's rows [r E/ep, (r + 1) E/ep).
-// Built with DDP (dp > ep: the expert-data-parallel reduction) on one pipeline stage without
-// tensor parallelism; ZeRO, tp, pp and --sample-every with --ep are refused (not built yet).
+// Tensor parallelism: the MoE layers are replicated over tp (models/gpt.h), so each tp rank has
+// its own ep group (the dp ranks at its tp index) dispatching the same tokens as its tp peers';
+// experts are then equal over tp, as a LayerNorm is. Built with DDP (dp > ep: the expert-data-
+// parallel reduction) and tp on one pipeline stage; ZeRO, pp and --sample-every with --ep are
+// refused (not built yet).
 #pragma once
 
 #include <memory>
@@ -48,6 +51,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "models/gpt.h"
+#include "parallel/main_grads.h"
 
 namespace kiln {
 
@@ -75,10 +79,12 @@ at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<int64_t>& out_
 // After the data-parallel reduction: the experts' gradients times 1 / ep (see above).
 void scale_expert_gradients(const std::vector<at::Tensor>& expert_grads, int64_t ep);
 
-// The global norm of dense and expert gradients (the expert part summed over `ep`), then the
-// clipping multiply as optim/grad_clip.h's clip_grad_norm (grad_scale: fp16's loss scale). A
-// 0-dim fp32 tensor on the gradients' device.
-at::Tensor clip_grad_norm_ep(const std::vector<at::Tensor>& dense_grads, const std::vector<at::Tensor>& expert_grads,
-                             double max_norm, double grad_scale, const std::shared_ptr<Communicator>& ep);
+// The global norm of the model's gradients, every parameter once: the experts' squares summed
+// over `ep`; under tensor parallelism (tp non-null) the split parameters' squares summed over tp
+// (parallel/tensor_parallel.h's weighted pieces), the replicated ones' and the experts' (equal on
+// every tp rank) counted once. Then the clipping multiply as optim/grad_clip.h's clip_grad_norm
+// (grad_scale: fp16's loss scale). A 0-dim fp32 tensor on the gradients' device.
+at::Tensor clip_grad_norm_ep(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& ep,
+                             const std::shared_ptr<Communicator>& tp, const GradOf& grad_at);
 
 }  // namespace kiln

@@ -162,9 +162,8 @@ void WholeModel::scatter(const std::string& name, CheckpointPart part, const at:
   const at::Tensor* param = &it->second;
   const int64_t tp = mesh_ ? mesh_->shape().tp : 1, r = mesh_ ? mesh_->coord().tp : 0;
   const int64_t ep = mesh_ ? mesh_->shape().ep : 1;
-  const at::Tensor slice = part == CheckpointPart::Step ? t
-                           : ep > 1                     ? ep_slice_of(name, t, ep, mesh_->ep()->rank())
-                                                        : tp_slice_of(name, t, model_.config(), tp, r);
+  at::Tensor slice = part == CheckpointPart::Step ? t : tp_slice_of(name, t, model_.config(), tp, r);
+  if (ep > 1 && part != CheckpointPart::Step) slice = ep_slice_of(name, slice, ep, mesh_->ep()->rank());
   load_local(*param, part, slice);
 }
 
@@ -200,7 +199,7 @@ std::pair<double, double> weights_fingerprint(GPT& model, ZeroEngine* zero, cons
   if (ep) {  // every expert once: the shares summed over the ep group
     auto e = to_device(at::tensor({expert_sum, expert_sq}, at::kDouble), device);
     mesh->ep()->all_reduce(e, ReduceOp::Sum)->wait();
-    e = e.cpu();
+    e = e.cpu() / static_cast<double>(mesh->shape().tp);  // equal on every tp rank: summed over tp below
     sum += e[0].item<double>();
     sq += e[1].item<double>();
   }

@@ -95,10 +95,10 @@ void TrainConfig::validate() const {
     if (gpt.n_experts % ep != 0) {
       throw ConfigError("--ep " + std::to_string(ep) + " does not divide the experts (--n-experts " + std::to_string(gpt.n_experts) + ")");
     }
-    const char* other = zero > 0 ? "--zero" : tp > 1 ? "--tp" : pp > 1 ? "--pp" : sample_every > 0 ? "--sample-every" : nullptr;
+    const char* other = zero > 0 ? "--zero" : pp > 1 ? "--pp" : sample_every > 0 ? "--sample-every" : nullptr;
     if (other) {
       throw ConfigError(std::string("--ep with ") + other + " is not built yet: expert parallelism runs with DDP over dp "
-                        "(one pipeline stage, no tensor parallelism, no ZeRO)");
+                        "and tensor parallelism (one pipeline stage, no ZeRO)");
     }
   }
   if (gpt.is_moe() && (sp || cp > 1)) {

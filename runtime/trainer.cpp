@@ -175,9 +175,13 @@ void Trainer::setup() {
     if (r.shape.pp > 1) shard = pipeline_stage_shard(std::move(shard), r.stage_blocks, r.mesh->coord().pp);
     if (r.shape.ep > 1) shard = make_expert_parallel(std::move(shard), cfg_.gpt, r.mesh->ep());
     r.model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), std::move(shard));
-    r.model->init_weights(cfg_.seed, r.shape.tp > 1   ? tp_slicer(cfg_.gpt, r.shape.tp, r.mesh->coord().tp)
-                                     : r.shape.ep > 1 ? ep_slicer(r.shape.ep, r.mesh->ep()->rank())
-                                                      : nullptr);
+    GPT::TensorSlicer slicer = r.shape.tp > 1 ? tp_slicer(cfg_.gpt, r.shape.tp, r.mesh->coord().tp) : nullptr;
+    if (r.shape.ep > 1) {  // the experts are not split over tp: their rows of this ep rank
+      slicer = [tp = slicer, ep = ep_slicer(r.shape.ep, r.mesh->ep()->rank())](const std::string& name, const at::Tensor& whole) {
+        return ep(name, tp ? tp(name, whole) : whole);
+      };
+    }
+    r.model->init_weights(cfg_.seed, slicer);
     // Sequence parallelism: the replicated parameters see their rank's rows; their gradients are summed over tp.
     if (cfg_.sp) sum_replicated_gradients_over_tp(*r.model, r.mesh->tp());
   }
