@@ -33,7 +33,7 @@ const std::vector<FlagHelp> kModelFlags = {
     {"seq-len", "context length"},
     {"vocab-size", "vocabulary size (padded to a multiple of 128)"},
     {"dropout", "dropout probability (masks are kept when > 0)"},
-    {"n-experts", "Mixture-of-Experts: experts per MoE layer (0: a dense model; every rank holds every expert)"},
+    {"n-experts", "Mixture-of-Experts: experts per MoE layer (0: a dense model; every rank holds every expert, or E/ep with --ep)"},
     {"top-k", "MoE: experts per token (default 2)"},
     {"moe-every", "MoE: an MoE layer in blocks 0, N, 2N, ... (default 1)"},
     {"moe-capacity-factor", "MoE: capacity per expert and sequence, ceil(factor x k x T / E) (0: dropless); not in the cost"},
@@ -59,6 +59,8 @@ const std::vector<FlagHelp> kLayoutFlags = {
     {"tp", "tensor-parallel size (default 1)"},
     {"pp", "pipeline-parallel size (default 1)"},
     {"cp", "context-parallel size: each sequence split over cp ranks, 2 cp chunks (default 1)"},
+    {"ep", "expert-parallel size: each MoE layer's experts divided over ep dp ranks, tokens moved by all-to-all; divides dp and "
+           "--n-experts; with DDP and tp, not ZeRO or pp (default 1)"},
     {"pp-split", "blocks per pipeline stage, e.g. 4,4,3 (default: balanced by count, extras to the middle stages; as kiln train)"},
     {"zero", "ZeRO stage 0-3 (default 0)"},
     {"offload", "none | optimizer | all (default none)"},
@@ -287,6 +289,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (v.has("pp")) l.pp = v.integer("pp");
     if (v.has("pp-split")) l.pp_split = v.text("pp-split");
     if (v.has("cp")) l.cp = v.integer("cp");
+    if (v.has("ep")) l.ep = v.integer("ep");
     l.sp = v.has("sp");
     if (l.tp < 1 || l.pp < 1 || l.cp < 1) throw ConfigError("--tp, --pp and --cp must be at least 1");
     if (v.has("dp")) {

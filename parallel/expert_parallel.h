@@ -18,7 +18,9 @@
 //             experts run, the outputs put back in (j, l) order
 //   combine   all_to_all back (the splits swapped): each row's output returns to its token's rank
 // Backward: each all_to_all's gradient is the all_to_all with the splits swapped (AllToAllRows).
-// The counts' host read is the layer's one synchronisation (as without ep; the splits need it).
+// The arrived counts' host read is a second synchronisation per layer and forward, beside the
+// MoE layer's own read of its E counts (models/moe.h): MPI's and NCCL's splits are host integers.
+// (Exchanging the counts before the layer's read would make it one.)
 // Traffic (comm_bytes, runtime/comm.h: an all_to_all counts its whole input): per MoE layer and
 // micro-batch, 8 E bytes (the counts) + the rows sent (a x b_in x d bytes, a the admitted
 // assignments of this rank's tokens, b_in the residual stream's bytes) + the rows returned (R x

@@ -2,6 +2,7 @@
 #include "plan/compare.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -58,10 +59,6 @@ Run run_of(const json& config, const std::string& where) {
   // Mixture-of-Experts (present only in an MoE run's record; absent: a dense model). The loss
   // coefficients change nothing the plan counts; they are read so that the model is the run's.
   model.n_experts = c.value("n_experts", int64_t{0});
-  if (c.value("ep", int64_t{1}) > 1) {  // parallel/expert_parallel.h: not in the cost model yet
-    throw ConfigError(where + ": an expert-parallel run (--ep " + std::to_string(c.value("ep", int64_t{1})) +
-                      "): kiln plan does not model expert parallelism yet (its all-to-all traffic and the experts' shards)");
-  }
   if (model.is_moe()) {
     model.top_k = need<int64_t>(c, "top_k", where);
     model.moe_every = need<int64_t>(c, "moe_every", where);
@@ -82,6 +79,7 @@ Run run_of(const json& config, const std::string& where) {
   l.sp = world.is_object() && world.contains("sp") ? world.at("sp").get<bool>() : c.value("sp", false);
   l.cp = world.is_object() && world.contains("cp") ? world.at("cp").get<int64_t>() : c.value("cp", int64_t{1});
   l.pp_split = c.value("pp_split", std::string());
+  l.ep = c.value("ep", int64_t{1});  // expert parallelism (absent: 1, as kiln writes it)
   l.zero = static_cast<int>(need<int64_t>(c, "zero", where));
   l.offload = parse_offload(need<std::string>(c, "offload", where));
   l.zero_accum = parse_zero_accum(c.value("zero_accum", std::string("reduce")));
@@ -124,7 +122,7 @@ double predicted_activation_bytes(const nlohmann::json& config_record) {
 }
 
 std::optional<double> CompareRow::rel_error() const {
-  if (!predicted || !measured) return std::nullopt;
+  if (!predicted || !measured || lower_bound) return std::nullopt;
   if (*measured == 0) return *predicted == 0 ? std::optional<double>(0.0) : std::nullopt;
   return (*predicted - *measured) / *measured;
 }
@@ -248,23 +246,80 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
     }
   }
 
-  // comm_bytes per step: the same every step; a step that differs is reported
-  std::optional<double> comm;
+  // comm_bytes per step: the same every step; a step that differs is reported. With --ep the
+  // all-to-alls' rows depend on the routing: comm_bytes less the step's ep_comm_bytes is the
+  // accounting (the same every step), and ep_comm_bytes is a lower bound (the counts and the
+  // norm, exact) plus the rows, measured against the plan's balanced estimate.
+  const bool ep = l.ep > 1;
+  auto number = [](const json& s, const char* key) -> std::optional<double> {
+    if (s.contains(key) && s.at(key).is_number()) return s.at(key).get<double>();
+    return std::nullopt;
+  };
+  std::optional<double> comm, ep_min, ep_residue;
   std::string comm_note;
+  // --ep: the rows' bytes are whole rows of d elements of b bytes, whatever the routing
+  const EpRowBytes row_bytes = ep_row_bytes(l);
+  const int64_t row_unit = model.d_model * std::min(row_bytes.in, row_bytes.out);
+  double comm_sum = 0, ep_sum = 0, dropped_sum = 0;
+  int64_t comm_n = 0, ep_n = 0, dropped_n = 0;
+  bool ep_missing = false;
   std::vector<double> step_s, mem;
   for (size_t i = 0; i < steps.size(); ++i) {
     const json& s = steps[i];
-    if (s.contains("comm_bytes") && s.at("comm_bytes").is_number()) {
-      const double b = s.at("comm_bytes").get<double>();
+    if (const auto total = number(s, "comm_bytes")) {
+      double b = *total;
+      comm_sum += b, ++comm_n;
+      if (ep) {
+        const auto e = number(s, "ep_comm_bytes");
+        if (!e) {
+          ep_missing = true;
+        } else {
+          b -= *e;
+          ep_sum += *e, ++ep_n;
+          ep_min = ep_min ? std::min(*ep_min, *e) : *e;
+          const double r = static_cast<double>((static_cast<int64_t>(*e) - static_cast<int64_t>(st.ep_exact_bytes)) % row_unit);
+          if (!ep_residue || *ep_residue == 0) ep_residue = r;  // the first step that leaves a part row, if any
+        }
+      }
       if (!comm) comm = b;
       else if (b != *comm && comm_note.empty()) comm_note = "differs between steps (step " + std::to_string(i + 1) + ": " + std::to_string(static_cast<int64_t>(b)) + ")";
     }
+    if (const auto d = number(s, "moe_dropped")) dropped_sum += *d, ++dropped_n;
     if (s.contains("mem_gb") && s.at("mem_gb").is_number()) mem.push_back(s.at("mem_gb").get<double>() * 1e9);
     if (i == 0 && steps.size() > 1) continue;  // step 1 pays for allocation and kernel selection
     if (s.contains("step_ms") && s.at("step_ms").is_number()) step_s.push_back(s.at("step_ms").get<double>() / 1e3);
   }
+  if (ep && ep_missing) comm_note = "a step without ep_comm_bytes (a kiln from before it): the ep traffic cannot be separated";
   if (!comm_note.empty()) comm.reset();
-  add("comm_bytes", "bytes", st.comm_bytes, comm, true, comm_note);
+  if (!ep) {
+    add("comm_bytes", "bytes", st.comm_bytes, comm, true, comm_note);
+  } else {
+    auto mean = [](double sum, int64_t n) { return n > 0 ? std::optional<double>(sum / static_cast<double>(n)) : std::nullopt; };
+    const double rows_pred = st.ep_comm_bytes - st.ep_exact_bytes;
+    add("comm_bytes", "bytes", st.comm_bytes, mean(comm_sum, comm_n), false,
+        "estimate (mean over steps): the all-to-alls' rows follow the routing; the rows below split it");
+    res.rows.back().estimate = true;
+    add("comm_bytes - ep_comm_bytes", "bytes", st.comm_bytes - st.ep_comm_bytes, comm, true,
+        comm_note.empty() ? "DDP (dense over dp, experts over expert-dp), the verdict, tp" : comm_note);
+    CompareRow bound{"ep_comm_bytes >= counts+norm", "bytes", st.ep_exact_bytes, ep_min, false,
+                     "lower bound: the counts all-to-alls (8 E per MoE layer and forward) and the norm's 16; measured: the least step's ep_comm_bytes"};
+    bound.lower_bound = true;
+    res.rows.push_back(bound);
+    add("ep rows mod " + std::to_string(row_unit), "bytes", 0.0, ep_residue, true,
+        "ep_comm_bytes less the counts and norm is whole rows, d x " + std::to_string(std::min(row_bytes.in, row_bytes.out)) +
+            " bytes, every step");
+    std::string note = "estimate: balanced load, no dropping; measured: mean over steps of ep_comm_bytes less the counts and norm";
+    if (dropped_n > 0) {
+      const double dropped = dropped_sum / static_cast<double>(dropped_n);
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "; the run dropped %.1f%% of assignments (at that rate: %.0f)", 100.0 * dropped, rows_pred * (1.0 - dropped));
+      note += buf;
+    }
+    std::optional<double> rows_meas;
+    if (ep_n > 0) rows_meas = ep_sum / static_cast<double>(ep_n) - st.ep_exact_bytes;
+    add("ep_comm_bytes: all-to-all rows", "bytes", rows_pred, rows_meas, false, note);
+    res.rows.back().estimate = true;
+  }
 
   const std::string cpu_note = cpu ? "CPU: process high-water mark, predicted with 0.4 GB for LibTorch itself" : "";
   add("peak_memory", "bytes", st.peak_device_bytes,

@@ -40,9 +40,13 @@ int64_t mlp_numel(const GPTConfig& m, int64_t t) {
 
 }  // namespace
 
-int64_t block_numel(const GPTConfig& m, int64_t t, int64_t index) {
-  if (m.is_moe_layer(index)) return attention_numel(m, t) + m.n_experts * mlp_numel(m, 1) + m.n_experts * m.d_model;
+int64_t block_numel(const GPTConfig& m, int64_t t, int64_t index, int64_t ep) {
+  if (m.is_moe_layer(index)) return attention_numel(m, t) + block_expert_numel(m, index, ep) + m.n_experts * m.d_model;
   return attention_numel(m, t) + mlp_numel(m, t);
+}
+
+int64_t block_expert_numel(const GPTConfig& m, int64_t index, int64_t ep) {
+  return m.is_moe_layer(index) ? m.n_experts / std::max<int64_t>(1, ep) * mlp_numel(m, 1) : 0;
 }
 
 int64_t block_active_numel(const GPTConfig& m, int64_t index) {
@@ -91,6 +95,21 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
     throw ConfigError("--cp with --pp is not built (context parallelism runs the whole model on each rank): use --cp with --tp, dp and ZeRO");
   }
   if (cp > 1 && sp) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
+  // expert parallelism: kiln's refusals (runtime/train_config.cpp, runtime/trainer.cpp), word for word
+  if (ep < 1) throw ConfigError("--ep must be at least 1 (got " + s(ep) + ")");
+  if (ep > 1) {
+    if (!m.is_moe()) throw ConfigError("--ep " + s(ep) + " divides the experts of an MoE model: give --n-experts (or --model tiny-moe)");
+    if (m.n_experts % ep != 0) throw ConfigError("--ep " + s(ep) + " does not divide the experts (--n-experts " + s(m.n_experts) + ")");
+    const char* other = zero > 0 ? "--zero" : pp > 1 ? "--pp" : nullptr;
+    if (other) {
+      throw ConfigError(std::string("--ep with ") + other + " is not built yet: expert parallelism runs with DDP over dp "
+                        "and tensor parallelism (one pipeline stage, no ZeRO)");
+    }
+    if (dp % ep != 0) {
+      throw ConfigError("--ep " + s(ep) + " must divide the data-parallel size (dp " + s(dp) + " of " + s(devices()) +
+                        " ranks): the expert-parallel groups are carved out of dp");
+    }
+  }
   if (m.is_moe() && (sp || cp > 1)) {  // kiln's refusal (runtime/train_config.cpp), word for word
     throw ConfigError(std::string("--n-experts with ") + (sp ? "--sp" : "--cp") +
                       " is not built (an MoE layer routes each sequence as one group; a split sequence would need its "
@@ -150,7 +169,8 @@ std::vector<int64_t> stage_blocks(const GPTConfig& m, const Layout& l) {
 // blocks. A pipeline stage: [wte] where it holds it (the first stage's, or the last stage's tied
 // copy: laid out alike, so the tied-embedding sync adds shard to shard), then [wpe, ln_f] as far
 // as it holds them, then its blocks.
-std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int64_t stage, const std::string& pp_split) {
+std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int64_t stage, const std::string& pp_split,
+                                int64_t ep) {
   const int64_t d = m.d_model;
   const int64_t wte = m.padded_vocab_size() * d / tp, wpe = m.seq_len * d, ln_f = 2 * d;
   const auto blocks = pipeline_block_counts(m.n_layer, pp, pp_split);
@@ -165,7 +185,7 @@ std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int6
     if (outer > 0) units.push_back(outer);
   }
   const int64_t begin = pipeline_block_starts(blocks)[static_cast<size_t>(stage)];
-  for (int64_t i = 0; i < blocks[static_cast<size_t>(stage)]; ++i) units.push_back(block_numel(m, tp, begin + i));
+  for (int64_t i = 0; i < blocks[static_cast<size_t>(stage)]; ++i) units.push_back(block_numel(m, tp, begin + i, ep));
   return units;
 }
 
@@ -261,12 +281,16 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
     const double E = static_cast<double>(m.n_experts), k = static_cast<double>(m.top_k);
     const double ln = l.cpu && l.param_bytes == 2 ? 2.0 : 4.0;
     const double topk = m.top_k > 1 ? 12.0 * k + 4.0 : 8.0;  // k = 1: the gate is the probability, only the index is kept
-    out.replicated += (4.0 - a) * d + 8.0 * E + 4.0 + topk + k * (10.0 * a * d + ln * d + a + 16.0);
+    // --ep: the arrived rows' (l, j) order, an int64 per row this rank's experts run (kept by
+    // index_select and index_copy, one tensor), k per token at a balanced load
+    const double ep_order = l.ep > 1 ? 8.0 : 0.0;
+    out.replicated += (4.0 - a) * d + 8.0 * E + 4.0 + topk + k * (10.0 * a * d + ln * d + a + 16.0 + ep_order);
     // Per layer and micro-batch: the 16-bit casts of the experts' fp32 weights, saved by their
-    // linears (not autocast's cache: the slices fc_w[e] are not leaves), every expert assumed
-    // to receive tokens; with 16-bit weights the router's fp32 copy.
+    // linears (not autocast's cache: the slices fc_w[e] are not leaves), every expert (the rank's
+    // E/ep under --ep) assumed to receive tokens; with 16-bit weights the router's fp32 copy.
     const double F = static_cast<double>(m.mlp_hidden());
-    if (a == 2 && r == 4) out.per_layer += a * 2.0 * F * d * E;
+    const double local_experts = static_cast<double>(m.n_experts / std::max<int64_t>(1, l.ep));
+    if (a == 2 && r == 4) out.per_layer += a * 2.0 * F * d * local_experts;
     if (r == 2) out.per_layer += 4.0 * E * d;
   }
   const double qkv_views = a * (d + 2.0 * kv);
@@ -300,6 +324,8 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
 
 // ---- 4 and 5. one layout ----------------------------------------------------------------------
 
+EpRowBytes ep_row_bytes(const Layout& l) { return {l.cpu && l.param_bytes == 2 ? 2 : 4, l.compute_bytes}; }
+
 double Plan::host_bytes_per_node() const {
   double worst = 0;
   for (const auto& st : stages) worst = std::max(worst, st.host_bytes);
@@ -309,8 +335,8 @@ double Plan::host_bytes_per_node() const {
 namespace {
 
 struct Links {
-  double dp_bw, tp_bw, pp_bw, cp_bw;
-  std::string dp, tp, pp, cp;
+  double dp_bw, tp_bw, pp_bw, cp_bw, ep_bw;
+  std::string dp, tp, pp, cp, ep;
 };
 
 // Rank order is tp fastest, then cp, then dp, then pp (runtime/mesh.h); nodes hold consecutive
@@ -324,6 +350,9 @@ Links links_for(const Layout& l, const ClusterSpec& c) {
   pick(l.tp > c.devices_per_node, k.tp_bw, k.tp);
   pick(l.tp * l.cp > c.devices_per_node, k.cp_bw, k.cp);
   pick(l.tp * l.cp * l.dp > c.devices_per_node, k.dp_bw, k.dp);
+  // an ep group: ep consecutive dp indices at one tp position (cp is 1 with MoE), tp x ep ranks
+  // apart at most; the expert-data-parallel group strides over the whole dp range (dp's link)
+  pick(l.tp * l.ep > c.devices_per_node, k.ep_bw, k.ep);
   pick(l.devices() > c.devices_per_node, k.pp_bw, k.pp);
   return k;
 }
@@ -367,7 +396,19 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     };
     switch (l.zero) {
       case 0:
-        dp("gradient all-reduce (DDP buckets, last micro-step)", 2.0 * l.reduce_bytes * psi, Window::LastBackward, 1);
+        if (l.ep > 1) {
+          // expert parallelism (runtime/trainer.cpp): DDP over dp for the dense parameters, a second
+          // DDP over the expert-data-parallel group (dp / ep ranks) for the experts, which skips
+          // its all-reduce when the group is one rank
+          const double experts = static_cast<double>(st.psi_experts), edp = static_cast<double>(l.dp / l.ep);
+          dp("dense gradient all-reduce (DDP, last micro-step)", 2.0 * rb * (psi - experts), Window::LastBackward, 1);
+          if (edp > 1) {
+            out.push_back(collective("edp", "expert gradient all-reduce, " + s(l.dp / l.ep) + " copies (DDP, last micro-step)",
+                                     l.dp / l.ep, 2.0 * rb * experts, k.dp_bw, k.dp, Window::LastBackward, 1));
+          }
+        } else {
+          dp("gradient all-reduce (DDP buckets, last micro-step)", 2.0 * l.reduce_bytes * psi, Window::LastBackward, 1);
+        }
         break;
       case 1:
         dp("gradient reduce-scatter (last micro-step)", rb * psi_p, Window::LastBackward, 1);
@@ -472,6 +513,29 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
       out.push_back(collective("tp", "replicated parameters' gradient all-reduces (every backward)", l.tp,
                                Kd * 2 * l.param_bytes * replicated, k.tp_bw, k.tp, Window::Serial, K));
     }
+  }
+  // expert parallel (parallel/expert_parallel.h), over the ep group; serial: the experts wait
+  // for their rows, and the counts' host read decides the splits
+  if (l.ep > 1) {
+    const bool full = l.recompute == Recompute::Full;
+    const double forwards = full ? 2.0 : 1.0, moe = static_cast<double>(st.moe_blocks);
+    const double E = static_cast<double>(m.n_experts), kk = static_cast<double>(m.top_k);
+    // exact: every MoE layer's E int64 counts in every forward (the recomputed one too)
+    if (st.moe_blocks > 0) {
+      out.push_back(collective("ep", std::string("all-to-all counts, 8 E per MoE layer and forward") + (full ? " (x 2)" : ""),
+                               l.ep, Kd * moe * forwards * 8.0 * E, k.ep_bw, k.ep, Window::Serial, K));
+      // estimate: the rows at a balanced load without dropping, k b T each way; to the experts in
+      // ln_2's output dtype (b_in), back in the experts' output dtype (b_out = the compute dtype),
+      // the backward's gradients in the same two dtypes the other way
+      const EpRowBytes b = ep_row_bytes(l);
+      const double b_in = b.in, b_out = b.out;
+      CommItem rows = collective("ep", std::string("all-to-all rows, ") + (full ? "2 fwd" : "fwd") + " + bwd (estimate: balanced)",
+                                 l.ep, Kd * moe * (forwards + 1.0) * kk * tok * d * (b_in + b_out), k.ep_bw, k.ep, Window::Serial, K);
+      rows.estimate = true;
+      out.push_back(rows);
+    }
+    // the norm's expert part (clip_grad_norm_ep): one fp64 summed over ep
+    out.push_back(collective("ep", "gradient-norm all-reduce (the experts' squares)", l.ep, 2 * 8, k.ep_bw, k.ep, Window::Serial, 1));
   }
   // context parallel (parallel/context_parallel.h): per layer and micro-batch one all-gather of
   // the stacked K and V, output [2, b, KV_t, T, h] in the compute dtype (again in a recomputed
@@ -615,9 +679,10 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     st.blocks = blocks[static_cast<size_t>(s)];
     st.first_block = starts[static_cast<size_t>(s)];
     for (int64_t i = st.first_block; i < st.first_block + st.blocks; ++i) st.moe_blocks += model.is_moe_layer(i) ? 1 : 0;
-    st.units = rank_units(model, l.tp, l.pp, s, l.pp_split);
+    st.units = rank_units(model, l.tp, l.pp, s, l.pp_split, l.ep);
     stage_times(st);
     st.psi = sum_units(st.units);
+    for (int64_t i = st.first_block; i < st.first_block + st.blocks; ++i) st.psi_experts += block_expert_numel(model, i, l.ep);
     st.psi_padded = sum_padded(st.units, G);
     st.state = model_state(st.units, l);
     st.state.device.cast_copies = cast_copy_bytes(model, l, st.blocks, st.first_block);
@@ -645,7 +710,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     // stacked weight: while a layer's backward runs, the four buffers (E x the expert's numel) and
     // one more full fc_w-sized gradient, in the weights' dtype
     if (st.moe_blocks > 0) {
-      const double E = static_cast<double>(model.n_experts), F = static_cast<double>(model.mlp_hidden());
+      const double E = static_cast<double>(model.n_experts / l.ep), F = static_cast<double>(model.mlp_hidden());
       transient += static_cast<double>(l.param_bytes) * E * (static_cast<double>(mlp_numel(model, 1)) + F * d);
     }
     if (l.recompute == Recompute::Full) {  // one layer recomputed: the larger kind the stage holds
@@ -673,8 +738,14 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     st.host_bytes = static_cast<double>(st.state.host.total());
 
     st.comm = stage_comm(p, st, links);
-    for (const auto& it : st.comm)
-      if (it.group != "host") st.comm_bytes += it.comm_bytes;
+    for (const auto& it : st.comm) {
+      if (it.group == "host") continue;
+      st.comm_bytes += it.comm_bytes;
+      if (it.group == "ep") {
+        st.ep_comm_bytes += it.comm_bytes;
+        if (!it.estimate) st.ep_exact_bytes += it.comm_bytes;
+      }
+    }
     st.exposed_comm_s = exposed_seconds(st.comm, st.forward_s, st.backward_s, l.grad_accum);
     // its step: K micro-batches, the bubble's p - 1 micro-batch slots, its exposed communication
     st.step_s = (Kd + static_cast<double>(l.pp - 1)) * (st.forward_s + st.backward_s) + st.exposed_comm_s;
@@ -697,7 +768,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   p.hfu = (p.flops_per_token + p.recompute_flops_per_token) * static_cast<double>(p.tokens_per_step) / denom;
 
   // required bandwidth per group, on the slowest stage
-  for (const char* g : {"dp", "cp", "tp", "pp", "host"}) {
+  for (const char* g : {"dp", "edp", "ep", "cp", "tp", "pp", "host"}) {
     GroupBandwidth b;
     b.group = g;
     for (const auto& it : p.stages[p.slowest_stage].comm) {

@@ -97,8 +97,8 @@
 //      once per rank:      a 2C T (the mask)
 //    docs/plan.md, section 8, has a seq 8192 / 32768 example.
 //
-// MoE (GPTConfig::n_experts > 0; models/moe.h; no expert parallelism: every rank holds every
-// expert). Block i is an MoE block when i % moe_every == 0. E experts, k per token, F = 4d.
+// MoE (GPTConfig::n_experts > 0; models/moe.h; without expert parallelism every rank holds every
+// expert; --ep below). Block i is an MoE block when i % moe_every == 0. E experts, k per token, F = 4d.
 //    Parameters: an MoE block's feed-forward is E (dF + F + Fd + d) + E d (the experts and the
 //      router W_g [E, d], no bias) in place of the MLP's dF + F + Fd + d; it is REPLICATED over
 //      tp (nothing in it is split: parallel/tensor_parallel.cpp splits by name, and the MoE names
@@ -145,6 +145,36 @@
 //      and D = 20 N_active by default: a convention, not a compute-optimal law for MoE (give
 //      --tokens).
 //    kiln refuses MoE with --sp or --cp (a sequence is one routing group); the plan does too.
+//
+// Expert parallelism (--ep e; parallel/expert_parallel.h): the dp ranks of a tp position are cut
+// into dp / e groups of e consecutive dp indices; rank r of a group holds experts [r E/e,
+// (r + 1) E/e) of every MoE layer, the router and everything else whole as before. e divides dp
+// and E; kiln builds it with DDP and tp on one pipeline stage (ZeRO and pp refused, as here).
+//    Parameters: an MoE block's unit on a rank is attention + (E/e) mlp + E d; params_local and
+//      the model-state bytes (ZeRO-0's table, section 2) count them. psi_experts = the rank's
+//      expert parameters ((E/e) mlp per MoE block), psi_dense = Psi - psi_experts.
+//    DDP (exact): the dense parameters' all-reduce over dp, 2 rb psi_dense; the experts' over the
+//      expert-data-parallel group (the dp / e ranks holding the same experts), 2 rb psi_experts
+//      when dp / e > 1, nothing when it is 1 (a group of one skips its all-reduce); the verdict
+//      as before (16 + the routing rows, over dp); the norm: one more all-reduce of one fp64
+//      over the ep group (the experts' squares), 2 x 8 = 16 bytes per step.
+//    All-to-all (the ep group; runtime/comm.h: an all_to_all counts its whole input), per MoE
+//      layer and micro-batch: the counts, 8 E bytes, in every forward (twice under full
+//      recomputation: the block's forward runs again inside backward) -- exact; the rows, a x d
+//      x b_in to the experts (a this rank's admitted assignments; b_in ln_2's output dtype, fp32
+//      but on the CPU with 16-bit weights) and R x d x b_out back (R the rows this rank's experts
+//      ran; b_out the experts' output dtype, the compute dtype), and in backward the gradients
+//      the other way, a x d x b_out and R x d x b_in. a and R depend on the routing: the plan
+//      takes a balanced load without dropping, a = R = k b T, i.e. per MoE layer and micro-batch
+//        passes x k b T d (b_in + b_out),   passes = 2 (forward, backward), 3 with full
+//      -- an ESTIMATE (a capacity factor drops assignments; imbalance moves rows unevenly).
+//    Time: the all-to-alls are serial (the experts wait for their rows; the counts need a host
+//      read), their wire bytes comm_bytes x (e - 1)/e (the own block stays) at the collective
+//      busbw of the link the ep group crosses (in a node when tp x e <= devices per node), as a
+//      ring collective's: an assumption -- an all-to-all across nodes is usually slower than a
+//      ring's busbw. The experts' FLOPs per rank are unchanged at a balanced load.
+//    Memory: the experts' weight casts and the backward's expert-gradient buffers count E/e
+//      experts; per assignment one more int64 (the arrived rows' order, kept by index_select).
 //
 // 4. Communication per rank per optimizer step, in kiln's comm_bytes convention (each
 //    collective counts its full buffer times its ring factor: all_reduce 2x, reduce_scatter 1x
@@ -248,6 +278,7 @@ std::string to_string(Attention a);
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;       // data / tensor / pipeline parallel sizes
   int64_t cp = 1;                       // context-parallel size: each sequence split over cp ranks (2 cp chunks)
+  int64_t ep = 1;                       // expert-parallel size: each MoE layer's experts divided over ep dp ranks (divides dp and E)
   bool sp = false;                      // sequence parallelism inside the tp group (needs tp >= 2)
   int zero = 0;                         // ZeRO stage 0..3
   Offload offload = Offload::None;      // optimizer: stages 1-3; all: stage 3
@@ -290,13 +321,17 @@ TrainingTotals training_totals(double params, double tokens, double attention_fl
 // The parameter units a rank of pipeline stage `stage` holds, in kiln's ZeRO order (section 2:
 // with pp > 1 wte alone, then wpe / ln_f, then the blocks; the outer units are the first
 // size() - blocks ones), with tp splitting as in section 2. `pp_split` as --pp-split.
+// ep: expert parallelism, E/ep experts per MoE block.
 std::vector<int64_t> rank_units(const GPTConfig& model, int64_t tp, int64_t pp, int64_t stage,
-                                const std::string& pp_split = "");
+                                const std::string& pp_split = "", int64_t ep = 1);
 // Blocks per stage: kiln's split (parallel/pipeline_layout.h), the layout's --pp-split if given.
 std::vector<int64_t> stage_blocks(const GPTConfig& model, const Layout& layout);
 // Parameters of block `index` (its number in the whole model) on a tp rank: a dense block's
-// matrices split over tp, an MoE block's experts and router whole (replicated).
-int64_t block_numel(const GPTConfig& model, int64_t tp, int64_t index);
+// matrices split over tp, an MoE block's experts and router whole (replicated over tp); with
+// expert parallelism E/ep of the experts.
+int64_t block_numel(const GPTConfig& model, int64_t tp, int64_t index, int64_t ep = 1);
+// Of block_numel, the experts' parameters on an ep rank: (E/ep) x one expert (0 for a dense block).
+int64_t block_expert_numel(const GPTConfig& model, int64_t index, int64_t ep = 1);
 // The parameters one token's forward multiplies by in block `index` (tp 1): a dense block's all,
 // an MoE block's attention half, k experts and the router (the n_block of section 5's F_s).
 int64_t block_active_numel(const GPTConfig& model, int64_t index);
@@ -341,6 +376,13 @@ struct ActivationBytes {
 ActivationBytes layer_activation_bytes(const GPTConfig& model, const Layout& layout, Recompute mode, bool moe = false);
 
 // ---- 4. communication -----------------------------------------------------------------------
+// --ep: the bytes of one element of the rows the all-to-alls move -- to the experts in ln_2's
+// output dtype (fp32, but 16-bit on the CPU with 16-bit weights), back in the experts' output
+// dtype (the compute dtype); the backward's gradients in the same two dtypes the other way.
+struct EpRowBytes {
+  int in = 4, out = 4;
+};
+EpRowBytes ep_row_bytes(const Layout& layout);
 enum class Window { Serial, Forward, Backward, LastBackward };  // what compute it can hide behind
 struct CommItem {
   std::string group;       // dp | tp | pp | host
@@ -353,6 +395,7 @@ struct CommItem {
   double seconds = 0;      // per step
   Window window = Window::Serial;
   int64_t occurrences = 1; // how many times per step it happens (per micro-step items: K)
+  bool estimate = false;   // not accounting: depends on what the run does (ep's all-to-all payload, routing-dependent)
 };
 
 // ---- 5. the whole plan of one layout ----------------------------------------------------------
@@ -364,6 +407,7 @@ struct StagePlan {
   std::vector<int64_t> units;     // this rank's parameter units (the outer ones, then one per block)
   double forward_s = 0, backward_s = 0;  // this stage's compute per micro-batch
   int64_t psi = 0, psi_padded = 0;
+  int64_t psi_experts = 0;        // of psi, the experts' parameters (E/ep per MoE block): DDP reduces them over expert-dp under ep
   ModelState state;
   double activation_bytes = 0;    // kept activations, all in-flight micro-batches
   double transient_bytes = 0;     // gathered ZeRO-3 units, recompute working set, logits
@@ -371,6 +415,8 @@ struct StagePlan {
   double host_bytes = 0;          // this rank's host model state
   std::vector<CommItem> comm;
   double comm_bytes = 0;          // sum of comm[].comm_bytes over the network groups (kiln's figure)
+  double ep_comm_bytes = 0;       // of it, the ep group's (the log's ep_comm_bytes): all-to-alls and the norm's 16 bytes
+  double ep_exact_bytes = 0;      // of that, the accounting part (the counts and the norm; the rows are an estimate)
   double exposed_comm_s = 0;
   double step_s = 0;              // (K + p - 1)(forward_s + backward_s) + exposed_comm_s: its step, bubble included
 };

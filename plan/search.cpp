@@ -20,7 +20,7 @@ std::vector<int64_t> divisors(int64_t n) {
 
 int simplicity(const Layout& l) {  // lower is simpler
   return l.zero * 10000 + static_cast<int>(l.offload) * 1000 + static_cast<int>(l.recompute) * 100 + (l.cp > 1 ? 10 : 0) +
-         (l.sp ? 1 : 0) + (l.zero_accum == ZeroAccum::Local ? 100000 : 0);
+         (l.ep > 1 ? 20 : 0) + (l.sp ? 1 : 0) + (l.zero_accum == ZeroAccum::Local ? 100000 : 0);
 }
 
 std::string ms(double seconds) {
@@ -43,10 +43,11 @@ double recompute_s(const Plan& p) {
 }  // namespace
 
 std::string describe(const Layout& l) {
-  char buf[192];
+  char buf[224];
   const std::string cp = l.cp > 1 ? " cp " + std::to_string(l.cp) : "";
-  std::snprintf(buf, sizeof buf, "dp %lld%s tp %lld%s pp %lld, ZeRO-%d%s, offload %s, AC %s, mb %lld x %lld",
-                static_cast<long long>(l.dp), cp.c_str(), static_cast<long long>(l.tp), l.sp ? " (sp)" : "",
+  const std::string ep = l.ep > 1 ? " (ep " + std::to_string(l.ep) + ")" : "";  // carved out of dp
+  std::snprintf(buf, sizeof buf, "dp %lld%s%s tp %lld%s pp %lld, ZeRO-%d%s, offload %s, AC %s, mb %lld x %lld",
+                static_cast<long long>(l.dp), ep.c_str(), cp.c_str(), static_cast<long long>(l.tp), l.sp ? " (sp)" : "",
                 static_cast<long long>(l.pp), l.zero,
                 (l.zero >= 2 && l.grad_accum > 1) ? (l.zero_accum == ZeroAccum::Local ? " (accum local)" : " (accum reduce)") : "",
                 to_string(l.offload).c_str(), to_string(l.recompute).c_str(), static_cast<long long>(l.micro_batch),
@@ -129,19 +130,25 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
   const int64_t devices = cluster.devices();
   bool any_dp = false;
   // The mesh shapes: dp x cp x tp x pp = devices; cp where 2 cp divides the sequence; sp on and
-  // off wherever tp > 1 (kiln builds it without cp). Layouts kiln refuses (cp with pp, tp not
-  // dividing the heads...) are counted by the validation below.
+  // off wherever tp > 1 (kiln builds it without cp); for an MoE model ep over the divisors of dp
+  // that divide the experts. Layouts kiln refuses (cp with pp, tp not dividing the heads, ep with
+  // ZeRO or pp...) are counted by the validation below.
   struct Shape {
     int64_t dp, cp, tp, pp;
     bool sp;
+    int64_t ep;
   };
   std::vector<Shape> shapes;
   for (int64_t tp : divisors(devices))
     for (int64_t pp : divisors(devices / tp))
       for (int64_t cp : divisors(devices / (tp * pp))) {
         if (cp > 1 && model.seq_len % (2 * cp) != 0) continue;
-        for (bool sp : {false, true})
-          if (!sp || (tp > 1 && cp == 1)) shapes.push_back({devices / (tp * pp * cp), cp, tp, pp, sp});
+        const int64_t dp = devices / (tp * pp * cp);
+        for (int64_t ep : divisors(dp)) {
+          if (ep > 1 && !(model.is_moe() && model.n_experts % ep == 0)) continue;
+          for (bool sp : {false, true})
+            if (!sp || (tp > 1 && cp == 1)) shapes.push_back({dp, cp, tp, pp, sp, ep});
+        }
       }
   for (const Shape& shape : shapes) {
     if (space.global_batch % shape.dp != 0) continue;
@@ -154,7 +161,7 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
           for (Recompute rc : space.recompute) {
             for (ZeroAccum acc : {ZeroAccum::Reduce, ZeroAccum::Local}) {
               Layout l = space.base;
-              l.dp = shape.dp, l.cp = shape.cp, l.tp = shape.tp, l.pp = shape.pp, l.sp = shape.sp;
+              l.dp = shape.dp, l.cp = shape.cp, l.tp = shape.tp, l.pp = shape.pp, l.sp = shape.sp, l.ep = shape.ep;
               l.zero = zero, l.offload = off, l.recompute = rc;
               l.micro_batch = mb;
               l.grad_accum = per_rank / mb;

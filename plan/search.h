@@ -3,7 +3,8 @@
 // Enumerated, for a fixed global batch G (sequences per optimizer step) on all the cluster's
 // devices: dp x cp x tp x pp = devices (tp, pp and cp over the divisors that the model admits; cp
 // where 2 cp divides the sequence), sequence parallelism on and off wherever tp > 1 (and cp = 1,
-// as kiln builds it), ZeRO stage
+// as kiln builds it), for an MoE model expert parallelism ep over the divisors of dp that divide
+// the experts (kiln builds it with ZeRO-0 and one pipeline stage), ZeRO stage
 // 0-3, offload none / optimizer (stages 1-3) / all (stage 3), activation checkpointing none /
 // selective / full, micro-batch b over the divisors of G / dp (K = G / (dp b)), and the ZeRO-2/3
 // accumulation policy (reduce / local) where K > 1. Each candidate is evaluated by the cost model
@@ -12,8 +13,8 @@
 // (to the microsecond: closer is a tie). Ties (communication fully hidden, say) are broken, in
 // order, by what the model does not see: the larger micro-batch (GEMM efficiency), at least 10%
 // of device memory left free, the simpler setting (lower ZeRO stage, no offload, no
-// recomputation, no cp, no sp, reduce before local: fewer collectives and copies, whose latency
-// is not modelled), then the smaller device peak.
+// recomputation, no cp, no ep, no sp, reduce before local: fewer collectives and copies, whose
+// latency is not modelled), then the smaller device peak.
 #pragma once
 
 #include <cstdint>
@@ -57,7 +58,8 @@ bool ranks_before(const Plan& a, const Plan& b);
 // One line: step time made of compute / exposed comm / bubble, and what separates `a` from `next`.
 std::string explain(const Plan& a, const Plan* next);
 
-// "dp 8 tp 1 pp 1, ZeRO-1, offload none, AC none, mb 8 x 4"; "dp 2 cp 2 tp 2 pp 1, ...", "tp 2 (sp)"
+// "dp 8 tp 1 pp 1, ZeRO-1, offload none, AC none, mb 8 x 4"; "dp 2 cp 2 tp 2 pp 1, ...", "tp 2 (sp)",
+// "dp 8 (ep 4) tp 1 pp 1, ..." (the ep groups carved out of dp)
 std::string describe(const Layout& l);
 
 }  // namespace kiln::plan

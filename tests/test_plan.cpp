@@ -1481,5 +1481,265 @@ TEST(PlanMoE, CompareReadsTheMoEFieldsOfTheConfigRecord) {
   std::remove(partial.c_str());
 }
 
+
+// ---- expert parallelism (--ep) ----------------------------------------------------------------
+// tiny-moe with ep e: each MoE block holds E/e of its 8 experts (131,712 each), the router
+// (1,024) and the attention half (66,560; 33,600 at tp 2) whole.
+//   ep 2: block 66,560 + 4 x 131,712 + 1,024 = 594,432; Psi 82,176 + 4 x 594,432 = 2,459,904
+//         (the params_local kiln train logs), of which experts 4 x 4 x 131,712 = 2,107,392 and
+//         dense 352,512
+//   ep 4: block 66,560 + 2 x 131,712 + 1,024 = 331,008; Psi 1,406,208
+//   tp 2 x ep 2: outer 32,768 + 16,384 + 256 = 49,408, block 33,600 + 526,848 + 1,024 = 561,472;
+//         Psi 49,408 + 4 x 561,472 = 2,295,296, dense 187,904
+constexpr int64_t kExpert = 131712, kEp2Psi = 2459904, kEp2Experts = 2107392, kEp2Dense = 352512;
+
+Layout ep_layout(int64_t dp, int64_t ep, int64_t tp = 1) {
+  Layout l = cpu_fp32(dp, 0, 2);  // b 2, K 2, fp32 on the CPU: the runs of tests/cli/plan.sh
+  l.ep = ep;
+  l.tp = tp;
+  return l;
+}
+
+TEST(PlanExpertParallel, UnitsAndModelStateHoldTheRanksExperts) {
+  const GPTConfig m = tiny_moe();
+  EXPECT_EQ(block_numel(m, 1, 0, 2), 66560 + 4 * kExpert + 1024);
+  EXPECT_EQ(block_expert_numel(m, 0, 2), 4 * kExpert);
+  EXPECT_EQ(block_expert_numel(tiny_moe(2), 1, 2), 0);  // a dense block has no experts
+  EXPECT_EQ(sum_units(rank_units(m, 1, 1, 0, "", 2)), kOuter + 4 * 594432);
+  const Plan p2 = make_plan(m, toy_cluster(2), ep_layout(2, 2));
+  EXPECT_EQ(p2.stages[0].psi, kEp2Psi);
+  EXPECT_EQ(p2.stages[0].psi_experts, kEp2Experts);
+  EXPECT_EQ(p2.stages[0].psi - p2.stages[0].psi_experts, kEp2Dense);
+  // ZeRO-0, fp32: 4 + 4 + 8 bytes per parameter the rank holds
+  const StateBytes& dev = p2.stages[0].state.device;
+  EXPECT_EQ(dev.params, 4 * kEp2Psi);
+  EXPECT_EQ(dev.grads, 4 * kEp2Psi);
+  EXPECT_EQ(dev.optimizer, 8 * kEp2Psi);
+  EXPECT_EQ(make_plan(m, toy_cluster(4), ep_layout(4, 4)).stages[0].psi, 82176 + 4 * (66560 + 2 * kExpert + 1024));
+  EXPECT_EQ(make_plan(m, toy_cluster(4), ep_layout(4, 4)).stages[0].psi, 1406208);
+  const Plan t = make_plan(m, toy_cluster(4), ep_layout(2, 2, 2));
+  EXPECT_EQ(t.stages[0].psi, 49408 + 4 * (33600 + 4 * kExpert + 1024));
+  EXPECT_EQ(t.stages[0].psi, 2295296);
+  // the FLOPs do not change: every token still runs k experts (on whichever rank holds them)
+  EXPECT_EQ(p2.flops_per_token, make_plan(m, toy_cluster(2), cpu_fp32(2, 0, 2)).flops_per_token);
+}
+
+TEST(PlanExpertParallel, CommBytesByHand) {
+  // tiny-moe, b 2, T 128 (b T = 256 tokens per micro-batch), K 2, d 128, E 8, k 2, 4 MoE layers,
+  // fp32 on the CPU (rows 4 bytes each way). Per MoE layer and micro-batch: the counts 8 E = 64
+  // bytes per forward; the rows at a balanced load k b T = 512 each way, 512 x 128 x (4 + 4) =
+  // 524,288 per pass (forward; backward). 8 layer-micro-batches.
+  const GPTConfig m = tiny_moe();
+  auto stage = [&](const Layout& l) { return make_plan(m, toy_cluster(l.devices()), l).stages[0]; };
+  // dp 2, ep 2 (the example of kiln's runs: comm_bytes 10,405,760 of which ep 7,585,296 at step 1):
+  //   non-ep: DDP over dp for the dense 352,512 (2 x 4 x) + the verdict 2 x 4 x (2 + 44); the
+  //   experts' DDP group is one rank (dp / ep = 1): nothing
+  const StagePlan a = stage(ep_layout(2, 2));
+  EXPECT_EQ(a.comm_bytes - a.ep_comm_bytes, 2 * 4 * kEp2Dense + 2 * 4 * (2 + 44));
+  EXPECT_EQ(a.comm_bytes - a.ep_comm_bytes, 2820464);
+  EXPECT_EQ(a.ep_exact_bytes, 8 * 64 + 16);  // 528
+  EXPECT_EQ(a.ep_comm_bytes - a.ep_exact_bytes, 8 * 2 * 524288);  // 8,388,608 (estimate)
+  bool edp = false;
+  for (const auto& it : a.comm) edp = edp || it.group == "edp";
+  EXPECT_FALSE(edp) << "a group of one reduces nothing";
+  // dp 4, ep 2: the experts' all-reduce over their 2 copies, 2 x 4 x 2,107,392 (kiln: 19,679,600)
+  const StagePlan b = stage(ep_layout(4, 2));
+  EXPECT_EQ(b.comm_bytes - b.ep_comm_bytes, 2 * 4 * kEp2Dense + 2 * 4 * kEp2Experts + 368);
+  EXPECT_EQ(b.comm_bytes - b.ep_comm_bytes, 19679600);
+  EXPECT_EQ(b.ep_comm_bytes, a.ep_comm_bytes);  // the same tokens per rank
+  // --reduce-dtype bf16: both DDPs in 2 bytes (kiln: 9,839,984)
+  Layout rb = ep_layout(4, 2);
+  rb.reduce_bytes = 2;
+  EXPECT_EQ(stage(rb).comm_bytes - stage(rb).ep_comm_bytes, 2 * 2 * (kEp2Dense + kEp2Experts) + 368);
+  // full recomputation: the counts and the rows again in the recomputed forward (kiln: exact
+  // part 1,040)
+  Layout full = ep_layout(2, 2);
+  full.recompute = Recompute::Full;
+  EXPECT_EQ(stage(full).ep_exact_bytes, 2 * 8 * 64 + 16);
+  EXPECT_EQ(stage(full).ep_comm_bytes - stage(full).ep_exact_bytes, 8 * 3 * 524288);
+  EXPECT_EQ(stage(full).comm_bytes - stage(full).ep_comm_bytes, 2820464);
+  // bf16 autocast over fp32 weights: to the experts fp32 (ln_2's output), back bf16; 512 x 128 x 6
+  Layout mixed = ep_layout(2, 2);
+  mixed.compute_bytes = 2;
+  EXPECT_EQ(ep_row_bytes(mixed).in, 4);
+  EXPECT_EQ(ep_row_bytes(mixed).out, 2);
+  EXPECT_EQ(stage(mixed).ep_comm_bytes - stage(mixed).ep_exact_bytes, 8 * 2 * 512 * 128 * 6);  // 6,291,456
+  // bf16 weights on the CPU: the residual stream and ln_2's output in bf16, 2 bytes each way
+  mixed.param_bytes = 2;
+  EXPECT_EQ(ep_row_bytes(mixed).in, 2);
+  EXPECT_EQ(stage(mixed).ep_comm_bytes - stage(mixed).ep_exact_bytes, 8 * 2 * 512 * 128 * 4);  // 4,194,304
+  // on a GPU ln_2 runs in fp32 under autocast whatever the weights
+  mixed.cpu = false;
+  EXPECT_EQ(ep_row_bytes(mixed).in, 4);
+  // tp 2 x ep 2: the dense DDP over dp 2 for 187,904, tp's collectives as without ep (tiny-moe
+  // at tp 2: 5,255,184 with the norm's tp all-reduce); the ep group dispatches the whole b T
+  // (the MoE layer is replicated over tp), so its traffic is the tp 1 rank's (kiln: 6,758,784)
+  const StagePlan c = stage(ep_layout(2, 2, 2));
+  EXPECT_EQ(c.comm_bytes - c.ep_comm_bytes, 2 * 4 * 187904 + 368 + 5255184);
+  EXPECT_EQ(c.comm_bytes - c.ep_comm_bytes, 6758784);
+  EXPECT_EQ(c.ep_comm_bytes, a.ep_comm_bytes);
+  // moe_every 2: two MoE layers' counts and rows; the dense blocks' MLPs reduced over dp
+  const Plan e2 = make_plan(tiny_moe(2), toy_cluster(2), ep_layout(2, 2));
+  EXPECT_EQ(e2.stages[0].ep_exact_bytes, 4 * 64 + 16);
+  EXPECT_EQ(e2.stages[0].psi_experts, 2 * 4 * kExpert);
+}
+
+TEST(PlanExpertParallel, AllToAllsAreSerialOnTheEpGroupsLink) {
+  // tp x ep ranks in a node: the all-to-alls stay inside (1 GB/s on the toy cluster); the wire
+  // is (e - 1)/e of the input (the own block stays). tp 4 x ep 4 on nodes of 8 crosses them.
+  const GPTConfig m = tiny_moe();
+  const Plan p = make_plan(m, toy_cluster(2), ep_layout(2, 2));
+  for (const auto& it : p.stages[0].comm) {
+    if (it.group != "ep") continue;
+    EXPECT_EQ(it.window, Window::Serial) << it.what;
+    EXPECT_EQ(it.link, "intra-node");
+    EXPECT_DOUBLE_EQ(it.wire_bytes, it.comm_bytes / 2);
+    EXPECT_DOUBLE_EQ(it.seconds, it.wire_bytes / 1e9);
+  }
+  ClusterSpec two = toy_cluster(8);
+  two.nodes = 2;
+  Layout wide = ep_layout(4, 4, 4);
+  const Plan w = make_plan(m, two, wide);
+  int crossing = 0;
+  for (const auto& it : w.stages[0].comm) {
+    if (it.group == "ep") crossing += it.link == "inter-node" ? 1 : -100;
+    if (it.group == "tp") EXPECT_EQ(it.link, "intra-node");
+  }
+  EXPECT_EQ(crossing, 3);  // counts, rows, norm
+  // the rows' time is in the exposed communication: 8,388,608 x 1/2 at 1 GB/s at least
+  EXPECT_GE(p.exposed_comm_s, 8388608.0 / 2 / 1e9);
+}
+
+TEST(PlanExpertParallel, ActivationsAndTransientsCountTheRanksExperts) {
+  // gpt2-124m-moe, GPU bf16 over fp32 weights: the experts' weight casts per MoE layer and
+  // micro-batch, 75,497,472 bytes for 8 experts, halve at ep 2; each assignment keeps one more
+  // int64 (the arrived rows' order), k = 2: + 16 bytes per token
+  const GPTConfig m = GPTConfig::preset("gpt2-124m-moe");
+  Layout l = layout(2, 0);
+  const auto one = layer_activation_bytes(m, l, Recompute::None, true);
+  l.ep = 2;
+  const auto two = layer_activation_bytes(m, l, Recompute::None, true);
+  EXPECT_DOUBLE_EQ(two.per_layer, 75497472 / 2);
+  EXPECT_DOUBLE_EQ(two.replicated, one.replicated + 16);
+  EXPECT_DOUBLE_EQ(two.split, one.split);
+  // the backward's expert-gradient buffers: pb x (E/ep) x (mlp + F d)
+  const GPTConfig t = tiny_moe();
+  const double at1 = make_plan(t, toy_cluster(2), cpu_fp32(2, 0, 2)).stages[0].transient_bytes;
+  const double at2 = make_plan(t, toy_cluster(2), ep_layout(2, 2)).stages[0].transient_bytes;
+  EXPECT_DOUBLE_EQ(at1 - at2, 4.0 * 4 * (kExpert + 512 * 128));
+}
+
+TEST(PlanExpertParallel, RefusedAsKilnTrainRefusesIt) {
+  auto message = [](const GPTConfig& m, const ClusterSpec& c, const Layout& l) -> std::string {
+    try {
+      make_plan(m, c, l);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  Layout z = ep_layout(2, 2);
+  z.zero = 1;
+  EXPECT_NE(message(tiny_moe(), toy_cluster(2), z).find("--ep with --zero is not built yet"), std::string::npos);
+  Layout pp = ep_layout(2, 2);
+  pp.pp = 2;
+  EXPECT_NE(message(tiny_moe(), toy_cluster(4), pp).find("--ep with --pp is not built yet"), std::string::npos);
+  EXPECT_NE(message(tiny_moe(), toy_cluster(3), ep_layout(3, 2)).find("--ep 2 must divide the data-parallel size (dp 3 of 3 ranks)"),
+            std::string::npos);
+  GPTConfig six = tiny_moe();
+  six.n_experts = 6;
+  EXPECT_NE(message(six, toy_cluster(4), ep_layout(4, 4)).find("--ep 4 does not divide the experts (--n-experts 6)"), std::string::npos);
+  EXPECT_NE(message(tiny(), toy_cluster(2), ep_layout(2, 2)).find("--ep 2 divides the experts of an MoE model"), std::string::npos);
+  EXPECT_EQ(message(tiny_moe(), toy_cluster(2), ep_layout(2, 2)), "");
+  // the flag: --ep N in the layout and in the suggested command; refused with ZeRO as kiln refuses it
+  const PlanArgs a = parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "4", "--ep", "2", "--micro-batch", "2"});
+  EXPECT_EQ(a.layout.ep, 2);
+  EXPECT_EQ(a.layout.dp, 4);
+  const Plan p = make_plan(a.model, a.cluster, a.layout);
+  const auto j = plan_json(p, training_totals(1e6, 0, 0, a.cluster), layout_totals(p, 1e6));
+  EXPECT_EQ(j["layout"]["ep"], 2);
+  EXPECT_NE(j["layout"]["command"].get<std::string>().find("--ep 2"), std::string::npos) << j["layout"]["command"];
+  EXPECT_EQ(describe(a.layout).rfind("dp 4 (ep 2) tp 1 pp 1", 0), 0u) << describe(a.layout);
+  EXPECT_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--ep", "2", "--zero", "1"}), ConfigError);
+  EXPECT_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--ep", "4"}), ConfigError);
+}
+
+TEST(PlanExpertParallel, SearchConsidersEpWithDdpOnOneStage) {
+  // Every fitting layout of tiny-moe on 4 devices: some with ep 2 or 4 (divisors of dp that
+  // divide 8), all of those ZeRO-0 on one stage; a dense model is never given ep.
+  SearchSpace space;
+  space.global_batch = 8;
+  space.top = 100000;
+  const SearchResult r = search(tiny_moe(), toy_cluster(4), space);
+  std::map<int64_t, int> by_ep;
+  for (const auto& b : r.best) {
+    const Layout& l = b.plan.layout;
+    ++by_ep[l.ep];
+    if (l.ep > 1) EXPECT_TRUE(l.zero == 0 && l.pp == 1 && l.dp % l.ep == 0) << describe(l);
+  }
+  EXPECT_GT(by_ep[2], 0);
+  EXPECT_GT(by_ep[4], 0);
+  const SearchResult d = search(tiny(), toy_cluster(4), space);
+  for (const auto& b : d.best) EXPECT_EQ(b.plan.layout.ep, 1);
+  // where the experts' DDP is the bottleneck -- dp across slow links -- ep wins: gpt2-124m-moe
+  // on 4 H100 nodes (the experts' all-reduce over 8 copies instead of 32, the all-to-alls in a node)
+  ClusterSpec h = cluster_preset("h100");
+  h.nodes = 4;
+  SearchSpace big;
+  big.global_batch = 512;
+  big.top = 1;
+  const SearchResult w = search(GPTConfig::preset("gpt2-124m-moe"), h, big);
+  EXPECT_GT(w.best[0].plan.layout.ep, 1) << describe(w.best[0].plan.layout);
+}
+
+TEST(PlanExpertParallel, CompareChecksTheNonEpTrafficExactlyAndBoundsTheRest) {
+  // kiln train's records of the dp 2, ep 2 run (cut to what is read): comm_bytes differs between
+  // steps (the routing), comm_bytes - ep_comm_bytes does not: 2,820,464
+  auto log = [](const std::string& steps) {
+    return std::string(R"({"type":"config","config":{"n_layer":4,"n_head":4,"n_kv_head":4,"d_model":128,"seq_len":128,)") +
+           R"("vocab_size":512,"dropout":0.0,"zero":0,"offload":"none","activation_checkpointing":"none",)"
+           R"("n_experts":8,"top_k":2,"moe_every":1,"moe_capacity_factor":1.25,"ep":2,)"
+           R"("micro_batch":2,"grad_accum":2,"precision":"fp32"},"device":"cpu","params":4567296,"params_active":1406208,)"
+           R"("params_local":2459904,"flops_per_token":9125376.0,"tokens_per_step":1024,)"
+           R"("world":{"size":2,"dp":2,"tp":1,"pp":1,"backend":"mpi"},)"
+           R"("model_state":{"device":{"params":9839616,"grads":9839616,"optimizer":19679232,"cast_copies":0},)"
+           R"("host":{"params":0,"grads":0,"optimizer":0}}})" "\n" + steps;
+  };
+  const std::string good = R"({"type":"step","step":1,"comm_bytes":10405760,"ep_comm_bytes":7585296,"moe_dropped":0.1})" "\n"
+                           R"({"type":"step","step":2,"comm_bytes":10525568,"ep_comm_bytes":7705104,"moe_dropped":0.1})" "\n";
+  const std::string path = write_log(log(good));
+  const CompareResult r = compare_with_log(path, cluster_preset("h100"), false);
+  std::remove(path.c_str());
+  EXPECT_TRUE(r.exact_ok());
+  std::map<std::string, CompareRow> rows;
+  for (const auto& x : r.rows) rows.emplace(x.name, x);
+  const CompareRow& non_ep = rows.at("comm_bytes - ep_comm_bytes");
+  EXPECT_TRUE(non_ep.exact);
+  EXPECT_EQ(*non_ep.predicted, 2820464);
+  EXPECT_EQ(*non_ep.measured, 2820464);
+  const CompareRow& bound = rows.at("ep_comm_bytes >= counts+norm");
+  EXPECT_TRUE(bound.lower_bound && !bound.exact);
+  EXPECT_EQ(*bound.predicted, 528);
+  EXPECT_EQ(*bound.measured, 7585296);  // the least step's
+  EXPECT_EQ(*rows.at("ep rows mod 512").measured, 0);  // (7,585,296 - 528) / 512 = 14,814 whole rows
+  const CompareRow& est = rows.at("ep_comm_bytes: all-to-all rows");
+  EXPECT_TRUE(est.estimate && !est.exact);
+  EXPECT_EQ(*est.predicted, 8388608);
+  EXPECT_EQ(*est.measured, (7585296 + 7705104) / 2 - 528);
+  EXPECT_NE(est.note.find("at that rate: 7549747"), std::string::npos) << est.note;  // 8,388,608 x 0.9, rounded
+  EXPECT_FALSE(rows.at("comm_bytes").exact);
+  // a step whose non-ep traffic is off by 8 bytes, one whose ep traffic leaves a part row, one
+  // below the counts and norm: each a mismatch
+  for (const char* bad : {R"({"type":"step","step":1,"comm_bytes":10405768,"ep_comm_bytes":7585296})",
+                          R"({"type":"step","step":1,"comm_bytes":10405776,"ep_comm_bytes":7585312})",
+                          R"({"type":"step","step":1,"comm_bytes":2820964,"ep_comm_bytes":500})"}) {
+    const std::string p = write_log(log(std::string(bad) + "\n"));
+    EXPECT_FALSE(compare_with_log(p, cluster_preset("h100"), false).exact_ok()) << bad;
+    std::remove(p.c_str());
+  }
+  // the trainer's activation figure for the config record: no longer refused
+  EXPECT_GT(predicted_activation_bytes(nlohmann::json::parse(log("").substr(0, log("").size() - 1))), 0);
+}
+
 }  // namespace
 }  // namespace kiln::plan
