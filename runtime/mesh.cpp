@@ -52,6 +52,8 @@ Mesh::Mesh(std::shared_ptr<Communicator> world, MeshShape shape) : world_(std::m
   }
 }
 
+int64_t Mesh::ep_bytes_sent() const { return ep_ ? ep_->stats().bytes : 0; }
+
 int64_t Mesh::bytes_sent() const {
   int64_t b = world_->stats().bytes + dp_->stats().bytes + tp_->stats().bytes + pp_->stats().bytes;
   if (cp_) b += cp_->stats().bytes + dp_cp_->stats().bytes;

@@ -54,6 +54,8 @@ class Mesh {
   const std::shared_ptr<Communicator>& expert_dp() const { return edp_; }
   // comm_bytes of every group this rank belongs to, each counted once.
   int64_t bytes_sent() const;
+  // Of those, the expert-parallel group's (its all-to-alls and the norm's expert part; 0 without ep).
+  int64_t ep_bytes_sent() const;
 
  private:
   std::shared_ptr<Communicator> world_, dp_, tp_, pp_, cp_, dp_cp_, ep_, edp_;

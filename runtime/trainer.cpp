@@ -461,6 +461,9 @@ json Trainer::run() {
       rec["moe_max_load"] = s.moe->max_load;
       rec["moe_min_load"] = s.moe->min_load;
       rec["moe_max_load_by_layer"] = s.moe->max_load_by_layer;
+      // --ep: this rank's expert-parallel traffic, in comm_bytes: the all-to-alls (the counts, 8 E
+      // bytes per MoE layer and forward; the rows, which depend on the routing) and the norm's 16.
+      if (r.shape.ep > 1) rec["ep_comm_bytes"] = s.ep_comm_bytes;
     }
     r.log.write(rec);
     if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == end_step || s.skipped)) {

@@ -141,6 +141,7 @@ struct Trainer::QueuedStep {
   int64_t step = 0;
   double loss_scale = 1.0, lr = 0.0, comm_ms = 0.0;
   int64_t comm_bytes = 0;  // this rank's traffic in the step (comm_bytes() at its start, then the difference)
+  int64_t ep_comm_bytes = 0;  // of it, the expert-parallel group's (the same way)
   int64_t host_reads = 0;  // device_to_host_reads() at its start, then the reads up to its queued update
   int loss_copies = 1;     // the ranks whose losses the verdict's loss sums
   int moe_copies = 1;      // the copies of each MoE stats row the verdict sums (tp, when reduced over the world)
@@ -154,6 +155,7 @@ struct Trainer::StepOutcome {
   double loss = NAN, norm = NAN, lr = 0.0, loss_scale = 1.0, comm_ms = 0.0;
   bool skipped = false;
   int64_t comm_bytes = 0;  // this rank's traffic in the step
+  int64_t ep_comm_bytes = 0;  // of it, the expert-parallel group's: the MoE all-to-alls and the norm's expert part
   int64_t host_reads = 0;  // device_to_host_reads() from the step's start to its queued update
   bool read_deferred = false;  // its verdict read after the next step's forward and backward were queued
   std::optional<MoEStepStats> moe;  // MoE models: the step's routing (runtime/moe_stats.h)
