@@ -138,8 +138,10 @@ at::Tensor clip_grad_norm_ep(GPT& model, double max_norm, double grad_scale, con
       sq[kind] = sq[kind].defined() ? sq[kind] + v : v;
     }
   }
-  if (grads.empty()) return at::zeros({}, at::kFloat);
-  const auto opts = grads.front().options().dtype(at::kDouble);
+  // A rank without gradients still joins both all-reduces (its peers wait in them), with zeros on
+  // the run's device.
+  const auto params = model.parameters();
+  const auto opts = (grads.empty() ? params.front() : grads.front()).options().dtype(at::kDouble);
   for (auto& t : sq)
     if (!t.defined()) t = at::zeros({}, opts);
   at::Tensor split_sum = sq[0].reshape({1}).clone(), expert_sum = sq[2].reshape({1}).clone();
