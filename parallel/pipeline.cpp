@@ -10,6 +10,7 @@
 
 #include "models/gpt.h"
 #include "optim/adamw.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/p2p.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/tensor_parallel.h"
@@ -169,9 +170,12 @@ std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, c
 at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp, const GradOf& grad_at) {
   at::NoGradGuard no_grad;
   at::Tensor total;
+  const double ep = static_cast<double>(model.shard().ops->expert_split);
   for (const auto& item : model.named_parameters()) {
     const at::Tensor g = grad_of(grad_at, item.value());
     if (!g.defined()) continue;
+    // Expert parallelism: an expert's reduced gradient is on dp / ep ranks, not dp.
+    const double copies = ep > 1.0 && is_expert_parameter(item.key()) ? ep : 1.0;
     const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp
     const at::Tensor flat = g.reshape({-1});
     int64_t start = 0;
@@ -179,7 +183,7 @@ at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp, const GradOf& gra
       const at::Tensor piece = flat.narrow(0, start, length);
       start += length;
       if (weight == 0.0) continue;
-      at::Tensor sq = at::linalg_vector_norm(piece, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble) * weight;
+      at::Tensor sq = at::linalg_vector_norm(piece, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble) * (weight * copies);
       total = total.defined() ? total + sq : sq;
     }
   }

@@ -116,7 +116,8 @@ std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, c
 
 // The share of this rank's gradients in the squared global norm, for a sum over the whole
 // dp x tp x pp world (fp64 scalar on the gradients' device): count_weights' weights, divided by
-// dp (every dp rank holds the same reduced gradients). grads: as clip_grad_norm_tp's.
+// dp (every dp rank holds the same reduced gradients; under expert parallelism an expert's are on
+// dp / ep ranks, so its share is times ep). grads: as clip_grad_norm_tp's.
 at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp, const GradOf& grads = {});
 
 // The stage whose copy of whole-model parameter `name` a checkpoint takes: the first for wte

@@ -62,6 +62,19 @@ std::vector<std::vector<at::Tensor>> units_of(GPT& model) {
   return units;
 }
 
+// The units with each one's expert parameters (is_expert) split off into a unit after it.
+std::vector<std::pair<std::vector<at::Tensor>, bool>> split_experts(std::vector<std::vector<at::Tensor>> units,
+                                                                    const std::function<bool(const at::Tensor&)>& is_expert) {
+  std::vector<std::pair<std::vector<at::Tensor>, bool>> out;
+  for (auto& params : units) {
+    std::vector<at::Tensor> dense, experts;
+    for (auto& p : params) (is_expert && is_expert(p) ? experts : dense).push_back(std::move(p));
+    if (!dense.empty()) out.emplace_back(std::move(dense), false);
+    if (!experts.empty()) out.emplace_back(std::move(experts), true);
+  }
+  return out;
+}
+
 }  // namespace
 
 
@@ -74,6 +87,8 @@ struct ZeroEngine::Segment {
 
 struct ZeroEngine::Unit {
   std::vector<at::Tensor> params;  // the model's parameters (leaves; views of flat)
+  bool expert = false;             // experts (ZeroConfig::is_expert): sharded over expert_dp
+  Communicator* group = nullptr;   // the ranks sharing the unit: dp, or expert_dp for experts
   std::vector<int64_t> offsets;    // each parameter's first element in flat
   int64_t numel = 0, padded = 0, shard = 0;
   std::vector<Segment> segments;
@@ -105,7 +120,10 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     throw ConfigError("--zero 3 with --pp > 1 is not supported yet (its per-block gathers assume one forward and "
                       "one backward per micro-batch in turn, not 1F1B's interleaving): use --zero 1 or 2");
   }
-  const int64_t n = dp_->size(), r = dp_->rank();
+  if (cfg_.is_expert) {
+    if (!cfg_.expert_dp || !cfg_.ep) throw Error("zero: expert parallelism needs the expert-data-parallel and ep groups");
+    if (cfg_.stage == 3) throw ConfigError("--zero 3 with --ep is not built (its per-block gathers take whole blocks): use --zero 1 or 2");
+  }
   const bool pin = device_.is_cuda();
   if (cfg_.param_dtype != at::kFloat && cfg_.param_dtype != at::kBFloat16 && cfg_.param_dtype != at::kHalf)
     throw ConfigError("zero: working weights must be fp32, bf16 or fp16");
@@ -115,9 +133,12 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
   const auto pdev = dev.dtype(cfg_.param_dtype);
   at::NoGradGuard no_grad;
 
-  for (auto& params : units_of(model_)) {
+  for (auto& [params, expert] : split_experts(units_of(model_), cfg_.is_expert)) {
     auto u = std::make_unique<Unit>();
     u->params = std::move(params);
+    u->expert = expert;
+    u->group = expert ? cfg_.expert_dp.get() : dp_.get();
+    const int64_t n = u->group->size(), r = u->group->rank();
     for (const auto& p : u->params) {
       if (!p.device().is_cpu() || p.scalar_type() != at::kFloat)
         throw Error("zero: the model must be built on the host in fp32 before the engine takes it");
@@ -260,13 +281,15 @@ ZeroEngine::~ZeroEngine() {
   }
 }
 
+bool ZeroEngine::alone(const Unit& u) { return u.expert && u.group->size() == 1; }
+
 bool ZeroEngine::streamed() const {
   return cfg_.stage >= 2 && (cfg_.accum == ZeroAccum::Reduce || cfg_.grad_accum == 1);
 }
 
 at::Tensor ZeroEngine::param_shard(Unit& u) {
   if (cfg_.stage == 3) return u.shard_params;
-  return u.flat.narrow(0, static_cast<int64_t>(dp_->rank()) * u.shard, u.shard);
+  return u.flat.narrow(0, static_cast<int64_t>(u.group->rank()) * u.shard, u.shard);
 }
 
 int64_t ZeroEngine::padded_numel() const {
@@ -281,7 +304,7 @@ void ZeroEngine::gather_async(Unit& u) {
   if (u.state != Unit::State::Released) return;
   alloc_storage(u.flat);
   u.ag_src = to_device(u.shard_params, device_, /*non_blocking=*/true);
-  u.ag_work = dp_->all_gather(u.flat, u.ag_src);
+  u.ag_work = u.group->all_gather(u.flat, u.ag_src);
   u.state = Unit::State::Gathering;
 }
 
@@ -340,18 +363,26 @@ void ZeroEngine::on_grad_ready(Unit& u, size_t k) {
 void ZeroEngine::launch_reduction(Unit& u) {
   u.reduced = true;
   if (streamed() && !u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  if (alone(u)) {  // the mean over one rank: the gradient itself (grad_shard is the whole unit)
+    at::NoGradGuard no_grad;
+    if (streamed()) {
+      u.grad_shard.add_(u.grad_full);
+      u.grad_full = at::Tensor();
+    }
+    return;
+  }
   if (cfg_.reduce_dtype != at::kFloat) {
     // The wire copy; a streamed unit's fp32 buffer is no longer needed once it is made.
     u.rs_in = u.grad_full.to(cfg_.reduce_dtype);
     if (streamed()) u.grad_full = at::Tensor();
     u.rs_out = at::empty({u.shard}, u.rs_in.options());
-    u.rs_work = dp_->reduce_scatter(u.rs_out, u.rs_in, ReduceOp::Avg);
+    u.rs_work = u.group->reduce_scatter(u.rs_out, u.rs_in, ReduceOp::Avg);
   } else if (streamed()) {
     u.rs_out = at::empty({u.shard}, u.grad_full.options());
-    u.rs_work = dp_->reduce_scatter(u.rs_out, u.grad_full, ReduceOp::Avg);
+    u.rs_work = u.group->reduce_scatter(u.rs_out, u.grad_full, ReduceOp::Avg);
   } else {
     // In place: the result lands in this rank's chunk of the full buffer, which grad_shard views.
-    u.rs_work = dp_->reduce_scatter(u.grad_shard, u.grad_full, ReduceOp::Avg);
+    u.rs_work = u.group->reduce_scatter(u.grad_shard, u.grad_full, ReduceOp::Avg);
   }
   in_flight_.push_back(&u);
   wait_reductions(static_cast<size_t>(std::max(cfg_.max_in_flight, 0)));
@@ -390,6 +421,12 @@ void ZeroEngine::end_micro() {
     if (!u->reduced && (streamed() || last_micro_)) launch_reduction(*u);
   }
   wait_reductions(0);
+  if (last_micro_ && cfg_.is_expert) {
+    // The experts' mean over expert_dp, times 1 / ep: the mean over dp (ZeroConfig::is_expert).
+    at::NoGradGuard no_grad;
+    for (auto& u : units_)
+      if (u->expert) u->grad_shard.mul_(1.0 / static_cast<double>(cfg_.ep->size()));
+  }
   for (auto& u : units_) release(*u);
 }
 
@@ -442,7 +479,6 @@ void ZeroEngine::set_steps_taken(int64_t n) {
 
 void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor& found_inf) {
   at::NoGradGuard no_grad;
-  const int64_t r = dp_->rank();
   if (host_adds_) host_adds_->drain();
   if (cfg_.offload == Offload::None) {
     std::vector<at::Tensor> p[2], g[2], m[2], v[2], t[2];
@@ -497,8 +533,9 @@ void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor
     // Every rank's updated shard to every rank: in place, each rank's shard is its chunk of flat.
     std::vector<std::shared_ptr<Work>> works;
     for (auto& u : units_) {
-      auto own = u->flat.narrow(0, r * u->shard, u->shard);
-      works.push_back(dp_->all_gather(u->flat, own));
+      if (alone(*u)) continue;
+      auto own = u->flat.narrow(0, u->group->rank() * u->shard, u->shard);
+      works.push_back(u->group->all_gather(u->flat, own));
     }
     for (auto& w : works) w->wait();
   }
@@ -533,7 +570,7 @@ at::Tensor ZeroEngine::shard_of(Unit& u, StatePart part) {
 at::Tensor ZeroEngine::gather_param(const at::Tensor& param, StatePart part) {
   at::NoGradGuard no_grad;
   auto [u, k] = locate(param);
-  const int64_t n = dp_->size(), me = dp_->rank(), start = u->offsets[k], len = param.numel();
+  const int64_t n = u->group->size(), me = u->group->rank(), start = u->offsets[k], len = param.numel();
   if (part == StatePart::Param && cfg_.stage < 3 && !sixteen()) {
     // ZeRO-1/2 keep the whole unit on every rank (all-gathered after each step): no traffic.
     if (me != 0) return at::Tensor();
@@ -563,7 +600,7 @@ at::Tensor ZeroEngine::gather_param(const at::Tensor& param, StatePart part) {
       ops.push_back({P2POp::Kind::Send, sent, 0});
     }
   }
-  if (!ops.empty()) dp_->send_recv(ops)->wait();
+  if (!ops.empty()) u->group->send_recv(ops)->wait();
   return me == 0 ? out.view(param.sizes()) : at::Tensor();
 }
 
@@ -571,7 +608,7 @@ void ZeroEngine::load_param(const at::Tensor& param, StatePart part, const at::T
   at::NoGradGuard no_grad;
   auto [u, k] = locate(param);
   if (local.sizes() != param.sizes()) throw Error("zero: load_param: the tensor's shape is not the parameter's");
-  const int64_t me = dp_->rank(), start = u->offsets[k], len = param.numel();
+  const int64_t me = u->group->rank(), start = u->offsets[k], len = param.numel();
   const at::Tensor flat_local = local.reshape({-1});
   if (part == StatePart::Param && cfg_.stage < 3) u->flat.narrow(0, start, len).copy_(flat_local);
   const int64_t a = std::max(start, me * u->shard), b = std::min(start + len, (me + 1) * u->shard);
@@ -587,17 +624,23 @@ void ZeroEngine::load_param(const at::Tensor& param, StatePart part, const at::T
 
 std::pair<double, double> ZeroEngine::param_moments() {
   at::NoGradGuard no_grad;
-  double sum = 0.0, sq = 0.0;
+  double sums[2][2] = {{0.0, 0.0}, {0.0, 0.0}};  // [dense, experts][sum, sum of squares]
   for (auto& u : units_) {
     auto d = (u->master.defined() ? u->master : param_shard(*u)).to(at::kDouble);
     for (const auto& s : u->segments) {
       auto piece = d.narrow(0, s.offset, s.length);
-      sum += piece.sum().item<double>() * s.norm_weight;
-      sq += piece.square().sum().item<double>() * s.norm_weight;
+      sums[u->expert][0] += piece.sum().item<double>() * s.norm_weight;
+      sums[u->expert][1] += piece.square().sum().item<double>() * s.norm_weight;
     }
   }
-  auto t = to_device(at::tensor({sum, sq}, at::kDouble), device_);
+  auto t = to_device(at::tensor({sums[0][0], sums[0][1]}, at::kDouble), device_);
   dp_->all_reduce(t, ReduceOp::Sum)->wait();
+  if (cfg_.is_expert) {  // each expert's shards over expert_dp, every expert over ep
+    auto e = to_device(at::tensor({sums[1][0], sums[1][1]}, at::kDouble), device_);
+    if (cfg_.expert_dp->size() > 1) cfg_.expert_dp->all_reduce(e, ReduceOp::Sum)->wait();
+    cfg_.ep->all_reduce(e, ReduceOp::Sum)->wait();
+    t = t + e;
+  }
   if (cfg_.tp) cfg_.tp->all_reduce(t, ReduceOp::Sum)->wait();
   t = t.cpu();
   return {t[0].item<double>(), t[1].item<double>()};

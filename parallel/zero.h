@@ -7,7 +7,9 @@
 //   n_u' = ceil(n_u / (N A)) N A          N = dp ranks, A = 64 elements (256 bytes)
 // so each of the N ranks owns an equal, aligned shard of n_u' / N elements: rank r owns
 // [r n_u'/N, (r+1) n_u'/N). psi' = sum_u n_u' (psi = sum_u n_u, the parameter count). The
-// optimizer (AdamW, optim/adamw.h's arithmetic) steps the shard only.
+// optimizer (AdamW, optim/adamw.h's arithmetic) steps the shard only. Under expert parallelism
+// a MoE block's experts are a unit of their own, sharded over the ranks holding the same experts
+// (ZeroConfig::is_expert).
 //
 // Working weights (ZeroConfig::param_dtype; docs/precision.md, docs/zero.md). fp32 (the "upcast"
 // policy): the parameter shard is its own master copy, a parameter costs 4 B + 4 B of gradient
@@ -105,6 +107,17 @@ struct ZeroConfig {
   // heads; 0 for the last pipeline stage's copy of the tied wte. Empty function (or an empty
   // result): weight 1.
   std::function<std::vector<std::pair<int64_t, double>>(const at::Tensor& param)> count_weights;
+  // Expert parallelism (parallel/expert_parallel.h), stages 1 and 2: the parameters is_expert
+  // picks (this rank's experts) form units of their own -- each MoE block's experts one unit,
+  // after the unit of the block's other parameters -- padded and sharded over expert_dp (the
+  // M = dp / ep ranks holding the same experts; quantum M A) instead of dp. Their reduced mean
+  // over expert_dp is multiplied by 1 / ep (the gradient is then the mean over dp of every rank's
+  // loss: parallel/expert_parallel.h, "Gradients"), and param_moments sums them over ep as well.
+  // A group of one (dp = ep) skips its collectives: the rank holds its experts' only copy, so the
+  // mean over it is the gradient itself (no traffic; a bf16 reduce_dtype does not round it).
+  // The squared norm needs nothing more: summed over dp, the expert shards cover every expert once.
+  std::function<bool(const at::Tensor& param)> is_expert;  // empty: no expert parallelism
+  std::shared_ptr<Communicator> expert_dp, ep;
 };
 
 // Model-state bytes this rank holds, by kind and place (optimizer: the moments, plus the fp32
@@ -187,6 +200,7 @@ class ZeroEngine {
   void wait_reductions(size_t keep);
   bool streamed() const;  // gradients reduce-scattered every micro-step (no full local buffer)
   bool sixteen() const { return cfg_.param_dtype != at::kFloat; }  // 16-bit working weights
+  static bool alone(const Unit& u);  // an expert unit whose expert-data-parallel group is one rank
   at::Tensor param_shard(Unit& u);
   std::pair<Unit*, size_t> locate(const at::Tensor& param) const;
   at::Tensor shard_of(Unit& u, StatePart part);  // this rank's shard of the part (the master for Param)

@@ -85,11 +85,14 @@ at::Tensor WholeModel::gather(const std::string& name, CheckpointPart part) {
   const bool ep_split = shape.ep > 1 && part != CheckpointPart::Step && is_expert_parameter(name);
   if (me.pp == stage && ep_split) {
     // Expert parallelism: the first ep group's experts (dp ranks [0, ep)), all-gathered along the
-    // expert dimension onto dp rank 0.
+    // expert dimension onto dp rank 0 (under ZeRO, each of them first gathers its experts' shards
+    // over its expert-data-parallel group, whose rank 0 it is).
     const auto it = local_.find(name);
     if (it == local_.end()) throw Error("checkpoint: this rank lacks parameter " + name);
+    // ZeRO: each expert-data-parallel group's shards first, onto its rank 0 (dp rank < ep).
+    const at::Tensor gathered = zero_ ? zero_->gather_param(it->second, state_part(part)) : at::Tensor();
     if (me.dp < shape.ep && me.cp == 0) {
-      const at::Tensor mine = to_device(own_state(it->second, part).contiguous(), device_);
+      const at::Tensor mine = to_device((zero_ ? gathered : own_state(it->second, part)).contiguous(), device_);
       at::Tensor all = at::empty({shape.ep * mine.numel()}, mine.options());
       mesh_->ep()->all_gather(all, mine.reshape({-1}))->wait();
       if (me.dp == 0) whole = all.cpu().to(at::kFloat).view(whole_shape).contiguous();
@@ -196,7 +199,7 @@ std::pair<double, double> weights_fingerprint(GPT& model, ZeroEngine* zero, cons
     }
   }
   if (!mesh) return {sum, sq};
-  if (ep) {  // every expert once: the shares summed over the ep group
+  if (ep && !zero) {  // every expert once: the shares summed over the ep group (ZeRO's moments did it)
     auto e = to_device(at::tensor({expert_sum, expert_sq}, at::kDouble), device);
     mesh->ep()->all_reduce(e, ReduceOp::Sum)->wait();
     e = e.cpu() / static_cast<double>(mesh->shape().tp);  // equal on every tp rank: summed over tp below

@@ -245,6 +245,17 @@ void Trainer::setup() {
         return std::vector<std::pair<int64_t, double>>{};
       };
     }
+    if (r.shape.ep > 1) {
+      // Expert parallelism: the experts sharded over the ranks holding the same ones (parallel/zero.h).
+      std::vector<at::Tensor> experts;
+      for (const auto& item : r.model->named_parameters())
+        if (is_expert_parameter(item.key())) experts.push_back(item.value());
+      zc.is_expert = [experts](const at::Tensor& p) {
+        return std::any_of(experts.begin(), experts.end(), [&](const at::Tensor& e) { return e.is_same(p); });
+      };
+      zc.expert_dp = r.mesh->expert_dp();
+      zc.ep = r.mesh->ep();
+    }
     zc.param_dtype = dtype_named(cfg_.resolved_param_dtype());  // 16-bit: fp32 master shards with the moments
     zc.reduce_dtype = dtype_named(cfg_.reduce_dtype);
     r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp_cp(), zc, adam);  // sharded over dp x cp

@@ -132,10 +132,12 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   // Pipeline: every stage holds its own parameters, so the squared norm is summed over the world
   // with the verdict (each rank's share weighted so the sum counts every parameter once) and
   // the clipping comes after it.
-  at::Tensor norm = r.shape.ep > 1 ? clip_grad_norm_ep(*r.model, cfg_.grad_clip, out.loss_scale, r.mesh->ep(),
-                                                       r.shape.tp > 1 ? r.mesh->tp() : nullptr, r.grad_of)
-                    : r.zero               ? r.zero->local_grad_sq_norm()
+  // Expert parallelism: ZeRO's shards and the pipeline's shares count each expert once as they
+  // are; DDP's replicated gradients sum the experts' squares over ep (clip_grad_norm_ep).
+  at::Tensor norm = r.zero               ? r.zero->local_grad_sq_norm()
                     : r.pipe             ? pipeline_grad_sq_norm_share(*r.model, r.shape.dp, r.grad_of)
+                    : r.shape.ep > 1 ? clip_grad_norm_ep(*r.model, cfg_.grad_clip, out.loss_scale, r.mesh->ep(),
+                                                         r.shape.tp > 1 ? r.mesh->tp() : nullptr, r.grad_of)
                     : r.shape.tp > 1 ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, out.loss_scale, r.mesh->tp(), r.grad_of)
                                      : clip_grad_norm(r.grads, cfg_.grad_clip, out.loss_scale);
   r.timer->mark(Phase::Optimizer);

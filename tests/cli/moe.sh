@@ -7,7 +7,8 @@
 #               pp 2;  full activation checkpointing
 #   dropless    --moe-capacity-factor 0: 1 process against dp 2
 #   ep          expert parallelism (parallel/expert_parallel.h): ep 2 over dp 2, ep 2 with dp 4,
-#               ep 4 with dp 4, dropless ep 4, ep 2 x tp 2 (4 ranks)
+#               ep 4 with dp 4, dropless ep 4, ep 2 x tp 2 (4 ranks); with ZeRO-1 at dp 2 and
+#               dp 4, ZeRO-2 offloaded at dp 4, ZeRO-1 x tp 2; with pp 2 (DDP and ZeRO-1)
 # Checked over 10 steps: loss and gradient norm per step and the final weights' fingerprint within
 # a relative 1e-5 (the DDP parity tolerance, tests/cli/ddp_parity.sh: the same products summed in
 # another order); the routing figures of every step (moe_dropped, moe_max_load, moe_min_load,
@@ -24,8 +25,11 @@
 # Checkpoints: resumed at step 5 on the same layout the run replays steps 6-10 exactly (==);
 # resumed on dp 2 x ZeRO-1 and from a tp 2 checkpoint on 1 process, within 1e-5; an ep 2
 # checkpoint (every expert saved once, whole) replayed exactly on ep 2 and resumed within 1e-5 on
-# one process and on ep 4.
-# Bad input: --sp / --cp with experts, --ep with ZeRO, not dividing the experts or dp, on a dense
+# one process and on ep 4; an ep 2 x ZeRO-2 one replayed exactly and resumed on one process; the
+# single process's resumed on ep 2 x ZeRO-1; an ep 2 x pp 2 one resumed on one process.
+# comm_bytes - ep_comm_bytes of ep 2 x ZeRO-1 (dp 2, dp 4) exactly (the ZeRO traffic of both kinds
+# of unit and the verdict).
+# Bad input: --sp / --cp with experts, --ep with ZeRO-3 or --sample-every, not dividing the experts or dp, on a dense
 # model, top-k above the experts, a negative capacity factor,
 # --moe-every 0, --init-from a dense checkpoint into an MoE model.
 source "$(dirname "$0")/common.sh"
@@ -49,11 +53,21 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --log-json "$work/ep2dp4.jsonl
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 4 --log-json "$work/ep4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 4 --moe-capacity-factor 0 --log-json "$work/ep4_0.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --ep 2 --log-json "$work/ep2tp2.jsonl" >/dev/null
+# ... with ZeRO (the experts sharded over the ranks holding the same ones, parallel/zero.h): ZeRO-1
+# at ep = dp 2 (the experts' group of one reduces nothing) and at dp 4; ZeRO-2 with the optimizer
+# offloaded, saved at step 5; ZeRO-1 with tp 2. With pp 2 (ep groups per stage): DDP and ZeRO-1.
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --zero 1 --log-json "$work/ep2z1.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 1 --log-json "$work/ep2z1dp4.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --offload optimizer --save-dir "$work/ep2z2" --save-every 5 --log-json "$work/ep2z2.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --ep 2 --zero 1 --log-json "$work/ep2tp2z1.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --save-dir "$work/ep2pp2" --save-every 5 --log-json "$work/ep2pp2.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --zero 1 --log-json "$work/ep2pp2z1.jsonl" >/dev/null
 # bf16, 5 steps (bf16 is slow on this CPU).
 B=(train --device cpu --model tiny-moe --steps 5 --log-every 100 --micro-batch 2 --precision bf16)
 "$KILN_BIN" "${B[@]}" --grad-accum 4 --log-json "$work/ref_bf16.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${B[@]}" --grad-accum 2 --zero 1 --log-json "$work/z1_bf16.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${B[@]}" --grad-accum 2 --ep 2 --log-json "$work/ep2_bf16.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${B[@]}" --grad-accum 1 --ep 2 --zero 2 --reduce-dtype bf16 --log-json "$work/ep2z2_bf16.jsonl" >/dev/null
 # Training: 100 steps of tiny-moe against the dense tiny model, one thread each, side by side.
 C=(train --device cpu --steps 100 --log-every 1000 --micro-batch 4)
 OMP_NUM_THREADS=1 "$KILN_BIN" "${C[@]}" --model tiny --log-json "$work/dense100.jsonl" >/dev/null &
@@ -67,6 +81,12 @@ mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --zero 1 --resume "$work/ref/step_000
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --resume "$work/ep2/step_00000005" --save-dir "$work/ep2_replay" --log-json "$work/ep2_replay.jsonl" >/dev/null
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --resume "$work/ep2/step_00000005" --save-dir "$work/from_ep2" --log-json "$work/from_ep2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 4 --resume "$work/ep2/step_00000005" --save-dir "$work/ep2_to_ep4" --log-json "$work/ep2_to_ep4.jsonl" >/dev/null
+# ... and the ep 2 x ZeRO-2 checkpoint replayed on its layout, resumed on one process; the
+# single process's resumed on ep 2 x ZeRO-1 (dp 4); the ep 2 x pp 2 one on one process.
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --offload optimizer --resume "$work/ep2z2/step_00000005" --log-json "$work/ep2z2_replay.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --resume "$work/ep2z2/step_00000005" --log-json "$work/from_ep2z2.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 1 --resume "$work/ref/step_00000005" --log-json "$work/to_ep2z1.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --resume "$work/ep2pp2/step_00000005" --log-json "$work/from_ep2pp2.jsonl" >/dev/null
 [ ! -e "$work/ref/step_00000010/config.json" ] || fail "an MoE checkpoint has no GPT2LMHeadModel config.json"
 
 python3 - "$work" "$(dirname "$0")" <<'PY'
@@ -107,12 +127,13 @@ for name, world in (("dp2", (2, 1, 1)), ("z1", (2, 1, 1)), ("z3", (2, 1, 1)), ("
     aux = same_routing(ref, run, name)
     print(f"{name}: losses, norms and fingerprint within {worst:.1e}; routing identical, aux/z within {aux:.1e}")
 for name, ep, dp, r in (("ep2", 2, 2, ref), ("ep2dp4", 2, 4, ref), ("ep4", 4, 4, ref), ("ep4_0", 4, 4, load(f"{d}/ref0.jsonl")),
-                        ("ep2tp2", 2, 2, ref)):
+                        ("ep2tp2", 2, 2, ref), ("ep2z1", 2, 2, ref), ("ep2z1dp4", 2, 4, ref), ("ep2z2", 2, 4, ref),
+                        ("ep2tp2z1", 2, 2, ref), ("ep2pp2", 2, 2, ref), ("ep2pp2z1", 2, 2, ref)):
     run = load(f"{d}/{name}.jsonl")
     assert (run[0]["world"]["dp"], run[0]["config"]["ep"]) == (dp, ep), (name, run[0]["world"])
     # Each rank holds E / ep experts of every MoE layer.
     expert = 4 * (E * (2 * 128 * 512 + 512 + 128))  # fc_w, fc_b, proj_w, proj_b of the 4 MoE layers, all experts
-    if run[0]["world"]["tp"] == 1:
+    if run[0]["world"]["tp"] == 1 and run[0]["world"]["pp"] == 1:
         assert run[0]["params_local"] == r[0]["params"] - expert + expert // ep, (name, run[0]["params_local"])
     worst = compare(r, run, name, 1e-5)
     aux = same_routing(r, run, name)
@@ -124,6 +145,18 @@ want = 2 * 4 * dp2[0]["params_local"] + 2 * 4 * (2 + L * (E + 3))
 for s in steps(dp2).values():
     assert s["comm_bytes"] == want, (s["step"], s["comm_bytes"], want)
 print(f"dp2: comm_bytes {want} per step, exactly")
+# ZeRO-1 under ep, exactly outside the all-to-alls: 4 + 4 bytes (reduce-scatter, all-gather) per
+# padded element of the dense units (over dp) and of the expert units (over the expert-data-
+# parallel group; nothing when it is one rank), and the verdict with its MoE rows and the norm.
+verdict = 2 * 4 * (3 + L * (E + 3))
+experts_local = expert // 2  # this rank's experts at ep 2, a multiple of 64 already (no padding)
+for name, expert_traffic in (("ep2z1", 0), ("ep2z1dp4", 8 * experts_local)):
+    run = load(f"{d}/{name}.jsonl")
+    padded = run[0]["zero"]["padded_params"]
+    want = 8 * (padded - experts_local) + expert_traffic + verdict
+    for s in steps(run).values():
+        assert s["comm_bytes"] - s["ep_comm_bytes"] == want, (name, s["step"], s["comm_bytes"], s["ep_comm_bytes"], want)
+    print(f"{name}: comm_bytes - ep_comm_bytes {want} per step, exactly")
 
 # Dropless: nothing dropped, the same parity.
 ref0, dp2_0 = load(f"{d}/ref0.jsonl"), load(f"{d}/dp2_0.jsonl")
@@ -141,7 +174,11 @@ eb = steps(load(f"{d}/ep2_bf16.jsonl"))
 for s in rb:
     assert abs(rb[s]["loss"] - eb[s]["loss"]) / rb[s]["loss"] <= 5e-4, (s, rb[s]["loss"], eb[s]["loss"])
     assert abs(rb[s]["grad_norm"] - eb[s]["grad_norm"]) / rb[s]["grad_norm"] <= 2e-2, (s, rb[s]["grad_norm"], eb[s]["grad_norm"])
-print("bf16 z1 dp2 and ep 2: within the 16-bit tolerances")
+eb = steps(load(f"{d}/ep2z2_bf16.jsonl"))
+for s in rb:
+    assert abs(rb[s]["loss"] - eb[s]["loss"]) / rb[s]["loss"] <= 5e-4, (s, rb[s]["loss"], eb[s]["loss"])
+    assert abs(rb[s]["grad_norm"] - eb[s]["grad_norm"]) / rb[s]["grad_norm"] <= 2e-2, (s, rb[s]["grad_norm"], eb[s]["grad_norm"])
+print("bf16 z1 dp2, ep 2 and ep 2 x ZeRO-2 (bf16 reductions) at dp 4: within the 16-bit tolerances")
 
 # Training: the loss falls as the dense model's (measured at 100 steps: 1.027 against 1.082, mean
 # of the last 10), and the balance loss keeps the loads in a band (measured: the most chosen
@@ -164,13 +201,14 @@ for s in sp:
     for key in ("loss", "grad_norm") + ROUTING + ("moe_aux_loss", "moe_z_loss"):
         assert sr[s][key] == sp[s][key], ("replay", s, key, sr[s][key], sp[s][key])
 print("replay from step 5: steps 6-10 equal (==)")
-se, sr2 = steps(load(f"{d}/ep2.jsonl")), steps(load(f"{d}/ep2_replay.jsonl"))
-assert sorted(sr2) == list(range(6, 11)), sorted(sr2)
-for s in sr2:
-    for key in ("loss", "grad_norm") + ROUTING:
-        assert se[s][key] == sr2[s][key], ("ep2 replay", s, key, se[s][key], sr2[s][key])
-print("ep 2 replay from step 5: steps 6-10 equal (==)")
-for name in ("to_z1", "from_tp2", "from_ep2", "ep2_to_ep4"):
+for a, b in (("ep2", "ep2_replay"), ("ep2z2", "ep2z2_replay")):
+    se, sr2 = steps(load(f"{d}/{a}.jsonl")), steps(load(f"{d}/{b}.jsonl"))
+    assert sorted(sr2) == list(range(6, 11)), sorted(sr2)
+    for s in sr2:
+        for key in ("loss", "grad_norm") + ROUTING:
+            assert se[s][key] == sr2[s][key], (b, s, key, se[s][key], sr2[s][key])
+    print(f"{a} replay from step 5: steps 6-10 equal (==)")
+for name in ("to_z1", "from_tp2", "from_ep2", "ep2_to_ep4", "from_ep2z2", "to_ep2z1", "from_ep2pp2"):
     worst = compare(ref, load(f"{d}/{name}.jsonl"), name, 1e-5, first=6)
     same_routing(ref, load(f"{d}/{name}.jsonl"), name, first=6)
     print(f"{name}: steps 6-10 within {worst:.1e}, routing identical")
@@ -179,7 +217,8 @@ PY
 # Bad input: one line, exit 2.
 expect_refused 2 "--n-experts with --sp is not built" train --device cpu --model tiny-moe --steps 1 --tp 2 --sp
 expect_refused 2 "--n-experts with --cp is not built" train --device cpu --model tiny-moe --steps 1 --cp 2
-expect_refused 2 "--ep with --zero is not built yet" train --device cpu --model tiny-moe --steps 1 --ep 2 --zero 1
+expect_refused 2 "--ep with --zero 3 is not built" train --device cpu --model tiny-moe --steps 1 --ep 2 --zero 3
+expect_refused 2 "--ep with --sample-every is not built yet" train --device cpu --model tiny-moe --steps 1 --ep 2 --sample-every 1
 expect_refused 2 "--ep 3 does not divide the experts" train --device cpu --model tiny-moe --steps 1 --ep 3
 expect_refused 2 "--ep 2 divides the experts of an MoE model" train --device cpu --model tiny --steps 1 --ep 2
 expect_refused 2 "--ep 4 must divide the data-parallel size \(dp 2" train --device cpu --model tiny-moe --steps 1 --ep 4
