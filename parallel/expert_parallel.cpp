@@ -62,7 +62,8 @@ at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<int64_t>& out_
   return AllToAllRows::apply(x, out_splits, in_splits, group_capsule(group));
 }
 
-ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const std::shared_ptr<Communicator>& ep) {
+ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const std::shared_ptr<Communicator>& ep,
+                                std::shared_ptr<ExpertTraffic> traffic) {
   const int64_t n = ep->size(), E = cfg.n_experts;
   if (!cfg.is_moe()) throw ConfigError("--ep " + std::to_string(n) + " divides the experts of an MoE model: give --n-experts");
   if (E % n != 0) throw ConfigError("--ep " + std::to_string(n) + " does not divide the experts (--n-experts " + std::to_string(E) + ")");
@@ -70,7 +71,7 @@ ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const st
   ops->expert_split = n;
   ops->expert_rank = ep->rank();
   const int64_t local = E / n;
-  ops->dispatch_experts = [ep, n, local](const at::Tensor& rows, const std::vector<int64_t>& counts, const LayerOps::ExpertRunner& run_local) {
+  ops->dispatch_experts = [ep, n, local, traffic](const at::Tensor& rows, const std::vector<int64_t>& counts, const LayerOps::ExpertRunner& run_local) {
     // The counts: to rank j the counts of its experts; from rank j, c[j][l] for this rank's expert l.
     std::vector<int64_t> send(static_cast<size_t>(n), 0);
     for (int64_t e = 0; e < n * local; ++e) send[static_cast<size_t>(e / local)] += counts[static_cast<size_t>(e)];
@@ -86,6 +87,10 @@ ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const st
         local_counts[static_cast<size_t>(l)] += cj[j * local + l];
       }
     const at::Tensor arrived = all_to_all_rows(rows, recv, send, ep);  // ordered (j, l)
+    if (traffic) {
+      traffic->rows_sent += rows.size(0);
+      traffic->rows_received += arrived.size(0);
+    }
     // (j, l) -> (l, j): each local expert's rows consecutive; `order` lists arrived rows by (l, j).
     std::vector<int64_t> start(static_cast<size_t>(n * local)), order;
     order.reserve(static_cast<size_t>(arrived.size(0)));

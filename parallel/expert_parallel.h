@@ -26,7 +26,11 @@
 // assignments of this rank's tokens, b_in the residual stream's bytes) + the rows returned (R x
 // b_out x d, R the rows this rank's experts ran, b_out the experts' output dtype), and the same
 // two again in backward (rows in the other direction). Summed over an ep group, forward dispatch
-// and combine each move every admitted assignment once.
+// and combine each move every admitted assignment once. Per rank and step, with S and R the rows
+// sent and received over the forward passes (ExpertTraffic), f forwards per backward (2 under
+// full recomputation) and c the MoE layers' dispatches (layers x micro-batches x f):
+//   ep bytes = 8 E c + d (S b_in + R b_out) + d (R b_in + S b_out) / f
+// (kiln plan --compare checks it against ep_comm_bytes exactly).
 //
 // Gradients. Each rank's loss L_r is the mean over its own tokens; the step's objective is
 // (1/dp) sum_r L_r. A dense parameter's gradient is reduced over dp as before (DDP's mean). An
@@ -42,8 +46,10 @@
 // Tensor parallelism: the MoE layers are replicated over tp (models/gpt.h), so each tp rank has
 // its own ep group (the dp ranks at its tp index) dispatching the same tokens as its tp peers';
 // experts are then equal over tp, as a LayerNorm is. Built with DDP (dp > ep: the expert-data-
-// parallel reduction) and tp on one pipeline stage; ZeRO, pp and --sample-every with --ep are
-// refused (not built yet).
+// parallel reduction), ZeRO-1/2 (the experts sharded over the expert-data-parallel group:
+// parallel/zero.h), tp and pp (each stage's dp ranks form its ep groups; a stage's norm share
+// counts an expert's dp / ep copies: parallel/pipeline.h). ZeRO-3 and --sample-every with --ep
+// are refused (not built).
 #pragma once
 
 #include <memory>
@@ -63,10 +69,19 @@ class Communicator;
 // proj_w, proj_b} (the router is replicated).
 bool is_expert_parameter(const std::string& name);
 
+// The rows this rank's dispatches moved, counted by the forward passes (a recomputed forward
+// counts again): sent, its tokens' admitted assignments handed to the all-to-all; received, the
+// rows its experts ran. With the dtypes they say the all-to-alls' bytes exactly (see "Traffic"),
+// which the routing decides: the step record logs them (ep_rows_sent, ep_rows_received).
+struct ExpertTraffic {
+  int64_t rows_sent = 0, rows_received = 0;
+};
+
 // `shard` with expert parallelism over `ep` (this rank's position in it: ep->rank()): its
-// LayerOps gain expert_split, expert_rank and dispatch_experts. Throws ConfigError when ep does
-// not divide the experts.
-ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const std::shared_ptr<Communicator>& ep);
+// LayerOps gain expert_split, expert_rank and dispatch_experts, which add to `traffic` (when
+// given). Throws ConfigError when ep does not divide the experts.
+ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const std::shared_ptr<Communicator>& ep,
+                                std::shared_ptr<ExpertTraffic> traffic = nullptr);
 
 // An expert parameter's rows [rank E/ep, (rank + 1) E/ep) of the whole `w` (any other parameter
 // whole): the slicer for GPT::init_weights and for loading checkpoints.

@@ -263,6 +263,14 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
   double comm_sum = 0, ep_sum = 0, dropped_sum = 0;
   int64_t comm_n = 0, ep_n = 0, dropped_n = 0;
   bool ep_missing = false;
+  // --ep: each step's ep_comm_bytes from its logged rows (parallel/expert_parallel.h, "Traffic"):
+  // the counts and the norm (st.ep_exact_bytes), then d (S b_in + R b_out) over the forwards and
+  // d (R b_in + S b_out) / f for the backward, S and R the rows sent and received over the f
+  // forward passes. The first step it misses (or the first step).
+  const double forwards = l.recompute == Recompute::Full ? 2.0 : 1.0, d = static_cast<double>(model.d_model);
+  std::optional<double> rows_exact_pred, rows_exact_meas;
+  int64_t rows_exact_step = 0;
+  bool rows_missing = false;
   std::vector<double> step_s, mem;
   for (size_t i = 0; i < steps.size(); ++i) {
     const json& s = steps[i];
@@ -279,6 +287,16 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
           ep_min = ep_min ? std::min(*ep_min, *e) : *e;
           const double r = static_cast<double>((static_cast<int64_t>(*e) - static_cast<int64_t>(st.ep_exact_bytes)) % row_unit);
           if (!ep_residue || *ep_residue == 0) ep_residue = r;  // the first step that leaves a part row, if any
+          const auto S = number(s, "ep_rows_sent"), R = number(s, "ep_rows_received");
+          if (!S || !R) {
+            rows_missing = true;
+          } else {
+            const double pred = st.ep_exact_bytes + d * (*S * row_bytes.in + *R * row_bytes.out) +
+                                d * (*R * row_bytes.in + *S * row_bytes.out) / forwards;
+            if (!rows_exact_pred || (*rows_exact_pred == *rows_exact_meas && pred != *e)) {
+              rows_exact_pred = pred, rows_exact_meas = *e, rows_exact_step = static_cast<int64_t>(i + 1);
+            }
+          }
         }
       }
       if (!comm) comm = b;
@@ -300,14 +318,21 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
         "estimate (mean over steps): the all-to-alls' rows follow the routing; the rows below split it");
     res.rows.back().estimate = true;
     add("comm_bytes - ep_comm_bytes", "bytes", st.comm_bytes - st.ep_comm_bytes, comm, true,
-        comm_note.empty() ? "DDP (dense over dp, experts over expert-dp), the verdict, tp" : comm_note);
+        comm_note.empty() ? "the gradient reductions (dense over dp, experts over expert-dp), the verdict, tp, pp" : comm_note);
     CompareRow bound{"ep_comm_bytes >= counts+norm", "bytes", st.ep_exact_bytes, ep_min, false,
                      "lower bound: the counts all-to-alls (8 E per MoE layer and forward) and the norm's 16; measured: the least step's ep_comm_bytes"};
     bound.lower_bound = true;
     res.rows.push_back(bound);
-    add("ep rows mod " + std::to_string(row_unit), "bytes", 0.0, ep_residue, true,
-        "ep_comm_bytes less the counts and norm is whole rows, d x " + std::to_string(std::min(row_bytes.in, row_bytes.out)) +
-            " bytes, every step");
+    if (rows_exact_pred && !rows_missing) {
+      add("ep_comm_bytes from the logged rows", "bytes", rows_exact_pred, rows_exact_meas, true,
+          "every step: the counts and norm + d (S b_in + R b_out) + d (R b_in + S b_out) / f, S and R the step's ep_rows_sent "
+          "and ep_rows_received, b_in " + std::to_string(row_bytes.in) + ", b_out " + std::to_string(row_bytes.out) + ", f " +
+              std::to_string(static_cast<int>(forwards)) + " (shown: step " + std::to_string(rows_exact_step) + ")");
+    } else {  // a kiln from before ep_rows_*: whole rows at least
+      add("ep rows mod " + std::to_string(row_unit), "bytes", 0.0, ep_residue, true,
+          "ep_comm_bytes less the counts and norm is whole rows, d x " + std::to_string(std::min(row_bytes.in, row_bytes.out)) +
+              " bytes, every step (no ep_rows_sent / ep_rows_received in this log)");
+    }
     std::string note = "estimate: balanced load, no dropping; measured: mean over steps of ep_comm_bytes less the counts and norm";
     if (dropped_n > 0) {
       const double dropped = dropped_sum / static_cast<double>(dropped_n);

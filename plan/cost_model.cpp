@@ -100,10 +100,9 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
   if (ep > 1) {
     if (!m.is_moe()) throw ConfigError("--ep " + s(ep) + " divides the experts of an MoE model: give --n-experts (or --model tiny-moe)");
     if (m.n_experts % ep != 0) throw ConfigError("--ep " + s(ep) + " does not divide the experts (--n-experts " + s(m.n_experts) + ")");
-    const char* other = zero > 0 ? "--zero" : pp > 1 ? "--pp" : nullptr;
-    if (other) {
-      throw ConfigError(std::string("--ep with ") + other + " is not built yet: expert parallelism runs with DDP over dp "
-                        "and tensor parallelism (one pipeline stage, no ZeRO)");
+    if (zero == 3) {
+      throw ConfigError("--ep with --zero 3 is not built (ZeRO-3 gathers whole blocks over dp; the experts are sharded "
+                        "over the ranks holding the same ones): use --zero 1 or 2");
     }
     if (dp % ep != 0) {
       throw ConfigError("--ep " + s(ep) + " must divide the data-parallel size (dp " + s(dp) + " of " + s(devices()) +
@@ -204,9 +203,9 @@ int64_t sum_units(const std::vector<int64_t>& units) {
   return total;
 }
 
-ModelState model_state(const std::vector<int64_t>& units, const Layout& l) {
+ModelState model_state(const std::vector<int64_t>& units, const Layout& l, int64_t ranks) {
   ModelState out;
-  const int64_t N = l.grad_ranks();  // ZeRO shards over dp x cp
+  const int64_t N = ranks > 0 ? ranks : l.grad_ranks();  // ZeRO shards over dp x cp (experts: dp / ep)
   if (l.zero == 0) {
     const int64_t psi = sum_units(units);
     // 16-bit working weights: 2-byte parameters, fp32 main grads, fp32 master + m + v (optim/adamw.h).
@@ -411,14 +410,27 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
         }
         break;
       case 1:
-        dp("gradient reduce-scatter (last micro-step)", rb * psi_p, Window::LastBackward, 1);
-        dp("parameter all-gather after the step", pb * psi_p, Window::Serial, 1);
+      case 2: {
+        // under --ep the expert units go over the expert-data-parallel group (dp / ep ranks), and
+        // not at all when it is one rank (parallel/zero.h)
+        const double experts_p = static_cast<double>(st.psi_experts_padded), dense_p = psi_p - experts_p;
+        const bool each = l.zero == 2 && reduce_each;
+        const std::string tail = l.ep > 1 ? " (dense units)" : "";
+        if (each) dp("gradient reduce-scatter (every micro-step)" + tail, Kd * rb * dense_p, Window::Backward, K);
+        else dp("gradient reduce-scatter (last micro-step)" + tail, rb * dense_p, Window::LastBackward, 1);
+        dp("parameter all-gather after the step" + tail, pb * dense_p, Window::Serial, 1);
+        const int64_t M = l.ep > 1 ? l.dp / l.ep : 1;
+        if (M > 1 && experts_p > 0) {
+          const std::string copies = ", " + s(M) + " copies";
+          out.push_back(each ? collective("edp", "expert gradient reduce-scatter (every micro-step)" + copies, M, Kd * rb * experts_p,
+                                          k.dp_bw, k.dp, Window::Backward, K)
+                             : collective("edp", "expert gradient reduce-scatter (last micro-step)" + copies, M, rb * experts_p,
+                                          k.dp_bw, k.dp, Window::LastBackward, 1));
+          out.push_back(collective("edp", "expert parameter all-gather after the step" + copies, M, pb * experts_p, k.dp_bw, k.dp,
+                                   Window::Serial, 1));
+        }
         break;
-      case 2:
-        if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * rb * psi_p, Window::Backward, K);
-        else dp("gradient reduce-scatter (last micro-step)", rb * psi_p, Window::LastBackward, 1);
-        dp("parameter all-gather after the step", pb * psi_p, Window::Serial, 1);
-        break;
+      }
       case 3: {
         // the outer units stay gathered from the forward to the backward of a micro-step, and so
         // does the last block (parallel/zero.h)
@@ -534,8 +546,11 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
       rows.estimate = true;
       out.push_back(rows);
     }
-    // the norm's expert part (clip_grad_norm_ep): one fp64 summed over ep
-    out.push_back(collective("ep", "gradient-norm all-reduce (the experts' squares)", l.ep, 2 * 8, k.ep_bw, k.ep, Window::Serial, 1));
+    // the norm's expert part (clip_grad_norm_ep, DDP on one stage): one fp64 summed over ep; ZeRO's
+    // shards and the pipeline's shares are summed with the verdict instead
+    if (l.zero == 0 && !pipelined) {
+      out.push_back(collective("ep", "gradient-norm all-reduce (the experts' squares)", l.ep, 2 * 8, k.ep_bw, k.ep, Window::Serial, 1));
+    }
   }
   // context parallel (parallel/context_parallel.h): per layer and micro-batch one all-gather of
   // the stacked K and V, output [2, b, KV_t, T, h] in the compute dtype (again in a recomputed
@@ -681,10 +696,27 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     for (int64_t i = st.first_block; i < st.first_block + st.blocks; ++i) st.moe_blocks += model.is_moe_layer(i) ? 1 : 0;
     st.units = rank_units(model, l.tp, l.pp, s, l.pp_split, l.ep);
     stage_times(st);
-    st.psi = sum_units(st.units);
     for (int64_t i = st.first_block; i < st.first_block + st.blocks; ++i) st.psi_experts += block_expert_numel(model, i, l.ep);
-    st.psi_padded = sum_padded(st.units, G);
+    const int64_t M = l.dp / l.ep;  // the expert-data-parallel group
+    if (l.zero > 0 && l.ep > 1) {  // the experts' units split off their blocks' (parallel/zero.h)
+      const size_t outer = st.units.size() - static_cast<size_t>(st.blocks);
+      for (int64_t i = 0; i < st.blocks; ++i) {
+        const int64_t e = block_expert_numel(model, st.first_block + i, l.ep);
+        if (e == 0) continue;
+        st.units[outer + static_cast<size_t>(i)] -= e;
+        st.expert_units.push_back(e);
+      }
+    }
+    st.psi = sum_units(st.units) + sum_units(st.expert_units);
+    st.psi_experts_padded = sum_padded(st.expert_units, M);
+    st.psi_padded = sum_padded(st.units, G) + st.psi_experts_padded;
     st.state = model_state(st.units, l);
+    if (!st.expert_units.empty()) {
+      const ModelState e = model_state(st.expert_units, l, M);
+      for (auto [to, from] : {std::make_pair(&st.state.device, &e.device), std::make_pair(&st.state.host, &e.host)}) {
+        to->params += from->params, to->grads += from->grads, to->optimizer += from->optimizer;
+      }
+    }
     st.state.device.cast_copies = cast_copy_bytes(model, l, st.blocks, st.first_block);
 
     const bool first = s == 0, last = s == l.pp - 1;
@@ -727,6 +759,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     // gathered through the micro-step and one block gathered plus the next one prefetched.
     int64_t biggest = 0;
     for (int64_t n : st.units) biggest = std::max(biggest, padded_numel(n, G));
+    for (int64_t n : st.expert_units) biggest = std::max(biggest, padded_numel(n, M));
     const bool full_buffer = l.zero == 1 || (l.zero_accum == ZeroAccum::Local && l.grad_accum > 1);
     if (l.zero >= 2 && !full_buffer) transient += 2 * 4 * static_cast<double>(biggest);
     if (l.zero == 3) {  // gathered in the working weights' dtype
@@ -744,6 +777,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
       if (it.group == "ep") {
         st.ep_comm_bytes += it.comm_bytes;
         if (!it.estimate) st.ep_exact_bytes += it.comm_bytes;
+        if (it.what.rfind("gradient-norm", 0) == 0) st.ep_norm_bytes += it.comm_bytes;
       }
     }
     st.exposed_comm_s = exposed_seconds(st.comm, st.forward_s, st.backward_s, l.grad_accum);

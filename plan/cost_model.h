@@ -349,7 +349,8 @@ struct ModelState {
 };
 // params, grads and optimizer of section 2's table; cast_copies is left 0 (make_plan sets it
 // from cast_copy_bytes, which needs the model's shape).
-ModelState model_state(const std::vector<int64_t>& units, const Layout& layout);
+// ZeRO shards over `ranks` (0: the layout's dp x cp; the expert units: dp / ep).
+ModelState model_state(const std::vector<int64_t>& units, const Layout& layout, int64_t ranks = 0);
 // Autocast's held 2-byte weight copies on a rank of a stage holding blocks [first_block,
 // first_block + blocks) (section 2; an MoE block's attention weights only).
 int64_t cast_copy_bytes(const GPTConfig& model, const Layout& layout, int64_t blocks, int64_t first_block = 0);
@@ -405,9 +406,13 @@ struct StagePlan {
   int64_t first_block = 0;        // the number of its first block in the whole model
   int64_t moe_blocks = 0;         // how many of its blocks are MoE blocks
   std::vector<int64_t> units;     // this rank's parameter units (the outer ones, then one per block)
+  // ZeRO under --ep (parallel/zero.h): each MoE block's experts, a unit of their own sharded over
+  // the expert-data-parallel group (dp / ep ranks); `units` then holds the blocks without them
+  std::vector<int64_t> expert_units;
   double forward_s = 0, backward_s = 0;  // this stage's compute per micro-batch
   int64_t psi = 0, psi_padded = 0;
   int64_t psi_experts = 0;        // of psi, the experts' parameters (E/ep per MoE block): DDP reduces them over expert-dp under ep
+  int64_t psi_experts_padded = 0; // of psi_padded, expert_units' (padded over expert-dp)
   ModelState state;
   double activation_bytes = 0;    // kept activations, all in-flight micro-batches
   double transient_bytes = 0;     // gathered ZeRO-3 units, recompute working set, logits
@@ -417,6 +422,7 @@ struct StagePlan {
   double comm_bytes = 0;          // sum of comm[].comm_bytes over the network groups (kiln's figure)
   double ep_comm_bytes = 0;       // of it, the ep group's (the log's ep_comm_bytes): all-to-alls and the norm's 16 bytes
   double ep_exact_bytes = 0;      // of that, the accounting part (the counts and the norm; the rows are an estimate)
+  double ep_norm_bytes = 0;       // of that, the norm's (DDP on one stage: clip_grad_norm_ep's all-reduce)
   double exposed_comm_s = 0;
   double step_s = 0;              // (K + p - 1)(forward_s + backward_s) + exposed_comm_s: its step, bubble included
 };

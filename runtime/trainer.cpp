@@ -173,7 +173,10 @@ void Trainer::setup() {
     ModelShard shard = r.shape.tp > 1 ? make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp(), cfg_.sp) : ModelShard{};
     if (r.shape.cp > 1) shard = make_context_parallel(std::move(shard), cfg_.gpt, r.mesh->cp());
     if (r.shape.pp > 1) shard = pipeline_stage_shard(std::move(shard), r.stage_blocks, r.mesh->coord().pp);
-    if (r.shape.ep > 1) shard = make_expert_parallel(std::move(shard), cfg_.gpt, r.mesh->ep());
+    if (r.shape.ep > 1) {
+      r.ep_traffic = std::make_shared<ExpertTraffic>();
+      shard = make_expert_parallel(std::move(shard), cfg_.gpt, r.mesh->ep(), r.ep_traffic);
+    }
     r.model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), std::move(shard));
     GPT::TensorSlicer slicer = r.shape.tp > 1 ? tp_slicer(cfg_.gpt, r.shape.tp, r.mesh->coord().tp) : nullptr;
     if (r.shape.ep > 1) {  // the experts are not split over tp: their rows of this ep rank
@@ -473,8 +476,14 @@ json Trainer::run() {
       rec["moe_min_load"] = s.moe->min_load;
       rec["moe_max_load_by_layer"] = s.moe->max_load_by_layer;
       // --ep: this rank's expert-parallel traffic, in comm_bytes: the all-to-alls (the counts, 8 E
-      // bytes per MoE layer and forward; the rows, which depend on the routing) and the norm's 16.
-      if (r.shape.ep > 1) rec["ep_comm_bytes"] = s.ep_comm_bytes;
+      // bytes per MoE layer and forward; the rows, which depend on the routing) and, under DDP on
+      // one stage, the norm's 16; and the rows its dispatches sent and received over the step's
+      // forward passes, which say the all-to-alls' bytes (parallel/expert_parallel.h, "Traffic").
+      if (r.shape.ep > 1) {
+        rec["ep_comm_bytes"] = s.ep_comm_bytes;
+        rec["ep_rows_sent"] = s.ep_rows_sent;
+        rec["ep_rows_received"] = s.ep_rows_received;
+      }
     }
     r.log.write(rec);
     if (rank0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == end_step || s.skipped)) {

@@ -23,6 +23,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/ddp.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/main_grads.h"
 #include "parallel/pipeline.h"
 #include "parallel/zero.h"
@@ -79,6 +80,7 @@ struct Trainer::Run {
   // expert-data-parallel group (ddp then holds the dense parameters only).
   std::vector<at::Tensor> dense_targets, expert_targets;
   std::unique_ptr<DistributedDataParallel> expert_ddp;
+  std::shared_ptr<ExpertTraffic> ep_traffic;   // the rows the dispatches moved (the step record's ep_rows_*)
   GradOf grad_of;                              // 16-bit working weights: a parameter's main grad (else empty: .grad())
   std::unique_ptr<DistributedDataParallel> ddp;
   std::unique_ptr<ZeroEngine> zero;            // --zero 1..3: shards, reductions and the step
@@ -142,6 +144,7 @@ struct Trainer::QueuedStep {
   double loss_scale = 1.0, lr = 0.0, comm_ms = 0.0;
   int64_t comm_bytes = 0;  // this rank's traffic in the step (comm_bytes() at its start, then the difference)
   int64_t ep_comm_bytes = 0;  // of it, the expert-parallel group's (the same way)
+  int64_t ep_rows_sent = 0, ep_rows_received = 0;  // the dispatches' rows (the same way)
   int64_t host_reads = 0;  // device_to_host_reads() at its start, then the reads up to its queued update
   int loss_copies = 1;     // the ranks whose losses the verdict's loss sums
   int moe_copies = 1;      // the copies of each MoE stats row the verdict sums (tp, when reduced over the world)
@@ -156,6 +159,7 @@ struct Trainer::StepOutcome {
   bool skipped = false;
   int64_t comm_bytes = 0;  // this rank's traffic in the step
   int64_t ep_comm_bytes = 0;  // of it, the expert-parallel group's: the MoE all-to-alls and the norm's expert part
+  int64_t ep_rows_sent = 0, ep_rows_received = 0;  // the rows the all-to-alls moved (parallel/expert_parallel.h)
   int64_t host_reads = 0;  // device_to_host_reads() from the step's start to its queued update
   bool read_deferred = false;  // its verdict read after the next step's forward and backward were queued
   std::optional<MoEStepStats> moe;  // MoE models: the step's routing (runtime/moe_stats.h)

@@ -1584,6 +1584,63 @@ TEST(PlanExpertParallel, CommBytesByHand) {
   EXPECT_EQ(e2.stages[0].psi_experts, 2 * 4 * kExpert);
 }
 
+TEST(PlanExpertParallel, ZeroShardsTheExpertsOverTheExpertDataParallelGroup) {
+  // ZeRO-1 at dp 4, ep 2 (kiln train measured, tests/cli/moe.sh): the 4 MoE blocks' experts on
+  // this rank (E/ep = 4 of each: 4 x 131,712 per block, 2,107,392 in all) are units of their own
+  // over the 2 ranks holding the same ones; the dense units (352,512) over dp 4. Padded:
+  // 2,459,904 either way (multiples of 256 and 128 already). State: params 4 psi', grads
+  // 4 psi', optimizer 8 psi_dense'/4 + 8 psi_experts'/2.
+  const GPTConfig m = tiny_moe();
+  Layout l = ep_layout(4, 2);
+  l.zero = 1;
+  const StagePlan a = make_plan(m, toy_cluster(4), l).stages[0];
+  const int64_t experts = kEp2Experts;
+  EXPECT_EQ(a.expert_units, (std::vector<int64_t>(4, experts / 4)));
+  EXPECT_EQ(a.psi, kEp2Psi);
+  EXPECT_EQ(a.psi_padded, kEp2Psi);
+  EXPECT_EQ(a.psi_experts_padded, experts);
+  EXPECT_EQ(a.state.device.params, 4 * kEp2Psi);
+  EXPECT_EQ(a.state.device.grads, 4 * kEp2Psi);
+  EXPECT_EQ(a.state.device.optimizer, 8 * (kEp2Psi - experts) / 4 + 8 * experts / 2);  // 9,134,592
+  EXPECT_EQ(a.state.device.optimizer, 9134592);
+  // traffic outside the all-to-alls: 4 + 4 bytes per padded element (both kinds of unit) and the
+  // verdict with its MoE rows and the norm (8 x 47); no norm all-reduce over ep
+  EXPECT_EQ(a.comm_bytes - a.ep_comm_bytes, 8 * kEp2Psi + 376);  // 19,679,608
+  EXPECT_EQ(a.ep_exact_bytes, 2 * 4 * 64);                        // the counts alone (K 2)
+  int edp = 0;
+  for (const auto& it : a.comm) edp += it.group == "edp" ? 1 : 0;
+  EXPECT_EQ(edp, 2);  // the experts' reduce-scatter and all-gather
+  // dp = ep: the experts' group is one rank, no traffic for them (kiln: 2,820,472)
+  Layout one = ep_layout(2, 2);
+  one.zero = 1;
+  const StagePlan b = make_plan(m, toy_cluster(2), one).stages[0];
+  EXPECT_EQ(b.comm_bytes - b.ep_comm_bytes, 8 * kEp2Dense + 376);
+  EXPECT_EQ(b.comm_bytes - b.ep_comm_bytes, 2820472);
+  EXPECT_EQ(b.state.device.optimizer, 8 * kEp2Dense / 2 + 8 * kEp2Experts);
+  // ZeRO-2, K 2, reduce every micro-step, micro-batch 1 (kiln: 29,519,224): the reduce-scatters
+  // twice, the gathers once, for both kinds; gradients 4 psi'/N of each
+  Layout two = ep_layout(4, 2);
+  two.zero = 2;
+  two.micro_batch = 1;
+  const StagePlan c = make_plan(m, toy_cluster(4), two).stages[0];
+  EXPECT_EQ(c.comm_bytes - c.ep_comm_bytes, 29519224);
+  EXPECT_EQ(c.state.device.grads, 4 * (kEp2Psi - experts) / 4 + 4 * experts / 2);  // 4,567,296
+}
+
+TEST(PlanExpertParallel, PipelineStagesCarryTheirOwnEpGroups) {
+  // pp 2 x ep 2 x dp 2 (kiln train measured: comm_bytes - ep_comm_bytes 2,261,368 on stage 0,
+  // 2,130,296 under ZeRO-1); stage 0 holds 2 MoE blocks: the counts 8 E x 2 x K 2, no norm item
+  Layout l = ep_layout(2, 2);
+  l.pp = 2;
+  const StagePlan a = make_plan(tiny_moe(), toy_cluster(4), l).stages[0];
+  EXPECT_EQ(a.psi, 1270784);
+  EXPECT_EQ(a.comm_bytes - a.ep_comm_bytes, 2261368);
+  EXPECT_EQ(a.ep_exact_bytes, 2 * 2 * 64);
+  l.zero = 1;
+  const StagePlan b = make_plan(tiny_moe(), toy_cluster(4), l).stages[0];
+  EXPECT_EQ(b.comm_bytes - b.ep_comm_bytes, 2130296);
+}
+
 TEST(PlanExpertParallel, AllToAllsAreSerialOnTheEpGroupsLink) {
   // tp x ep ranks in a node: the all-to-alls stay inside (1 GB/s on the toy cluster); the wire
   // is (e - 1)/e of the input (the own block stays). tp 4 x ep 4 on nodes of 8 crosses them.
@@ -1639,11 +1696,13 @@ TEST(PlanExpertParallel, RefusedAsKilnTrainRefusesIt) {
     return "";
   };
   Layout z = ep_layout(2, 2);
-  z.zero = 1;
-  EXPECT_NE(message(tiny_moe(), toy_cluster(2), z).find("--ep with --zero is not built yet"), std::string::npos);
+  z.zero = 3;
+  EXPECT_NE(message(tiny_moe(), toy_cluster(2), z).find("--ep with --zero 3 is not built"), std::string::npos);
+  z.zero = 1;  // ZeRO-1/2 and pp compose with ep
+  EXPECT_EQ(message(tiny_moe(), toy_cluster(2), z), "");
   Layout pp = ep_layout(2, 2);
   pp.pp = 2;
-  EXPECT_NE(message(tiny_moe(), toy_cluster(4), pp).find("--ep with --pp is not built yet"), std::string::npos);
+  EXPECT_EQ(message(tiny_moe(), toy_cluster(4), pp), "");
   EXPECT_NE(message(tiny_moe(), toy_cluster(3), ep_layout(3, 2)).find("--ep 2 must divide the data-parallel size (dp 3 of 3 ranks)"),
             std::string::npos);
   GPTConfig six = tiny_moe();
@@ -1660,25 +1719,32 @@ TEST(PlanExpertParallel, RefusedAsKilnTrainRefusesIt) {
   EXPECT_EQ(j["layout"]["ep"], 2);
   EXPECT_NE(j["layout"]["command"].get<std::string>().find("--ep 2"), std::string::npos) << j["layout"]["command"];
   EXPECT_EQ(describe(a.layout).rfind("dp 4 (ep 2) tp 1 pp 1", 0), 0u) << describe(a.layout);
-  EXPECT_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--ep", "2", "--zero", "1"}), ConfigError);
+  EXPECT_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--ep", "2", "--zero", "3"}), ConfigError);
   EXPECT_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--ep", "4"}), ConfigError);
 }
 
-TEST(PlanExpertParallel, SearchConsidersEpWithDdpOnOneStage) {
+TEST(PlanExpertParallel, SearchConsidersEpWithDdpZeroAndPipelines) {
   // Every fitting layout of tiny-moe on 4 devices: some with ep 2 or 4 (divisors of dp that
-  // divide 8), all of those ZeRO-0 on one stage; a dense model is never given ep.
+  // divide 8), with DDP, ZeRO-1/2 and pp, never ZeRO-3; a dense model is never given ep.
   SearchSpace space;
   space.global_batch = 8;
   space.top = 100000;
   const SearchResult r = search(tiny_moe(), toy_cluster(4), space);
   std::map<int64_t, int> by_ep;
+  int ep_zero = 0, ep_pp = 0;
   for (const auto& b : r.best) {
     const Layout& l = b.plan.layout;
     ++by_ep[l.ep];
-    if (l.ep > 1) EXPECT_TRUE(l.zero == 0 && l.pp == 1 && l.dp % l.ep == 0) << describe(l);
+    if (l.ep > 1) {
+      EXPECT_TRUE(l.zero < 3 && l.dp % l.ep == 0) << describe(l);
+      ep_zero += l.zero > 0 ? 1 : 0;
+      ep_pp += l.pp > 1 ? 1 : 0;
+    }
   }
   EXPECT_GT(by_ep[2], 0);
   EXPECT_GT(by_ep[4], 0);
+  EXPECT_GT(ep_zero, 0);
+  EXPECT_GT(ep_pp, 0);
   const SearchResult d = search(tiny(), toy_cluster(4), space);
   for (const auto& b : d.best) EXPECT_EQ(b.plan.layout.ep, 1);
   // where the experts' DDP is the bottleneck -- dp across slow links -- ep wins: gpt2-124m-moe
@@ -1737,6 +1803,32 @@ TEST(PlanExpertParallel, CompareChecksTheNonEpTrafficExactlyAndBoundsTheRest) {
     EXPECT_FALSE(compare_with_log(p, cluster_preset("h100"), false).exact_ok()) << bad;
     std::remove(p.c_str());
   }
+  // with the rows each step's dispatches moved (ep_rows_sent S, ep_rows_received R), ep_comm_bytes
+  // exactly: 528 + 128 x 4 x (S + R) x 2 (forward and backward, fp32 both ways)
+  const std::string with_rows = R"({"type":"step","step":1,"comm_bytes":10405760,"ep_comm_bytes":7585296,"ep_rows_sent":3638,"ep_rows_received":3769})" "\n"
+                                R"({"type":"step","step":2,"comm_bytes":10525568,"ep_comm_bytes":7705104,"ep_rows_sent":3722,"ep_rows_received":3802})" "\n";
+  const std::string rp = write_log(log(with_rows));
+  const CompareResult rr = compare_with_log(rp, cluster_preset("h100"), false);
+  std::remove(rp.c_str());
+  EXPECT_TRUE(rr.exact_ok());
+  bool found = false;
+  for (const auto& x : rr.rows) {
+    if (x.name != "ep_comm_bytes from the logged rows") continue;
+    found = true;
+    EXPECT_TRUE(x.exact);
+    EXPECT_EQ(*x.predicted, 7585296);
+    EXPECT_EQ(*x.measured, 7585296);
+  }
+  EXPECT_TRUE(found);
+  // one row too many in step 2's count: a mismatch, shown at that step
+  const std::string off = R"({"type":"step","step":1,"comm_bytes":10405760,"ep_comm_bytes":7585296,"ep_rows_sent":3638,"ep_rows_received":3769})" "\n"
+                          R"({"type":"step","step":2,"comm_bytes":10525568,"ep_comm_bytes":7705104,"ep_rows_sent":3723,"ep_rows_received":3802})" "\n";
+  const std::string op = write_log(log(off));
+  const CompareResult ro = compare_with_log(op, cluster_preset("h100"), false);
+  std::remove(op.c_str());
+  EXPECT_FALSE(ro.exact_ok());
+  for (const auto& x : ro.rows)
+    if (x.name == "ep_comm_bytes from the logged rows") EXPECT_EQ(*x.predicted, 7705104 + 1024);
   // the trainer's activation figure for the config record: no longer refused
   EXPECT_GT(predicted_activation_bytes(nlohmann::json::parse(log("").substr(0, log("").size() - 1))), 0);
 }

@@ -11,9 +11,10 @@
 # figures, and every stage's block count. Sequence parallelism (tp 2 --sp in fp32; with dp 2,
 # ZeRO-1, bf16 and full recomputation) and context parallelism (cp 2 in bf16 under ZeRO-3; cp 4
 # at seq 256; cp 2 x tp 2 as a plan suggests it) are compared too, and Mixture-of-Experts runs
-# (tiny-moe: one process, DDP dp 2 in bf16, ZeRO-1 dp 2, tp 2, pp 2; and with --ep 2 at dp 2 and
-# dp 2 x tp 2, where comm_bytes less ep_comm_bytes is exact, the all-to-alls' counts and norm a
-# lower bound and their rows set beside the plan's balanced estimate). Last, the command a plan
+# (tiny-moe: one process, DDP dp 2 in bf16, ZeRO-1 dp 2, tp 2, pp 2; and with --ep 2 at dp 2,
+# dp 2 x tp 2, ZeRO-1 at dp 4 and pp 2 x ZeRO-1, where comm_bytes less ep_comm_bytes is exact,
+# ep_comm_bytes exact from the step's logged rows, and those rows set beside the plan's balanced
+# estimate). Last, the command a plan
 # suggests runs its layout as pasted (model, precision, layout, batch).
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
@@ -132,8 +133,7 @@ expect_fail "--cp with --sp is not built" --model tiny --gpus-per-node 4 --cp 2 
 expect_fail "--sp does not go with --search" --model tiny --search --sp
 expect_fail "--n-experts with --sp is not built" --model tiny-moe --gpus-per-node 2 --tp 2 --sp
 expect_fail "--top-k must be in \[1, --n-experts 2\]" --model tiny --n-experts 2 --top-k 3
-expect_fail "--ep with --zero is not built yet" --model tiny-moe --gpus-per-node 2 --ep 2 --zero 1
-expect_fail "--ep with --pp is not built yet" --model tiny-moe --gpus-per-node 4 --ep 2 --pp 2
+expect_fail "--ep with --zero 3 is not built" --model tiny-moe --gpus-per-node 2 --ep 2 --zero 3
 expect_fail "--ep 4 must divide the data-parallel size \(dp 2 of 2 ranks\)" --model tiny-moe --gpus-per-node 2 --ep 4
 expect_fail "--ep 2 divides the experts of an MoE model" --model tiny --gpus-per-node 2 --ep 2
 
@@ -315,31 +315,34 @@ print("MoE: the experts in the model state, the routing rows in the verdict, no 
 PY
 
 # ---- --compare against expert-parallel runs -------------------------------------------------------
-# --ep 2 at dp 2 and at dp 2 x tp 2: each rank holds 4 of the 8 experts (params_local and the
-# model state exact); comm_bytes less the step's ep_comm_bytes (DDP dense over dp, the experts'
-# DDP over a group of one: nothing, the verdict, tp) exact every step; ep_comm_bytes at least the
-# counts' all-to-alls and the norm (528), the rest whole rows of d x 4 bytes, and near the
-# balanced estimate: per rank the rows sent are at most k b T (a token's k choices), those its
-# experts ran at most the capacity, 1.25 k b T, so rows / estimate is at most (1 + 1.25) / 2.
+# --ep 2 at dp 2, at dp 2 x tp 2, with ZeRO-1 at dp 4 and with pp 2 x ZeRO-1: each rank holds 4 of
+# the 8 experts (params_local and the model state exact; under ZeRO the experts sharded over the
+# ranks holding the same ones); comm_bytes less the step's ep_comm_bytes (the dense gradients over
+# dp, the experts' over their copies -- a group of one at dp = ep: nothing --, the verdict, tp,
+# pp) exact every step; ep_comm_bytes exactly what the step's logged rows say (the rows its
+# dispatches sent and received, parallel/expert_parallel.h), at least the counts' all-to-alls (and
+# the norm's 16 under DDP on one stage), and near the balanced estimate: per rank the rows sent
+# are at most k b T (a token's k choices), those its experts ran at most the capacity, 1.25 k b T,
+# so rows / estimate is at most (1 + 1.25) / 2.
 echo "--compare, expert parallel:"
-check_compare_ep() {  # check_compare_ep LOG NON_EP
+check_compare_ep() {  # check_compare_ep LOG NON_EP MOE_LAYERS_ON_RANK_0 NORM_BYTES
   "$KILN_BIN" plan --compare "$1" >"$1.txt"
   "$KILN_BIN" plan --compare "$1" --json >"$1.cmp.json"
-  python3 - "$1" "$2" <<'PY'
+  python3 - "$1" "$2" "$3" "$4" <<'PY'
 import json, sys
-log, non_ep = sys.argv[1], int(sys.argv[2])
+log, non_ep, layers, norm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 c = json.load(open(log + ".cmp.json"))
 rows = {r["name"]: r for r in c["rows"]}
 assert c["exact_ok"], [r for r in c["rows"] if r["exact"] and r["equal"] is False or r.get("holds") is False]
 for name in ("params", "params_active", "params_local", "flops_per_token", "tokens_per_step",
              "model_state.device.params", "model_state.device.grads", "model_state.device.optimizer",
-             "comm_bytes - ep_comm_bytes", "ep rows mod 512"):
+             "comm_bytes - ep_comm_bytes", "ep_comm_bytes from the logged rows"):
     assert rows[name]["exact"] and rows[name]["equal"] and rows[name]["measured"] is not None, rows[name]
 assert rows["comm_bytes - ep_comm_bytes"]["measured"] == non_ep, rows["comm_bytes - ep_comm_bytes"]
 b = rows["ep_comm_bytes >= counts+norm"]
-assert b["lower_bound"] and b["holds"] and b["predicted"] == 4 * 2 * 64 + 16, b
+assert b["lower_bound"] and b["holds"] and b["predicted"] == layers * 2 * 64 + norm, b
 est = rows["ep_comm_bytes: all-to-all rows"]
-assert est["estimate"] and est["predicted"] == 4 * 2 * 2 * 512 * 128 * 8, est
+assert est["estimate"] and est["predicted"] == layers * 2 * 2 * 512 * 128 * 8, est
 ratio = est["measured"] / est["predicted"]
 assert 0.5 < ratio <= (1 + 1.25) / 2, ratio
 print(f"  {log.split('/')[-1]}: comm_bytes - ep_comm_bytes {non_ep} equal, ep rows {est['measured']:.0f} "
@@ -349,10 +352,16 @@ PY
 E=(train --device cpu --model tiny-moe --steps 2 --log-every 100 --micro-batch 2 --grad-accum 2)
 mpi 2 "$KILN_BIN" "${E[@]}" --ep 2 --log-json "$work/ep2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${E[@]}" --ep 2 --tp 2 --log-json "$work/ep2tp2.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${E[@]}" --ep 2 --zero 1 --log-json "$work/ep2z1dp4.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${E[@]}" --ep 2 --pp 2 --zero 1 --log-json "$work/ep2pp2z1.jsonl" >/dev/null
 # dp 2, ep 2: 2 x 4 x 352,512 dense + the verdict 2 x 4 x (2 + 44); tp 2 x ep 2: 2 x 4 x 187,904
-# dense + 368 + tiny-moe's tp traffic at tp 2 (5,255,184)
-check_compare_ep "$work/ep2.jsonl" $((2 * 4 * 352512 + 368))
-check_compare_ep "$work/ep2tp2.jsonl" $((2 * 4 * 187904 + 368 + 5255184))
+# dense + 368 + tiny-moe's tp traffic at tp 2 (5,255,184); ZeRO-1 at dp 4: (4 + 4) x 2,459,904
+# (the dense units over dp 4, the experts over their 2 copies) + the verdict with the norm
+# 2 x 4 x (3 + 44); pp 2 x ZeRO-1: stage 0's figure (2 MoE blocks; kiln train measured 2,130,296)
+check_compare_ep "$work/ep2.jsonl" $((2 * 4 * 352512 + 368)) 4 16
+check_compare_ep "$work/ep2tp2.jsonl" $((2 * 4 * 187904 + 368 + 5255184)) 4 16
+check_compare_ep "$work/ep2z1dp4.jsonl" $((8 * 2459904 + 376)) 4 0
+check_compare_ep "$work/ep2pp2z1.jsonl" 2130296 2 0
 grep -q "layout: dp 2 (ep 2) tp 2 pp 1" "$work/ep2tp2.jsonl.txt" || { cat "$work/ep2tp2.jsonl.txt"; fail "ep compare text"; }
 
 # ---- the suggested command runs the planned layout as pasted (here on the CPU, 2 steps)
