@@ -359,8 +359,10 @@ at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, con
       acc = acc.defined() ? acc + sq : sq;
     }
   }
-  if (grads.empty()) return at::zeros({}, at::kFloat);
-  const auto opts = grads.front().options().dtype(at::kDouble);
+  // A rank without gradients still joins the all-reduce (its tp peers wait in it), with zeros on
+  // the run's device (a host zero would be handed to NCCL).
+  const auto params = model.parameters();
+  const auto opts = (grads.empty() ? params.front() : grads.front()).options().dtype(at::kDouble);
   if (!split_sq.defined()) split_sq = at::zeros({}, opts);
   if (!replicated_sq.defined()) replicated_sq = at::zeros({}, opts);
   at::Tensor split_sum = split_sq.reshape({1}).clone();

@@ -153,6 +153,32 @@ TEST(TensorParallel, RegionRandomStreamIsPerRank) {
       EXPECT_FALSE(at::equal(all.narrow(0, 16 * i, 16), all.narrow(0, 16 * j, 16))) << "ranks " << i << " and " << j;
 }
 
+// clip_grad_norm_tp on a rank holding no gradients still joins the tp all-reduce (it once
+// returned early, leaving its peers waiting in it): rank 0 has a gradient of ones on every
+// parameter, the others none. Every rank's norm^2 is the split parameters' squares summed over
+// tp (rank 0's alone) plus its own replicated ones, so rank 0's exceeds the others' by its
+// replicated parameters' element count (each 1^2).
+TEST(TensorParallel, ClipGradNormJoinsTheAllReduceWithoutGradients) {
+  const auto s = slices();
+  kiln::GPTConfig cfg = kiln::GPTConfig::preset("tiny");
+  cfg.n_layer = 1;
+  cfg.n_head = cfg.n_kv_head = 4 * s.t;
+  cfg.d_model = 32 * s.t;
+  kiln::GPT model(cfg, at::TensorOptions(), kiln::make_tensor_parallel_shard(cfg, g_tp));
+  double replicated = 0.0;
+  for (const auto& item : model.named_parameters()) {
+    auto p = item.value();
+    if (s.r == 0) p.mutable_grad() = at::ones_like(p);
+    if (!kiln::is_tensor_parallel(item.key())) replicated += static_cast<double>(p.numel());
+  }
+  const double norm = kiln::clip_grad_norm_tp(model, /*max_norm=*/0.0, /*grad_scale=*/1.0, g_tp, {}).item<double>();
+  at::Tensor first = at::full({1}, s.r == 0 ? norm * norm : 0.0, at::kDouble), other = at::full({1}, s.r == 1 ? norm * norm : 0.0, at::kDouble);
+  g_tp->all_reduce(first, kiln::ReduceOp::Sum)->wait();
+  g_tp->all_reduce(other, kiln::ReduceOp::Sum)->wait();
+  EXPECT_GT(other.item<double>(), 0.0) << "rank 1 must see rank 0's split squares";
+  EXPECT_NEAR(first.item<double>() - other.item<double>(), replicated, 1e-6 * first.item<double>());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
