@@ -19,7 +19,7 @@
 # comm_bytes of DDP exactly: 2 x 4 psi (the gradients' all-reduce) + 2 x 4 (2 + L (E + 3)) (the
 # verdict [loss, non-finite] with the MoE stats rows riding in it; runtime/moe_stats.h).
 # bf16: dp 2 under ZeRO-1 against 1 process within the 16-bit tolerances (tests/cli/
-# param_dtype_zero.sh) over 5 steps.
+# param_dtype_zero.sh) over 5 steps; ep 2, and ep 2 x ZeRO-2 at dp 4; fp16: ep 2 x ZeRO-1 at dp 4.
 # Training: 100 steps of tiny-moe fall like the dense tiny model's, and the balance loss keeps the
 # most chosen expert's load within a band (the figures below).
 # Checkpoints: resumed at step 5 on the same layout the run replays steps 6-10 exactly (==);
@@ -68,6 +68,10 @@ B=(train --device cpu --model tiny-moe --steps 5 --log-every 100 --micro-batch 2
 mpi 2 "$KILN_BIN" "${B[@]}" --grad-accum 2 --zero 1 --log-json "$work/z1_bf16.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${B[@]}" --grad-accum 2 --ep 2 --log-json "$work/ep2_bf16.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${B[@]}" --grad-accum 1 --ep 2 --zero 2 --reduce-dtype bf16 --log-json "$work/ep2z2_bf16.jsonl" >/dev/null
+# fp16 (dynamic loss scaling; the router losses' gradients take the loss scale): ep 2 x ZeRO-1 at dp 4.
+F=(train --device cpu --model tiny-moe --steps 5 --log-every 100 --micro-batch 2 --precision fp16)
+"$KILN_BIN" "${F[@]}" --grad-accum 4 --log-json "$work/ref_fp16.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${F[@]}" --grad-accum 1 --ep 2 --zero 1 --log-json "$work/ep2z1_fp16.jsonl" >/dev/null
 # Training: 100 steps of tiny-moe against the dense tiny model, one thread each, side by side.
 C=(train --device cpu --steps 100 --log-every 1000 --micro-batch 4)
 OMP_NUM_THREADS=1 "$KILN_BIN" "${C[@]}" --model tiny --log-json "$work/dense100.jsonl" >/dev/null &
@@ -179,6 +183,12 @@ for s in rb:
     assert abs(rb[s]["loss"] - eb[s]["loss"]) / rb[s]["loss"] <= 5e-4, (s, rb[s]["loss"], eb[s]["loss"])
     assert abs(rb[s]["grad_norm"] - eb[s]["grad_norm"]) / rb[s]["grad_norm"] <= 2e-2, (s, rb[s]["grad_norm"], eb[s]["grad_norm"])
 print("bf16 z1 dp2, ep 2 and ep 2 x ZeRO-2 (bf16 reductions) at dp 4: within the 16-bit tolerances")
+rf, ef = steps(load(f"{d}/ref_fp16.jsonl")), steps(load(f"{d}/ep2z1_fp16.jsonl"))
+for s in rf:
+    assert not rf[s]["skipped"] and not ef[s]["skipped"] and rf[s]["loss_scale"] == ef[s]["loss_scale"], (s, rf[s], ef[s])
+    assert abs(rf[s]["loss"] - ef[s]["loss"]) / rf[s]["loss"] <= 5e-4, (s, rf[s]["loss"], ef[s]["loss"])
+    assert abs(rf[s]["grad_norm"] - ef[s]["grad_norm"]) / rf[s]["grad_norm"] <= 2e-2, (s, rf[s]["grad_norm"], ef[s]["grad_norm"])
+print("fp16 ep 2 x ZeRO-1 at dp 4: within the 16-bit tolerances, the same loss scale, nothing skipped")
 
 # Training: the loss falls as the dense model's (measured at 100 steps: 1.027 against 1.082, mean
 # of the last 10), and the balance loss keeps the loads in a band (measured: the most chosen
