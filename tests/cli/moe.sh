@@ -8,7 +8,8 @@
 #   dropless    --moe-capacity-factor 0: 1 process against dp 2
 #   ep          expert parallelism (parallel/expert_parallel.h): ep 2 over dp 2, ep 2 with dp 4,
 #               ep 4 with dp 4, dropless ep 4, ep 2 x tp 2 (4 ranks); with ZeRO-1 at dp 2 and
-#               dp 4, ZeRO-2 offloaded at dp 4, ZeRO-1 x tp 2; with pp 2 (DDP and ZeRO-1)
+#               dp 4, ZeRO-2 offloaded at dp 4, ZeRO-1 x tp 2; with pp 2 (DDP and ZeRO-1); with
+#               full recomputation, and ZeRO-2 with selective
 # Checked over 10 steps: loss and gradient norm per step and the final weights' fingerprint within
 # a relative 1e-5 (the DDP parity tolerance, tests/cli/ddp_parity.sh: the same products summed in
 # another order); the routing figures of every step (moe_dropped, moe_max_load, moe_min_load,
@@ -62,6 +63,9 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --off
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --ep 2 --zero 1 --log-json "$work/ep2tp2z1.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --save-dir "$work/ep2pp2" --save-every 5 --log-json "$work/ep2pp2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --zero 1 --log-json "$work/ep2pp2z1.jsonl" >/dev/null
+# ... with recomputation: the recomputed forward dispatches again (full; selective keeps the MoE block).
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --activation-checkpointing full --log-json "$work/ep2ac.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --zero 2 --activation-checkpointing selective --log-json "$work/ep2z2sel.jsonl" >/dev/null
 # bf16, 5 steps (bf16 is slow on this CPU).
 B=(train --device cpu --model tiny-moe --steps 5 --log-every 100 --micro-batch 2 --precision bf16)
 "$KILN_BIN" "${B[@]}" --grad-accum 4 --log-json "$work/ref_bf16.jsonl" >/dev/null
@@ -132,7 +136,8 @@ for name, world in (("dp2", (2, 1, 1)), ("z1", (2, 1, 1)), ("z3", (2, 1, 1)), ("
     print(f"{name}: losses, norms and fingerprint within {worst:.1e}; routing identical, aux/z within {aux:.1e}")
 for name, ep, dp, r in (("ep2", 2, 2, ref), ("ep2dp4", 2, 4, ref), ("ep4", 4, 4, ref), ("ep4_0", 4, 4, load(f"{d}/ref0.jsonl")),
                         ("ep2tp2", 2, 2, ref), ("ep2z1", 2, 2, ref), ("ep2z1dp4", 2, 4, ref), ("ep2z2", 2, 4, ref),
-                        ("ep2tp2z1", 2, 2, ref), ("ep2pp2", 2, 2, ref), ("ep2pp2z1", 2, 2, ref)):
+                        ("ep2tp2z1", 2, 2, ref), ("ep2pp2", 2, 2, ref), ("ep2pp2z1", 2, 2, ref), ("ep2ac", 2, 2, ref),
+                        ("ep2z2sel", 2, 2, ref)):
     run = load(f"{d}/{name}.jsonl")
     assert (run[0]["world"]["dp"], run[0]["config"]["ep"]) == (dp, ep), (name, run[0]["world"])
     # Each rank holds E / ep experts of every MoE layer.
