@@ -163,6 +163,8 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
                       {"ep_comm_bytes", static_cast<int64_t>(std::llround(st.ep_comm_bytes))},
                       {"ep_exact_bytes", static_cast<int64_t>(std::llround(st.ep_exact_bytes))},
                       {"psi_experts", st.psi_experts},
+                      {"expert_units", st.expert_units},  // ZeRO under --ep: the experts' own units (sharded over dp / ep)
+                      {"psi_experts_padded", st.psi_experts_padded},
                       {"exposed_comm_s", st.exposed_comm_s},
                       {"step_s", st.step_s},
                       {"comm", comm}});
