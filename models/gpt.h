@@ -104,14 +104,21 @@ struct LayerOps {
 
   // ---- expert parallelism (parallel/expert_parallel.h) ----
   // The MoE layers' experts are divided over expert_split ranks: this one holds experts
-  // [expert_rank E / expert_split, (expert_rank + 1) E / expert_split). dispatch_experts(rows,
-  // counts, run_local): rows [n, d] sorted by expert, counts[e] of them for expert e (all E);
-  // sends each expert's rows to the rank holding it, calls run_local(arrived, local_counts) on
-  // what arrives there (rows of this rank's experts, sorted by local expert) and returns the
-  // outputs [n, d] in rows' order. Empty: every expert on this rank.
+  // [expert_rank E / expert_split, (expert_rank + 1) E / expert_split).
+  // exchange_counts(counts): the E admitted counts of this rank (int64, on the device) to the
+  // ranks holding those experts; returns c [expert_split, E / expert_split] (on the device), c[j][l]
+  // the rows rank j will send this rank's local expert l. The layer issues it before its one host
+  // read, which reads c with its own counts.
+  // dispatch_experts(rows, counts, c, run_local): rows [n, d] sorted by expert, counts[e] of them
+  // for expert e (all E), c as read (flattened); sends each expert's rows to the rank holding it,
+  // calls run_local(arrived, local_counts) on what arrives there (rows of this rank's experts,
+  // sorted by local expert) and returns the outputs [n, d] in rows' order. Empty: every expert on
+  // this rank.
   int64_t expert_split = 1, expert_rank = 0;
   using ExpertRunner = std::function<at::Tensor(const at::Tensor&, const std::vector<int64_t>&)>;
-  std::function<at::Tensor(const at::Tensor&, const std::vector<int64_t>&, const ExpertRunner&)> dispatch_experts;
+  std::function<at::Tensor(const at::Tensor&)> exchange_counts;
+  std::function<at::Tensor(const at::Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&, const ExpertRunner&)>
+      dispatch_experts;
 };
 
 // This rank's part of a tensor-parallel model: tp ranks split the attention heads, the MLP

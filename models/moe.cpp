@@ -135,9 +135,13 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_in) {
   const at::Tensor ones = at::ones_like(key);
   const at::Tensor kept = at::zeros({E + 1}, key.options()).index_add_(0, key, ones).narrow(0, 0, E);
   const at::Tensor routed = at::zeros({E}, key.options()).index_add_(0, chosen, ones);  // before dropping
-  const at::Tensor host = to_host(at::cat({kept, routed}));  // the call's one host read
+  // Expert parallelism: the counts exchanged on the device first, so this one read takes both.
+  const bool ep = ops_ && ops_->dispatch_experts;
+  const at::Tensor arriving = ep ? ops_->exchange_counts(kept) : at::Tensor();
+  const at::Tensor host = to_host(ep ? at::cat({kept, routed, arriving}) : at::cat({kept, routed}));  // the call's one host read
   const int64_t* h = host.data_ptr<int64_t>();
   const std::vector<int64_t> counts(h, h + E);
+  const std::vector<int64_t> arrived_counts = ep ? std::vector<int64_t>(h + 2 * E, h + host.numel()) : std::vector<int64_t>{};
   int64_t n_kept = 0, most = 0, least = N * k;
   for (int64_t e = 0; e < E; ++e) {
     n_kept += h[e];
@@ -148,9 +152,9 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_in) {
   const at::Tensor tokens = at::div(take, k, "floor");         // their tokens
   const at::Tensor g = gates.reshape({-1}).index_select(0, take).unsqueeze(-1);  // [n_kept, 1]
   const at::Tensor rows = x.index_select(0, tokens);
-  const at::Tensor out = ops_ && ops_->dispatch_experts
-                             ? ops_->dispatch_experts(rows, counts, [this](const at::Tensor& r, const std::vector<int64_t>& c) { return run_experts(r, c); })
-                             : run_experts(rows, counts);
+  const at::Tensor out = ep ? ops_->dispatch_experts(rows, counts, arrived_counts,
+                                                    [this](const at::Tensor& r, const std::vector<int64_t>& c) { return run_experts(r, c); })
+                           : run_experts(rows, counts);
   at::Tensor y = at::zeros({N, d}, x.options()).index_add_(0, tokens, (out * g.to(out.scalar_type())).to(x.scalar_type()));
 
   // Losses: Switch's load balancing per group (f from the choices before dropping, P

@@ -71,15 +71,21 @@ ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const st
   ops->expert_split = n;
   ops->expert_rank = ep->rank();
   const int64_t local = E / n;
-  ops->dispatch_experts = [ep, n, local, traffic](const at::Tensor& rows, const std::vector<int64_t>& counts, const LayerOps::ExpertRunner& run_local) {
-    // The counts: to rank j the counts of its experts; from rank j, c[j][l] for this rank's expert l.
-    std::vector<int64_t> send(static_cast<size_t>(n), 0);
-    for (int64_t e = 0; e < n * local; ++e) send[static_cast<size_t>(e / local)] += counts[static_cast<size_t>(e)];
-    const at::Tensor mine = to_device(at::tensor(counts, at::kLong), rows.device());
+  // The counts, on the device: to rank j the counts of its experts; from rank j, c[j][l] for this
+  // rank's expert l.
+  ops->exchange_counts = [ep, n, local](const at::Tensor& counts) {
+    const at::Tensor mine = counts.to(at::kLong).contiguous();
     at::Tensor theirs = at::empty({n * local}, mine.options());
     ep->all_to_all(theirs, mine, {}, {})->wait();
-    const at::Tensor c = to_host(theirs);  // [n, local], row j from rank j
-    const int64_t* cj = c.data_ptr<int64_t>();
+    return theirs;
+  };
+  ops->dispatch_experts = [ep, n, local, traffic](const at::Tensor& rows, const std::vector<int64_t>& counts,
+                                                  const std::vector<int64_t>& c, const LayerOps::ExpertRunner& run_local) {
+    if (static_cast<int64_t>(c.size()) != n * local || static_cast<int64_t>(counts.size()) != n * local)
+      throw Error("expert parallelism: the dispatch needs all E counts and the exchanged ones");
+    std::vector<int64_t> send(static_cast<size_t>(n), 0);
+    for (int64_t e = 0; e < n * local; ++e) send[static_cast<size_t>(e / local)] += counts[static_cast<size_t>(e)];
+    const int64_t* cj = c.data();  // [n, local], row j from rank j
     std::vector<int64_t> recv(static_cast<size_t>(n), 0), local_counts(static_cast<size_t>(local), 0);
     for (int64_t j = 0; j < n; ++j)
       for (int64_t l = 0; l < local; ++l) {

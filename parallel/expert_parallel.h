@@ -10,17 +10,17 @@
 //
 // One MoE layer's forward on an ep rank (models/moe.h gives the rows sorted by expert, n_e rows for
 // expert e, all E):
-//   counts    all_to_all of the E counts, E/ep to each rank: c[j][l] = rows rank j sends this rank's
-//             local expert l                                                         [ep, E/ep]
+//   counts    all_to_all of the E counts (on the device, LayerOps::exchange_counts), E/ep to each
+//             rank: c[j][l] = rows rank j sends this rank's local expert l           [ep, E/ep]
 //   dispatch  all_to_all of the rows: to rank j the rows of its experts (sum over its experts of
 //             n_e); from rank j sum_l c[j][l] rows, ordered (j, l)
 //   experts   the arrived rows reordered (l, j) so each local expert's rows are consecutive, the
 //             experts run, the outputs put back in (j, l) order
 //   combine   all_to_all back (the splits swapped): each row's output returns to its token's rank
 // Backward: each all_to_all's gradient is the all_to_all with the splits swapped (AllToAllRows).
-// The arrived counts' host read is a second synchronisation per layer and forward, beside the
-// MoE layer's own read of its E counts (models/moe.h): MPI's and NCCL's splits are host integers.
-// (Exchanging the counts before the layer's read would make it one.)
+// The counts' exchange runs on the device before the MoE layer's one host read (models/moe.h),
+// which reads the arrived counts with its own: MPI's and NCCL's splits are host integers, and this
+// keeps ep at one synchronisation per layer and forward, as without ep.
 // Traffic (comm_bytes, runtime/comm.h: an all_to_all counts its whole input): per MoE layer and
 // micro-batch, 8 E bytes (the counts) + the rows sent (a x b_in x d bytes, a the admitted
 // assignments of this rank's tokens, b_in the residual stream's bytes) + the rows returned (R x

@@ -29,7 +29,7 @@
 # one process and on ep 4; an ep 2 x ZeRO-2 one replayed exactly and resumed on one process; the
 # single process's resumed on ep 2 x ZeRO-1; an ep 2 x pp 2 one resumed on one process.
 # comm_bytes - ep_comm_bytes of ep 2 x ZeRO-1 (dp 2, dp 4) exactly (the ZeRO traffic of both kinds
-# of unit and the verdict).
+# of unit and the verdict); one host read per MoE layer and forward under ep (device-check mode).
 # Bad input: --sp / --cp with experts, --ep with ZeRO-3 or --sample-every, not dividing the experts or dp, on a dense
 # model, top-k above the experts, a negative capacity factor,
 # --moe-every 0, --init-from a dense checkpoint into an MoE model.
@@ -147,6 +147,13 @@ for name, ep, dp, r in (("ep2", 2, 2, ref), ("ep2dp4", 2, 4, ref), ("ep4", 4, 4,
     worst = compare(r, run, name, 1e-5)
     aux = same_routing(r, run, name)
     print(f"{name}: losses, norms and fingerprint within {worst:.1e}; routing identical, aux/z within {aux:.1e}")
+
+# One host read per MoE layer and forward under ep, as without it (the device-check mode counts
+# them): the counts' all_to_all runs on the device before the layer's read, which takes both.
+for name, K, forwards in (("ep2", 2, 1), ("ep2ac", 2, 2), ("ep2z1dp4", 1, 1)):
+    for s in steps(load(f"{d}/{name}.jsonl")).values():
+        assert s["host_reads_before_update"] == L * K * forwards, (name, s["step"], s["host_reads_before_update"])
+print("ep: one host read per MoE layer and forward")
 
 # DDP's traffic, exactly.
 dp2 = load(f"{d}/dp2.jsonl")
