@@ -75,6 +75,9 @@ bool is_expert_parameter(const std::string& name);
 // which the routing decides: the step record logs them (ep_rows_sent, ep_rows_received).
 struct ExpertTraffic {
   int64_t rows_sent = 0, rows_received = 0;
+  ExpertTraffic operator-(const ExpertTraffic& before) const {  // what moved since `before`
+    return {rows_sent - before.rows_sent, rows_received - before.rows_received};
+  }
 };
 
 // `shard` with expert parallelism over `ep` (this rank's position in it: ep->rank()): its

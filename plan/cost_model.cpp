@@ -711,12 +711,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     st.psi_experts_padded = sum_padded(st.expert_units, M);
     st.psi_padded = sum_padded(st.units, G) + st.psi_experts_padded;
     st.state = model_state(st.units, l);
-    if (!st.expert_units.empty()) {
-      const ModelState e = model_state(st.expert_units, l, M);
-      for (auto [to, from] : {std::make_pair(&st.state.device, &e.device), std::make_pair(&st.state.host, &e.host)}) {
-        to->params += from->params, to->grads += from->grads, to->optimizer += from->optimizer;
-      }
-    }
+    if (!st.expert_units.empty()) st.state += model_state(st.expert_units, l, M);
     st.state.device.cast_copies = cast_copy_bytes(model, l, st.blocks, st.first_block);
 
     const bool first = s == 0, last = s == l.pp - 1;

@@ -343,9 +343,17 @@ struct StateBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
   int64_t cast_copies = 0;  // autocast's 2-byte weight copies, forward to backward (device only; section 2)
   int64_t total() const { return params + grads + optimizer + cast_copies; }
+  StateBytes& operator+=(const StateBytes& o) {
+    params += o.params, grads += o.grads, optimizer += o.optimizer, cast_copies += o.cast_copies;
+    return *this;
+  }
 };
 struct ModelState {
   StateBytes device, host;
+  ModelState& operator+=(const ModelState& o) {
+    device += o.device, host += o.host;
+    return *this;
+  }
 };
 // params, grads and optimizer of section 2's table; cast_copies is left 0 (make_plan sets it
 // from cast_copy_bytes, which needs the model's shape).

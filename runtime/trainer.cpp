@@ -481,8 +481,8 @@ json Trainer::run() {
       // forward passes, which say the all-to-alls' bytes (parallel/expert_parallel.h, "Traffic").
       if (r.shape.ep > 1) {
         rec["ep_comm_bytes"] = s.ep_comm_bytes;
-        rec["ep_rows_sent"] = s.ep_rows_sent;
-        rec["ep_rows_received"] = s.ep_rows_received;
+        rec["ep_rows_sent"] = s.ep_rows.rows_sent;
+        rec["ep_rows_received"] = s.ep_rows.rows_received;
       }
     }
     r.log.write(rec);

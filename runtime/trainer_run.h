@@ -144,7 +144,7 @@ struct Trainer::QueuedStep {
   double loss_scale = 1.0, lr = 0.0, comm_ms = 0.0;
   int64_t comm_bytes = 0;  // this rank's traffic in the step (comm_bytes() at its start, then the difference)
   int64_t ep_comm_bytes = 0;  // of it, the expert-parallel group's (the same way)
-  int64_t ep_rows_sent = 0, ep_rows_received = 0;  // the dispatches' rows (the same way)
+  ExpertTraffic ep_rows;      // the dispatches' rows (the same way)
   int64_t host_reads = 0;  // device_to_host_reads() at its start, then the reads up to its queued update
   int loss_copies = 1;     // the ranks whose losses the verdict's loss sums
   int moe_copies = 1;      // the copies of each MoE stats row the verdict sums (tp, when reduced over the world)
@@ -159,7 +159,7 @@ struct Trainer::StepOutcome {
   bool skipped = false;
   int64_t comm_bytes = 0;  // this rank's traffic in the step
   int64_t ep_comm_bytes = 0;  // of it, the expert-parallel group's: the MoE all-to-alls and the norm's expert part
-  int64_t ep_rows_sent = 0, ep_rows_received = 0;  // the rows the all-to-alls moved (parallel/expert_parallel.h)
+  ExpertTraffic ep_rows;      // the rows the all-to-alls moved (parallel/expert_parallel.h)
   int64_t host_reads = 0;  // device_to_host_reads() from the step's start to its queued update
   bool read_deferred = false;  // its verdict read after the next step's forward and backward were queued
   std::optional<MoEStepStats> moe;  // MoE models: the step's routing (runtime/moe_stats.h)

@@ -63,7 +63,7 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   out.loss_scale = r.scaler->scale();
   out.comm_bytes = r.comm_bytes();                      // until queue_update: this step's traffic
   out.ep_comm_bytes = r.mesh ? r.mesh->ep_bytes_sent() : 0;
-  if (r.ep_traffic) out.ep_rows_sent = r.ep_traffic->rows_sent, out.ep_rows_received = r.ep_traffic->rows_received;
+  if (r.ep_traffic) out.ep_rows = *r.ep_traffic;
   out.host_reads = device_to_host_reads();              // until queue_update: the host's reads before the update
   // Pipeline stages draw from streams of their own (stage 0's is the unpipelined one).
   at::manual_seed(step_seed(cfg_.seed ^ (static_cast<uint64_t>(r.mesh ? r.mesh->coord().pp : 0) << 40), step, r.dp_rank));
@@ -208,10 +208,7 @@ void Trainer::queue_update(QueuedStep& q) {
   q.host_reads = device_to_host_reads() - q.host_reads;
   q.comm_bytes = r.comm_bytes() - q.comm_bytes;
   q.ep_comm_bytes = (r.mesh ? r.mesh->ep_bytes_sent() : 0) - q.ep_comm_bytes;
-  if (r.ep_traffic) {
-    q.ep_rows_sent = r.ep_traffic->rows_sent - q.ep_rows_sent;
-    q.ep_rows_received = r.ep_traffic->rows_received - q.ep_rows_received;
-  }
+  if (r.ep_traffic) q.ep_rows = *r.ep_traffic - q.ep_rows;
   // The verdict's copy to the host, queued behind the update (pinned on a GPU, so the copy does
   // not block); the mark after it is what finish_step waits for.
   // One buffer for the run: step N is finished (its buffer read) before N + 1's update is queued.
@@ -233,8 +230,7 @@ Trainer::StepOutcome Trainer::finish_step(QueuedStep& q) {
   out.host_reads = q.host_reads;
   out.comm_bytes = q.comm_bytes;
   out.ep_comm_bytes = q.ep_comm_bytes;
-  out.ep_rows_sent = q.ep_rows_sent;
-  out.ep_rows_received = q.ep_rows_received;
+  out.ep_rows = q.ep_rows;
   const double* h = q.host.data_ptr<double>();
   out.loss = h[0] / static_cast<double>(q.loss_copies);
   const bool nonfinite = h[1] > 0.0;

@@ -1773,9 +1773,13 @@ TEST(PlanExpertParallel, CompareChecksTheNonEpTrafficExactlyAndBoundsTheRest) {
   };
   const std::string good = R"({"type":"step","step":1,"comm_bytes":10405760,"ep_comm_bytes":7585296,"moe_dropped":0.1})" "\n"
                            R"({"type":"step","step":2,"comm_bytes":10525568,"ep_comm_bytes":7705104,"moe_dropped":0.1})" "\n";
-  const std::string path = write_log(log(good));
-  const CompareResult r = compare_with_log(path, cluster_preset("h100"), false);
-  std::remove(path.c_str());
+  auto compared = [&](const std::string& steps) {  // the log with these step records, compared
+    const std::string path = write_log(log(steps));
+    const CompareResult c = compare_with_log(path, cluster_preset("h100"), false);
+    std::remove(path.c_str());
+    return c;
+  };
+  const CompareResult r = compared(good);
   EXPECT_TRUE(r.exact_ok());
   std::map<std::string, CompareRow> rows;
   for (const auto& x : r.rows) rows.emplace(x.name, x);
@@ -1799,36 +1803,33 @@ TEST(PlanExpertParallel, CompareChecksTheNonEpTrafficExactlyAndBoundsTheRest) {
   for (const char* bad : {R"({"type":"step","step":1,"comm_bytes":10405768,"ep_comm_bytes":7585296})",
                           R"({"type":"step","step":1,"comm_bytes":10405776,"ep_comm_bytes":7585312})",
                           R"({"type":"step","step":1,"comm_bytes":2820964,"ep_comm_bytes":500})"}) {
-    const std::string p = write_log(log(std::string(bad) + "\n"));
-    EXPECT_FALSE(compare_with_log(p, cluster_preset("h100"), false).exact_ok()) << bad;
-    std::remove(p.c_str());
+    EXPECT_FALSE(compared(std::string(bad) + "\n").exact_ok()) << bad;
   }
   // with the rows each step's dispatches moved (ep_rows_sent S, ep_rows_received R), ep_comm_bytes
   // exactly: 528 + 128 x 4 x (S + R) x 2 (forward and backward, fp32 both ways)
   const std::string with_rows = R"({"type":"step","step":1,"comm_bytes":10405760,"ep_comm_bytes":7585296,"ep_rows_sent":3638,"ep_rows_received":3769})" "\n"
                                 R"({"type":"step","step":2,"comm_bytes":10525568,"ep_comm_bytes":7705104,"ep_rows_sent":3722,"ep_rows_received":3802})" "\n";
-  const std::string rp = write_log(log(with_rows));
-  const CompareResult rr = compare_with_log(rp, cluster_preset("h100"), false);
-  std::remove(rp.c_str());
+  auto rows_row = [](const CompareResult& c) {  // the exact row from the logged rows
+    for (const auto& x : c.rows)
+      if (x.name == "ep_comm_bytes from the logged rows") return x;
+    ADD_FAILURE() << "no 'ep_comm_bytes from the logged rows' row";
+    return CompareRow{};
+  };
+  const CompareResult rr = compared(with_rows);
   EXPECT_TRUE(rr.exact_ok());
-  bool found = false;
-  for (const auto& x : rr.rows) {
-    if (x.name != "ep_comm_bytes from the logged rows") continue;
-    found = true;
-    EXPECT_TRUE(x.exact);
-    EXPECT_EQ(*x.predicted, 7585296);
-    EXPECT_EQ(*x.measured, 7585296);
-  }
-  EXPECT_TRUE(found);
+  const CompareRow exact = rows_row(rr);
+  EXPECT_TRUE(exact.exact);
+  ASSERT_TRUE(exact.predicted && exact.measured);
+  EXPECT_EQ(*exact.predicted, 7585296);
+  EXPECT_EQ(*exact.measured, 7585296);
   // one row too many in step 2's count: a mismatch, shown at that step
   const std::string off = R"({"type":"step","step":1,"comm_bytes":10405760,"ep_comm_bytes":7585296,"ep_rows_sent":3638,"ep_rows_received":3769})" "\n"
                           R"({"type":"step","step":2,"comm_bytes":10525568,"ep_comm_bytes":7705104,"ep_rows_sent":3723,"ep_rows_received":3802})" "\n";
-  const std::string op = write_log(log(off));
-  const CompareResult ro = compare_with_log(op, cluster_preset("h100"), false);
-  std::remove(op.c_str());
+  const CompareResult ro = compared(off);
   EXPECT_FALSE(ro.exact_ok());
-  for (const auto& x : ro.rows)
-    if (x.name == "ep_comm_bytes from the logged rows") EXPECT_EQ(*x.predicted, 7705104 + 1024);
+  const CompareRow missed = rows_row(ro);
+  ASSERT_TRUE(missed.predicted);
+  EXPECT_EQ(*missed.predicted, 7705104 + 1024);
   // the trainer's activation figure for the config record: no longer refused
   EXPECT_GT(predicted_activation_bytes(nlohmann::json::parse(log("").substr(0, log("").size() - 1))), 0);
 }
