@@ -28,7 +28,9 @@ const char* kBenchHelp =
     "  --sweep              try micro-batch 1, 2, 4, ... under each activation-checkpointing mode;\n"
     "                       pick the fastest that fits (a world of one)\n"
     "  --max-micro-batch N  largest micro-batch the sweep tries (default 64)\n"
-    "  --json FILE          write the report as JSON\n";
+    "  --json FILE          write the report as JSON\n"
+    "  --profile FILE       (a train flag) trace the measured steps and print their top costs; the\n"
+    "                       figures of a profiled run include the profiler's own cost\n";
 
 int64_t positive(const std::string& flag, const std::string& v) {
   char* end = nullptr;
@@ -50,6 +52,10 @@ json measure(TrainConfig t, const BenchConfig& b, const ProcessInfo& proc, int i
   t.save_dir.clear();
   t.resume = "none";
   t.log_every = t.steps;
+  if (!t.profile.empty()) {  // the measured steps (their figures then include the profiler's cost)
+    t.profile_start = b.warmup + 1;
+    t.profile_steps = b.measure;
+  }
   t.log_json = proc.rank == 0 ? "/tmp/kiln-bench-" + std::to_string(getpid()) + "-" + std::to_string(index) + ".jsonl" : "";
   t.validate();
   Trainer(t, proc).run();
@@ -174,6 +180,9 @@ BenchArgs parse_bench_args(const std::vector<std::string>& args) {
 json run_bench(const BenchConfig& cfg, const ProcessInfo& proc) {
   if (cfg.sweep && proc.world_size > 1) {
     throw ConfigError("kiln bench: --sweep runs in a world of one (an out-of-memory on one rank would leave the others waiting)");
+  }
+  if (cfg.sweep && !cfg.train.profile.empty()) {
+    throw ConfigError("kiln bench: --profile records one run's measured steps, not a --sweep's (give the micro-batch)");
   }
   std::vector<json> runs;
   int index = 0;

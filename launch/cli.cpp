@@ -135,6 +135,9 @@ const std::vector<Flag>& train_flags() {
       {"max-wall-time", Kind::Float, "seconds: stop and save before the run would pass this time (0: no limit)", field(&TrainConfig::max_wall_time)},
       {"peak-tflops", Kind::Float, "peak TFLOP/s of one device for MFU, on the CPU of one rank's share of the cores (default: from the device table)", field(&TrainConfig::peak_tflops)},
       {"device-memory-cap-gb", Kind::Float, "CUDA: let this process's allocator hold at most this many GB, as on a smaller GPU (0: no cap)", field(&TrainConfig::device_memory_cap_gb)},
+      {"profile", Kind::String, "write a Chrome trace of --profile-steps steps (PyTorch's profiler: host operators, CUDA kernels) and print the top costs", field(&TrainConfig::profile)},
+      {"profile-start", Kind::Int, "the profiled window's first step (0: this invocation's third)", field(&TrainConfig::profile_start)},
+      {"profile-steps", Kind::Int, "steps in the profiled window", field(&TrainConfig::profile_steps)},
   };
   return flags;
 }

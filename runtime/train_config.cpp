@@ -59,6 +59,8 @@ void TrainConfig::validate() const {
   at_least("log-every", log_every, int64_t{1});
   at_least("peak-tflops", peak_tflops, 0);
   at_least("device-memory-cap-gb", device_memory_cap_gb, 0);
+  at_least("profile-start", profile_start, int64_t{0});
+  at_least("profile-steps", profile_steps, int64_t{1});
   if (!(beta1 >= 0 && beta1 < 1)) throw ConfigError("--beta1 must be in [0, 1)");
   if (!(beta2 >= 0 && beta2 < 1)) throw ConfigError("--beta2 must be in [0, 1)");
   at_least("adam-eps", adam_eps, 0);
@@ -222,6 +224,9 @@ nlohmann::json TrainConfig::to_json() const {
   j["log_every"] = log_every;
   j["peak_tflops"] = peak_tflops;
   j["device_memory_cap_gb"] = device_memory_cap_gb;
+  j["profile"] = profile;
+  j["profile_start"] = profile_start;
+  j["profile_steps"] = profile_steps;
   if (!deepspeed.empty()) j["deepspeed"] = deepspeed_used;
   return j;
 }

@@ -91,6 +91,11 @@ struct TrainConfig {
   double max_wall_time = 0.0;  // seconds: stop and save before the run would pass it; 0 = no limit
   double device_memory_cap_gb = 0.0;  // CUDA: cap this process's allocator at this many GB; 0 = none
 
+  // ---- profiling (runtime/profiler.h)
+  std::string profile;         // Chrome trace of a window of steps; empty = none
+  int64_t profile_start = 0;   // the window's first step (1-based); 0 = this invocation's third step
+  int64_t profile_steps = 3;   // steps in the window
+
   // ---- a DeepSpeed config file (launch/deepspeed_config.h)
   std::string deepspeed;          // --deepspeed FILE; empty = none
   nlohmann::json deepspeed_used;  // what the file set: {"file", "auto": {key: value used}, "notices": [...]}

@@ -58,6 +58,7 @@
 #include "runtime/mesh.h"
 #include "runtime/metrics.h"
 #include "runtime/phase_timer.h"
+#include "runtime/profiler.h"
 #include "runtime/precision.h"
 #include "runtime/watchdog.h"
 
@@ -407,6 +408,29 @@ json Trainer::run() {
   }
   const int64_t end_step = cfg_.stop_at_step > 0 ? std::min(cfg_.stop_at_step, cfg_.steps) : cfg_.steps;
   r.prefetch = std::make_unique<BatchPrefetcher>(*r.loader, cfg_.grad_accum, device.is_cuda(), end_step);
+  // --profile: steps [profile_first, profile_end) of the loop (0-based; runtime/profiler.h).
+  std::unique_ptr<StepProfiler> profiler;
+  int64_t profile_first = 0, profile_end = 0;
+  if (!cfg_.profile.empty()) {
+    profile_first = cfg_.profile_start > 0 ? cfg_.profile_start - 1 : std::min(first_step + 2, end_step - 1);
+    profile_end = profile_first + cfg_.profile_steps;
+    if (profile_first < first_step || profile_first >= end_step) {
+      throw ConfigError("--profile-start " + std::to_string(profile_first + 1) + " is outside this run's steps " +
+                        std::to_string(first_step + 1) + "-" + std::to_string(end_step));
+    }
+    profiler = std::make_unique<StepProfiler>(cfg_.profile, proc_.rank, device.is_cuda());
+  }
+  auto profile_stop = [&](int64_t next_step) {
+    synchronize(device);  // the window's device work, all of it
+    const ProfileSummary s = profiler->stop();
+    if (!rank0) return;
+    json rec{{"type", "profile"}, {"first_step", profile_first + 1}, {"last_step", next_step}, {"trace", profiler->trace_path()}};
+    rec.update(s.to_json());
+    r.log.write(rec);
+    std::printf("kiln: profiled steps %lld-%lld into %s\n%s", static_cast<long long>(profile_first + 1),
+                static_cast<long long>(next_step), profiler->trace_path().c_str(), s.table().c_str());
+    std::fflush(stdout);
+  };
   // Step N's record and the decisions after it (stop, evaluation, sample, checkpoint), once the
   // host has read it; false: the run stops after N.
   auto record = [&](int64_t step, const StepOutcome& s) -> bool {
@@ -574,6 +598,8 @@ json Trainer::run() {
   std::optional<QueuedStep> queued;  // the step whose update is queued and whose verdict is not yet read
   bool stopped = false;
   for (int64_t step = first_step; step < end_step && !stopped; ++step) {
+    if (profiler && profiler->active() && step == profile_end) profile_stop(step);
+    if (profiler && !profiler->active() && step == profile_first) profiler->start();
     if (queued && !may_defer(queued->step)) {
       stopped = !record(queued->step, finish_step(*queued));
       queued.reset();
@@ -593,6 +619,7 @@ json Trainer::run() {
   if (queued) record(queued->step, finish_step(*queued));  // the last step
 
   synchronize(device);  // the last update
+  if (profiler && profiler->active()) profile_stop(r.progress.step);
   r.prefetch.reset();
 
   double tail = NAN;
