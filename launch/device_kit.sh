@@ -24,12 +24,23 @@
 #                                                      a time limit; writes OUTDIR/{session.log,
 #                                                      env.txt,results.tar} (3 files). Steps are
 #                                                      numbered from 0 (the tests); FIRST..LAST picks.
+#   bash launch/device_kit.sh quick OUTDIR            there: the 15-minute visit (issue 33), one call
+#                                                      of timeout_s 560: check, the gpu tests at 60 s
+#                                                      at most each, gpt2-124m against PyTorch eager
+#                                                      and compiled, the plain loss, gpt2-1.5b with
+#                                                      full recomputation and ZeRO-3 offloaded under
+#                                                      a 24 GB cap (core limits: 500 s), then extras
+#                                                      while they fit in KILN_DEVKIT_BUDGET (540 s);
+#                                                      OUTDIR/{session.log,env.txt,results.tar,
+#                                                      trace.json.gz}, the tar rewritten per step.
 #
 # Environment: KILN_DEVKIT (kit folder, default <repo>/.devkit), KILN_PYTHON (the python3 whose
 # torch to use, default python3), KILN_DEVKIT_CACHE (where pack keeps the .debs, default
 # ~/.cache/kiln-devkit), KILN_DEVKIT_TEST_TIMEOUT (s per gpu test, default 240),
 # KILN_DEVKIT_STEP_TIMEOUT (s per benchmark run; default: each run's own, 120-570 s),
-# KILN_DEVKIT_ALLOW_NO_GPU=1 (let `session` run without a GPU: for checking the script itself).
+# KILN_DEVKIT_ALLOW_NO_GPU=1 (let `session` and `quick` run without a GPU: for checking the script
+# itself), KILN_DEVKIT_BUDGET (s: quick's extra steps start only while they end within it, default
+# 540), KILN_DEVKIT_QUICK_MODEL (rehearsal: quick's models replaced by this one, e.g. tiny).
 # Any failure ends with one line "device_kit: error: ..." on stderr and a non-zero exit.
 set -euo pipefail
 
@@ -339,15 +350,27 @@ one_test() {
   esac
 }
 
-gpu_tests() {   # LOGDIR; the `gpu` tests of tests/CMakeLists.txt, as ctest runs them
-  local logdir=$1; mkdir -p "$logdir"
+# the `gpu` tests of tests/CMakeLists.txt, as ctest runs them: name, then the command
+gpu_test_cmd() {
+  case $1 in
+    gpu.comm_nccl.np1) echo "$MPIEXEC --allow-run-as-root --oversubscribe -n 1 $kit/bin/test_comm_nccl" ;;
+    gpu.train_smoke) echo "bash $root/tests/cli/gpu_smoke.sh" ;;
+    gpu.paths) echo "bash $root/tests/cli/gpu_paths.sh" ;;
+    gpu.mpi_share) echo "bash $root/tests/cli/gpu_mpi_share.sh" ;;
+    *) die "no gpu test $1" ;;
+  esac
+}
+gpu_test_names=(gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share)
+
+gpu_tests() {   # LOGDIR
+  local logdir=$1 name; mkdir -p "$logdir"
   preflight "$KILN_BIN" "$kit/bin/test_comm_nccl" "$MPIEXEC"
   if gpu_probe; then echo "$gpu_line"; else echo "device_kit: $gpu_line: the gpu tests will report SKIP"; fi
   n_pass=0; n_fail=0; n_skip=0
-  one_test gpu.comm_nccl.np1 "$logdir" "$MPIEXEC" --allow-run-as-root --oversubscribe -n 1 "$kit/bin/test_comm_nccl"
-  one_test gpu.train_smoke "$logdir" bash "$root/tests/cli/gpu_smoke.sh"
-  one_test gpu.paths "$logdir" bash "$root/tests/cli/gpu_paths.sh"
-  one_test gpu.mpi_share "$logdir" bash "$root/tests/cli/gpu_mpi_share.sh"
+  for name in "${gpu_test_names[@]}"; do
+    # shellcheck disable=SC2046
+    one_test "$name" "$logdir" $(gpu_test_cmd "$name")
+  done
   echo "gpu tests: $n_pass passed, $n_skip skipped, $n_fail failed (logs in $logdir)"
   [ "$n_fail" -eq 0 ]
 }
@@ -403,6 +426,126 @@ session() {
   [ "$failed" -eq 0 ] || die "$failed step(s) failed (see above)"
 }
 
+# ==== there: the 15-minute visit (issue 33) ====================================================
+# One device call of timeout_s 560 (docs/benchmarks.md, "GPU"). Each step is "LIMIT|NAME|COMMAND",
+# ordered by value; COMMAND runs under bash in the work folder with the kit's environment, and
+# every step's log and JSON are tarred into OUTDIR/results.tar as it ends, so a call cut at its
+# limit still returns what ran. The core steps' limits add up to 500 s (the issue's 8.5 minutes at
+# most); after them, each extra step starts only while its limit still ends within the budget.
+quick_core=()
+quick_extra=()
+quick_plan() {
+  local a=gpt2-124m b=gpt2-1.5b peer="${KILN_PYTHON:-python3} $root/bench/pytorch_gpt2.py"
+  if [ -n "${KILN_DEVKIT_QUICK_MODEL:-}" ]; then a=$KILN_DEVKIT_QUICK_MODEL; b=$KILN_DEVKIT_QUICK_MODEL; fi
+  local k124="kiln bench --model $a --precision bf16 --micro-batch 16"
+  local k1558="kiln bench --model $b --precision bf16 --warmup 2 --measure 5"
+  quick_core=(
+    "30|test gpu.comm_nccl.np1|"
+    "45|test gpu.train_smoke|"
+    "60|test gpu.paths|"
+    "60|test gpu.mpi_share|"
+    "40|kiln 124m|$k124 --json b124.json"
+    "30|peer eager|$peer --model $a --micro-batch 16 --warmup-steps 5 --steps 20 > peer_eager.json"
+    "85|peer compile|$peer --model $a --micro-batch 16 --warmup-steps 3 --steps 20 --compile > peer_compile.json"
+    "30|kiln 124m plain loss|$k124 --loss-chunk-rows -1 --json b124_loss_plain.json"
+    "45|kiln 1.5b full AC|$k1558 --activation-checkpointing full --micro-batch 8 --json b1558.json"
+    "60|kiln 1.5b ZeRO-3 offload all, 24 GB cap|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload all --device-memory-cap-gb 24 --warmup 1 --measure 3 --json b1558_z3_offload_all_cap24.json"
+  )
+  quick_extra=(
+    "40|profile of 124m|$k124 --warmup 3 --measure 3 --profile trace.json --json b124_profiled.json"
+    "40|kiln 1.5b no AC|$k1558 --micro-batch 8 --json b1558_ac_none.json"
+    "30|kiln 124m fp32 weights under autocast (the peer's recipe)|$k124 --param-dtype fp32 --json b124_param_fp32.json"
+    "30|kiln 124m DDP over NCCL, world of one|mpirun -np 1 $k124 --backend nccl --json b124_ddp_nccl.json"
+    "30|kiln 124m micro-batch 32|kiln bench --model $a --precision bf16 --micro-batch 32 --json b124_mb32.json"
+    "50|kiln 1.5b ZeRO-3 offload optimizer|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload optimizer --warmup 1 --measure 3 --json b1558_z3_offload_opt.json"
+    "25|host AdamW, 16 cores|kiln_adamw_bench --n 100000000 --iters 5"
+    "30|kiln 124m fp16|kiln bench --model $a --precision fp16 --micro-batch 16 --json b124_fp16.json"
+    "30|kiln 124m ZeRO-1|mpirun -np 1 $k124 --zero 1 --json b124_zero1.json"
+    "30|kiln 350m|kiln bench --model ${KILN_DEVKIT_QUICK_MODEL:-gpt2-350m} --precision bf16 --micro-batch 16 --json b350.json"
+    "30|kiln 124m selective AC|$k124 --activation-checkpointing selective --json b124_ac_selective.json"
+  )
+}
+
+quick_summary() {   # WORK: one table of what ran, kiln against the peer
+  "${KILN_PYTHON:-python3}" - "$1" <<'PY' || true
+import glob, json, os, sys
+w = sys.argv[1]
+def load(n):
+    try:
+        r = json.load(open(os.path.join(w, n)))
+    except Exception:
+        return None
+    return r.get("best") or (r["runs"][0] if r.get("runs") else None) if r.get("type") == "bench" else r
+rows = []
+for n in sorted(glob.glob(os.path.join(w, "*.json"))):
+    r = load(os.path.basename(n))
+    if not r or r.get("tokens_per_s") is None:
+        continue
+    name = os.path.basename(n)[:-5]
+    mfu = r.get("mfu")
+    rows.append((name, r["tokens_per_s"], r.get("tflops"), mfu, r.get("peak_mem_gb"), r.get("joules_per_token")))
+    print(f"{name:34s} {r['tokens_per_s']:10.0f} tok/s  {r.get('tflops') or 0:7.1f} TFLOP/s  MFU {100 * (mfu or 0):5.1f}%  "
+          f"peak {r.get('peak_mem_gb') or 0:6.2f} GB  J/token {r.get('joules_per_token') if r.get('joules_per_token') is not None else '-'}")
+t = {r[0]: r[1] for r in rows}
+for a, b in [("b124", "peer_eager"), ("b124", "peer_compile"), ("b124", "b124_loss_plain"),
+             ("b1558_z3_offload_all_cap24", "b1558")]:
+    if a in t and b in t:
+        print(f"ratio {a} / {b}: {t[a] / t[b]:.3f}")
+PY
+}
+
+quick() {
+  local out=${1:?usage: quick OUTDIR}
+  local budget=${KILN_DEVKIT_BUDGET:-540} start=$SECONDS
+  mkdir -p "$out"; out=$(cd "$out" && pwd)
+  local work; work=$(mktemp -d "${TMPDIR:-/tmp}/kiln-quick.XXXXXX")
+  exec > >(tee -a "$out/session.log") 2>&1
+  echo "quick: $(date -u +%Y-%m-%dT%H:%M:%SZ), budget $budget s"
+  kit_env
+  local t=$SECONDS
+  { timeout 20 bash "$0" check; echo; cat "$kit/MANIFEST.txt"; nvidia-smi 2>&1 || true; } >"$out/env.txt" 2>&1 \
+    || die "the kit's check failed: $(grep -m1 'error' "$out/env.txt" || tail -n 1 "$out/env.txt")"
+  if ! gpu_probe; then
+    [ -n "${KILN_DEVKIT_ALLOW_NO_GPU:-}" ] || die "$gpu_line; nothing measured"
+    echo "device_kit: $gpu_line (KILN_DEVKIT_ALLOW_NO_GPU: going on)"
+  else echo "$gpu_line"; fi
+  echo "== check: $((SECONDS - t)) s"
+  quick_plan
+  local i=0 failed=0 ran=0 entry limit name cmd rc extra=0
+  local steps=("${quick_core[@]}" "|extras|" "${quick_extra[@]}")
+  for entry in "${steps[@]}"; do
+    limit=${entry%%|*}; entry=${entry#*|}; name=${entry%%|*}; cmd=${entry#*|}
+    if [ "$name" = extras ]; then extra=1; continue; fi
+    i=$((i + 1)); limit=${KILN_DEVKIT_STEP_TIMEOUT:-$limit}
+    if [ "$extra" -eq 1 ] && [ $((SECONDS - start + limit)) -gt "$budget" ]; then
+      echo "== step $i ($name): not started, $((SECONDS - start)) s of $budget s spent and its limit is $limit s"
+      continue
+    fi
+    echo "== step $i: $name ($(date -u +%H:%M:%S), $((SECONDS - start)) s spent; limit $limit s)"
+    rc=0; t=$SECONDS
+    case $name in
+      test\ *)
+        # shellcheck disable=SC2046
+        KILN_DEVKIT_TEST_TIMEOUT=$limit one_test "${name#test }" "$work" $(gpu_test_cmd "${name#test }") || true
+        [ "$n_fail" -eq 0 ] || rc=1; n_fail=0 ;;
+      *)
+        echo "\$ $cmd"
+        (cd "$work" && timeout "$limit" bash -c "$cmd") >"$work/step$i.log" 2>&1 || rc=$?
+        tail -n 25 "$work/step$i.log"
+        case $rc in 0) ;; 124) echo "FAIL step $i: timed out after $limit s" ;; *) echo "FAIL step $i: exit $rc" ;; esac ;;
+    esac
+    ran=$((ran + 1)); [ "$rc" -eq 0 ] || failed=$((failed + 1))
+    echo "== step $i: exit $rc, $((SECONDS - t)) s"
+    if [ -f "$work/trace.json" ]; then gzip -f "$work/trace.json" && mv "$work/trace.json.gz" "$out/"; fi
+    tar -C "$work" -cf "$out/results.tar" . 2>/dev/null || true
+  done
+  echo "== summary"
+  quick_summary "$work" | tee "$work/summary.txt"
+  tar -C "$work" -cf "$out/results.tar" . 2>/dev/null || true
+  echo "quick: $ran steps in $((SECONDS - start)) s, $failed failed; results in $out/results.tar, $out/env.txt"
+  [ "$failed" -eq 0 ] || die "$failed step(s) failed (see above)"
+}
+
 # ==== dispatch =================================================================================
 action="${1:-}"
 [ $# -gt 0 ] && shift
@@ -418,5 +561,6 @@ case "$action" in
     kit_env
     gpu_tests "${1:-$(mktemp -d "${TMPDIR:-/tmp}/kiln-gpu-tests.XXXXXX")}" || die "gpu tests failed (above)" ;;
   session) session "$@" ;;
+  quick) quick "$@" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; [ -z "$action" ] || die "unknown subcommand '$action'"; exit 2 ;;
 esac

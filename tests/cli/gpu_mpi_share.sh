@@ -11,7 +11,9 @@ if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
   echo "SKIP: no CUDA device: $(cat "$work/err")"
   exit 77
 fi
-T=(train --device cuda --steps 20 --log-every 20)
+# 10 steps: enough for parity (every step is compared) and for a resume in the middle; the
+# test fits the 60 s per test of the kit's quick visit (launch/device_kit.sh).
+T=(train --device cuda --steps 10 --log-every 10)
 "$KILN_BIN" "${T[@]}" --micro-batch 4 --grad-accum 2 --log-json "$work/ref.jsonl" >/dev/null
 mpi2() { timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$KILN_BIN" "$@"; }
 mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 1 --log-json "$work/np2.jsonl" >/dev/null
@@ -23,7 +25,7 @@ done
 for l in "--tp 2" "--pp 2"; do
   n=${l// /}
   mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 2 $l --log-json "$work/${n}_straight.jsonl" >/dev/null
-  mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 2 $l --stop-at-step 10 --save-dir "$work/ck$n" >/dev/null
+  mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 2 $l --stop-at-step 5 --save-dir "$work/ck$n" >/dev/null
   mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 2 $l --save-dir "$work/ck$n" --log-json "$work/${n}_resumed.jsonl" >/dev/null
 done
 python3 - "$work" <<'PY'
@@ -49,7 +51,13 @@ for name in ("z1", "z3", "z3all"):
 for n in ("--tp2", "--pp2"):
     a = {r["step"]: r["loss"] for r in load(f"{n}_straight") if r["type"] == "step"}
     b = {r["step"]: r["loss"] for r in load(f"{n}_resumed") if r["type"] == "step"}
-    assert sorted(b) == list(range(11, 21)) and all(a[k] == b[k] for k in b), n
-    print(f"{n}: saved and resumed on CUDA tensors, steps 11-20 bit-identical")
+    assert sorted(b) == list(range(6, 11)), (n, sorted(b))
+    # On the CPU replay is bit-identical (tests/cli/checkpoint_replay.sh). On CUDA the attention
+    # backward accumulates with atomics (issue 34, defect 6), so two runs of the same steps may
+    # differ in the last bits after step 1: the bound is the parity bound above (a wrong data
+    # position or RNG state moves the loss by percents, not 1e-5).
+    w = max(rel(a[k], b[k]) for k in b)
+    print(f"{n}: saved and resumed on CUDA tensors, steps 6-10 within {w:.1e}" + (" (bit-identical)" if w == 0 else ""))
+    assert w <= 1e-5, (n, w)
 PY
 echo "PASS"
