@@ -6,6 +6,7 @@
 
 #include <torch/cuda.h>
 #if defined(KILN_WITH_CUDA)
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -79,6 +80,11 @@ void cap_device_memory(const c10::Device& device, double gb) {
       throw ConfigError("--device-memory-cap-gb " + std::to_string(gb) + " exceeds the device's " +
                         std::to_string(static_cast<double>(total_bytes) / 1e9) + " GB");
     }
+    // LibTorch creates the caching allocator's per-device state lazily, at the first CUDA
+    // allocation; before it setMemoryFraction throws "Allocator not initialized for device" (seen
+    // on the first GPU run: the cap is set before anything is allocated). One small allocation
+    // initialises it; the block stays in the cache and is counted within the cap.
+    (void)at::empty({1}, at::TensorOptions().device(device));
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
     return;
   }
