@@ -369,7 +369,8 @@ TEST(NcclComm, UnsupportedInputIsRefusedWithItsName) {
   } catch (const kiln::Error& e) {
     EXPECT_TRUE(contains(e.what(), "backend nccl does not support CPU tensors; ")) << e.what();
     EXPECT_TRUE(contains(e.what(), "all_reduce #")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "on group 'world' (nccl, 16 bytes)")) << e.what();
+    // Algorithm bytes (runtime/comm.h, CommStats): an all-reduce counts twice its 16-byte tensor.
+    EXPECT_TRUE(contains(e.what(), "on group 'world' (nccl, 32 bytes)")) << e.what();
   }
   auto b = at::ones({4}, on_gpu(at::kBool));
   try {
@@ -428,7 +429,7 @@ TEST(NcclComm, AStalledCollectiveTimesOut) {
   ASSERT_TRUE(eventually([&] { return fired.load(); }));
   {
     std::lock_guard<std::mutex> lock(mu);
-    EXPECT_TRUE(contains(message, ": all_reduce #1 on group 'timed' (nccl, 16 bytes) did not complete within 0.3 s"))
+    EXPECT_TRUE(contains(message, ": all_reduce #1 on group 'timed' (nccl, 32 bytes) did not complete within 0.3 s"))
         << message;
   }
   c10::cuda::device_synchronize();
