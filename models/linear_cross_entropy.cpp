@@ -2,9 +2,11 @@
 #include "models/linear_cross_entropy.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
 namespace kiln {
@@ -27,36 +29,47 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
                             int64_t vocab, int64_t chunk_rows, bool need_grad) {
     const int64_t N = x.size(0), Vp = weight.size(0), V = vocab;
-    // The products' operands, cast once to the compute dtype; autocast, still on here, then
-    // leaves the products alone (their inputs are already in its dtype), and everything else
-    // below runs in fp32 on fp32 tensors.
+    // The products' operands, cast once to the compute dtype (autocast's when it is on).
     const at::ScalarType dtype = compute_dtype_of(x);
     const at::Tensor xc = x.to(dtype), wc = weight.to(dtype);
+    // Everything below is in the compute dtype already: autocast off, so that no op of the loop
+    // (a log-softmax on its fp32 list) gets an extra cast pass over the logits.
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     if (chunk_rows <= 0) chunk_rows = std::max<int64_t>(1, (int64_t{256} << 20) / (4 * Vp));
 
-    at::Tensor G;  // dloss/dz in the compute dtype
-    if (need_grad) {
-      G = at::empty({N, Vp}, xc.options());
-      if (Vp > V) G.narrow(1, V, Vp - V).zero_();
-    }
+    // G = softmax - onehot over the real columns, unscaled (in [-1, 1]: nothing underflows) and
+    // rounded once to the compute dtype; the products apply 1/N (cuBLAS's alpha, in fp32).
+    at::Tensor G;
+    if (need_grad) G = at::empty({N, Vp}, xc.options());
     at::Tensor loss_sum = at::zeros({}, x.options().dtype(at::kFloat));
     const double inv_n = 1.0 / static_cast<double>(N);
+    // LibTorch's log-softmax reads 16-bit input into fp32 output only for fp16 on CUDA
+    // ("conversion is supported for Half type only", seen on an H200 for bf16), so a bf16 chunk
+    // is upcast first: one more pass.
+    const bool upcast_in_kernel = x.is_cuda() && dtype == at::kHalf;
     for (int64_t a = 0; a < N; a += chunk_rows) {
       const int64_t c = std::min(chunk_rows, N - a);
-      const at::Tensor t = targets.narrow(0, a, c).unsqueeze(1);                 // [c, 1]
-      at::Tensor z = at::mm(xc.narrow(0, a, c), wc.t());                          // [c, Vp], compute dtype
-      at::Tensor zf = z.narrow(1, 0, V).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);  // [c, V]
-      const at::Tensor lse = at::logsumexp(zf, {1}, /*keepdim=*/true);           // [c, 1]
-      loss_sum.add_((lse - zf.gather(1, t)).sum());
+      const at::Tensor t = targets.narrow(0, a, c).unsqueeze(1);  // [c, 1]
+      at::Tensor z = at::mm(xc.narrow(0, a, c), wc.t());           // pass 1: the logits [c, Vp], compute dtype
+      // The padding columns at -inf: they drop out of the log-sum-exp and their softmax is 0, so
+      // the padding rows of W get a zero gradient, with no copy of the real columns.
+      if (Vp > V) z.narrow(1, V, Vp - V).fill_(-std::numeric_limits<double>::infinity());
+      const at::Tensor lsm = upcast_in_kernel         ? at::_log_softmax(z, 1, /*half_to_float=*/true)
+                             : dtype == at::kFloat ? at::_log_softmax(z, 1, false)
+                                                   : at::_log_softmax(z.to(at::kFloat), 1, false);  // pass 2: [c, Vp] fp32
+      const at::Tensor lt = lsm.gather(1, t);                      // [c, 1]: log p of the targets
+      loss_sum.sub_(lt.sum());
       if (need_grad) {
-        zf.sub_(lse).exp_().mul_(inv_n);                                          // softmax / N
-        zf.scatter_add_(1, t, at::full({c, 1}, -inv_n, zf.options()));            // - onehot / N
-        G.narrow(0, a, c).narrow(1, 0, V).copy_(zf);
+        at::Tensor g = G.narrow(0, a, c);
+        at::exp_out(g, lsm);                                       // pass 3: softmax, rounded once
+        g.scatter_(1, t, at::expm1(lt).to(g.scalar_type()));       // p - 1 at the targets, from fp32
       }
     }
     if (need_grad) {
-      at::Tensor gx = at::mm(G, wc).to(x.scalar_type());          // [N, d]
-      at::Tensor gw = at::mm(G.t(), xc).to(weight.scalar_type());  // [Vp, d]
+      // dloss/dx = (1/N) G W, dloss/dW = (1/N) G^T x: beta 0, so the uninitialised outputs are
+      // never read.
+      at::Tensor gx = at::addmm(at::empty({N, xc.size(1)}, xc.options()), G, wc, 0.0, inv_n).to(x.scalar_type());
+      at::Tensor gw = at::addmm(at::empty({Vp, xc.size(1)}, xc.options()), G.t(), xc, 0.0, inv_n).to(weight.scalar_type());
       ctx->save_for_backward({gx, gw});
     }
     return loss_sum.mul_(inv_n);

@@ -4,10 +4,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
 #include "models/gpt.h"
@@ -360,6 +364,84 @@ TEST(LinearCrossEntropy, KeepsOnlyTheGradientsForBackward) {
               static_cast<long long>(predicted_plain));
   EXPECT_NEAR(static_cast<double>(chunked), static_cast<double>(predicted), 0.03 * static_cast<double>(predicted));
   EXPECT_NEAR(static_cast<double>(plain), static_cast<double>(predicted_plain), 0.03 * static_cast<double>(predicted_plain));
+}
+
+namespace pass_count {
+// The top-level ops that read or write a tensor of at least `logits_numel` elements, by name
+// (RecordFunction callbacks are plain function pointers, hence the thread-locals).
+thread_local int depth = 0;
+thread_local int64_t logits_numel = 0;
+thread_local std::vector<std::string>* passes = nullptr;
+bool logits_sized(const c10::IValue& v) {
+  return v.isTensor() && v.toTensor().defined() && v.toTensor().numel() >= logits_numel;
+}
+// The inputs are readable in the start callback only; it hands what it saw to the end's.
+struct Seen : at::ObserverContext {
+  bool input_touches = false;
+};
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  ++depth;
+  auto seen = std::make_unique<Seen>();
+  for (const auto& v : fn.inputs()) seen->input_touches = seen->input_touches || logits_sized(v);
+  return seen;
+}
+void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  --depth;
+  if (depth != 0 || passes == nullptr) return;
+  // Views, allocation and indexing touch a few elements of a logits-sized tensor, not all of it.
+  static const std::set<std::string> not_passes{"aten::narrow", "aten::slice", "aten::t", "aten::transpose",
+                                                "aten::empty", "aten::gather", "aten::scatter_", "aten::unsqueeze"};
+  const std::string name = fn.name();
+  if (not_passes.count(name)) return;
+  bool touches = ctx != nullptr && static_cast<Seen*>(ctx)->input_touches;
+  for (const auto& v : fn.outputs()) touches = touches || logits_sized(v);
+  if (touches) passes->push_back(name);
+}
+}  // namespace pass_count
+
+// The passes over the logits (issue 34; the first GPU profile found the older way at nine a
+// chunk, a third of gpt2-124m's step): per chunk the product, one log-softmax and one exp -- a
+// fourth, the upcast, on the CPU under bf16, whose log-softmax cannot read 16-bit input -- then
+// the two products that read G once each. Counted as the top-level ops that read or write a
+// tensor of at least one chunk's logits.
+TEST(LinearCrossEntropy, ReadsTheLogitsThreeTimesAChunk) {
+  const int64_t Vp = 512, V = 500, N = 64, chunk = 16;
+  const auto [x0, w0, t] = head_case(25, N, 8, Vp, V);  // d = 8: W (4096 elements) is below a chunk's logits
+  for (const bool bf16 : {false, true}) {
+    auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    std::vector<std::string> passes;
+    pass_count::logits_numel = chunk * V;
+    pass_count::passes = &passes;
+    if (bf16) {
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    }
+    const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(pass_count::on_start, pass_count::on_end)
+                                                       .needsInputs(true)
+                                                       .needsOutputs(true)
+                                                       .scopes({at::RecordScope::FUNCTION}));
+    auto loss = kiln::linear_cross_entropy(x, w, t, V, chunk);
+    at::removeCallback(handle);
+    pass_count::passes = nullptr;
+    if (bf16) {
+      at::autocast::clear_cache();
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+    }
+    std::vector<std::string> want;
+    for (int64_t a = 0; a < N; a += chunk) {
+      want.push_back("aten::mm");
+      if (bf16) want.push_back("aten::to");
+      want.push_back("aten::_log_softmax");
+      want.push_back("aten::exp");
+    }
+    want.push_back("aten::addmm");
+    want.push_back("aten::addmm");
+    std::string got;
+    for (const auto& p : passes) got += p + " ";
+    EXPECT_EQ(passes, want) << (bf16 ? "bf16: " : "fp32: ") << got;
+    loss.backward();  // and the backward only scales what the forward kept
+    EXPECT_TRUE(x.grad().defined() && w.grad().defined());
+  }
 }
 
 // Evaluation (no grad): no gradient is made, and the loss is the plain loss.
