@@ -284,6 +284,9 @@ PY
   export OPAL_PREFIX="$o/usr" OPAL_SYSCONFDIR="$o/etc/openmpi" \
     PMIX_MCA_mca_base_component_path="$o/$pmix_dir/lib/pmix"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  # The GPU image has a PMIx of its own whose zlib plugin fails to load beside the kit's PMIx:
+  # harmless (no compression of launch messages on one node), but a 10-line banner per mpirun.
+  export PMIX_MCA_pcompress_base_silence_warning=1
   # One node and no ssh/rsh agent on the GPU machine: mpirun's default launcher (rsh) aborts at
   # start-up looking for one; the isolated launcher starts the ranks itself, on this node only.
   export OMPI_MCA_plm="${OMPI_MCA_plm:-isolated}"
