@@ -11,7 +11,7 @@ multiple of 128 (50304 for GPT-2's 50257) as kiln pads it. Training: bf16 autoca
 PyTorch AMP's usual recipe), AdamW(fused=True on CUDA) with kiln's defaults (betas 0.9/0.95,
 weight decay 0.1 on matrices and embeddings only), gradient clipping at 1.0, random tokens.
 
-Counted as kiln counts (runtime/metrics.h, docs/metrics.md): FLOPs per token
+Counted as kiln counts (models/flops.h, docs/metrics.md): FLOPs per token
 F = 6 N + 12 L d T, N = the parameters less the position embedding (the padded vocabulary's rows
 included); MFU = tokens/s x F / peak, peak 989 TFLOP/s for H100 / H200 (dense bf16) or
 --peak-tflops. The first --warmup-steps steps (compilation, allocator warm-up) are not timed.

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "data/prep.h"
-#include "runtime/error.h"
-#include "runtime/python_tool.h"
+#include "distributed/error.h"
+#include "distributed/python_tool.h"
 
 namespace kiln {
 

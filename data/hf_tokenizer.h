@@ -9,7 +9,7 @@
 //   decode(ids) = concat over ids of bytes(vocab^-1[id]) -- special tokens (end-of-text) give
 //   nothing -- is a table lookup, done here in C++;
 //   encode(text) needs the pre-tokenizer's regex and the merges, and is left to the library
-//   itself (tools/bpe_tokenizer.py through runtime/python_tool.h), not written again here.
+//   itself (tools/bpe_tokenizer.py through distributed/python_tool.h), not written again here.
 // kiln's byte-level tokenizer (byte b -> id b, end-of-text 256) is written in the same format,
 // as a BPE with no merges whose vocabulary maps byte_char(b) to b, so transformers'
 // AutoTokenizer loads every kiln checkpoint's tokenizer alike; reading such a file back gives

@@ -6,7 +6,7 @@
 
 #include <ATen/ops/empty.h>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

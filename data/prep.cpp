@@ -15,8 +15,8 @@
 #include "data/hf_tokenizer.h"
 #include "data/paths.h"
 #include "data/token_file.h"
-#include "runtime/error.h"
-#include "runtime/python_tool.h"
+#include "distributed/error.h"
+#include "distributed/python_tool.h"
 
 namespace kiln {
 

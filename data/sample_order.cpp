@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

@@ -5,7 +5,7 @@
 #include <stdexcept>
 
 #include "data/paths.h"
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

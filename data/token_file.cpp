@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

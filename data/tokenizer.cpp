@@ -8,7 +8,7 @@
 
 #include "data/hf_tokenizer.h"
 #include "data/prep.h"
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

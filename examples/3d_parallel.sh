@@ -2,7 +2,7 @@
 # examples/3d_parallel.sh -- a dp x tp x pp run across nodes: tensor parallelism inside each node,
 # pipeline stages and data-parallel replicas across nodes.
 #
-# Layout. kiln numbers ranks tp fastest, then dp, then pp (runtime/mesh.h):
+# Layout. kiln numbers ranks tp fastest, then dp, then pp (distributed/mesh.h):
 #     rank = (pp_index * dp + dp_index) * tp + tp_index
 # With `--map-by ppr:8:node` ranks 0-7 are node 0, 8-15 node 1, and so on, so with --tp 8 every
 # tensor-parallel group -- the chattiest, two all-reduces of [B, T, d] per block and pass -- is

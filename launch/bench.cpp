@@ -9,10 +9,10 @@
 
 #include <c10/util/Exception.h>
 
+#include "distributed/device.h"
+#include "distributed/error.h"
 #include "launch/cli.h"
-#include "runtime/device.h"
-#include "runtime/error.h"
-#include "runtime/trainer.h"
+#include "runtime/trainer/trainer.h"
 
 namespace kiln {
 
@@ -81,7 +81,7 @@ json measure(TrainConfig t, const BenchConfig& b, const ProcessInfo& proc, int i
     if (r["energy_j"].is_null()) energy = false;
     else joules += r["energy_j"].get<double>();
   }
-  // The job's figures and per device (runtime/job_devices.h): mfu = tflops_job / (G x peak).
+  // The job's figures and per device (distributed/job_devices.h): mfu = tflops_job / (G x peak).
   const double tps = tokens / seconds;
   const double flops_per_token = config["flops_per_token"].get<double>();
   const double devices = config["devices"].get<double>();

@@ -7,13 +7,13 @@
 //   tokens/s      = sum(tokens) / sum(step time)                 (the job's: the global batch)
 //   TFLOP/s job   = tokens/s x FLOPs per token / 1e12            (docs/metrics.md)
 //   TFLOP/s       = TFLOP/s job / G, per device; G = the job's distinct devices (the config
-//                   record's devices, runtime/job_devices.h: ranks on one GPU count it once)
+//                   record's devices, distributed/job_devices.h: ranks on one GPU count it once)
 //   MFU           = TFLOP/s job / (G x device peak)
 //   peak memory   = the run's own peak (reset when it starts)
 //   time split    = forward, backward, exposed communication, optimizer: means per step, from
-//                   CUDA events (runtime/phase_timer.h)
+//                   CUDA events (runtime/observe/phase_timer.h)
 //   energy        = NVML's energy counters over the measured steps, summed over the G devices
-//                   (runtime/energy.h): watts = J / s, J per token, model TFLOP/s per watt
+//                   (runtime/observe/energy.h): watts = J / s, J per token, model TFLOP/s per watt
 // --sweep tries micro-batch sizes 1, 2, 4, ... up to --max-micro-batch under each activation-
 // checkpointing mode (none, selective, full), stops a mode at its first out-of-memory, and
 // picks the configuration with the most tokens/s. The global batch changes with the micro-
@@ -26,8 +26,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/env.h"
-#include "runtime/train_config.h"
+#include "distributed/env.h"
+#include "runtime/trainer/train_config.h"
 
 namespace kiln {
 

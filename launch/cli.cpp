@@ -12,11 +12,11 @@
 
 #include <cxxopts.hpp>
 
+#include "distributed/error.h"
 #include "launch/deepspeed_config.h"
 #include "launch/flags.h"
-#include "runtime/checkpoint.h"
-#include "runtime/error.h"
-#include "runtime/init_from.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/init_from.h"
 
 namespace kiln {
 
@@ -307,7 +307,7 @@ TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size)
     }
   }
   apply_flags(result, values, out.config);
-  apply_init_from(values, out.config);  // --init-from DIR: the shape from DIR/config.json (runtime/init_from.h)
+  apply_init_from(values, out.config);  // --init-from DIR: the shape from DIR/config.json (runtime/checkpoint/init_from.h)
   if (ds) {
     std::set<std::string> given;
     for (const auto& f : train_flags())

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "data/prep.h"
-#include "runtime/train_config.h"
+#include "runtime/trainer/train_config.h"
 
 namespace kiln {
 

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <fstream>
 
-#include "runtime/error.h"
-#include "runtime/mesh.h"
-#include "runtime/suggest.h"
+#include "distributed/error.h"
+#include "distributed/mesh.h"
+#include "distributed/suggest.h"
 
 namespace kiln {
 

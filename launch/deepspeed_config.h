@@ -38,7 +38,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/train_config.h"
+#include "runtime/trainer/train_config.h"
 
 namespace kiln {
 

@@ -292,7 +292,7 @@ PY
   export OMPI_MCA_plm="${OMPI_MCA_plm:-isolated}"
   # Binding off: mpirun binds each rank to one core by default (2 ranks or fewer), which leaves
   # the host AdamW of --offload one thread; kiln divides the cores among a node's ranks itself
-  # (runtime/host_threads.h; the config record's host_threads says what each rank got).
+  # (distributed/host_threads.h; the config record's host_threads says what each rank got).
   export OMPI_MCA_hwloc_base_binding_policy="${OMPI_MCA_hwloc_base_binding_policy:-none}"
   # Shared-memory transport without cross-process memory attach (refused in some sandboxes).
   export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"

@@ -1,8 +1,8 @@
 // launch/flags.cpp -- see flags.h.
 #include "launch/flags.h"
 
-#include "runtime/error.h"
-#include "runtime/suggest.h"
+#include "distributed/error.h"
+#include "distributed/suggest.h"
 
 namespace kiln {
 

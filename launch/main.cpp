@@ -27,16 +27,16 @@
 #include <unistd.h>
 
 #include "data/prep.h"
+#include "distributed/env.h"
+#include "distributed/error.h"
+#include "distributed/python_tool.h"
+#include "distributed/suggest.h"
 #include "launch/bench.h"
 #include "launch/cli.h"
 #include "launch/plan_cli.h"
 #include "launch/sample_cli.h"
-#include "runtime/env.h"
-#include "runtime/error.h"
-#include "runtime/python_tool.h"
-#include "runtime/stop_requests.h"
-#include "runtime/suggest.h"
-#include "runtime/trainer.h"
+#include "runtime/trainer/stop_requests.h"
+#include "runtime/trainer/trainer.h"
 
 namespace {
 

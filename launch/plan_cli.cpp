@@ -9,10 +9,10 @@
 
 #include "launch/flags.h"
 
+#include "distributed/error.h"
+#include "models/flops.h"
 #include "plan/compare.h"
 #include "plan/report.h"
-#include "runtime/error.h"
-#include "runtime/metrics.h"
 
 namespace kiln {
 
@@ -330,7 +330,7 @@ int run_plan(const PlanArgs& a) {
     if (a.json) std::printf("%s\n", j.dump(2).c_str());
     else std::fputs(text.c_str(), stdout);
   };
-  // P of T = 6 P D: N_active less the position embedding (runtime/metrics.h; all parameters for
+  // P of T = 6 P D: N_active less the position embedding (models/flops.h; all parameters for
   // a dense model, k experts per MoE layer for an MoE one)
   const double P = static_cast<double>(a.model.num_active_params_non_embedding_pos());
   const double attention_term = a.attention_flops ? flops_per_token(a.model) - 6.0 * P : 0.0;

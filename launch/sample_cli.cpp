@@ -9,18 +9,18 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
+#include "distributed/backend_choice.h"
+#include "distributed/comm_mpi.h"
+#include "distributed/device.h"
+#include "distributed/error.h"
+#include "distributed/host_threads.h"
+#include "distributed/strprintf.h"
+#include "distributed/watchdog.h"
 #include "launch/flags.h"
-#include "runtime/backend_choice.h"
-#include "runtime/checkpoint.h"
-#include "runtime/comm_mpi.h"
-#include "runtime/device.h"
-#include "runtime/error.h"
-#include "runtime/host_threads.h"
-#include "runtime/inference_model.h"
-#include "runtime/strprintf.h"
-#include "runtime/watchdog.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/inference/inference_model.h"
 #if defined(KILN_WITH_CUDA)
-#include "runtime/comm_nccl.h"
+#include "distributed/comm_nccl.h"
 #endif
 
 namespace kiln {

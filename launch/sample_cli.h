@@ -6,12 +6,12 @@
 // DIR is a checkpoint or a save dir (its `latest`), as for kiln eval. The prompt is encoded with
 // the checkpoint's tokenizer (data/tokenizer.h; today the byte-level one) after end-of-text, the
 // token every training document starts with (kiln prep), so a prompt starts a document and an
-// empty prompt samples one from nothing, as llm.c's samples do. Generation (runtime/generate.h)
+// empty prompt samples one from nothing, as llm.c's samples do. Generation (runtime/inference/generate.h)
 // stops at end-of-text or after --max-new-tokens. Output: the prompt and its continuation on
 // stdout, streamed as drawn; one line of figures on stderr (tokens, seconds, why it stopped).
 // --json prints one JSON object instead: {"checkpoint", "step", "prompt", "prompt_ids", "ids",
 // "text", "stopped", "positions", "window_moves", "kv_cache", "seconds", "tokens_per_s"}: ids the
-// generated ones, positions those run through the model (runtime/generate.h's Generation).
+// generated ones, positions those run through the model (runtime/inference/generate.h's Generation).
 // Tensor parallelism: `mpirun -np T kiln sample --tp T ...` splits the model over T ranks
 // (world = tp: no data or pipeline parallelism); rank 0 prints.
 #pragma once
@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/env.h"
-#include "runtime/generate.h"
+#include "distributed/env.h"
+#include "runtime/inference/generate.h"
 
 namespace kiln {
 

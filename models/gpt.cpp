@@ -6,8 +6,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "distributed/error.h"
 #include "models/linear_cross_entropy.h"
-#include "runtime/error.h"
 
 namespace kiln {
 

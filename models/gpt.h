@@ -98,7 +98,7 @@ struct LayerOps {
   // compute dtype) that keeps attention causal for this rank's query positions (context
   // parallelism). Empty: local causal attention.
   std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&)> gather_kv;
-  // The ops for decoding with a KV cache (models/kv_cache.h), which runs whole sequences of
+  // The ops for decoding with a KV cache (runtime/inference/kv_cache.h), which runs whole sequences of
   // one token and cannot split them; null: these.
   std::shared_ptr<const LayerOps> unsplit;
 
@@ -162,7 +162,7 @@ class AttentionImpl : public torch::nn::Module {
   // Hook for the attention core, called as core(q, k, v, dropout_p, mask) with causal_attention's
   // arguments; empty: causal_attention. (Set by parallel/activation_checkpoint.h.)
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&)> core;
-  // This rank's query and key/value heads, and the head width (models/kv_cache.h reads them).
+  // This rank's query and key/value heads, and the head width (runtime/inference/kv_cache.h reads them).
   int64_t n_head() const { return n_head_; }
   int64_t n_kv_head() const { return n_kv_head_; }
   int64_t head_dim() const { return head_dim_; }

@@ -3,8 +3,8 @@
 
 #include <sstream>
 
-#include "runtime/error.h"
-#include "runtime/suggest.h"
+#include "distributed/error.h"
+#include "distributed/suggest.h"
 
 namespace kiln {
 

@@ -60,7 +60,7 @@ struct GPTConfig {
 
   // All parameters (tied output layer counted once).
   int64_t num_params() const;
-  // Parameters less the position embedding: the N of the FLOP formula (see runtime/metrics.h).
+  // Parameters less the position embedding: the N of the FLOP formula (see models/flops.h).
   int64_t num_params_non_embedding_pos() const { return num_params() - seq_len * d_model; }
   // The parameters one token's forward uses: an MoE layer's k experts and its router, not all E
   // (equal to num_params() for a dense model).

@@ -10,10 +10,10 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
+#include "distributed/device_check.h"
+#include "distributed/error.h"
 #include "models/gpt.h"
 #include "models/gpt_config.h"
-#include "runtime/device_check.h"
-#include "runtime/error.h"
 
 namespace kiln {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

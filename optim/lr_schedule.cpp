@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

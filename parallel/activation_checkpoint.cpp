@@ -10,8 +10,8 @@
 #include <ATen/core/ivalue.h>
 #include <torch/autograd.h>
 
+#include "distributed/error.h"
 #include "models/gpt.h"
-#include "runtime/error.h"
 
 namespace kiln {
 

@@ -9,10 +9,10 @@
 #include <tuple>
 #include <vector>
 
+#include "distributed/error.h"
 #include "models/gpt.h"
 #include "parallel/sequence_parallel.h"
 #include "parallel/tensor_parallel.h"
-#include "runtime/error.h"
 
 namespace kiln {
 

@@ -25,7 +25,7 @@
 // K and V are the small tensors (KV heads <= heads), the exchange is one collective the
 // backends already have, and the attention kernel runs once on whole tensors. The cost: the
 // whole K and V stay alive per layer until backward.
-// Bytes per layer and micro-batch, comm_bytes' unit (runtime/comm.h): forward all-gather
+// Bytes per layer and micro-batch, comm_bytes' unit (distributed/comm.h): forward all-gather
 // 2 B (KV/t) T h a (a = bytes of the compute dtype), backward reduce-scatter 2 B (KV/t) T h a'
 // (a' = the gradient's dtype, the same), again per recomputed forward.
 // Memory per rank: every activation / cp, except the attention's saved K and V, whole:
@@ -34,7 +34,7 @@
 //
 // Gradients: each cp rank's loss is the mean over its 2C positions of each sample; the global
 // loss is the mean over all T, i.e. the average of the cp ranks' means (equal counts). Averaging
-// gradients over the dp x cp group (runtime/mesh.h: dp_cp) is therefore exact; DDP and ZeRO run
+// gradients over the dp x cp group (distributed/mesh.h: dp_cp) is therefore exact; DDP and ZeRO run
 // over that group. Attention-probability dropout draws from a stream of each rank's own (as
 // tensor parallelism's heads do: parallel/tensor_parallel.h, with_rank_rng).
 //
@@ -46,7 +46,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "runtime/comm.h"
+#include "distributed/comm.h"
 
 namespace kiln {
 

@@ -3,8 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include "distributed/error.h"
 #include "parallel/main_grads.h"
-#include "runtime/error.h"
 
 namespace kiln {
 

@@ -38,8 +38,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "distributed/comm.h"
 #include "parallel/grad_ready.h"
-#include "runtime/comm.h"
 
 namespace kiln {
 

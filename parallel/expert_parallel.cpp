@@ -6,12 +6,12 @@
 #include <ATen/core/ivalue.h>
 #include <torch/autograd.h>
 
+#include "distributed/comm.h"
+#include "distributed/device_check.h"
+#include "distributed/error.h"
 #include "optim/grad_clip.h"
 #include "parallel/group_capsule.h"
 #include "parallel/tensor_parallel.h"
-#include "runtime/comm.h"
-#include "runtime/device_check.h"
-#include "runtime/error.h"
 
 namespace kiln {
 

@@ -2,7 +2,7 @@
 // divided over an expert-parallel group carved out of the data-parallel ranks, tokens moved to
 // their experts and back by all-to-all (GShard, Lepikhin et al. 2020; DeepSpeed-MoE; Megatron-Core).
 //
-// Groups (runtime/mesh.h): the dp ranks of a (pp, cp, tp) position are cut into dp / ep groups of
+// Groups (distributed/mesh.h): the dp ranks of a (pp, cp, tp) position are cut into dp / ep groups of
 // ep consecutive dp indices: ep group g = dp ranks [g ep, (g + 1) ep), ep rank = dp % ep. Rank r
 // of an ep group holds experts [r E/ep, (r + 1) E/ep) of every MoE layer; the router, attention,
 // norms and dense blocks are replicated as before. The "expert-data-parallel" group joins the dp
@@ -21,7 +21,7 @@
 // The counts' exchange runs on the device before the MoE layer's one host read (models/moe.h),
 // which reads the arrived counts with its own: MPI's and NCCL's splits are host integers, and this
 // keeps ep at one synchronisation per layer and forward, as without ep.
-// Traffic (comm_bytes, runtime/comm.h: an all_to_all counts its whole input): per MoE layer and
+// Traffic (comm_bytes, distributed/comm.h: an all_to_all counts its whole input): per MoE layer and
 // micro-batch, 8 E bytes (the counts) + the rows sent (a x b_in x d bytes, a the admitted
 // assignments of this rank's tokens, b_in the residual stream's bytes) + the rows returned (R x
 // b_out x d, R the rows this rank's experts ran, b_out the experts' output dtype), and the same
@@ -41,7 +41,7 @@
 // parameter once: ||g||^2 = ||g_dense||^2 + sum over the ep group of ||g_experts, local||^2.
 //
 // Checkpoints hold every expert once, whole ([E, ...], kiln's order), whatever the layout: the
-// first ep group's ranks all-gather their experts to dp rank 0 (runtime/consolidate.cpp); a
+// first ep group's ranks all-gather their experts to dp rank 0 (runtime/checkpoint/consolidate.cpp); a
 // resume keeps rank r's rows [r E/ep, (r + 1) E/ep).
 // Tensor parallelism: the MoE layers are replicated over tp (models/gpt.h), so each tp rank has
 // its own ep group (the dp ranks at its tp index) dispatching the same tokens as its tp peers';
@@ -91,7 +91,7 @@ ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const st
 at::Tensor ep_slice_of(const std::string& name, const at::Tensor& w, int64_t ep, int64_t rank);
 GPT::TensorSlicer ep_slicer(int64_t ep, int64_t rank);
 
-// y = all_to_all(x) with row splits (runtime/comm.h), differentiable: backward sends the
+// y = all_to_all(x) with row splits (distributed/comm.h), differentiable: backward sends the
 // gradient back with the splits swapped.
 at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
                            const std::shared_ptr<Communicator>& group);

@@ -5,7 +5,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

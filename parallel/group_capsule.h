@@ -8,7 +8,7 @@
 
 #include <ATen/core/ivalue.h>
 
-#include "runtime/comm.h"
+#include "distributed/comm.h"
 
 namespace kiln {
 

@@ -9,8 +9,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "runtime/error.h"
-#include "runtime/host_memory.h"
+#include "distributed/error.h"
+#include "distributed/host_memory.h"
 
 namespace kiln {
 

@@ -3,7 +3,7 @@
 
 #include <ATen/ATen.h>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

@@ -1,5 +1,5 @@
 // parallel/p2p.h -- the point-to-point transfers of a pipeline stage, over the pp group's
-// Communicator (runtime/comm.h's send_recv).
+// Communicator (distributed/comm.h's send_recv).
 //
 // One call carries one schedule step's transfers (parallel/pipeline_schedule.h's Exchange):
 // activations to stage + 1 and from stage - 1, gradients to stage - 1 and from stage + 1, all
@@ -17,8 +17,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "distributed/comm.h"
 #include "parallel/pipeline_schedule.h"
-#include "runtime/comm.h"
 
 namespace kiln {
 

@@ -8,14 +8,14 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "distributed/device_check.h"
+#include "distributed/error.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/p2p.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/tensor_parallel.h"
-#include "runtime/device_check.h"
-#include "runtime/error.h"
 
 namespace kiln {
 

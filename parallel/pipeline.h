@@ -38,10 +38,10 @@
 #include <c10/core/Device.h>
 
 #include "data/loader.h"
+#include "distributed/comm.h"
+#include "optim/precision.h"
 #include "parallel/main_grads.h"
 #include "parallel/pipeline_schedule.h"
-#include "runtime/comm.h"
-#include "runtime/precision.h"
 
 namespace kiln {
 

@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

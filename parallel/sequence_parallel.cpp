@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "distributed/error.h"
 #include "models/gpt.h"
 #include "parallel/group_capsule.h"
 #include "parallel/tensor_parallel.h"
-#include "runtime/error.h"
 
 namespace kiln {
 

@@ -15,7 +15,7 @@
 //     forward  Y_r = reduce_scatter_rows(sum_i X_i A_i)                     (was: all-reduce)
 //     backward dY = all_gather_rows(dY_r)                                   (was: identity)
 //   the row-parallel bias is added to the rank's rows after the reduce-scatter.
-// In comm_bytes' unit (runtime/comm.h) an all-reduce of [B, T, d] counts 2 B T d, an all-gather
+// In comm_bytes' unit (distributed/comm.h) an all-reduce of [B, T, d] counts 2 B T d, an all-gather
 // and a reduce-scatter B T d each: the same per layer pair and pass, plus the backward's second
 // gather of each column-parallel layer's input (B T d in the compute dtype; 2 per layer and 1
 // for the head). Activations of the replicated regions, and the column-parallel layers' saved
@@ -41,7 +41,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "runtime/comm.h"
+#include "distributed/comm.h"
 
 namespace kiln {
 

@@ -12,12 +12,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 
+#include "distributed/error.h"
 #include "models/gpt.h"
-#include "parallel/group_capsule.h"
-#include "parallel/sequence_parallel.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
-#include "runtime/error.h"
+#include "parallel/group_capsule.h"
+#include "parallel/sequence_parallel.h"
 
 namespace kiln {
 

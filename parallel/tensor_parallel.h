@@ -37,8 +37,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "distributed/comm.h"
 #include "parallel/main_grads.h"
-#include "runtime/comm.h"
 
 namespace kiln {
 

@@ -77,10 +77,10 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include "distributed/comm.h"
 #include "optim/adamw.h"
 #include "parallel/grad_ready.h"
 #include "parallel/zero_options.h"
-#include "runtime/comm.h"
 
 namespace kiln {
 
@@ -123,7 +123,7 @@ struct ZeroConfig {
 // Model-state bytes this rank holds, by kind and place (optimizer: the moments, plus the fp32
 // master copy where it is not the parameters themselves; the 0-dim step counters are not
 // counted). cast_copies (device only): autocast's 2-byte copies of fp32 weights, held from the
-// forward to the backward (runtime/precision.h; not the engine's: the trainer counts them).
+// forward to the backward (optim/precision.h; not the engine's: the trainer counts them).
 struct ModelStateBytes {
   struct Place {
     int64_t params = 0, grads = 0, optimizer = 0, cast_copies = 0;
@@ -167,7 +167,7 @@ class ZeroEngine {
   void begin_forward_only();
   void end_forward_only();
 
-  // Checkpoints, one parameter at a time (runtime/consolidate.h). gather_param: collective over
+  // Checkpoints, one parameter at a time (runtime/checkpoint/consolidate.h). gather_param: collective over
   // dp -- each rank sends dp rank 0 its shard's piece of `param` (one of the model's parameters:
   // this rank's tensor-parallel slice); on dp rank 0 the whole of it (param's shape, fp32, on the
   // device), undefined elsewhere. Param is the fp32 master. ZeRO-1/2's fp32 parameters need no

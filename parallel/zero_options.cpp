@@ -1,7 +1,7 @@
 // parallel/zero_options.cpp -- parsing and naming ZeRO's option values.
 #include "parallel/zero_options.h"
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 

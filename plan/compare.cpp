@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln::plan {
 
@@ -93,7 +93,7 @@ Run run_of(const json& config, const std::string& where) {
   l.cpu = cpu;
   // CPU SDPA runs its flash kernel only without dropout and with as many kv heads as heads.
   l.attention = (!cpu || (!l.dropout && model.n_kv_head == model.n_head)) ? Attention::Flash : Attention::Math;
-  // kiln's rule (runtime/trainer.cpp): with dp x cp = 1 the DDP wrapper exists only when a
+  // kiln's rule (runtime/trainer/trainer.cpp): with dp x cp = 1 the DDP wrapper exists only when a
   // backend was named (mpirun -np 1 --backend mpi|nccl); ZeRO always has its communicator.
   l.comm_in_world_of_one = world.value("backend", std::string("none")) != "none" &&
                            (c.value("backend", std::string("auto")) != "auto" || l.zero > 0);

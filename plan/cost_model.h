@@ -9,7 +9,7 @@
 // "Per rank" means per device/process; world = dp x c x t x p.
 //
 // 1. Training compute and runtime (Kaplan et al. 2020 s2.1; Hoffmann et al. 2022 for D = 20P)
-//      T = 6 P D          (+ 12 L d T_seq D with the attention term: T = F D, F of runtime/metrics.h)
+//      T = 6 P D          (+ 12 L d T_seq D with the attention term: T = F D, F of models/flops.h)
 //      R = devices x peak x achieved          t = T / R;  with D = 20 P:  t = 120 P^2 / R
 //      E = t x devices x watts                efficiency = R / (devices x watts)  [FLOP/s per W]
 //
@@ -105,7 +105,7 @@
 //      are not split), so a tp rank holds its attention slice plus the whole MoE layer. Each
 //      block is its own ZeRO unit, so ZeRO shards the experts as any parameter; DDP all-reduces
 //      them, ZeRO reduce-scatters and gathers them (section 4's Psi, Psi' include them).
-//    FLOPs: F = 6 N_active + 12 L d T (runtime/metrics.h): an MoE block's active parameters are
+//    FLOPs: F = 6 N_active + 12 L d T (models/flops.h): an MoE block's active parameters are
 //      k experts and the router, k (dF + F + Fd + d) + E d; a stage's F_s uses the same per block.
 //    Autocast copies (section 2): only the attention's weights of an MoE block are cached (c_attn
 //      weight and bias, attn c_proj weight [+ its bias at t = 1]); the experts run on slices
@@ -135,7 +135,7 @@
 //      [E, ...] tensor (select_backward) summed into one buffer per stacked weight: pb x E x
 //      (mlp + F d), the four buffers and one more fc_w-sized gradient.
 //    Communication: the step's verdict carries each MoE layer's routing stats, n_moe_layers x
-//      (E + 3) floats inserted before the norm (runtime/trainer_step.cpp), all-reduced as before:
+//      (E + 3) floats inserted before the norm (runtime/trainer/trainer_step.cpp), all-reduced as before:
 //      DDP 2 x 4 (2 + X), ZeRO and pp 2 x 4 (3 + X), X = n_moe_layers (E + 3), on every stage
 //      (each stage sends every layer's row, zeros for the others'). tp: an MoE block has no tp
 //      collective (its input is whole on every rank, its output needs no reduction), so it has
@@ -158,7 +158,7 @@
 //      when dp / e > 1, nothing when it is 1 (a group of one skips its all-reduce); the verdict
 //      as before (16 + the routing rows, over dp); the norm: one more all-reduce of one fp64
 //      over the ep group (the experts' squares), 2 x 8 = 16 bytes per step.
-//    All-to-all (the ep group; runtime/comm.h: an all_to_all counts its whole input), per MoE
+//    All-to-all (the ep group; distributed/comm.h: an all_to_all counts its whole input), per MoE
 //      layer and micro-batch: the counts, 8 E bytes, in every forward (twice under full
 //      recomputation: the block's forward runs again inside backward) -- exact; the rows, a x d
 //      x b_in to the experts (a this rank's admitted assignments; b_in ln_2's output dtype, fp32
@@ -330,6 +330,8 @@ std::vector<int64_t> stage_blocks(const GPTConfig& model, const Layout& layout);
 // matrices split over tp, an MoE block's experts and router whole (replicated over tp); with
 // expert parallelism E/ep of the experts.
 int64_t block_numel(const GPTConfig& model, int64_t tp, int64_t index, int64_t ep = 1);
+// One expert's parameters, or a dense block's MLP half at tp = t.
+int64_t mlp_numel(const GPTConfig& model, int64_t tp);
 // Of block_numel, the experts' parameters on an ep rank: (E/ep) x one expert (0 for a dense block).
 int64_t block_expert_numel(const GPTConfig& model, int64_t index, int64_t ep = 1);
 // The parameters one token's forward multiplies by in block `index` (tp 1): a dense block's all,

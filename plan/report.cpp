@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "runtime/strprintf.h"
+#include "distributed/strprintf.h"
 
 namespace kiln::plan {
 

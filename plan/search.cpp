@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln::plan {
 

@@ -23,9 +23,9 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "distributed/error.h"
 #include "models/gpt.h"
 #include "parallel/activation_checkpoint.h"
-#include "runtime/error.h"
 
 using kiln::ActivationCheckpointing;
 using kiln::GPT;

@@ -1,5 +1,5 @@
-// tests/test_backend_choice.cpp -- the backend rule (runtime/backend_choice.h) and the watchdog
-// probes and health checks the NCCL backend relies on (runtime/watchdog.h), both on the CPU.
+// tests/test_backend_choice.cpp -- the backend rule (distributed/backend_choice.h) and the watchdog
+// probes and health checks the NCCL backend relies on (distributed/watchdog.h), both on the CPU.
 // Run under mpirun (2 ranks): choose_backend is collective; the ranks agree on the verdict
 // (all-reduce of the failure flag) so one failing rank fails the test.
 //
@@ -18,10 +18,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include "runtime/backend_choice.h"
-#include "runtime/env.h"
-#include "runtime/error.h"
-#include "runtime/watchdog.h"
+#include "distributed/backend_choice.h"
+#include "distributed/env.h"
+#include "distributed/error.h"
+#include "distributed/watchdog.h"
 
 namespace {
 

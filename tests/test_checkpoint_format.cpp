@@ -16,11 +16,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include "distributed/error.h"
 #include "models/gpt.h"
-#include "models/hf_gpt2.h"
-#include "runtime/error.h"
-#include "runtime/safetensors.h"
-#include "runtime/tensorboard.h"
+#include "runtime/checkpoint/hf_gpt2.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/observe/tensorboard.h"
 
 using kiln::GPT;
 using kiln::GPTConfig;
@@ -314,7 +314,7 @@ TEST(Crc32, KnownValuesAndTheDefinition) {
   }
 }
 
-// CRC-32C (Castagnoli), TensorBoard's record checksum (runtime/tensorboard.h): the standard check
+// CRC-32C (Castagnoli), TensorBoard's record checksum (runtime/observe/tensorboard.h): the standard check
 // value of "123456789" (0xE3069283) and of nothing (0).
 TEST(Crc32c, CheckValues) {
   EXPECT_EQ(kiln::crc32c("123456789", 9), 0xE3069283u);

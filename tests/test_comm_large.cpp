@@ -1,7 +1,7 @@
 // tests/test_comm_large.cpp -- messages over 2^31 - 1 elements through the MPI backend, at 2
 // ranks (label mpi). MPI counts elements in an int: the backend used to refuse such a tensor
 // ("tensors over 2^31 elements are not supported"), and a pipeline stage's checkpoint or a ZeRO-3
-// unit of a large model is one. It now splits them (runtime/comm_mpi.h). uint8 keeps the memory
+// unit of a large model is one. It now splits them (distributed/comm_mpi.h). uint8 keeps the memory
 // at 2 GiB per tensor: a broadcast and an all-reduce (max) of 2^31 + 64 elements, and an
 // all-gather whose output is 2^31 + 64 elements, each checked at both ends and across the first
 // piece boundary. The smaller-scale checks of every split path are in test_comm_mpi
@@ -12,9 +12,9 @@
 #include <ATen/ATen.h>
 #include <mpi.h>
 
-#include "runtime/comm_mpi.h"
-#include "runtime/env.h"
-#include "runtime/error.h"
+#include "distributed/comm_mpi.h"
+#include "distributed/env.h"
+#include "distributed/error.h"
 
 namespace {
 

@@ -10,11 +10,11 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include "runtime/comm_mpi.h"
-#include "runtime/device_check.h"
-#include "runtime/env.h"
-#include "runtime/mesh.h"
-#include "runtime/error.h"
+#include "distributed/comm_mpi.h"
+#include "distributed/device_check.h"
+#include "distributed/env.h"
+#include "distributed/error.h"
+#include "distributed/mesh.h"
 
 namespace {
 
@@ -413,7 +413,7 @@ TEST(MpiComm, AllToAllCountsTheInput) {
 }
 
 // A group of the run refuses what NCCL would: on a CUDA run a CPU tensor; on a CPU run under the
-// device-check mode, a tensor in host memory (runtime/device_check.h). A host group (no device)
+// device-check mode, a tensor in host memory (distributed/device_check.h). A host group (no device)
 // takes both.
 TEST(MpiComm, RunGroupsRefuseHostTensors) {
   auto cuda_run = kiln::make_mpi_communicator(MPI_COMM_WORLD, "dp", nullptr, c10::Device(c10::kCUDA, 0));

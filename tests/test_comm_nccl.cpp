@@ -1,6 +1,6 @@
 // tests/test_comm_nccl.cpp -- every collective of the NCCL backend, every dtype, on CUDA tensors,
 // on the world and on sub-groups, against values computed by hand; and the Work / stream /
-// watchdog semantics of runtime/comm_nccl.h. Run under mpirun with one rank per GPU (CTest runs
+// watchdog semantics of distributed/comm_nccl.h. Run under mpirun with one rank per GPU (CTest runs
 // one rank: NCCL refuses two ranks on one GPU). Exits 77 (skipped) without a CUDA device. The
 // ranks agree on the verdict (all-reduce of the failure flag) so one failing rank fails the test.
 //
@@ -30,10 +30,10 @@
 #include <mpi.h>
 #include <torch/cuda.h>
 
-#include "runtime/comm_nccl.h"
-#include "runtime/env.h"
-#include "runtime/error.h"
-#include "runtime/watchdog.h"
+#include "distributed/comm_nccl.h"
+#include "distributed/env.h"
+#include "distributed/error.h"
+#include "distributed/watchdog.h"
 
 namespace {
 
@@ -369,7 +369,7 @@ TEST(NcclComm, UnsupportedInputIsRefusedWithItsName) {
   } catch (const kiln::Error& e) {
     EXPECT_TRUE(contains(e.what(), "backend nccl does not support CPU tensors; ")) << e.what();
     EXPECT_TRUE(contains(e.what(), "all_reduce #")) << e.what();
-    // Algorithm bytes (runtime/comm.h, CommStats): an all-reduce counts twice its 16-byte tensor.
+    // Algorithm bytes (distributed/comm.h, CommStats): an all-reduce counts twice its 16-byte tensor.
     EXPECT_TRUE(contains(e.what(), "on group 'world' (nccl, 32 bytes)")) << e.what();
   }
   auto b = at::ones({4}, on_gpu(at::kBool));

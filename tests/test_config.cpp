@@ -6,11 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include "distributed/device_peaks.h"
+#include "distributed/error.h"
+#include "distributed/job_devices.h"
+#include "distributed/mesh.h"
 #include "launch/cli.h"
-#include "runtime/error.h"
-#include "runtime/job_devices.h"
-#include "runtime/mesh.h"
-#include "runtime/metrics.h"
+#include "models/flops.h"
 
 using kiln::ConfigError;
 using kiln::parse_train_args;

@@ -1,6 +1,6 @@
-// tests/test_console.cpp -- rank 0's console lines (runtime/console.h): durations, counts, the
+// tests/test_console.cpp -- rank 0's console lines (runtime/observe/console.h): durations, counts, the
 // step line's progress fields, the eval line's perplexity, and the closing summary; and the phase
-// timer that times the steps (runtime/phase_timer.h).
+// timer that times the steps (runtime/observe/phase_timer.h).
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -9,8 +9,8 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/console.h"
-#include "runtime/phase_timer.h"
+#include "runtime/observe/console.h"
+#include "runtime/observe/phase_timer.h"
 
 namespace kiln {
 namespace {
@@ -90,7 +90,7 @@ TEST(Console, SummaryFromTheRecord) {
 }  // namespace
 }  // namespace kiln
 
-// runtime/phase_timer.h: a cut at an earlier mark leaves the later marks to the next interval,
+// runtime/observe/phase_timer.h: a cut at an earlier mark leaves the later marks to the next interval,
 // and the chain stays contiguous (the intervals add up to the time between their ends).
 TEST(PhaseTimer, CutAtAMarkKeepsTheLaterMarksForTheNextInterval) {
   using namespace std::chrono_literals;

@@ -17,7 +17,7 @@
 #include "data/prefetch.h"
 #include "data/prep.h"
 #include "data/synthetic.h"
-#include "runtime/error.h"
+#include "distributed/error.h"
 
 namespace kiln {
 namespace {

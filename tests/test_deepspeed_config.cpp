@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "distributed/error.h"
 #include "launch/cli.h"
-#include "runtime/error.h"
 
 using kiln::ConfigError;
 using kiln::parse_train_args;

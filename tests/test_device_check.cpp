@@ -1,4 +1,4 @@
-// tests/test_device_check.cpp -- the device-check mode (runtime/device_check.h): which side each
+// tests/test_device_check.cpp -- the device-check mode (distributed/device_check.h): which side each
 // way of making a CPU tensor lands on, and that a group of the run refuses host memory
 // (tests/test_comm_mpi.cpp has the MPI side; here the rules alone, in one process). Each test runs
 // in a process of its own (gtest_discover_tests), so the mode a test enables stays in that test.
@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 
-#include "runtime/device_check.h"
-#include "runtime/host_memory.h"
+#include "distributed/device_check.h"
+#include "distributed/host_memory.h"
 
 namespace {
 const c10::Device kCpu(c10::kCPU);

@@ -1,5 +1,5 @@
 // tests/test_generate.cpp -- the key/value cache against the full forward, the generation loop's
-// windows, and the sampler's rules (models/kv_cache.h, runtime/generate.h, models/sampling.h).
+// windows, and the sampler's rules (runtime/inference/kv_cache.h, runtime/inference/generate.h, runtime/inference/sampling.h).
 //
 // Tolerance. Cached and full forwards do the same arithmetic on the same fp32 numbers, but
 // attention reduces over a differently shaped problem (one query row against P keys, or the
@@ -15,12 +15,12 @@
 #include <gtest/gtest.h>
 
 #include "data/tokenizer.h"
+#include "distributed/error.h"
 #include "models/gpt.h"
-#include "models/kv_cache.h"
-#include "models/sampling.h"
 #include "parallel/activation_checkpoint.h"
-#include "runtime/error.h"
-#include "runtime/generate.h"
+#include "runtime/inference/generate.h"
+#include "runtime/inference/kv_cache.h"
+#include "runtime/inference/sampling.h"
 
 using kiln::GPT;
 using kiln::GPTConfig;

@@ -1,9 +1,9 @@
-// tests/test_host_memory.cpp -- runtime/host_memory.h's pool: exact sizes, reuse of a returned
+// tests/test_host_memory.cpp -- distributed/host_memory.h's pool: exact sizes, reuse of a returned
 // buffer for the next request of its size, and the cap on what it keeps.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "runtime/host_memory.h"
+#include "distributed/host_memory.h"
 
 TEST(HostBufferPool, ExactSizeAndReused) {
   auto pool = kiln::HostBufferPool::make();

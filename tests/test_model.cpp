@@ -14,10 +14,10 @@
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
+#include "distributed/error.h"
 #include "models/gpt.h"
 #include "models/linear_cross_entropy.h"
 #include "optim/adamw.h"
-#include "runtime/error.h"
 
 using kiln::GPT;
 using kiln::GPTConfig;

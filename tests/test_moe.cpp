@@ -15,10 +15,10 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include "distributed/error.h"
 #include "models/gpt.h"
 #include "models/moe.h"
 #include "parallel/activation_checkpoint.h"
-#include "runtime/error.h"
 
 namespace {
 

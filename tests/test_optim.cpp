@@ -10,12 +10,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include "distributed/error.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/main_grads.h"
-#include "runtime/error.h"
 
 namespace {
 

@@ -17,14 +17,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "distributed/device_peaks.h"
+#include "distributed/error.h"
 #include "launch/plan_cli.h"
+#include "models/flops.h"
 #include "plan/cluster.h"
 #include "plan/compare.h"
 #include "plan/cost_model.h"
 #include "plan/report.h"
 #include "plan/search.h"
-#include "runtime/error.h"
-#include "runtime/metrics.h"
 
 namespace kiln::plan {
 namespace {
@@ -525,7 +526,7 @@ TEST(PlanComm, PipelineBytesPerStepByHand) {
 
 TEST(PlanTime, StepTimeByHand) {
   // tiny, dp 2, ZeRO-0, micro-batch 1, K 1, on 1 TFLOP/s devices with 1 GB/s links.
-  //   F = 6 x 858,880 + 12 x 4 x 128 x 128 = 5,939,712 FLOP/token (runtime/metrics.h)
+  //   F = 6 x 858,880 + 12 x 4 x 128 x 128 = 5,939,712 FLOP/token (models/flops.h)
   //   t_f = F/3 x 128 / 1e12, t_b = 2F/3 x 128 / 1e12
   //   DDP all-reduce: 2 x 4 x 875,264 B x 1/2 over 1e9 B/s = 3.501056 ms, hidden behind t_b only;
   //   verdict: 16 B x 1/2 = 8 ns, exposed
@@ -1277,7 +1278,7 @@ TEST(PlanMoE, UnitsEqualTheModelsParameterCounts) {
 }
 
 TEST(PlanMoE, FlopsCountTheActiveParameters) {
-  // F = 6 N_active + 12 L d T (runtime/metrics.h): 6 x (1,406,208 - 16,384) + 12 x 4 x 128 x 128
+  // F = 6 N_active + 12 L d T (models/flops.h): 6 x (1,406,208 - 16,384) + 12 x 4 x 128 x 128
   //   = 8,338,944 + 786,432 = 9,125,376 (all 4,567,296 parameters would claim 28,137,216)
   const GPTConfig m = tiny_moe();
   Layout l = layout(1, 0);

@@ -20,12 +20,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/autograd.h>
 
+#include "distributed/comm_mpi.h"
+#include "distributed/env.h"
 #include "models/gpt.h"
 #include "parallel/context_parallel.h"
 #include "parallel/sequence_parallel.h"
 #include "parallel/tensor_parallel.h"
-#include "runtime/comm_mpi.h"
-#include "runtime/env.h"
 
 namespace {
 

@@ -14,10 +14,10 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include "distributed/comm_mpi.h"
+#include "distributed/env.h"
 #include "models/gpt.h"
 #include "parallel/tensor_parallel.h"
-#include "runtime/comm_mpi.h"
-#include "runtime/env.h"
 
 namespace {
 

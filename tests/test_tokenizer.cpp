@@ -1,6 +1,6 @@
 // tests/test_tokenizer.cpp -- tokenizer.json read and written (data/hf_tokenizer.h), the run's and
 // the checkpoint's tokenizer (data/tokenizer.h), and the Python tool's failure line
-// (runtime/python_tool.h). Encoding through Python's tokenizers is tested end to end in
+// (distributed/python_tool.h). Encoding through Python's tokenizers is tested end to end in
 // tests/hf/tokenizer.sh, against the library itself.
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 
 #include "data/hf_tokenizer.h"
 #include "data/tokenizer.h"
-#include "runtime/error.h"
-#include "runtime/python_tool.h"
+#include "distributed/error.h"
+#include "distributed/python_tool.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;

@@ -21,7 +21,7 @@ assert abs(r["tokens_per_s"] - tokens_per_step / (r["step_ms"] / 1e3)) <= 1e-6 *
 assert abs(r["mfu"] - r["tflops"] / 2) <= 1e-12, r
 split = r["forward_ms"] + r["backward_ms"] + r["exposed_comm_ms"] + r["optimizer_ms"]
 assert r["forward_ms"] > 0 and r["backward_ms"] > 0 and r["optimizer_ms"] > 0, r
-# The phases and the step's time run between the same points (runtime/phase_timer.h: a step's
+# The phases and the step's time run between the same points (runtime/observe/phase_timer.h: a step's
 # interval ends at its one host synchronisation): on the CPU they add up to it, to rounding.
 assert abs(split - r["step_ms"]) <= 1e-9 * r["step_ms"], (split, r["step_ms"])
 assert r["watts"] is None and r["joules_per_token"] is None and r["tflops_per_watt"] is None, r

@@ -2,7 +2,7 @@
 # tests/cli/checkpoint_replay.sh -- resume by replay on sharded layouts (label mpi): 20 steps
 # straight against 10 steps, a save, a resume on the same layout and 10 more. Steps 11-20 (loss,
 # gradient norm) and the final weights' fingerprint must be bit-identical (==): the checkpoint is
-# gathered and scattered one tensor at a time (runtime/consolidate.h) and holds every bit of the
+# gathered and scattered one tensor at a time (runtime/checkpoint/consolidate.h) and holds every bit of the
 # state, so nothing may differ. Layouts: dp 2 x pp 2 under ZeRO-1, dp 2 x tp 2 under ZeRO-3,
 # and ZeRO-3 with --offload all at dp 2 (its gradients added on the host by a worker thread),
 # dropout on.

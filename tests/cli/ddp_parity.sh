@@ -62,7 +62,7 @@ k4, k1 = b("k4"), b("k1")
 params = [json.loads(l) for l in open(f"{d}/k1.jsonl")][0]["params"]
 assert k4 == k1, (k4, k1)
 # One fp32 all-reduce of every gradient, plus the step's verdict (loss and non-finite flag, 8
-# bytes); an all-reduce counts twice its bytes (runtime/comm.h): 2 x 4 x params + 2 x 8.
+# bytes); an all-reduce counts twice its bytes (distributed/comm.h): 2 x 4 x params + 2 x 8.
 assert k1[0] == 2 * 4 * params + 2 * 8, (k1[0], params)
 print("sync skipping: comm_bytes per step", k4[0], "with grad-accum 4 and 1")
 PY

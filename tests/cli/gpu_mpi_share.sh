@@ -39,7 +39,7 @@ worst = max(max(rel(a[k], b[k]) for k in ("loss", "grad_norm")) for a, b in zip(
 worst = max(worst, rel(ref[-1]["param_sq"], run[-1]["param_sq"]))
 # Same tolerance and reasoning as tests/cli/ddp_parity.sh: only the order of fp32 sums differs.
 assert worst <= 1e-5, worst
-# One GPU, counted once (runtime/job_devices.h): MFU is the job's FLOP/s over one peak.
+# One GPU, counted once (distributed/job_devices.h): MFU is the job's FLOP/s over one peak.
 assert run[0]["devices"] == 1, run[0]["devices"]
 assert all(s["tflops"] == s["tflops_job"] for s in ss), ss[0]
 print(f"2 ranks on one GPU (MPI, staged) match one process within {worst:.2e}; devices 1")

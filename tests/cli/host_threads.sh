@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/cli/host_threads.sh -- the settings a single-node GPU machine without ssh needs, and the
-# CPU threads each rank gets (label mpi; runtime/host_threads.h, launch/device_kit.sh):
+# CPU threads each rank gets (label mpi; distributed/host_threads.h, launch/device_kit.sh):
 #   OMPI_MCA_plm=isolated starts the ranks without an ssh/rsh agent, and with binding off
 #     (OMPI_MCA_hwloc_base_binding_policy=none) each rank may use every core: kiln divides them,
 #     intra-op threads = min(cores / ranks on the node, CPUs the rank may use), logged in the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/cli/mfu.sh -- per-device and per-job figures of jobs of several ranks, on the CPU (label
 # mpi). At 1, 2 and 4 ranks with --peak-tflops P, the step records and the summary of the log
-# must hold (runtime/job_devices.h, docs/metrics.md):
+# must hold (distributed/job_devices.h, docs/metrics.md):
 #   mfu x devices x P == tokens_per_s x flops_per_token / 1e12   (the job's model FLOP/s)
 #   devices == ranks                   (on the CPU each rank's share of the cores is a device)
 #   tflops_job == tokens_per_s x flops_per_token / 1e12,  tflops == tflops_job / devices,

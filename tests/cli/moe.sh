@@ -18,7 +18,7 @@
 # A capacity counted per micro-batch or per rank, a loss averaged over the wrong ranks or a
 # missing expert gradient reduction moves these by far more.
 # comm_bytes of DDP exactly: 2 x 4 psi (the gradients' all-reduce) + 2 x 4 (2 + L (E + 3)) (the
-# verdict [loss, non-finite] with the MoE stats rows riding in it; runtime/moe_stats.h).
+# verdict [loss, non-finite] with the MoE stats rows riding in it; models/moe_stats.h).
 # bf16: dp 2 under ZeRO-1 against 1 process within the 16-bit tolerances (tests/cli/
 # param_dtype_zero.sh) over 5 steps; ep 2, and ep 2 x ZeRO-2 at dp 4; fp16: ep 2 x ZeRO-1 at dp 4.
 # Training: 100 steps of tiny-moe fall like the dense tiny model's, and the balance loss keeps the

@@ -81,7 +81,7 @@ w = load("ref_fp32w")[0]["model_state"]["device"]
 n = load("ref_fp32w")[0]["params_local"]
 assert (w["params"], w["grads"], w["optimizer"]) == (4 * n, 4 * n, 8 * n), w
 # fp32 weights under bf16 autocast: its cache keeps a 2-byte copy of every block matrix and the
-# c_attn / c_fc / c_proj biases (runtime/precision.h): every block parameter but the LayerNorms'.
+# c_attn / c_fc / c_proj biases (optim/precision.h): every block parameter but the LayerNorms'.
 c = load("ref_fp32w")[0]["config"]
 d, L = c["d_model"], c["n_layer"]
 f = c.get("mlp_hidden") or 4 * d

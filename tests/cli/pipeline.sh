@@ -17,7 +17,7 @@
 # dropped or doubled, a missing tied-embedding sync or a stage skipping its update moves these by
 # 1e-3 or more.
 # Also exactly: comm_bytes per step of rank 0 (stage 0) -- and, without tp, every stage's last step
-# and model-state bytes, from the summary's pipeline_stages -- in runtime/comm.h's unit: per micro-step
+# and model-state bytes, from the summary's pipeline_stages -- in distributed/comm.h's unit: per micro-step
 # its activation sent on (A = B T d x 4 bytes; a middle stage also sends a gradient back, the last
 # stage only gradients), the tied wte's gradient exchanged once by the end stages (V'/tp d x 4,
 # or its dp shard under ZeRO), the verdict's all-reduce of 3 floats over the world (2 x 12); plus

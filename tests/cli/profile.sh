@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/cli/profile.sh -- `--profile FILE` (runtime/profiler.h) on the CPU (labels cli, mpi): the
+# tests/cli/profile.sh -- `--profile FILE` (runtime/observe/profiler.h) on the CPU (labels cli, mpi): the
 # window of steps, the Chrome trace, the top-costs table and the `profile` record; kiln bench's
 # measured steps; a second rank's own trace; bad input. On a GPU the table is of kernels (the
 # kit's quick visit profiles gpt2-124m); here of host operators.

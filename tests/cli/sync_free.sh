@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli/sync_free.sh -- the step takes no host synchronisation before its update (issue 17;
-# runtime/trainer.cpp's train_step, docs/precision.md "The step").
+# runtime/trainer/trainer.cpp's train_step, docs/precision.md "The step").
 #
-# 1. In the device-check mode (KILN_DEVICE_CHECK=1, set for every test; runtime/device_check.h)
+# 1. In the device-check mode (KILN_DEVICE_CHECK=1, set for every test; distributed/device_check.h)
 #    kiln counts the host's reads of device memory -- .item(), truth values, copies into host
 #    memory: what waits for a GPU -- and each step record carries how many happened from the
 #    step's start (before its first forward) to its queued update, `host_reads_before_update`.

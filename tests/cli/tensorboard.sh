@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/cli/tensorboard.sh -- `kiln train --tensorboard DIR` (runtime/tensorboard.h), read back by
+# tests/cli/tensorboard.sh -- `kiln train --tensorboard DIR` (runtime/observe/tensorboard.h), read back by
 # TensorBoard's own reader (EventAccumulator, the code behind `tensorboard --logdir`).
 #
 # 1. A 20-step run with evaluation every 10 steps: train/loss, train/lr, train/grad_norm,

@@ -14,7 +14,7 @@
 # all-reduces per block forward (attention and MLP outputs) and 2 backward (their inputs'
 # gradients), 1 for the embedding, 1 for the output layer's input gradient, and the loss's max
 # [B T] and [target logit, sum exp] [2, B T]; per step the norm's 8-byte all-reduce; each
-# all-reduce counted twice (runtime/comm.h). With dp 2, DDP's 2 x 4 psi_local + 16 on top; with
+# all-reduce counted twice (distributed/comm.h). With dp 2, DDP's 2 x 4 psi_local + 16 on top; with
 # full activation checkpointing the recomputed forward's 2 all-reduces per block again.
 # ZeRO-1, and ZeRO-3 with --offload all, over dp 2 of tp 2: parity as above.
 # Checkpoints: a tp 1 checkpoint resumed at tp 2, a tp 2 x dp 2 ZeRO-3 one at tp 1 (one process):

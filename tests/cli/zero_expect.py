@@ -41,7 +41,7 @@ def expected(config_record):
         host["grads"] += 4 * P // N  # the reduced shard's host copy
     opt = host if offload != "none" else dev
     opt["optimizer"] = 8 * P // N + (4 * P // N if offload == "optimizer" else 0)
-    verdict = 2 * 12  # all-reduce of [loss, flag, squared norm], counted twice (runtime/comm.h)
+    verdict = 2 * 12  # all-reduce of [loss, flag, squared norm], counted twice (distributed/comm.h)
     rs = (K if streamed else 1) * 4 * P
     if stage < 3:
         comm = rs + 4 * P + verdict

@@ -33,7 +33,7 @@ for cfg in "1" "2" "2 local" "3" "3 local" "1 reduce optimizer" "2 reduce optimi
   run "$name" 2 2 --zero "$stage" --zero-accum "${accum:-reduce}" --offload "${offload:-none}"
   names2+=("$name")
 done
-# The MPI backend's staged and split paths (runtime/comm_mpi.h's test-only settings): CPU tensors
+# The MPI backend's staged and split paths (distributed/comm_mpi.h's test-only settings): CPU tensors
 # staged through separate host buffers as CUDA ones are (where Avg once summed instead of
 # averaging), and every message above 4096 elements split into pieces. At 2 ranks a sum is one
 # addition, so these runs must equal the plain runs of the same configuration bit for bit.

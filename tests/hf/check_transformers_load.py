@@ -3,7 +3,7 @@
 
     check_transformers_load.py DIR TOKENS_FILE
 
-DIR holds model.safetensors and config.json as kiln writes them (models/hf_gpt2.h). It is loaded
+DIR holds model.safetensors and config.json as kiln writes them (runtime/checkpoint/hf_gpt2.h). It is loaded
 with GPT2LMHeadModel.from_pretrained(DIR) offline (HF_HUB_OFFLINE=1, local_files_only), in fp32.
 The check fails (exit 1) unless every weight of the model came from the file and every tensor of
 the file was used: no missing (newly initialised), unexpected, or mismatched keys, and lm_head

@@ -27,10 +27,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 
+#include "distributed/error.h"
 #include "models/gpt.h"
-#include "models/hf_gpt2.h"
-#include "runtime/error.h"
-#include "runtime/safetensors.h"
+#include "runtime/checkpoint/hf_gpt2.h"
+#include "runtime/checkpoint/safetensors.h"
 
 int main(int argc, char** argv) {
   const bool from_checkpoint = argc == 4 && std::strcmp(argv[2], "--from-checkpoint") == 0;

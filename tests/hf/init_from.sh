@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/hf/init_from.sh -- `kiln train --init-from DIR` (runtime/init_from.h) starts from the weights
+# tests/hf/init_from.sh -- `kiln train --init-from DIR` (runtime/checkpoint/init_from.h) starts from the weights
 # of a model transformers itself created and saved, and from kiln's own checkpoints.
 #
 # 1. init_from_reference.py makes a GPT2LMHeadModel (save_pretrained), a shard of 8 samples, and

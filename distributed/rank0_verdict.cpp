@@ -1,0 +1,51 @@
+// distributed/rank0_verdict.cpp -- rank 0's verdict as one string: a kind letter, then the message.
+#include "distributed/rank0_verdict.h"
+
+#include <cstring>
+
+#include <ATen/ATen.h>
+
+#include "distributed/comm.h"
+#include "distributed/error.h"
+
+namespace kiln {
+
+// Host tensors on purpose: `host` is the host group (MPI, no device), never a run's device group.
+std::string broadcast_string(Communicator& host, const std::string& s) {
+  auto len = at::tensor({static_cast<int64_t>(s.size())}, at::kLong);
+  host.broadcast(len, 0)->wait();
+  const int64_t n = len.item<int64_t>();
+  auto bytes = at::empty({n}, at::kByte);
+  if (host.rank() == 0 && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), s.data(), static_cast<size_t>(n));
+  if (n > 0) host.broadcast(bytes, 0)->wait();
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(n));
+}
+
+void decide_on_rank0(Communicator* host, const std::function<void()>& check) {
+  // Kinds: O fine, C ConfigError, D DataError, E another kiln::Error (with its exit code).
+  std::string verdict = "O";
+  if (host == nullptr || host->rank() == 0) {
+    try {
+      check();
+    } catch (const ConfigError& e) {
+      verdict = std::string("C") + e.what();
+    } catch (const DataError& e) {
+      verdict = std::string("D") + e.what();
+    } catch (const Error& e) {
+      verdict = "E" + std::to_string(e.exit_code()) + ":" + e.what();
+    }
+  }
+  if (host != nullptr && host->size() > 1) verdict = broadcast_string(*host, verdict);
+  const std::string rest = verdict.substr(1);
+  switch (verdict[0]) {
+    case 'C': throw ConfigError(rest);
+    case 'D': throw DataError(rest);
+    case 'E': {
+      const size_t colon = rest.find(':');
+      throw Error(rest.substr(colon + 1), std::stoi(rest.substr(0, colon)));
+    }
+    default: return;
+  }
+}
+
+}  // namespace kiln

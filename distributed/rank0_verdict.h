@@ -1,0 +1,25 @@
+// distributed/rank0_verdict.h -- a check only rank 0 makes (it alone looks at the save directory or
+// the checkpoint), decided on every rank together.
+//
+// If rank 0 alone threw, it would leave the job (a banner, MPI_Abort) while the others wait for it
+// in their next collective. Instead its verdict -- nothing, or the kind and message of the
+// kiln::Error it threw -- travels to every rank, and every rank throws the same error: the job
+// ends with rank 0's one line and the error's exit code (launch/main.cpp).
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace kiln {
+
+class Communicator;
+
+// Runs `check` on rank 0 of `host` (a host group: MPI, no device; nullptr in a world of one) and
+// throws what it threw, as the same kind of kiln::Error with the same message, on every rank.
+// Collective over `host`.
+void decide_on_rank0(Communicator* host, const std::function<void()>& check);
+
+// `s` on rank 0 of `host`, on every rank (a length, then the bytes; host tensors).
+std::string broadcast_string(Communicator& host, const std::string& s);
+
+}  // namespace kiln

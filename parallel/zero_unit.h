@@ -1,0 +1,50 @@
+// parallel/zero_unit.h -- a ZeRO unit as the engine holds it: its parameters' flat buffer, this
+// rank's shards (parameters, gradients, master and moments) and the state of its collectives.
+// Private to parallel/zero.cpp and parallel/zero_state.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "distributed/comm.h"
+#include "parallel/zero.h"
+
+namespace kiln {
+
+// A parameter's part of this rank's shard: [offset, offset + length) of the shard.
+struct ZeroEngine::Segment {
+  int64_t offset = 0, length = 0;
+  bool decay = false;
+  double norm_weight = 1.0;  // ZeroConfig::count_weights' weight of these elements
+};
+
+struct ZeroEngine::Unit {
+  std::vector<at::Tensor> params;  // the model's parameters (leaves; views of flat)
+  bool expert = false;             // experts (ZeroConfig::is_expert): sharded over expert_dp
+  Communicator* group = nullptr;   // the ranks sharing the unit: dp, or expert_dp for experts
+  std::vector<int64_t> offsets;    // each parameter's first element in flat
+  int64_t numel = 0, padded = 0, shard = 0;
+  std::vector<Segment> segments;
+
+  at::Tensor flat;          // all n_u' parameters on the device (ZeRO-3: allocated only while gathered), param_dtype
+  at::Tensor shard_params;  // ZeRO-3: this rank's parameter shard (on the host under offload all), param_dtype
+  at::Tensor grad_full;     // all n_u' gradients on the device (streamed: only while reducing)
+  at::Tensor grad_shard;    // the reduced gradient shard (streamed: own buffer; else a view of grad_full)
+  at::Tensor rs_out;        // a reduction's output before it is added into (streamed) / copied to grad_shard
+  at::Tensor rs_in;         // bf16 reduction: the wire copy of grad_full, alive while it is reduced
+  at::Tensor master;        // the fp32 shard AdamW steps, where it is not the parameter shard itself:
+                            // offload (the host's, stepped by the CPU AdamW) or 16-bit weights
+  at::Tensor host_grad;     // offload: the host copy of grad_shard (may be grad_shard itself)
+  at::Tensor exp_avg, exp_avg_sq;
+
+  int64_t pending = 0;  // gradients not yet landed in this backward
+  bool reduced = false; // this micro-step's reduction launched
+  std::shared_ptr<Work> rs_work, ag_work;
+  at::Tensor ag_src;    // the shard being gathered, kept alive until the gather completes
+  enum class State { Released, Gathering, Gathered } state = State::Gathered;
+};
+
+}  // namespace kiln

@@ -1,0 +1,217 @@
+// plan/memory.cpp -- plan/cost_model.h's sections 2 and 3: the blocks' sizes, the model-state
+// bytes of a layout (ZeRO's padded shards, autocast's cast copies) and the activation bytes.
+#include "plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "distributed/error.h"
+#include "models/flops.h"
+#include "parallel/pipeline_layout.h"
+
+namespace kiln::plan {
+
+namespace {
+
+constexpr int64_t kAlign = 64;  // ZeRO shard alignment, elements
+// RNG states a checkpoint saves for its replay (docs/activation_checkpointing.md): the default
+// CPU generator's, and a CUDA device generator's.
+constexpr double kCpuGeneratorState = 5056, kCudaGeneratorState = 16;
+
+// The attention half of a block at tp = t, with both LayerNorms (section 2).
+int64_t attention_numel(const GPTConfig& m, int64_t t) {
+  const int64_t d = m.d_model, hd = m.head_dim();
+  const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;  // replicated when t exceeds them
+  const int64_t qkv = d / t + 2 * kv_heads * hd;
+  return 2 * d + (d * qkv + qkv)       // ln_1, c_attn (column-parallel: weight and bias split)
+         + (d / t) * d + d             // attn c_proj (row-parallel: bias whole)
+         + 2 * d;                      // ln_2
+}
+
+}  // namespace
+
+// One expert, or the dense MLP at tp = t: c_fc [F, d] + b (column-parallel), c_proj [d, F] + b
+// (row-parallel: bias whole).
+int64_t mlp_numel(const GPTConfig& m, int64_t t) {
+  const int64_t d = m.d_model, F = m.mlp_hidden();
+  return d * (F / t) + F / t + (F / t) * d + d;
+}
+
+int64_t block_numel(const GPTConfig& m, int64_t t, int64_t index, int64_t ep) {
+  if (m.is_moe_layer(index)) return attention_numel(m, t) + block_expert_numel(m, index, ep) + m.n_experts * m.d_model;
+  return attention_numel(m, t) + mlp_numel(m, t);
+}
+
+int64_t block_expert_numel(const GPTConfig& m, int64_t index, int64_t ep) {
+  return m.is_moe_layer(index) ? m.n_experts / std::max<int64_t>(1, ep) * mlp_numel(m, 1) : 0;
+}
+
+int64_t block_active_numel(const GPTConfig& m, int64_t index) {
+  if (m.is_moe_layer(index)) return attention_numel(m, 1) + m.top_k * mlp_numel(m, 1) + m.n_experts * m.d_model;
+  return block_numel(m, 1, index);
+}
+
+// ---- 2. model-state bytes -------------------------------------------------------------------
+
+std::vector<int64_t> stage_blocks(const GPTConfig& m, const Layout& l) {
+  return pipeline_block_counts(m.n_layer, l.pp, l.pp_split);
+}
+
+// kiln's units (parallel/zero.cpp units_of). The whole model (pp 1): [wte, wpe, ln_f], then the
+// blocks. A pipeline stage: [wte] where it holds it (the first stage's, or the last stage's tied
+// copy: laid out alike, so the tied-embedding sync adds shard to shard), then [wpe, ln_f] as far
+// as it holds them, then its blocks.
+std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int64_t stage, const std::string& pp_split,
+                                int64_t ep) {
+  const int64_t d = m.d_model;
+  const int64_t wte = m.padded_vocab_size() * d / tp, wpe = m.seq_len * d, ln_f = 2 * d;
+  const auto blocks = pipeline_block_counts(m.n_layer, pp, pp_split);
+  if (stage < 0 || stage >= pp) throw ConfigError("pipeline stage " + std::to_string(stage) + " of " + std::to_string(pp));
+  const bool first = stage == 0, last = stage == pp - 1;
+  std::vector<int64_t> units;
+  if (pp == 1) {
+    units.push_back(wte + wpe + ln_f);
+  } else {
+    if (first || last) units.push_back(wte);
+    const int64_t outer = (first ? wpe : 0) + (last ? ln_f : 0);
+    if (outer > 0) units.push_back(outer);
+  }
+  const int64_t begin = pipeline_block_starts(blocks)[static_cast<size_t>(stage)];
+  for (int64_t i = 0; i < blocks[static_cast<size_t>(stage)]; ++i) units.push_back(block_numel(m, tp, begin + i, ep));
+  return units;
+}
+
+int64_t padded_numel(int64_t n, int64_t dp) {
+  const int64_t q = kAlign * dp;
+  return (n + q - 1) / q * q;
+}
+int64_t sum_padded(const std::vector<int64_t>& units, int64_t dp) {
+  int64_t total = 0;
+  for (int64_t n : units) total += padded_numel(n, dp);
+  return total;
+}
+int64_t sum_units(const std::vector<int64_t>& units) {
+  int64_t total = 0;
+  for (int64_t n : units) total += n;
+  return total;
+}
+
+ModelState model_state(const std::vector<int64_t>& units, const Layout& l, int64_t ranks) {
+  ModelState out;
+  const int64_t N = ranks > 0 ? ranks : l.grad_ranks();  // ZeRO shards over dp x cp (experts: dp / ep)
+  if (l.zero == 0) {
+    const int64_t psi = sum_units(units);
+    // 16-bit working weights: 2-byte parameters, fp32 main grads, fp32 master + m + v (optim/adamw.h).
+    out.device = {l.param_bytes * psi, 4 * psi, (l.param_bytes == 2 ? 12 : 8) * psi};
+    return out;
+  }
+  const int64_t pp_ = sum_padded(units, N), shard = pp_ / N, pb = l.param_bytes;
+  const bool local_full = l.zero_accum == ZeroAccum::Local && l.grad_accum > 1;
+  // gradients stay fp32 (main grads) whatever the weights' dtype
+  const int64_t grads = l.zero == 1 ? 4 * pp_ : (local_full ? 4 * pp_ : 4 * shard);
+  const int64_t params = l.zero == 3 ? pb * shard : pb * pp_;
+  // m and v, and with 16-bit weights the fp32 master shard beside them
+  const int64_t optimizer = (pb == 2 ? 12 : 8) * shard;
+  switch (l.offload) {
+    case Offload::None:
+      out.device = {params, grads, optimizer};
+      break;
+    case Offload::Optimizer:  // the host master is fp32 under either policy
+      out.device = {params, grads, 0};
+      out.host = {0, 4 * shard, 12 * shard};
+      break;
+    case Offload::All:  // the full local accumulation buffer, if any, stays on the device
+      out.device = {0, local_full ? 4 * pp_ : 0, 0};
+      // fp32: the host parameter shard is the master; 16-bit: a 2-byte shard to gather, and the
+      // fp32 master with the moments
+      out.host = {pb * shard, 4 * shard, optimizer};
+      break;
+  }
+  return out;
+}
+
+// The matrix products' weights of one block at tp = t (c_attn weight and bias, attn c_proj weight,
+// c_fc weight and bias, mlp c_proj weight; the two row-parallel biases only at t = 1, where the
+// product adds them), as block_numel splits them. An MoE block: the attention's only (the
+// experts' slices are not leaves, which autocast does not cache; optim/precision.cpp).
+int64_t cast_copy_bytes(const GPTConfig& m, const Layout& l, int64_t blocks, int64_t first_block) {
+  if (l.param_bytes == 2 || l.compute_bytes == 4) return 0;
+  const int64_t t = l.tp, d = m.d_model, F = m.mlp_hidden(), hd = m.head_dim();
+  const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;
+  const int64_t qkv = d / t + 2 * kv_heads * hd;
+  const int64_t attention = (d * qkv + qkv) + (d / t) * d + (t == 1 ? d : 0);
+  const int64_t mlp = (d * (F / t) + F / t) + (F / t) * d + (t == 1 ? d : 0);
+  int64_t total = 0;
+  for (int64_t i = first_block; i < first_block + blocks; ++i) total += attention + (m.is_moe_layer(i) ? 0 : mlp);
+  return 2 * total;
+}
+
+// ---- 3. activations -------------------------------------------------------------------------
+
+ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Recompute mode, bool moe) {
+  // r: the residual stream's bytes, the parameters' dtype (fp32, or 16-bit working weights).
+  const double a = l.compute_bytes, r = l.param_bytes, mk = l.cpu ? 4.0 : 1.0;
+  const double d = static_cast<double>(m.d_model), H = static_cast<double>(m.n_head);
+  const double T = static_cast<double>(m.seq_len);
+  const double kv = static_cast<double>(m.n_kv_head * m.head_dim());
+  ActivationBytes out;
+  if (mode != Recompute::None) out.per_layer = kCpuGeneratorState + (l.cpu ? 0.0 : kCudaGeneratorState);
+  if (mode == Recompute::Full) {
+    out.replicated = r * d;  // the block's input (its rank's rows under sp or cp)
+    return out;
+  }
+  // x, ln stats, ln_1 out, y, ln_2 out, residual-dropout masks (under sp the rank's T/t rows of
+  // each: c_attn and c_fc keep their input's rows and gather them again in backward)
+  out.replicated = r * d + 16.0 + a * d + r * d + a * d + (l.dropout ? 2.0 * mk * d : 0.0);
+  if (moe) {
+    // An MoE layer (models/moe.cpp's ops; section 3 MoE), replicated over tp: ln_2's output in
+    // fp32 (the router's input) in place of c_fc's a d copy; the router's logits and
+    // probabilities, the logsumexp; the top-k indices, probabilities and their sum; per
+    // assignment the expert's input, h, gelu(h), its output, the gated output in ln_2's dtype
+    // (index_add keeps its source), the gate and two int64 indices. ln_2's dtype: fp32 but on
+    // the CPU with 16-bit weights (as tp's ln, section 4).
+    const double E = static_cast<double>(m.n_experts), k = static_cast<double>(m.top_k);
+    const double ln = l.cpu && l.param_bytes == 2 ? 2.0 : 4.0;
+    const double topk = m.top_k > 1 ? 12.0 * k + 4.0 : 8.0;  // k = 1: the gate is the probability, only the index is kept
+    // --ep: the arrived rows' (l, j) order, an int64 per row this rank's experts run (kept by
+    // index_select and index_copy, one tensor), k per token at a balanced load
+    const double ep_order = l.ep > 1 ? 8.0 : 0.0;
+    out.replicated += (4.0 - a) * d + 8.0 * E + 4.0 + topk + k * (10.0 * a * d + ln * d + a + 16.0 + ep_order);
+    // Per layer and micro-batch: the 16-bit casts of the experts' fp32 weights, saved by their
+    // linears (not autocast's cache: the slices fc_w[e] are not leaves), every expert (the rank's
+    // E/ep under --ep) assumed to receive tokens; with 16-bit weights the router's fp32 copy.
+    const double F = static_cast<double>(m.mlp_hidden());
+    const double local_experts = static_cast<double>(m.n_experts / std::max<int64_t>(1, l.ep));
+    if (a == 2 && r == 4) out.per_layer += a * 2.0 * F * d * local_experts;
+    if (r == 2) out.per_layer += 4.0 * E * d;
+  }
+  const double qkv_views = a * (d + 2.0 * kv);
+  double core = 0.0;
+  if (mode == Recompute::Selective) {
+    core = qkv_views;  // the attention checkpoint's inputs only
+  } else if (l.attention == Attention::Flash) {
+    core = qkv_views + 4.0 * H;  // q, k, v + fp32 logsumexp
+  } else {
+    core = 3.0 * a * d + a * H * T + (l.dropout ? (mk + a) * H * T : 0.0);
+  }
+  const double gelu_out = mode == Recompute::Selective ? 0.0 : 4.0 * a * d;
+  // an MoE block has no split MLP (its experts are in `replicated`, kept under selective too)
+  out.split = core + a * d /* attention out */ + (moe ? 0.0 : 4.0 * a * d /* h */ + gelu_out);
+  if (l.cp > 1) {
+    // Context parallelism: attention's K and V gathered whole over cp, [b, KV_t, T, h] each, on
+    // top of the rank's own positions' (c_attn's output, which q views, keeps them); the math
+    // path's K, V copies are whole, expanded to the heads (2 a d / t). The causal mask is one
+    // additive bias [2C, T] for the run, shared by every layer (make_plan adds it once).
+    const int64_t t = l.tp;
+    const double kv_t = static_cast<double>((m.n_kv_head >= t ? m.n_kv_head / t : 1) * m.head_dim());
+    if (mode == Recompute::None && l.attention == Attention::Math) {
+      out.split -= 2.0 * a * d;  // the copies: whole, not per local token
+      out.kv_whole = 2.0 * a * d / static_cast<double>(t);
+    } else {
+      out.kv_whole = 2.0 * a * kv_t;
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln::plan

@@ -1,0 +1,39 @@
+// runtime/trainer/save_dir_lock.h -- one job per save directory, and a save directory that can be
+// written, checked at start-up.
+//
+// Two jobs saving into one --save-dir overwrite each other's checkpoints. The job's rank 0 holds
+// an exclusive lock on DIR/.kiln.lock (flock, non-blocking) for its whole life; a second job is
+// refused at start-up with one line naming the holder (host, pid, since when, its command). The
+// kernel drops the lock when the holding process ends, however it ends, so a lock is never left
+// held by a dead process: the file itself stays with the dead holder's details, and the next job
+// takes the lock over and says whose it was. (flock works across NFS clients on Linux, through
+// the NFS lock manager; a file system without locks makes the lock fail with its reason.)
+// Writability is checked in the same place: a probe file is created and removed, so a read-only
+// or unwritable directory ends the job at start-up (exit 2), not at its first save hours later.
+#pragma once
+
+#include <string>
+
+namespace kiln {
+
+class SaveDirLock {
+ public:
+  // Creates `dir` if needed, checks it can be written, takes the lock and records this process as
+  // the holder. Throws ConfigError naming the directory and the reason (another live holder, not
+  // writable, cannot lock).
+  explicit SaveDirLock(std::string dir);
+  ~SaveDirLock();  // empties the holder record and releases the lock
+  SaveDirLock(const SaveDirLock&) = delete;
+  SaveDirLock& operator=(const SaveDirLock&) = delete;
+
+  // "" or, when the lock file named a holder that is gone (a job that did not end cleanly), one
+  // line saying whose lock was taken over.
+  const std::string& notice() const { return notice_; }
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+  std::string notice_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,67 @@
+// runtime/trainer/stop_requests.cpp -- the signal handlers: record the first request, nothing else.
+#include "runtime/trainer/stop_requests.h"
+
+#include <csignal>
+#include <map>
+
+#include <ATen/ATen.h>
+
+#include "distributed/comm.h"
+#include "distributed/error.h"
+
+namespace kiln {
+
+namespace {
+
+volatile std::sig_atomic_t g_requested = 0;  // the first stop signal received, or 0
+struct sigaction g_previous[NSIG];            // what each installed handler replaced
+
+void on_signal(int sig) {
+  if (g_requested == 0) g_requested = sig;
+  // A second Ctrl-C ends the process at once: the default action from now on.
+  if (sig == SIGINT) std::signal(SIGINT, SIG_DFL);
+}
+
+const std::map<std::string, int>& signals() {
+  static const std::map<std::string, int> m = {
+      {"INT", SIGINT}, {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"HUP", SIGHUP}};
+  return m;
+}
+
+}  // namespace
+
+StopRequests::StopRequests(const std::vector<std::string>& names) {
+  for (const auto& n : names) {
+    auto it = signals().find(n.rfind("SIG", 0) == 0 ? n.substr(3) : n);
+    if (it == signals().end()) {
+      throw ConfigError("--stop-signals: unknown signal '" + n + "' (INT, TERM, USR1, USR2, HUP)");
+    }
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // system calls the signal interrupts go on
+    sigaction(it->second, &sa, &g_previous[it->second]);
+    installed_.push_back(it->second);
+  }
+}
+
+StopRequests::~StopRequests() {
+  for (int sig : installed_) sigaction(sig, &g_previous[sig], nullptr);
+}
+
+int StopRequests::requested() const { return g_requested; }
+
+std::string StopRequests::name(int signal) {
+  for (const auto& [n, s] : signals())
+    if (s == signal) return "SIG" + n;
+  return "signal " + std::to_string(signal);
+}
+
+int64_t StopRequests::agree(int64_t request, Communicator* host) {
+  if (host == nullptr || host->size() == 1) return request;
+  at::Tensor agreed = at::full({1}, request, at::kLong);  // host memory, on the host group
+  host->all_reduce(agreed, ReduceOp::Max)->wait();
+  return agreed.item<int64_t>();
+}
+
+}  // namespace kiln

@@ -1,0 +1,53 @@
+// runtime/trainer/stop_requests.h -- ending a job cleanly: on a scheduler's signal, or before a wall-time
+// limit.
+//
+// Schedulers warn before they kill: Slurm sends SIGTERM at the end of a job's time (and, with
+// --signal=USR1@120, SIGUSR1 two minutes before), a user presses Ctrl-C. With the handlers of
+// StopRequests installed, the first such signal only records itself; the trainer then finishes
+// the step under way, the ranks agree (one all-reduce of the request per step on the host group:
+// a signal that reached one rank stops every rank after the same step), the job saves a checkpoint
+// when --save-dir is set, logs its summary with the reason, prints "interrupted at step N, saved
+// DIR/step_N" and exits with kExitStopped. A second SIGINT ends the process at once (its default
+// action is restored after the first). The recorded signal is the one process-wide fact here: a
+// signal is delivered to the process, not to an object.
+//
+// --max-wall-time T stops the same way, before the step that would end past T seconds after the
+// run began: a step is not started when the elapsed time plus the longest step so far (plus the
+// last save's duration, when the stop will save) would pass T.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+class Communicator;
+
+// The exit code of a job stopped on request (EX_TEMPFAIL: "try again later" -- resume it).
+constexpr int kExitStopped = 75;
+
+class StopRequests {
+ public:
+  // Installs the handlers for `names` (INT, TERM, USR1, USR2, HUP; an empty list installs none).
+  // Throws ConfigError for an unknown name.
+  explicit StopRequests(const std::vector<std::string>& names);
+  ~StopRequests();  // the previous handlers back
+  StopRequests(const StopRequests&) = delete;
+  StopRequests& operator=(const StopRequests&) = delete;
+
+  // The signal that asked this process to stop, or 0.
+  int requested() const;
+
+  // "SIGTERM", ... for a signal number.
+  static std::string name(int signal);
+
+  // Every rank's request agreed: the largest, by one all-reduce of a host tensor over `host`
+  // (the host group, MPI without a device: no device synchronisation). host null: `request`.
+  static int64_t agree(int64_t request, Communicator* host);
+
+ private:
+  std::vector<int> installed_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,281 @@
+// runtime/trainer/train_config.cpp -- validation and JSON form of TrainConfig.
+#include "runtime/trainer/train_config.h"
+
+#include <set>
+
+#include "distributed/error.h"
+#include "parallel/pipeline_layout.h"
+
+namespace kiln {
+
+namespace {
+void one_of(const char* flag, const std::string& v, const std::set<std::string>& allowed) {
+  if (allowed.count(v)) return;
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  throw ConfigError(std::string("--") + flag + " must be one of " + list + " (got '" + v + "')");
+}
+void at_least(const char* flag, int64_t v, int64_t lo) {
+  if (v < lo) throw ConfigError(std::string("--") + flag + " must be at least " + std::to_string(lo) + " (got " + std::to_string(v) + ")");
+}
+void at_least(const char* flag, double v, double lo) {
+  if (!(v >= lo)) {
+    throw ConfigError(std::string("--") + flag + " must be at least " + nlohmann::json(lo).dump() +
+                      " (got " + nlohmann::json(v).dump() + ")");
+  }
+}
+}  // namespace
+
+void TrainConfig::validate() const {
+  gpt.validate();
+  validate_run();
+  validate_comm_and_precision();
+  validate_layout();
+  validate_state();
+}
+
+// The data, the loop, the schedule and the optimizer's numbers.
+void TrainConfig::validate_run() const {
+  one_of("data-format", data_format, {"auto", "shard", "raw"});
+  at_least("micro-batch", micro_batch, int64_t{1});
+  at_least("grad-accum", grad_accum, int64_t{1});
+  at_least("steps", steps, int64_t{0});
+  at_least("eval-every", eval_every, int64_t{0});
+  at_least("eval-batches", eval_batches, int64_t{1});
+  at_least("sample-every", sample_every, int64_t{0});
+  if (sample_every > 0 && (pp > 1 || zero == 3)) {
+    throw ConfigError("--sample-every needs the whole model on the ranks of one replica (tensor parallelism is fine): not with --pp " +
+                      std::to_string(pp) + " or --zero 3");
+  }
+  at_least("loss-chunk-rows", loss_chunk_rows, int64_t{-1});
+  at_least("synthetic-tokens", synthetic_tokens, gpt.seq_len + 1);
+  at_least("lr", lr, 0);
+  at_least("warmup", warmup, int64_t{0});
+  one_of("lr-schedule", lr_schedule, {"cosine", "constant", "warmup", "warmup-decay", "warmup-cosine"});
+  one_of("warmup-type", warmup_type, {"linear", "log"});
+  at_least("warmup-start-lr", warmup_start_lr, 0);
+  at_least("lr-decay-steps", lr_decay_steps, int64_t{0});
+  if ((lr_schedule == "cosine" || lr_schedule == "constant") && (warmup_type != "linear" || warmup_start_lr != 0.0)) {
+    throw ConfigError("--warmup-type and --warmup-start-lr shape DeepSpeed's schedules (--lr-schedule warmup, "
+                      "warmup-decay, warmup-cosine), not --lr-schedule " + lr_schedule);
+  }
+  if (lr_schedule == "warmup-cosine" && !(lr > 0)) {
+    throw ConfigError("--lr-schedule warmup-cosine needs --lr above 0 (its warm-up start and floor are ratios of it)");
+  }
+  at_least("weight-decay", weight_decay, 0);
+  at_least("grad-clip", grad_clip, 0);
+  at_least("log-every", log_every, int64_t{1});
+  at_least("peak-tflops", peak_tflops, 0);
+  at_least("device-memory-cap-gb", device_memory_cap_gb, 0);
+  at_least("profile-start", profile_start, int64_t{0});
+  at_least("profile-steps", profile_steps, int64_t{1});
+  if (!(beta1 >= 0 && beta1 < 1)) throw ConfigError("--beta1 must be in [0, 1)");
+  if (!(beta2 >= 0 && beta2 < 1)) throw ConfigError("--beta2 must be in [0, 1)");
+  at_least("adam-eps", adam_eps, 0);
+}
+
+// Communication, precision and recomputation.
+void TrainConfig::validate_comm_and_precision() const {
+  one_of("backend", backend, {"auto", "nccl", "mpi"});
+  if (!(comm_timeout > 0)) throw ConfigError("--comm-timeout must be positive (seconds)");
+  if (!(comm_init_timeout > 0)) throw ConfigError("--comm-init-timeout must be positive (seconds)");
+  if (!(save_timeout > 0)) throw ConfigError("--save-timeout must be positive (seconds)");
+  at_least("max-wall-time", max_wall_time, 0);
+  one_of("offload", offload, {"none", "optimizer", "all"});
+  one_of("precision", precision, {"fp32", "bf16", "fp16"});
+  one_of("param-dtype", param_dtype, {"auto", "fp32", "bf16", "fp16"});
+  one_of("reduce-dtype", reduce_dtype, {"fp32", "bf16"});
+  if (param_dtype != "auto" && param_dtype != "fp32" && param_dtype != precision) {
+    throw ConfigError("--param-dtype " + param_dtype + " keeps the working weights in the compute precision: give --precision " +
+                      param_dtype + " (got --precision " + precision + ")");
+  }
+  one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
+}
+
+// The parallel layout: tp, sp, cp, ep, pp and ZeRO, and what each composes with.
+void TrainConfig::validate_layout() const {
+  at_least("tp", tp, int64_t{1});
+  at_least("pp", pp, int64_t{1});
+  at_least("cp", cp, int64_t{1});
+  if (sp && tp < 2) throw ConfigError("--sp splits the sequence over the tensor-parallel group: it needs --tp 2 or more");
+  if (sp && gpt.seq_len % tp != 0) {
+    throw ConfigError("--sp needs --tp " + std::to_string(tp) + " to divide the sequence length (" + std::to_string(gpt.seq_len) + ")");
+  }
+  if (cp > 1 && gpt.seq_len % (2 * cp) != 0) {
+    throw ConfigError("--cp " + std::to_string(cp) + " needs the sequence length (" + std::to_string(gpt.seq_len) +
+                      ") to divide into 2 x cp = " + std::to_string(2 * cp) + " chunks (each rank holds two)");
+  }
+  if (cp > 1 && pp > 1) throw ConfigError("--cp with --pp is not built (context parallelism runs the whole model on each rank): use --cp with --tp, dp and ZeRO");
+  if (cp > 1 && sp) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
+  at_least("ep", ep, int64_t{1});
+  if (ep > 1) {
+    if (!gpt.is_moe()) throw ConfigError("--ep " + std::to_string(ep) + " divides the experts of an MoE model: give --n-experts (or --model tiny-moe)");
+    if (gpt.n_experts % ep != 0) {
+      throw ConfigError("--ep " + std::to_string(ep) + " does not divide the experts (--n-experts " + std::to_string(gpt.n_experts) + ")");
+    }
+    if (zero == 3) {
+      throw ConfigError("--ep with --zero 3 is not built (ZeRO-3 gathers whole blocks over dp; the experts are sharded "
+                        "over the ranks holding the same ones): use --zero 1 or 2");
+    }
+    if (sample_every > 0) {
+      throw ConfigError("--ep with --sample-every is not built yet: the sampler runs on dp rank 0 alone, which holds only "
+                        "its experts (sample from a checkpoint with kiln sample)");
+    }
+  }
+  if (gpt.is_moe() && (sp || cp > 1)) {
+    throw ConfigError(std::string("--n-experts with ") + (sp ? "--sp" : "--cp") +
+                      " is not built (an MoE layer routes each sequence as one group; a split sequence would need its "
+                      "ranks to agree on the capacity): use tp, pp, dp and ZeRO");
+  }
+  if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
+
+  pipeline_block_counts(gpt.n_layer, pp, pp_split);  // pp above the blocks, or a bad --pp-split
+  if (pp > 1 && zero == 3) {
+    throw ConfigError("--zero 3 with --pp " + std::to_string(pp) + " is not supported yet (ZeRO-3's per-block gathers "
+                      "assume each micro-batch's forward and backward in turn, not 1F1B's interleaving): use --zero 1 or 2");
+  }
+  one_of("zero-accum", zero_accum, {"reduce", "local"});
+  if (offload != "none" && zero == 0) {
+    throw ConfigError("--offload " + offload + " needs ZeRO (--zero 1, 2 or 3): it moves the sharded optimizer state");
+  }
+  if (offload == "all" && zero != 3) {
+    throw ConfigError("--offload all needs --zero 3 (parameters are sharded only under ZeRO-3; got --zero " +
+                      std::to_string(zero) + ")");
+  }
+}
+
+// Non-finite steps, checkpoints, and fp16's loss scaler.
+void TrainConfig::validate_state() const {
+  one_of("on-nonfinite", on_nonfinite, {"stop", "skip"});
+  at_least("save-every", save_every, int64_t{0});
+  at_least("keep-last", keep_last, int64_t{0});
+  at_least("stop-at-step", stop_at_step, int64_t{0});
+  if (resume.empty()) throw ConfigError("--resume must be auto, none, or a checkpoint path");
+  if (precision == "fp16") {
+    at_least("loss-scale", loss_scale, 0);
+    at_least("loss-scale-window", loss_scale_window, int64_t{1});
+    at_least("hysteresis", hysteresis, int64_t{1});
+    if (!(min_loss_scale > 0)) throw ConfigError("--min-loss-scale must be positive");
+    if (initial_scale_power < 0 || initial_scale_power > 120) {
+      throw ConfigError("--initial-scale-power must be in [0, 120] (got " + std::to_string(initial_scale_power) + ")");
+    }
+  }
+}
+
+nlohmann::json TrainConfig::to_json() const {
+  nlohmann::json j;
+  j["model"] = model;
+  j["n_layer"] = gpt.n_layer;
+  j["n_head"] = gpt.n_head;
+  j["n_kv_head"] = gpt.n_kv_head;
+  j["d_model"] = gpt.d_model;
+  j["seq_len"] = gpt.seq_len;
+  j["vocab_size"] = gpt.vocab_size;
+  j["padded_vocab_size"] = gpt.padded_vocab_size();
+  j["dropout"] = gpt.dropout;
+  if (gpt.is_moe()) {  // a dense run's record (and checkpoint) stays as it was
+    j["n_experts"] = gpt.n_experts;
+    j["top_k"] = gpt.top_k;
+    j["moe_every"] = gpt.moe_every;
+    j["moe_capacity_factor"] = gpt.moe_capacity_factor;
+    j["moe_aux_loss_coef"] = gpt.moe_aux_loss_coef;
+    j["moe_z_loss_coef"] = gpt.moe_z_loss_coef;
+  }
+  j["data"] = data;
+  j["data_format"] = data_format;
+  j["val_data"] = val_data;
+  j["tokenizer"] = tokenizer;
+  j["eval_every"] = eval_every;
+  j["eval_batches"] = eval_batches;
+  j["sample_every"] = sample_every;
+  j["synthetic_tokens"] = synthetic_tokens;
+  j["micro_batch"] = micro_batch;
+  j["grad_accum"] = grad_accum;
+  j["steps"] = steps;
+  j["lr"] = lr;
+  j["min_lr"] = resolved_min_lr();
+  j["warmup"] = warmup;
+  j["lr_schedule"] = lr_schedule;
+  j["warmup_type"] = warmup_type;
+  j["warmup_start_lr"] = warmup_start_lr;
+  j["lr_decay_steps"] = lr_decay_steps;  // 0: --steps (so more --steps is not a change of the schedule's setting)
+  j["weight_decay"] = weight_decay;
+  j["grad_clip"] = grad_clip;
+  j["beta1"] = beta1;
+  j["beta2"] = beta2;
+  j["adam_eps"] = adam_eps;
+  j["seed"] = seed;
+  j["device"] = device;
+  j["backend"] = backend;
+  j["comm_timeout"] = comm_timeout;
+  j["comm_init_timeout"] = comm_init_timeout;
+  j["allow_config_change"] = allow_config_change;
+  j["stop_signals"] = stop_signals;
+  j["max_wall_time"] = max_wall_time;
+  j["save_timeout"] = save_timeout;
+  j["tp"] = tp;
+  j["pp"] = pp;
+  j["sp"] = sp;
+  j["cp"] = cp;
+  if (ep > 1) j["ep"] = ep;
+  j["pp_split"] = pp_split;
+  j["zero"] = zero;
+  j["offload"] = offload;
+  j["zero_accum"] = zero_accum;
+  j["precision"] = precision;
+  j["param_dtype"] = resolved_param_dtype();  // the policy the run used, never "auto"
+  j["reduce_dtype"] = reduce_dtype;
+  j["loss_scale"] = loss_scale;
+  j["loss_scale_window"] = loss_scale_window;
+  j["initial_scale_power"] = initial_scale_power;
+  j["hysteresis"] = hysteresis;
+  j["min_loss_scale"] = min_loss_scale;
+  j["activation_checkpointing"] = activation_checkpointing;
+  j["on_nonfinite"] = on_nonfinite;
+  j["loss_chunk_rows"] = loss_chunk_rows;
+  j["save_dir"] = save_dir;
+  j["save_every"] = save_every;
+  j["keep_last"] = keep_last;
+  j["stop_at_step"] = stop_at_step;
+  j["resume"] = resume;
+  j["init_from"] = init_from;
+  j["log_json"] = log_json;
+  j["tensorboard"] = tensorboard;
+  j["log_every"] = log_every;
+  j["peak_tflops"] = peak_tflops;
+  j["device_memory_cap_gb"] = device_memory_cap_gb;
+  j["profile"] = profile;
+  j["profile_start"] = profile_start;
+  j["profile_steps"] = profile_steps;
+  if (!deepspeed.empty()) j["deepspeed"] = deepspeed_used;
+  return j;
+}
+
+std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_dp, const TrainConfig& now, int now_dp) {
+  static const std::set<std::string> replay = {"data",        "data_format", "synthetic_tokens", "seed",
+                                               "dropout",     "lr",          "min_lr",           "warmup",
+                                               "lr_schedule", "warmup_type", "warmup_start_lr", "lr_decay_steps",
+                                               "weight_decay", "grad_clip",  "beta1",            "beta2",
+                                               "adam_eps",    "precision",   "param_dtype", "reduce_dtype", "loss_scale",       "loss_scale_window",
+                                               "initial_scale_power", "hysteresis", "min_loss_scale",
+                                               // MoE: the routing and the losses (the shapes are checked with the tensors)
+                                               "top_k", "moe_capacity_factor", "moe_aux_loss_coef", "moe_z_loss_coef"};
+  // This run's own outputs and its way of resuming: not settings of the training.
+  static const std::set<std::string> ignored = {"resume", "log_json", "tensorboard", "log_every", "save_dir", "stop_at_step",
+                                                "allow_config_change", "deepspeed", "sample_every"};
+  std::vector<ConfigChange> out;
+  const nlohmann::json cur = now.to_json();
+  for (const auto& [key, value] : cur.items()) {
+    if (ignored.count(key) || !saved.contains(key)) continue;
+    if (saved.at(key) == value) continue;
+    out.push_back({key, saved.at(key), value, replay.count(key) > 0});
+  }
+  const auto batch = [](const nlohmann::json& c, int dp) {
+    return c.value("micro_batch", int64_t{0}) * c.value("grad_accum", int64_t{0}) * dp;
+  };
+  const int64_t before = batch(saved, saved_dp), after = batch(cur, now_dp);
+  if (before != after) out.push_back({"global batch", before, after, true});
+  return out;
+}
+
+}  // namespace kiln

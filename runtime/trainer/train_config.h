@@ -1,0 +1,139 @@
+// runtime/trainer/train_config.h -- everything a `kiln train` run is configured by, validated once.
+//
+// Filled by launch/cli.cpp from defaults, then the --model preset, then a --config JSON file,
+// then flags (each later source overrides). validate() checks the whole once; the trainer
+// trusts it afterwards. Field names are the flag names with '-' written '_'.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/gpt_config.h"
+
+namespace kiln {
+
+struct TrainConfig {
+  // ---- model
+  std::string model = "tiny";  // preset name; --n-layer ... override its fields
+  GPTConfig gpt = GPTConfig::preset("tiny");
+
+  // ---- data
+  std::vector<std::string> data;       // shard paths / globs; empty = built-in synthetic corpus
+  std::string data_format = "auto";    // auto | shard | raw (raw = nanoGPT uint16 .bin)
+  std::vector<std::string> val_data;   // evaluation shards; empty = no evaluation
+  std::string tokenizer;               // tokenizer.json of the data; empty = the one beside --data (data/tokenizer.h)
+  int64_t eval_every = 0;              // steps between evaluations; 0 = only after the last step
+  int64_t eval_batches = 8;            // micro-batches per evaluation
+  int64_t sample_every = 0;            // steps between printed samples (llm.c's; runtime/inference/generate.h); 0 = none
+  int64_t synthetic_tokens = 1 << 22;  // size of the synthetic corpus, tokens
+
+  // ---- batch and schedule
+  int64_t micro_batch = 8;  // sequences per micro-batch per rank
+  int64_t grad_accum = 1;   // micro-batches per optimizer step per rank
+  int64_t steps = 300;      // optimizer steps, counted from the start of training
+  double lr = 1e-3;         // peak learning rate
+  double min_lr = -1.0;     // cosine floor; negative = lr / 10
+  int64_t warmup = 20;      // linear warm-up steps
+  std::string lr_schedule = "cosine";  // cosine | constant | warmup | warmup-decay | warmup-cosine (optim/lr_schedule.h)
+  std::string warmup_type = "linear";  // linear | log (DeepSpeed's schedules only)
+  double warmup_start_lr = 0.0;        // lr before the warm-up (DeepSpeed's warmup_min_lr; its schedules only)
+  int64_t lr_decay_steps = 0;          // update at which the decay ends; 0 = --steps
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;   // max global gradient norm; 0 = no clipping
+  double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
+  uint64_t seed = 1337;     // weights, data order and dropout all derive from it
+
+  // ---- where and how
+  std::string device = "auto";   // auto | cpu | cuda | cuda:N
+  std::string backend = "auto";  // auto | nccl | mpi
+  double comm_timeout = 300.0;       // seconds a collective may take before the job is aborted
+  double comm_init_timeout = 900.0;  // the same, for start-up and the first step
+  double save_timeout = 1800.0;      // seconds the other ranks wait while rank 0 writes or reads a
+                                     // checkpoint (collectives of a save or load, not --comm-timeout)
+  int64_t tp = 1, pp = 1;        // tensor / pipeline parallel sizes; dp = world / (cp tp pp)
+  bool sp = false;               // sequence parallelism in the tp group (parallel/sequence_parallel.h)
+  int64_t cp = 1;                // context-parallel size: each sequence split over cp ranks
+  int64_t ep = 1;                // expert-parallel size: MoE experts divided over ep dp ranks (parallel/expert_parallel.h)
+  std::string pp_split;          // blocks per pipeline stage, "4,4,3"; empty = balanced by count
+  int64_t zero = 0;              // ZeRO stage 0..3
+  std::string offload = "none";  // none | optimizer (ZeRO 1-3) | all (ZeRO-3)
+  std::string zero_accum = "reduce";  // ZeRO-2/3 gradient accumulation: reduce | local
+  std::string precision = "fp32";             // fp32 | bf16 | fp16
+  std::string param_dtype = "auto";           // working weights: auto (= precision) | fp32 | bf16 | fp16 (docs/precision.md)
+  std::string reduce_dtype = "fp32";          // the dp gradient reduction: fp32 | bf16 (parallel/ddp.h, parallel/zero.h)
+  double loss_scale = 0.0;                    // fp16: 0 = dynamic, else static
+  int64_t loss_scale_window = 1000;           // clean steps before the scale doubles
+  int64_t initial_scale_power = 16;           // initial dynamic scale 2^N
+  int64_t hysteresis = 2;                     // overflows tolerated before the scale halves
+  double min_loss_scale = 1.0;                // smallest dynamic scale
+  std::string activation_checkpointing = "none";  // none | full | selective
+  std::string on_nonfinite = "stop";          // bf16/fp32 non-finite loss or norm: stop | skip
+  int64_t loss_chunk_rows = 0;  // output layer + loss in chunks of rows: 0 = by size, -1 = whole logits (plain)
+
+  // ---- checkpoints and logs
+  std::string save_dir;        // empty = no checkpoints
+  int64_t save_every = 0;      // steps between checkpoints; 0 = only at the end
+  int64_t keep_last = 3;       // checkpoints kept in save_dir; 0 = all
+  int64_t stop_at_step = 0;    // end this invocation after this step (a time-limited job); 0 = at steps
+  std::string resume = "auto"; // auto (latest in save_dir, if any) | none | PATH
+  std::string init_from;       // HF GPT-2 or kiln checkpoint dir: its weights, fresh optimizer (runtime/checkpoint/init_from.h); empty = none
+  std::string log_json;        // JSONL log path; empty = none
+  std::string tensorboard;     // TensorBoard event directory (runtime/observe/tensorboard.h); empty = none
+  int64_t log_every = 1;       // console line every N steps
+  double peak_tflops = 0.0;    // one device's peak for MFU, TFLOP/s (CPU: one rank's share); 0 = from the device table
+  bool allow_config_change = false;  // resume even when a setting that breaks the replay changed
+
+  // ---- stopping cleanly (runtime/trainer/stop_requests.h)
+  std::vector<std::string> stop_signals{"INT", "TERM", "USR1"};  // signals that stop after the step and save
+  double max_wall_time = 0.0;  // seconds: stop and save before the run would pass it; 0 = no limit
+  double device_memory_cap_gb = 0.0;  // CUDA: cap this process's allocator at this many GB; 0 = none
+
+  // ---- profiling (runtime/observe/profiler.h)
+  std::string profile;         // Chrome trace of a window of steps; empty = none
+  int64_t profile_start = 0;   // the window's first step (1-based); 0 = this invocation's third step
+  int64_t profile_steps = 3;   // steps in the window
+
+  // ---- a DeepSpeed config file (launch/deepspeed_config.h)
+  std::string deepspeed;          // --deepspeed FILE; empty = none
+  nlohmann::json deepspeed_used;  // what the file set: {"file", "auto": {key: value used}, "notices": [...]}
+
+  double resolved_min_lr() const { return min_lr < 0.0 ? lr / 10.0 : min_lr; }
+  // The working weights' dtype: --param-dtype, or by default ("auto") the compute precision --
+  // 16-bit weights with fp32 masters under bf16 / fp16, the fastest and smallest policy; fp32
+  // (the "upcast" policy) when asked for.
+  std::string resolved_param_dtype() const { return param_dtype == "auto" ? precision : param_dtype; }
+  int64_t resolved_lr_decay_steps() const { return lr_decay_steps > 0 ? lr_decay_steps : steps; }
+
+  // Throws ConfigError with one line naming the first setting that cannot be used.
+  void validate() const;
+  nlohmann::json to_json() const;
+
+ private:
+  // validate()'s parts, in its order.
+  void validate_run() const;
+  void validate_comm_and_precision() const;
+  void validate_layout() const;
+  void validate_state() const;
+};
+
+// A setting of a resumed run that differs from the one its checkpoint was saved with.
+struct ConfigChange {
+  std::string key;               // the flag's name ("seed", "global batch")
+  nlohmann::json saved, now;
+  bool breaks_replay = false;    // the resumed run can no longer be the uninterrupted one
+};
+
+// What differs between the config a checkpoint recorded (TrainConfig::to_json() of the run that
+// saved it, with its dp) and this run's. Settings that break the documented replay: the data
+// (sources, format, synthetic size), the seed, the model's dropout (its shape is checked with the
+// tensors), the global batch (micro-batch x grad-accum x dp), the optimizer and its schedule
+// (lr, min-lr, warmup, weight decay, clipping, AdamW's betas and eps) and the precision with its
+// loss scaler. Others are legitimate and only logged: more steps, another layout (dp, tp, pp,
+// ZeRO, offload, micro-batch and grad-accum at the same global batch), the device, logs,
+// checkpoints, timeouts. Paths of this run's own outputs are not compared.
+std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_dp, const TrainConfig& now, int now_dp);
+
+}  // namespace kiln

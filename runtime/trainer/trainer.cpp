@@ -1,0 +1,446 @@
+// runtime/trainer/trainer.cpp -- set-up, as a recipe of named steps, and evaluation; the loop is
+// trainer_loop.cpp's, the step trainer_step.cpp's, the config record trainer_records.cpp's, the
+// run's state trainer_run.h's.
+#include "runtime/trainer/trainer.h"
+#include "runtime/trainer/trainer_run.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <thread>
+#include <tuple>
+
+#include <ATen/ATen.h>
+
+#include "data/hf_tokenizer.h"
+#include "data/loader.h"
+#include "data/paths.h"
+#include "data/prefetch.h"
+#include "data/prep.h"
+#include "data/synthetic.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
+#include "distributed/backend_choice.h"
+#include "distributed/comm_mpi.h"
+#include "models/gpt.h"
+#include "optim/adamw.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "parallel/activation_checkpoint.h"
+#include "parallel/context_parallel.h"
+#include "parallel/ddp.h"
+#include "parallel/expert_parallel.h"
+#include "parallel/pipeline.h"
+#include "parallel/pipeline_layout.h"
+#include "parallel/sequence_parallel.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/zero.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/consolidate.h"
+#include "runtime/observe/console.h"
+#if defined(KILN_WITH_CUDA)
+#include "distributed/comm_nccl.h"
+#endif
+#include "distributed/device.h"
+#include "distributed/device_check.h"
+#include "distributed/device_peaks.h"
+#include "distributed/error.h"
+#include "distributed/host_threads.h"
+#include "distributed/job_devices.h"
+#include "distributed/mesh.h"
+#include "distributed/rank0_verdict.h"
+#include "distributed/watchdog.h"
+#include "models/flops.h"
+#include "optim/precision.h"
+#include "runtime/inference/generate.h"
+#include "runtime/observe/energy.h"
+#include "runtime/observe/log_sink.h"
+#include "runtime/observe/phase_timer.h"
+#include "runtime/observe/profiler.h"
+#include "runtime/trainer/save_dir_lock.h"
+#include "runtime/trainer/stop_requests.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<const TokenDataset> training_data(const TrainConfig& cfg) {
+  if (cfg.data.empty()) {
+    std::vector<std::shared_ptr<const TokenSource>> sources{
+        std::make_shared<SyntheticCorpus>(cfg.synthetic_tokens, cfg.gpt.vocab_size)};
+    return std::make_shared<TokenDataset>(std::move(sources), cfg.gpt.seq_len, cfg.gpt.vocab_size);
+  }
+  return std::make_shared<TokenDataset>(TokenDataset::from_paths(
+      cfg.data, parse_token_format(cfg.data_format), cfg.gpt.seq_len, cfg.gpt.vocab_size));
+}
+
+
+}  // namespace
+
+Trainer::Trainer(TrainConfig cfg, ProcessInfo proc) : cfg_(std::move(cfg)), proc_(proc) {}
+Trainer::~Trainer() = default;
+
+// The recipe, in torchtitan's order (its train.py): the launch, the mesh and its communicators,
+// the run's guards, data, model, parallelisms and optimizer, the step's parts, the checkpoint to
+// resume from, and what observes the run.
+void Trainer::setup() {
+  run_ = std::make_unique<Run>();
+  check_launch();
+  build_mesh();
+  take_guards();
+  build_data();
+  build_model();
+  if (cfg_.zero == 0) build_optimizer();
+  else build_zero();
+  build_step_parts();
+  load_checkpoint();
+  build_observers();
+}
+
+// Layouts that need more ranks than a world of one without mpirun has.
+void Trainer::check_launch() const {
+  if (!proc_.mpi && cfg_.tp * cfg_.pp * cfg_.cp > 1) {
+    const int64_t n = cfg_.tp * cfg_.pp * cfg_.cp;
+    throw ConfigError("--tp " + std::to_string(cfg_.tp) + " x --pp " + std::to_string(cfg_.pp) +
+                      (cfg_.cp > 1 ? " x --cp " + std::to_string(cfg_.cp) : std::string()) + " needs " + std::to_string(n) +
+                      " ranks: launch with mpirun -np " + std::to_string(n) + " (or a multiple of " + std::to_string(n) +
+                      " for data parallelism as well)");
+  }
+}
+
+// The dp x cp x tp x pp (x ep) shape, the device and precision, the host threads, and -- with
+// several ranks or a named backend -- the communicators and the mesh of groups.
+void Trainer::build_mesh() {
+  Run& r = *run_;
+  r.shape = MeshShape::resolve(proc_.world_size, static_cast<int>(cfg_.tp), static_cast<int>(cfg_.pp), static_cast<int>(cfg_.cp));
+  r.shape.ep = static_cast<int>(cfg_.ep);
+  if (r.shape.dp % r.shape.ep != 0) {
+    throw ConfigError("--ep " + std::to_string(cfg_.ep) + " must divide the data-parallel size (dp " + std::to_string(r.shape.dp) +
+                      " of " + std::to_string(proc_.world_size) + " ranks): the expert-parallel groups are carved out of dp");
+  }
+  r.dev = select_device(cfg_.device, proc_.local_rank);
+  r.precision = parse_precision(cfg_.precision);
+  const c10::Device device = r.dev.device;
+  if (cfg_.device_memory_cap_gb > 0) cap_device_memory(device, cfg_.device_memory_cap_gb);
+  // A node's ranks share its cores, on CPU and GPU runs alike (distributed/host_threads.h).
+  r.threads = divide_host_threads(proc_.local_size);
+  // Communicators: always with several ranks; in a world of one only when a backend is named
+  // (`mpirun -np 1 kiln train --backend nccl` runs the NCCL path and the DDP wrapper alone).
+  const bool explicit_backend = cfg_.backend != "auto";
+  if (proc_.world_size > 1 || explicit_backend || cfg_.zero > 0) {
+    if (!proc_.mpi) {
+      throw ConfigError(std::string(cfg_.zero > 0 ? "--zero " + std::to_string(cfg_.zero) : "--backend " + cfg_.backend) +
+                        " needs MPI: launch with mpirun (mpirun -np 1 for a world of one)");
+    }
+    r.backend = choose_backend(cfg_.backend, device, MPI_COMM_WORLD);
+    r.watchdog = std::make_shared<Watchdog>(cfg_.comm_init_timeout);  // start-up grace until step 1 is done
+    std::shared_ptr<Communicator> world;
+#if defined(KILN_WITH_CUDA)
+    if (r.backend == "nccl") world = make_nccl_communicator(MPI_COMM_WORLD, "world", device.index(), r.watchdog);
+#endif
+    if (!world) world = make_mpi_communicator(MPI_COMM_WORLD, "world", r.watchdog, device);
+    r.mesh = std::make_unique<Mesh>(std::move(world), r.shape);
+    r.dp_rank = r.mesh->coord().dp;
+    // Checkpoints move host tensors, which NCCL cannot and the run's groups refuse: they go over
+    // a host group of their own (MPI, no device; its traffic is not the steps' comm_bytes).
+    r.host_world = make_mpi_communicator(MPI_COMM_WORLD, "host", r.watchdog);
+  }
+}
+
+// One job per save directory, the stop requests, and the communicator the job's devices and
+// energy are summed over.
+void Trainer::take_guards() {
+  Run& r = *run_;
+  // One job per save directory, and one that can be written (runtime/trainer/save_dir_lock.h): rank 0
+  // takes the lock now, not at the first save, and its verdict ends every rank alike.
+  if (!cfg_.save_dir.empty()) {
+    decide_on_rank0(r.host_world.get(), [&] { r.save_lock = std::make_unique<SaveDirLock>(cfg_.save_dir); });
+  }
+  r.stop = std::make_unique<StopRequests>(cfg_.stop_signals);  // runtime/trainer/stop_requests.h
+  // The job's distinct devices and the energy summed over them, over a communicator of their
+  // own: the mesh's (host_world too, under the MPI backend) are counted in comm_bytes.
+  if (r.mesh) r.metrics_world = make_mpi_communicator(MPI_COMM_WORLD, "metrics", r.watchdog);
+}
+
+// The tokenizer, the training data and its loader (this rank's micro-batches of the global
+// batch), the validation data.
+void Trainer::build_data() {
+  Run& r = *run_;
+  // The data's tokenizer (data/tokenizer.h): in the config record, saved with every checkpoint,
+  // and what --sample-every decodes with.
+  {
+    DataTokenizer t =
+        tokenizer_for_data(cfg_.tokenizer, cfg_.data.empty() ? std::vector<std::string>{} : expand_paths(cfg_.data, "--data"), cfg_.gpt.vocab_size);
+    r.tokenizer = std::move(t.tokenizer);
+    r.tokenizer_source = t.source;
+  }
+  if (cfg_.sample_every > 0 && !r.tokenizer) {  // its ids decode the samples
+    throw ConfigError(cfg_.data.empty() ? "--sample-every needs --vocab-size of at least " + std::to_string(kByteVocab) + " (the byte-level tokenizer's ids)"
+                                        : "--sample-every needs the data's tokenizer: no tokenizer.json beside the --data files (kiln prep writes one); give --tokenizer FILE");
+  }
+  r.train_data = training_data(cfg_);
+  const BatchLayout layout{cfg_.micro_batch, cfg_.grad_accum, r.shape.dp, r.dp_rank};
+  r.loader = std::make_unique<DataLoader>(r.train_data, cfg_.seed, /*shuffle=*/true, layout);
+  if (!cfg_.val_data.empty()) {
+    auto val = std::make_shared<TokenDataset>(TokenDataset::from_paths(
+        cfg_.val_data, parse_token_format(cfg_.data_format), cfg_.gpt.seq_len, cfg_.gpt.vocab_size));
+    r.val_loader = std::make_unique<DataLoader>(val, cfg_.seed, /*shuffle=*/false, BatchLayout{cfg_.micro_batch, 1, 1, 0});
+  }
+  r.tokens_per_step = layout.global_batch() * cfg_.gpt.seq_len;
+}
+
+// This rank's part of the model, initialised from the seed, on the device unless ZeRO places
+// it, with activation checkpointing applied.
+void Trainer::build_model() {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  // Built and initialised on the host; ZeRO moves only what its stage keeps on the device.
+  // Tensor parallelism: this rank's slices; pipeline parallelism: this stage's blocks (and the
+  // embedding / head). Every layout draws the whole model's parameters from the seed one at a
+  // time and keeps its part, so every layout starts from the same weights.
+  r.stage_blocks = pipeline_block_counts(cfg_.gpt.n_layer, r.shape.pp, cfg_.pp_split);
+  {
+    ModelShard shard = r.shape.tp > 1 ? make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp(), cfg_.sp) : ModelShard{};
+    if (r.shape.cp > 1) shard = make_context_parallel(std::move(shard), cfg_.gpt, r.mesh->cp());
+    if (r.shape.pp > 1) shard = pipeline_stage_shard(std::move(shard), r.stage_blocks, r.mesh->coord().pp);
+    if (r.shape.ep > 1) {
+      r.ep_traffic = std::make_shared<ExpertTraffic>();
+      shard = make_expert_parallel(std::move(shard), cfg_.gpt, r.mesh->ep(), r.ep_traffic);
+    }
+    r.model = std::make_shared<GPT>(cfg_.gpt, at::TensorOptions(), std::move(shard));
+    GPT::TensorSlicer slicer = r.shape.tp > 1 ? tp_slicer(cfg_.gpt, r.shape.tp, r.mesh->coord().tp) : nullptr;
+    if (r.shape.ep > 1) {  // the experts are not split over tp: their rows of this ep rank
+      slicer = [tp = slicer, ep = ep_slicer(r.shape.ep, r.mesh->ep()->rank())](const std::string& name, const at::Tensor& whole) {
+        return ep(name, tp ? tp(name, whole) : whole);
+      };
+    }
+    r.model->init_weights(cfg_.seed, slicer);
+    // Sequence parallelism: the replicated parameters see their rank's rows; their gradients are summed over tp.
+    if (cfg_.sp) sum_replicated_gradients_over_tp(*r.model, r.mesh->tp());
+  }
+  if (cfg_.zero == 0) module_to_device(*r.model, device);
+  r.model->loss_chunk_rows = cfg_.loss_chunk_rows;
+  r.model->train();
+  // Parallelism applied from outside the model, in torchtitan's order: activation checkpointing,
+  // then data parallelism (DDP or ZeRO).
+  apply_activation_checkpointing(*r.model, parse_activation_checkpointing(cfg_.activation_checkpointing));
+  r.params = r.model->parameters();
+}
+
+// ZeRO-0: AdamW over the whole model on every rank, and DDP over dp x cp (with --ep, the dense
+// parameters' and the experts' reductions apart).
+void Trainer::build_optimizer() {
+  Run& r = *run_;
+  const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
+  // ZeRO-0 steps this AdamW. 16-bit working weights: it keeps the fp32 masters and casts the
+  // model's parameters (optim/adamw.h); gradients then accumulate in the masters' fp32 .grad.
+  r.optimizer = std::make_unique<AdamW>(r.params, adam, dtype_named(cfg_.resolved_param_dtype()));
+  r.grads = r.optimizer->grad_targets();
+  if (r.shape.ep > 1) {
+    // Expert parallelism: the dense parameters' mean over dp, the experts' over the ranks
+    // holding the same ones (then x 1/ep: parallel/expert_parallel.h).
+    std::vector<at::Tensor> dense, experts;
+    const auto named = r.model->named_parameters();
+    for (size_t k = 0; k < named.size(); ++k) {
+      const bool expert = is_expert_parameter(named[k].key());
+      (expert ? experts : dense).push_back(r.params[k]);
+      (expert ? r.expert_targets : r.dense_targets).push_back(r.grads[k]);
+    }
+    const bool masters = r.optimizer->has_masters();
+    r.ddp = std::make_unique<DistributedDataParallel>(dense, r.mesh->dp_cp(), DDPConfig{}, masters ? r.dense_targets : std::vector<at::Tensor>{},
+                                                      dtype_named(cfg_.reduce_dtype));
+    DDPConfig alone;
+    alone.skip_if_alone = true;
+    r.expert_ddp = std::make_unique<DistributedDataParallel>(experts, r.mesh->expert_dp(), alone,
+                                                             masters ? r.expert_targets : std::vector<at::Tensor>{},
+                                                             dtype_named(cfg_.reduce_dtype));
+    r.ddp->broadcast_parameters();
+    r.expert_ddp->broadcast_parameters();
+  } else if (r.mesh && (r.shape.grad_ranks() > 1 || cfg_.backend != "auto")) {  // over dp x cp (distributed/mesh.h)
+    r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp_cp(), DDPConfig{},
+                                                      r.optimizer->has_masters() ? r.grads : std::vector<at::Tensor>{},
+                                                      dtype_named(cfg_.reduce_dtype));
+    r.ddp->broadcast_parameters();
+  } else if (r.optimizer->has_masters()) {
+    r.main_grads = std::make_unique<MainGrads>(r.params, r.grads);
+  }
+  if (r.optimizer->has_masters()) r.grad_of = [opt = r.optimizer.get()](const at::Tensor& p) { return opt->grad_target(p).grad(); };
+}
+
+// ZeRO-1/2/3: the engine that shards the state over dp x cp (the experts over their own group).
+void Trainer::build_zero() {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  const AdamWConfig adam{cfg_.beta1, cfg_.beta2, cfg_.adam_eps, cfg_.weight_decay};
+  // Every rank holds the same host model (same seed): each keeps its shards of it.
+  ZeroConfig zc;
+  zc.stage = static_cast<int>(cfg_.zero);
+  zc.offload = parse_offload(cfg_.offload);
+  zc.accum = parse_zero_accum(cfg_.zero_accum);
+  zc.grad_accum = cfg_.grad_accum;
+  if (r.shape.tp > 1) zc.tp = r.mesh->tp();
+  if (r.shape.tp > 1 || r.shape.pp > 1) {
+    // Every element of the model counted once in the norm and the fingerprint (parallel/pipeline.h).
+    std::vector<std::pair<at::Tensor, std::string>> names;
+    for (const auto& item : r.model->named_parameters()) names.emplace_back(item.value(), item.key());
+    zc.count_weights = [names, model = r.model.get()](const at::Tensor& p) {
+      for (const auto& [t, name] : names)
+        if (t.is_same(p)) return count_weights(name, p, *model);
+      return std::vector<std::pair<int64_t, double>>{};
+    };
+  }
+  if (r.shape.ep > 1) {
+    // Expert parallelism: the experts sharded over the ranks holding the same ones (parallel/zero.h).
+    std::vector<at::Tensor> experts;
+    for (const auto& item : r.model->named_parameters())
+      if (is_expert_parameter(item.key())) experts.push_back(item.value());
+    zc.is_expert = [experts](const at::Tensor& p) {
+      return std::any_of(experts.begin(), experts.end(), [&](const at::Tensor& e) { return e.is_same(p); });
+    };
+    zc.expert_dp = r.mesh->expert_dp();
+    zc.ep = r.mesh->ep();
+  }
+  zc.param_dtype = dtype_named(cfg_.resolved_param_dtype());  // 16-bit: fp32 master shards with the moments
+  zc.reduce_dtype = dtype_named(cfg_.reduce_dtype);
+  r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp_cp(), zc, adam);  // sharded over dp x cp
+}
+
+// What the step uses besides the model: autocast's cast-copy bytes, the pipeline stage, the loss
+// scaler, the LR schedule.
+void Trainer::build_step_parts() {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  if (cfg_.resolved_param_dtype() == "fp32" && r.precision != Precision::FP32) {
+    std::vector<std::pair<std::string, int64_t>> named;
+    for (const auto& item : r.model->named_parameters()) named.emplace_back(item.key(), item.value().numel());
+    r.cast_copy_bytes = 2 * autocast_cached_numel(named, r.shape.tp > 1);
+  }
+  if (r.shape.pp > 1) {
+    r.pipe = std::make_unique<PipelineStage>(*r.model, r.mesh->pp(), device, cfg_.micro_batch, r.precision);
+  }
+  r.scaler = std::make_unique<LossScaler>(LossScalerConfig{r.precision == Precision::FP16, cfg_.loss_scale,
+                                                           cfg_.initial_scale_power, cfg_.loss_scale_window,
+                                                           cfg_.hysteresis, cfg_.min_loss_scale});
+  r.schedule.emplace(LRSchedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.resolved_lr_decay_steps(),
+                                parse_lr_shape(cfg_.lr_schedule), cfg_.warmup_start_lr, cfg_.warmup_type == "log"});
+}
+
+// Resume (--resume) or start from --init-from's weights, check a resumed run's settings against
+// its checkpoint's, and make the checkpointer.
+void Trainer::load_checkpoint() {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  // The whole model, one tensor at a time (runtime/checkpoint/consolidate.h): what checkpoints read and
+  // write. Resume: rank 0 checks and reads, every rank keeps its part; while rank 0 reads alone,
+  // the others wait under --save-timeout.
+  r.state = std::make_unique<WholeModel>(*r.model, r.optimizer.get(), r.zero.get(), r.mesh.get(), r.host_world.get(),
+                                         r.stage_blocks, device);
+  std::optional<Resumed> resumed;
+  {
+    Watchdog::Window window(r.watchdog.get(), std::max(cfg_.save_timeout, cfg_.comm_init_timeout),
+                            "--save-timeout: rank 0 reads the checkpoint meanwhile");
+    resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.state, r.host_world.get());
+    // --init-from seeds only a fresh run (runtime/checkpoint/init_from.h): its weights, a fresh optimizer, step 0.
+    if (!resumed && !cfg_.init_from.empty()) r.init_io = load_weights(cfg_.init_from, *r.state, r.host_world.get());
+  }
+  if (resumed) {
+    // The resumed run must be the uninterrupted one continued: settings that would change what it
+    // trains on, or how, are refused unless asked for (every rank holds the checkpoint's record).
+    const json& saved = resumed->run;
+    r.config_changes = config_changes(saved.value("config", json::object()), saved.value("dp", r.shape.dp), cfg_, r.shape.dp);
+    std::string breaking;
+    for (const auto& c : r.config_changes) {
+      if (c.breaks_replay) breaking += (breaking.empty() ? "" : ", ") + c.key + " " + c.saved.dump() + " -> " + c.now.dump();
+    }
+    if (!breaking.empty() && !cfg_.allow_config_change) {
+      throw ConfigError("resuming " + resumed->dir + " with settings it was not saved with: " + breaking +
+                        "; resume with its settings (its trainer_state.json lists them), or give --allow-config-change");
+    }
+    r.resumed_from = resumed->dir;
+    r.resume_notice = resumed->notice;
+    r.load_io = resumed->io;
+    r.progress = resumed->progress;
+    if (!r.progress.loss_scaler.empty()) r.scaler->load_state(r.progress.loss_scaler);
+    r.loader->resume_at(r.progress.step, r.progress.samples);
+  }
+  if (!cfg_.save_dir.empty()) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last, proc_.rank == 0);
+  if (r.checkpointer && r.tokenizer) r.checkpointer->set_tokenizer(tokenizer_files(*r.tokenizer, cfg_.gpt.seq_len), r.tokenizer->eot());
+}
+
+// FLOPs, the peak, the phase timer, energy, the job's devices, the log and TensorBoard.
+void Trainer::build_observers() {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  r.flops_per_token = flops_per_token(cfg_.gpt);
+  reset_peak_memory(device);  // this run's peak, even in a process that ran others (kiln bench)
+  r.timer = std::make_unique<PhaseTimer>(device);
+  r.energy = std::make_unique<EnergyMeter>(device);
+  r.devices = std::make_unique<JobDevices>(device, r.energy->available(), std::move(r.metrics_world));
+  r.peak = cfg_.peak_tflops > 0 ? std::optional<double>(cfg_.peak_tflops) : peak_tflops_for(r.dev.name);
+  r.log = (cfg_.log_json.empty() || proc_.rank != 0) ? LogSink() : LogSink(cfg_.log_json, /*append=*/!r.resumed_from.empty());
+  if (!cfg_.tensorboard.empty()) {  // rank 0 writes the event file; its verdict ends every rank alike
+    decide_on_rank0(r.host_world.get(), [&] { r.log.also_to(std::make_unique<TensorBoardWriter>(cfg_.tensorboard, r.progress.step)); });
+  }
+}
+
+// Mean loss over the first eval_batches micro-batches of the validation data, in eval mode, in
+// the run's compute precision.
+double Trainer::evaluate(int64_t step) {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  const auto started = Clock::now();
+  double mean = 0.0;
+  {
+    at::NoGradGuard no_grad;
+    r.model->eval();
+    if (r.zero) r.zero->begin_forward_only();
+    auto total = at::zeros({}, at::TensorOptions().device(device));
+    if (r.pipe) {  // forward through the stages; the last one's sum reaches every stage
+      total = r.pipe->evaluate(static_cast<int>(cfg_.eval_batches), [&](int b) { return r.val_loader->get(b, 0); });
+      r.mesh->pp()->all_reduce(total, ReduceOp::Sum)->wait();
+    }
+    for (int64_t b = 0; b < (r.pipe ? 0 : cfg_.eval_batches); ++b) {
+      auto batch = r.val_loader->get(b, 0);
+      AutocastScope autocast(r.precision, device.type());
+      total += r.model->loss(to_device(batch.inputs, device), to_device(batch.targets, device)).to(at::kFloat);
+    }
+    if (r.shape.cp > 1) {  // each cp rank's loss is the mean over its positions: the whole mean is their average
+      total = total.reshape({1});
+      r.mesh->cp()->all_reduce(total, ReduceOp::Avg)->wait();
+      total = total[0];
+    }
+    if (r.zero) r.zero->end_forward_only();
+    r.model->train();
+    mean = total.item<double>() / static_cast<double>(cfg_.eval_batches);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  r.log.write({{"type", "eval"}, {"step", step}, {"val_loss", json_num(mean)}, {"perplexity", json_num(std::exp(mean))}, {"seconds", seconds}});
+  if (proc_.rank == 0) {
+    std::printf("%s\n", format_eval_line(step, mean, seconds).c_str());
+    std::fflush(stdout);
+  }
+  return mean;
+}
+
+json Trainer::evaluate_checkpoint() {
+  setup();
+  Run& r = *run_;
+  if (!r.val_loader) throw ConfigError("kiln eval: no validation data (--val-data)");
+  if (proc_.rank == 0) {
+    std::printf("kiln eval: %s (step %lld), %lld micro-batches of %lld sequences, %s on %s, %d rank(s) (dp %d tp %d pp %d)\n",
+                r.resumed_from.c_str(), static_cast<long long>(r.progress.step), static_cast<long long>(cfg_.eval_batches),
+                static_cast<long long>(cfg_.micro_batch), cfg_.precision.c_str(), r.dev.name.c_str(), proc_.world_size, r.shape.dp,
+                r.shape.tp, r.shape.pp);
+    std::fflush(stdout);
+  }
+  const double loss = evaluate(r.progress.step);
+  return {{"type", "eval"}, {"step", r.progress.step}, {"val_loss", json_num(loss)}, {"checkpoint", r.resumed_from}};
+}
+
+}  // namespace kiln

@@ -1,0 +1,401 @@
+// runtime/trainer/trainer_loop.cpp -- the loop: steps queued one ahead of their reads, each
+// step's record and the decisions after it (stop, evaluation, sample, checkpoint), the profile
+// window, the summary.
+//
+//   run = setup; config record; start_loop; run_steps; finish_run
+//   run_steps: for each step s: forward_backward(s), read s - 1 (record), queue_update(s)
+//              -- s - 1's read waits behind s's forward and backward unless may_defer says no
+//   record(s): the step's figures, its JSONL record and console line, then after_step(s):
+//              stop request, evaluation, sample, checkpoint
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include <ATen/ATen.h>
+
+#include "data/prefetch.h"
+#include "distributed/device.h"
+#include "distributed/device_check.h"
+#include "distributed/error.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/consolidate.h"
+#include "runtime/inference/generate.h"
+#include "runtime/observe/console.h"
+#include "runtime/observe/profiler.h"
+#include "runtime/trainer/stop_requests.h"
+#include "runtime/trainer/trainer.h"
+#include "runtime/trainer/trainer_run.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The stop request of the wall-time limit, above every signal number (the ranks agree on the
+// largest request).
+constexpr int64_t kStopWallTime = 1000;
+
+}  // namespace
+
+json Trainer::run() {
+  setup();
+  log_config();
+  Loop loop = start_loop();
+  run_steps(loop);
+  return finish_run(loop);
+}
+
+// The loop's bounds, the prefetcher, and the --profile window.
+Trainer::Loop Trainer::start_loop() {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  Loop loop;
+  loop.energy_ok = r.devices->energy_known();
+  loop.devices = static_cast<double>(r.devices->count());
+  loop.first_step = r.progress.step;
+  if (proc_.rank == 0 && loop.first_step >= cfg_.steps && cfg_.steps > 0) {
+    std::printf("kiln: the checkpoint is at step %lld, --steps is %lld: nothing left to train\n",
+                static_cast<long long>(loop.first_step), static_cast<long long>(cfg_.steps));
+  }
+  loop.end_step = cfg_.stop_at_step > 0 ? std::min(cfg_.stop_at_step, cfg_.steps) : cfg_.steps;
+  r.prefetch = std::make_unique<BatchPrefetcher>(*r.loader, cfg_.grad_accum, device.is_cuda(), loop.end_step);
+  // --profile: steps [profile_first, profile_end) of the loop (0-based; runtime/observe/profiler.h).
+  if (!cfg_.profile.empty()) {
+    loop.profile_first = cfg_.profile_start > 0 ? cfg_.profile_start - 1 : std::min(loop.first_step + 2, loop.end_step - 1);
+    loop.profile_end = loop.profile_first + cfg_.profile_steps;
+    if (loop.profile_first < loop.first_step || loop.profile_first >= loop.end_step) {
+      throw ConfigError("--profile-start " + std::to_string(loop.profile_first + 1) + " is outside this run's steps " +
+                        std::to_string(loop.first_step + 1) + "-" + std::to_string(loop.end_step));
+    }
+    loop.profiler = std::make_unique<StepProfiler>(cfg_.profile, proc_.rank, device.is_cuda());
+  }
+  return loop;
+}
+
+// Whether step N's read may wait until step N + 1's forward and backward are queued, so that the
+// device never idles while the host reads, logs and decides (docs/precision.md, "The step"):
+// not when N + 1's backward needs N's loss scale (fp16), nor when work follows N that must not
+// be timed as N + 1's or that reads N's weights before N + 1 is queued (the first step's watchdog
+// switch, an evaluation, a sample, a scheduled checkpoint), nor for the last step.
+bool Trainer::may_defer(const Loop& loop, int64_t step) const {
+  const Run& r = *run_;
+  const int64_t n = step + 1;
+  const bool eval = r.val_loader && ((cfg_.eval_every > 0 && n % cfg_.eval_every == 0) || n == cfg_.steps);
+  const bool save = !cfg_.save_dir.empty() && cfg_.save_every > 0 && n % cfg_.save_every == 0;
+  const bool sample = cfg_.sample_every > 0 && n % cfg_.sample_every == 0;
+  return r.precision != Precision::FP16 && step != loop.first_step && n < loop.end_step && !eval && !save && !sample;
+}
+
+void Trainer::run_steps(Loop& loop) {
+  Run& r = *run_;
+  std::optional<QueuedStep> queued;  // the step whose update is queued and whose verdict is not yet read
+  bool stopped = false;
+  for (int64_t step = loop.first_step; step < loop.end_step && !stopped; ++step) {
+    if (loop.profiler && loop.profiler->active() && step == loop.profile_end) profile_stop(loop, step);
+    if (loop.profiler && !loop.profiler->active() && step == loop.profile_first) loop.profiler->start();
+    if (queued && !may_defer(loop, queued->step)) {
+      stopped = !record(loop, queued->step, finish_step(*queued));
+      queued.reset();
+      if (stopped) break;
+    }
+    QueuedStep q = forward_backward(step);
+    if (queued) {  // deferred: read behind this step's forward and backward; a stop discards them
+      StepOutcome s = finish_step(*queued);
+      s.read_deferred = true;
+      stopped = !record(loop, queued->step, s);
+      queued.reset();
+      if (stopped) break;
+    }
+    queue_update(q);
+    queued = std::move(q);
+  }
+  if (queued) record(loop, queued->step, finish_step(*queued));  // the last step
+
+  synchronize(r.dev.device);  // the last update
+  if (loop.profiler && loop.profiler->active()) profile_stop(loop, r.progress.step);
+  r.prefetch.reset();
+}
+
+void Trainer::profile_stop(Loop& loop, int64_t next_step) {
+  Run& r = *run_;
+  synchronize(r.dev.device);  // the window's device work, all of it
+  const ProfileSummary s = loop.profiler->stop();
+  if (proc_.rank != 0) return;
+  json rec{{"type", "profile"}, {"first_step", loop.profile_first + 1}, {"last_step", next_step}, {"trace", loop.profiler->trace_path()}};
+  rec.update(s.to_json());
+  r.log.write(rec);
+  std::printf("kiln: profiled steps %lld-%lld into %s\n%s", static_cast<long long>(loop.profile_first + 1),
+              static_cast<long long>(next_step), loop.profiler->trace_path().c_str(), s.table().c_str());
+  std::fflush(stdout);
+}
+
+// Step N's record and the decisions after it (stop, evaluation, sample, checkpoint), once the
+// host has read it; false: the run stops after N.
+bool Trainer::record(Loop& loop, int64_t step, const StepOutcome& s) {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  StepFigures f;
+  // The step's time: its interval of the phase chain (runtime/observe/phase_timer.h), from the end of
+  // the previous step's update to the end of its own -- GPU time on a GPU, the host clock here.
+  for (double ms : s.phase_ms) f.step_s += ms / 1e3;
+  const auto joules_after = r.energy->joules();
+  // The job's joules: every device's, summed (collective only when every meter reads).
+  f.step_joules = r.devices->job_joules(r.interval_joules, joules_after);
+  r.interval_joules = joules_after;
+  if (!f.step_joules) loop.energy_ok = false;
+  r.progress.step = step + 1;
+  r.progress.samples = r.loader->samples_before(step + 1);
+  r.progress.loss_scaler = r.scaler->state();
+  if (s.skipped) ++loop.skipped_steps;
+
+  // The job's figures, and per device (distributed/job_devices.h): mfu = tflops_job / (G x peak).
+  f.tokens_per_s = static_cast<double>(r.tokens_per_step) / f.step_s;
+  f.tflops_job = f.tokens_per_s * r.flops_per_token / 1e12;
+  f.tflops = f.tflops_job / loop.devices;
+  f.mem_gb = peak_memory_bytes(device) / 1e9;
+  if (step == loop.first_step && r.watchdog) {
+    // Every rank switches to the short timeout together (after a barrier), or a fast rank
+    // could time out on a slow one still inside its long start-up.
+    r.mesh->world()->barrier();
+    r.watchdog->set_timeout(cfg_.comm_timeout);
+    r.chain_broken = true;
+  }
+  if (step > loop.first_step) {  // the first step pays for allocation and kernel selection
+    loop.tokens_per_s_sum += f.tokens_per_s;
+    loop.timed_seconds += f.step_s;
+    if (f.step_joules) loop.timed_joules += *f.step_joules;
+    ++loop.timed_steps;
+  }
+  loop.last_loss = s.loss;
+  loop.last_comm_bytes = s.comm_bytes;
+  loop.losses.push_back(s.loss);
+  f.tokens_seen = r.progress.samples * cfg_.gpt.seq_len;  // the whole run's, resumes included
+  f.elapsed_s = std::chrono::duration<double>(Clock::now() - loop.start).count();
+  r.log.write(step_record(loop, step, s, f));
+  if (proc_.rank == 0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == loop.end_step || s.skipped)) {
+    print_step_line(loop, step, s, f);
+  }
+  return after_step(loop, step, f.step_s);
+}
+
+json Trainer::step_record(const Loop& loop, int64_t step, const StepOutcome& s, const StepFigures& f) const {
+  const Run& r = *run_;
+  const auto& phase_ms = s.phase_ms;
+  json rec{{"type", "step"},          {"step", step + 1},         {"loss", json_num(s.loss)},
+           {"lr", s.lr},              {"grad_norm", json_num(s.norm)}, {"loss_scale", s.loss_scale},
+           {"skipped", s.skipped},    {"tokens", r.tokens_per_step}, {"tokens_per_s", f.tokens_per_s},
+           {"step_ms", f.step_s * 1e3}, {"tflops", f.tflops},     {"tflops_job", f.tflops_job},
+           {"mfu", r.peak ? json(f.tflops_job / (loop.devices * *r.peak)) : json(nullptr)},
+           {"mem_gb", f.mem_gb},      {"comm_bytes", s.comm_bytes}, {"comm_ms", s.comm_ms},
+           {"forward_ms", phase_ms[static_cast<size_t>(Phase::Forward)]},
+           {"backward_ms", phase_ms[static_cast<size_t>(Phase::Backward)]},
+           {"exposed_comm_ms", phase_ms[static_cast<size_t>(Phase::Comm)]},
+           {"optimizer_ms", phase_ms[static_cast<size_t>(Phase::Optimizer)]},
+           {"energy_j", f.step_joules ? json(*f.step_joules) : json(nullptr)},
+           {"watts", f.step_joules ? json(*f.step_joules / f.step_s) : json(nullptr)},
+           {"tokens_seen", f.tokens_seen},
+           {"elapsed_s", f.elapsed_s}};
+  if (r.ddp) rec["comm_buckets_in_backward"] = r.ddp->launched_in_backward();
+  // The device check mode (tests): the host's reads of device memory from the step's start to
+  // its queued update -- 0 for a step without offload (distributed/device_check.h).
+  if (device_check_enabled()) rec["host_reads_before_update"] = s.host_reads;
+  rec["read_deferred"] = s.read_deferred;  // read after the next step's forward and backward were queued
+  if (r.pipe) rec["pp_live_max"] = r.pipe->max_live();  // micro-batches whose activations stage 0 held at once
+  if (s.moe) {  // models/moe_stats.h
+    rec["moe_aux_loss"] = json_num(s.moe->aux_loss);
+    rec["moe_z_loss"] = json_num(s.moe->z_loss);
+    rec["moe_dropped"] = s.moe->dropped_fraction;
+    rec["moe_max_load"] = s.moe->max_load;
+    rec["moe_min_load"] = s.moe->min_load;
+    rec["moe_max_load_by_layer"] = s.moe->max_load_by_layer;
+    // --ep: this rank's expert-parallel traffic, in comm_bytes: the all-to-alls (the counts, 8 E
+    // bytes per MoE layer and forward; the rows, which depend on the routing) and, under DDP on
+    // one stage, the norm's 16; and the rows its dispatches sent and received over the step's
+    // forward passes, which say the all-to-alls' bytes (parallel/expert_parallel.h, "Traffic").
+    if (r.shape.ep > 1) {
+      rec["ep_comm_bytes"] = s.ep_comm_bytes;
+      rec["ep_rows_sent"] = s.ep_rows.rows_sent;
+      rec["ep_rows_received"] = s.ep_rows.rows_received;
+    }
+  }
+  return rec;
+}
+
+void Trainer::print_step_line(const Loop& loop, int64_t step, const StepOutcome& s, const StepFigures& f) const {
+  const Run& r = *run_;
+  StepLine line{step + 1, cfg_.steps, s.loss, s.lr, s.norm, f.step_s * 1e3, f.tokens_per_s, f.tflops, f.tflops_job,
+                r.devices->count() > 1, std::nullopt, f.mem_gb, std::nullopt, s.skipped,
+                r.precision == Precision::FP16 ? "overflow" : "non-finite", f.tokens_seen, f.elapsed_s, 0.0};
+  if (r.peak) line.mfu = f.tflops_job / (loop.devices * *r.peak);
+  if (r.precision == Precision::FP16) line.loss_scale = s.loss_scale;
+  line.eta_s = static_cast<double>(loop.end_step - step - 1) *
+               (loop.timed_steps > 0 ? loop.timed_seconds / static_cast<double>(loop.timed_steps) : f.step_s);
+  std::printf("%s\n", format_step_line(line).c_str());
+  std::fflush(stdout);
+}
+
+// After step N: a stop request, then evaluation, a sample and a checkpoint where they are due.
+// False: the run stops after N.
+bool Trainer::after_step(Loop& loop, int64_t step, double step_s) {
+  Run& r = *run_;
+  // A request to stop (runtime/trainer/stop_requests.h): a signal to any rank, or the wall-time limit
+  // ahead; every rank takes the same decision after the same step.
+  loop.longest_step_s = std::max(loop.longest_step_s, step_s);
+  int64_t request = r.stop->requested();
+  if (cfg_.max_wall_time > 0) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - r.started).count();
+    const double next = loop.longest_step_s + (cfg_.save_dir.empty() ? 0.0 : loop.last_save_s);
+    if (elapsed + next > cfg_.max_wall_time) request = std::max<int64_t>(request, kStopWallTime);
+  }
+  request = StopRequests::agree(request, r.host_world.get());
+  const bool stopping = request != 0 && step + 1 < loop.end_step;
+  if (stopping) loop.stop_reason = request == kStopWallTime ? "--max-wall-time" : StopRequests::name(static_cast<int>(request));
+  const bool eval_now = r.val_loader && ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || step + 1 == cfg_.steps);
+  const bool save_now = !cfg_.save_dir.empty() && ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) ||
+                                                   step + 1 == loop.end_step || stopping);
+  const bool sample_now = cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0;
+  if (eval_now || save_now || sample_now) {
+    synchronize(r.dev.device);  // the update of this step, before its weights are read
+    r.chain_broken = true;
+  }
+  if (eval_now) loop.last_eval = evaluate(step + 1);
+  if (sample_now && (!r.mesh || r.mesh->coord().dp == 0)) write_sample(step);
+  if (save_now) save_checkpoint(loop, step);
+  if (stopping) {
+    loop.stopped_at = step + 1;
+    return false;
+  }
+  return true;
+}
+
+// llm.c's sample (runtime/inference/generate.h): 64 tokens from end-of-text at temperature 1, seeded by the
+// run's seed and the step. No global random number is drawn, so the losses are those of a run
+// without samples. The tp ranks of replica dp 0 take part (collective over tp); rank 0 prints.
+void Trainer::write_sample(int64_t step) {
+  Run& r = *run_;
+  const std::string text = training_sample(*r.model, *r.tokenizer, 64, r.shape.tp > 1 ? r.mesh->tp() : nullptr,
+                                           /*temperature=*/1.0, cfg_.seed + static_cast<uint64_t>(step + 1));
+  r.log.write({{"type", "sample"}, {"step", step + 1}, {"text", text}});
+  if (proc_.rank == 0) {
+    std::printf("sample at step %lld:\n---\n%s\n---\n", static_cast<long long>(step + 1), text.c_str());
+    std::fflush(stdout);
+  }
+}
+
+// Every rank gathers, rank 0 writes (runtime/checkpoint/checkpoint.h). The others wait for rank 0 under
+// --save-timeout, not --comm-timeout: in the save's collectives, and in the barrier after it,
+// so that no rank enters the next step's collectives while rank 0 is still writing.
+void Trainer::save_checkpoint(Loop& loop, int64_t step) {
+  Run& r = *run_;
+  Watchdog::Window window(r.watchdog.get(), cfg_.save_timeout, "--save-timeout: rank 0 writes the checkpoint meanwhile");
+  CheckpointIo io;
+  const auto save_start = Clock::now();
+  const std::string dir = r.checkpointer->save(
+      *r.state, r.progress, {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}}, &io);
+  if (r.host_world) r.host_world->barrier();
+  loop.last_save_s = std::chrono::duration<double>(Clock::now() - save_start).count();
+  if (proc_.rank == 0) {
+    loop.last_saved = dir;
+    json rec{{"type", "checkpoint"}, {"step", step + 1}, {"dir", loop.last_saved}};
+    rec.update(io.to_json());
+    r.log.write(rec);
+    std::printf("kiln: saved %s (%.3f GB in %.2f s, %.2f GB/s; rank 0's peak extra host memory %.3f GB)\n",
+                loop.last_saved.c_str(), io.bytes / 1e9, io.seconds, io.seconds > 0 ? io.bytes / io.seconds / 1e9 : 0.0,
+                io.peak_extra_bytes / 1e9);
+    std::fflush(stdout);
+  }
+}
+
+// Pipeline: the log's step records are stage 0's (rank 0's); the summary adds every stage's
+// figures (its dp 0, tp 0 rank), gathered once at the end so no step's traffic includes them.
+json Trainer::pipeline_stages(int64_t last_comm_bytes) {
+  Run& r = *run_;
+  const ModelStateBytes st = r.model_state();
+  const MeshCoord c = r.mesh->coord();
+  const std::vector<int64_t> mine{c.pp, c.dp, c.tp, last_comm_bytes, r.model->num_params(),
+                                  st.device.params, st.device.grads, st.device.optimizer,
+                                  st.host.params, st.host.grads, st.host.optimizer, st.device.cast_copies};
+  const int64_t n = static_cast<int64_t>(mine.size());
+  at::Tensor row = at::tensor(mine, at::kLong), all = at::empty({proc_.world_size * n}, at::kLong);
+  r.host_world->all_gather(all, row)->wait();
+  json stages = json::array();
+  const int64_t* a = all.data_ptr<int64_t>();
+  for (int w = 0; w < proc_.world_size; ++w) {
+    const int64_t* x = a + w * n;
+    if (x[1] != 0 || x[2] != 0) continue;  // dp 0, tp 0: one rank per stage, in stage order
+    ModelStateBytes b;
+    b.device = {x[5], x[6], x[7], x[11]};
+    b.host = {x[8], x[9], x[10]};
+    stages.push_back({{"stage", x[0]}, {"comm_bytes_last_step", x[3]}, {"params_local", x[4]},
+                      {"model_state", model_state_json(b)}});
+  }
+  return stages;
+}
+
+// The summary record (and console lines) of a run that ended or stopped.
+json Trainer::finish_run(Loop& loop) {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  const bool rank0 = proc_.rank == 0;
+  double tail = NAN;
+  if (!loop.losses.empty()) {
+    const size_t k = std::min<size_t>(10, loop.losses.size());
+    tail = 0.0;
+    for (size_t i = loop.losses.size() - k; i < loop.losses.size(); ++i) tail += loop.losses[i];
+    tail /= static_cast<double>(k);
+  }
+  // A fingerprint of the final weights, for comparing runs (parity tests): sum and sum of squares.
+  const auto [param_sum, param_sq] = weights_fingerprint(*r.model, r.zero.get(), r.optimizer.get(), r.mesh.get(), device);
+  const json stages = r.pipe ? pipeline_stages(loop.last_comm_bytes) : json(nullptr);
+  const double mean_tps = loop.timed_steps > 0 ? loop.tokens_per_s_sum / static_cast<double>(loop.timed_steps) : NAN;
+  const double mean_tflops_job = mean_tps * r.flops_per_token / 1e12;
+  // Energy of the job (every device) over the timed steps: average watts, joules per token,
+  // model TFLOP/s per watt.
+  const bool have_energy = loop.energy_ok && loop.timed_steps > 0 && loop.timed_joules > 0.0;
+  const double timed_tokens = static_cast<double>(r.tokens_per_step * loop.timed_steps);
+  json summary{{"type", "summary"},
+               {"steps", cfg_.steps},
+               {"start_step", loop.first_step},
+               {"updates", r.progress.updates},
+               {"skipped_steps", loop.skipped_steps},
+               {"final_loss", json_num(loop.last_loss)},
+               {"mean_loss_last10", json_num(tail)},
+               {"val_loss", json_num(loop.last_eval)},
+               {"mean_tokens_per_s", json_num(mean_tps)},
+               {"mean_tflops", json_num(mean_tflops_job / loop.devices)},
+               {"mean_tflops_job", json_num(mean_tflops_job)},
+               {"mean_mfu", r.peak ? json_num(mean_tflops_job / (loop.devices * *r.peak)) : json(nullptr)},
+               {"peak_mem_gb", peak_memory_bytes(device) / 1e9},
+               {"mean_watts", have_energy ? json(loop.timed_joules / loop.timed_seconds) : json(nullptr)},
+               {"joules_per_token", have_energy ? json(loop.timed_joules / timed_tokens) : json(nullptr)},
+               {"tflops_per_watt", have_energy ? json(timed_tokens * r.flops_per_token / 1e12 / loop.timed_joules) : json(nullptr)},
+               {"param_sum", param_sum},
+               {"param_sq", param_sq},
+               {"loss_scale", r.scaler->scale()},
+               {"checkpoint", loop.last_saved.empty() ? json(nullptr) : json(loop.last_saved)},
+               {"wall_s", std::chrono::duration<double>(Clock::now() - loop.start).count()}};
+  if (r.pipe) summary["pipeline_stages"] = stages;
+  summary["stopped"] = loop.stop_reason.empty() ? json(nullptr) : json(loop.stop_reason);
+  if (rank0 && !loop.stop_reason.empty()) {
+    if (loop.last_saved.empty()) {
+      std::printf("kiln: interrupted at step %lld (%s); nothing saved (no --save-dir)\n", static_cast<long long>(loop.stopped_at),
+                  loop.stop_reason.c_str());
+    } else {
+      std::printf("kiln: interrupted at step %lld (%s), saved %s\n", static_cast<long long>(loop.stopped_at),
+                  loop.stop_reason.c_str(), loop.last_saved.c_str());
+    }
+    std::fflush(stdout);
+  }
+  r.log.write(summary);
+  if (rank0) {
+    std::printf("%s\n", format_summary(summary, r.progress.samples * cfg_.gpt.seq_len).c_str());
+    std::fflush(stdout);
+  }
+  return summary;
+}
+
+}  // namespace kiln

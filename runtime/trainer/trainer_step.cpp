@@ -1,0 +1,288 @@
+// runtime/trainer/trainer_step.cpp -- one training step, in three parts (runtime/trainer/trainer_run.h's
+// QueuedStep), so that its one host read can wait behind the next step's forward and backward
+// (Trainer::run, docs/precision.md "The step"):
+//   forward_backward  the micro-batches, the gradient reductions, the norm, the verdict's all-reduce
+//   queue_update      the update, decided on the device; the verdict's copy to the host queued after it
+//   finish_step       waits for that copy (the step's one host synchronisation) and reads it
+#include "runtime/trainer/trainer.h"
+#include "runtime/trainer/trainer_run.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "data/prefetch.h"
+#include "distributed/device_check.h"
+#include "distributed/error.h"
+#include "distributed/host_memory.h"
+#include "distributed/mesh.h"
+#include "models/gpt.h"
+#include "optim/adamw.h"
+#include "optim/grad_clip.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/precision.h"
+#include "parallel/ddp.h"
+#include "parallel/expert_parallel.h"
+#include "parallel/pipeline.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/zero.h"
+#include "runtime/observe/phase_timer.h"
+
+namespace kiln {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The dropout seed of step `step` on data-parallel rank `dp_rank` (splitmix64 of the three):
+// reseeding every step makes the step number the whole RNG state a checkpoint needs.
+uint64_t step_seed(uint64_t seed, int64_t step, int dp_rank) {
+  uint64_t z = seed ^ (static_cast<uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(dp_rank) << 48);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (z ^ (z >> 31)) >> 1;  // manual_seed takes a non-negative int64 range
+}
+
+}  // namespace
+
+Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
+  Run& r = *run_;
+  QueuedStep out;
+  begin_step(out, step);
+  const double backward_factor = out.loss_scale / static_cast<double>(cfg_.grad_accum);
+  const at::Tensor loss_sum = run_micro_batches(step, backward_factor);
+  finish_reductions();
+  const at::Tensor norm = gradient_norm(out.loss_scale);
+  r.timer->mark(Phase::Optimizer);
+  queue_verdict(out, loss_sum, norm);
+  return out;
+}
+
+// The step's start: a new timing chain where one was broken, the counters the step's figures
+// are differences of, the dropout seed, the gradients zeroed.
+void Trainer::begin_step(QueuedStep& out, int64_t step) {
+  Run& r = *run_;
+  out.step = step;
+  if (r.chain_broken) {
+    r.timer->start();
+    r.interval_joules = r.energy->joules();
+    r.chain_broken = false;
+  }
+  out.loss_scale = r.scaler->scale();
+  out.comm_bytes = r.comm_bytes();                      // until queue_update: this step's traffic
+  out.ep_comm_bytes = r.mesh ? r.mesh->ep_bytes_sent() : 0;
+  if (r.ep_traffic) out.ep_rows = *r.ep_traffic;
+  out.host_reads = device_to_host_reads();              // until queue_update: the host's reads before the update
+  // Pipeline stages draw from streams of their own (stage 0's is the unpipelined one).
+  at::manual_seed(step_seed(cfg_.seed ^ (static_cast<uint64_t>(r.mesh ? r.mesh->coord().pp : 0) << 40), step, r.dp_rank));
+  if (r.expert_ddp) r.expert_ddp->zero_grad();
+  if (r.ddp) r.ddp->zero_grad();
+  else if (!r.zero) r.model->zero_grad(/*set_to_none=*/true);
+  if (r.main_grads) r.main_grads->zero_grad();
+}
+
+// Forward and backward over the step's micro-batches (1F1B through the stages under --pp), with
+// DDP's sync skipping and ZeRO's per-micro-batch reductions; returns the summed loss.
+at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor) {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
+  // Made one step ahead (pinned on a GPU, so the non-blocking copies below overlap compute).
+  const std::vector<Batch> batches = r.prefetch->take(step);
+  // MoE: the router losses' gradients take the LM loss's factor (models/moe.h).
+  if (cfg_.gpt.is_moe()) r.model->set_moe_loss_backward_scale(backward_factor);
+  if (r.pipe) {
+    // 1F1B over the stages: the same hooks as below, around each micro-batch's backward.
+    PipelineHooks hooks;
+    hooks.before_backward = [&](int micro) {
+      if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);
+      if (r.zero) r.zero->begin_micro(micro);
+    };
+    hooks.after_backward = [&](int) {
+      if (r.zero) r.zero->end_micro();
+    };
+    hooks.after_action = [&](PipeAction::Type t) {
+      r.timer->mark(t == PipeAction::Type::Forward ? Phase::Forward : t == PipeAction::Type::Backward ? Phase::Backward : Phase::Comm);
+    };
+    loss_sum = r.pipe->train(static_cast<int>(cfg_.grad_accum), [&](int micro) { return batches.at(static_cast<size_t>(micro)); },
+                             backward_factor, hooks);
+  }
+  for (int64_t micro = 0; micro < (r.pipe ? 0 : cfg_.grad_accum); ++micro) {
+    if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);  // sync skipping
+    if (r.expert_ddp) r.expert_ddp->set_sync(micro + 1 == cfg_.grad_accum);
+    if (r.zero) r.zero->begin_micro(micro);
+    const Batch& batch = batches[static_cast<size_t>(micro)];
+    at::Tensor loss;
+    {
+      AutocastScope autocast(r.precision, device.type());
+      loss = r.model->loss(to_device(batch.inputs, device, /*non_blocking=*/true), to_device(batch.targets, device, /*non_blocking=*/true));
+    }
+    r.timer->mark(Phase::Forward);
+    (loss * backward_factor).backward();
+    loss_sum += loss.detach().to(at::kFloat);
+    r.timer->mark(Phase::Backward);
+    if (r.zero) {
+      r.zero->end_micro();
+      r.timer->mark(Phase::Comm);
+    }
+  }
+  return loss_sum;
+}
+
+// The reductions that end the backward: DDP's last buckets (the experts' apart, x 1/ep), the tied
+// embedding's gradient between the first and last pipeline stages.
+void Trainer::finish_reductions() {
+  Run& r = *run_;
+  if (r.ddp) {
+    r.ddp->finish_backward();
+    if (r.expert_ddp) {
+      r.expert_ddp->finish_backward();
+      std::vector<at::Tensor> expert_grads;
+      for (const auto& t : r.expert_targets) expert_grads.push_back(t.grad());
+      scale_expert_gradients(expert_grads, r.shape.ep);
+    }
+    r.timer->mark(Phase::Comm);
+  }
+  if (r.pipe && (r.pipe->first() || r.pipe->last())) {
+    r.pipe->sync_tied_embedding(r.zero ? r.zero->grad_shard_of(r.model->wte) : grad_of(r.grad_of, r.model->wte));
+    r.timer->mark(Phase::Comm);
+  }
+}
+
+// The gradient's norm (clipping it where the norm is local) or this rank's share of its square.
+at::Tensor Trainer::gradient_norm(double loss_scale) {
+  Run& r = *run_;
+  // DDP / one process: every rank holds the whole reduced gradient, so the norm and the clipping
+  // are local. ZeRO: each rank holds a shard; the squared norms are summed with the verdict and
+  // the clipping factor is applied by the sharded step.
+  // Pipeline: every stage holds its own parameters, so the squared norm is summed over the world
+  // with the verdict (each rank's share weighted so the sum counts every parameter once) and
+  // the clipping comes after it.
+  // Expert parallelism: ZeRO's shards and the pipeline's shares count each expert once as they
+  // are; DDP's replicated gradients sum the experts' squares over ep (clip_grad_norm_ep).
+  return r.zero             ? r.zero->local_grad_sq_norm()
+         : r.pipe           ? pipeline_grad_sq_norm_share(*r.model, r.shape.dp, r.grad_of)
+         : r.shape.ep > 1   ? clip_grad_norm_ep(*r.model, cfg_.grad_clip, loss_scale, r.mesh->ep(),
+                                                r.shape.tp > 1 ? r.mesh->tp() : nullptr, r.grad_of)
+         : r.shape.tp > 1   ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, loss_scale, r.mesh->tp(), r.grad_of)
+                            : clip_grad_norm(r.grads, cfg_.grad_clip, loss_scale);
+}
+
+// The verdict: [mean loss, non-finite, MoE rows, norm] reduced over the ranks that share the
+// step's loss, queued on the device.
+void Trainer::queue_verdict(QueuedStep& out, const at::Tensor& loss_sum, const at::Tensor& norm) {
+  Run& r = *run_;
+  const c10::Device device = r.dev.device;
+  // One small tensor decides the step on every rank: the mean loss and whether anything was
+  // not finite (an fp16 overflow, or a diverged run), summed over dp; the norm rides along
+  // (every rank already holds the same one; ZeRO sums its squared shards too).
+  // MoE: the step's routing stats (models/moe.h, one row per MoE layer) ride along before the
+  // norm, summed with the loss: [loss, non-finite, MoE rows..., norm].
+  const at::Tensor moe_stats = r.model->take_moe_stats(device);
+  std::vector<at::Tensor> parts{(loss_sum / static_cast<double>(cfg_.grad_accum)).reshape({1}),
+                                at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat).reshape({1})};
+  if (moe_stats.defined()) parts.push_back(moe_stats);
+  parts.push_back(norm.to(loss_sum.device(), at::kFloat).reshape({1}));
+  auto verdict = at::cat(parts);
+  out.norm_index = verdict.numel() - 1;
+  // ZeRO under tensor parallelism sums over dp x tp (the world, without pipeline stages): each
+  // rank's squared norm covers its tp slice, replicated parameters weighted 1/tp. Pipeline: over
+  // the world, the loss coming from the last stage alone.
+  const bool over_world = r.pipe || (r.zero && r.shape.tp > 1);
+  // Context parallelism: over dp x cp, each cp rank's loss being the mean over its positions.
+  Communicator* verdict_group = over_world ? r.mesh->world().get() : r.mesh ? r.mesh->dp_cp().get() : nullptr;
+  if (r.pipe && !r.pipe->last()) verdict[0].zero_();
+  const bool reduce_verdict = r.mesh && (r.shape.grad_ranks() > 1 || r.zero || r.pipe);
+  if (reduce_verdict) {
+    auto reduced = verdict.narrow(0, 0, r.zero || r.pipe ? out.norm_index + 1 : out.norm_index);  // a contiguous view
+    const auto t0 = Clock::now();
+    verdict_group->all_reduce(reduced, ReduceOp::Sum)->wait();
+    out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    r.timer->mark(Phase::Comm);
+  }
+
+  if (r.ddp) out.comm_ms += r.ddp->exposed_comm_ms();
+  if (r.expert_ddp) out.comm_ms += r.expert_ddp->exposed_comm_ms();
+  out.verdict = verdict;
+  out.loss_copies = r.pipe ? r.shape.dp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
+  // Each MoE row summed over the dp ranks' tokens, and over tp copies of the same when the
+  // verdict went over the world.
+  out.moe_copies = reduce_verdict && over_world ? r.shape.tp : 1;
+}
+
+void Trainer::queue_update(QueuedStep& q) {
+  Run& r = *run_;
+  // The update, decided on the device (no host read before it; docs/precision.md, "The step"):
+  //   found_inf = [anything not finite on any rank]   the fused AdamW kernel skips the update
+  //   ZeRO, pp: n = sqrt(sum of squares) / S,  c = min(1, max / (n + 1e-6)) / S  (clip_grad_norm's
+  //   rule, in double as the host once did it, then fp32), applied to the reduced gradients.
+  // The learning rate is the schedule's at the updates applied so far: the host has read every
+  // earlier step's verdict by now (Trainer::run finishes step N before queueing N + 1's update).
+  const at::Tensor found_inf = (q.verdict[1] > 0).to(at::kFloat);
+  at::Tensor coef;
+  if (r.zero || r.pipe) {
+    const at::Tensor n = q.verdict[q.norm_index].to(at::kDouble).sqrt() / q.loss_scale;
+    coef = cfg_.grad_clip > 0.0 ? at::clamp_max(cfg_.grad_clip / (n + 1e-6), 1.0) : at::ones_like(n);
+    coef = (coef / q.loss_scale).to(at::kFloat);
+    if (r.pipe && !r.zero) {
+      std::vector<at::Tensor> grads;
+      for (const auto& p : r.grads)  // where the gradients are: the fp32 main grads for 16-bit weights
+        if (p.grad().defined()) grads.push_back(p.grad());
+      scale_gradients(grads, n.to(at::kFloat), cfg_.grad_clip, q.loss_scale);
+    }
+  }
+  q.lr = r.schedule->at(r.progress.updates);
+  if (r.zero) r.zero->step(q.lr, coef, found_inf);
+  else r.optimizer->step(q.lr, found_inf);
+  q.host_reads = device_to_host_reads() - q.host_reads;
+  q.comm_bytes = r.comm_bytes() - q.comm_bytes;
+  q.ep_comm_bytes = (r.mesh ? r.mesh->ep_bytes_sent() : 0) - q.ep_comm_bytes;
+  if (r.ep_traffic) q.ep_rows = *r.ep_traffic - q.ep_rows;
+  // The verdict's copy to the host, queued behind the update (pinned on a GPU, so the copy does
+  // not block); the mark after it is what finish_step waits for.
+  // One buffer for the run: step N is finished (its buffer read) before N + 1's update is queued.
+  // (A cudaHostAlloc per step would cost more than the read it serves.)
+  if (!r.verdict_host.defined()) r.verdict_host = host_buffer(q.verdict.numel(), r.dev.device.is_cuda(), at::kDouble);
+  q.host = r.verdict_host;
+  q.host.copy_(q.verdict.to(at::kDouble), /*non_blocking=*/true);
+  q.mark = r.timer->mark(Phase::Optimizer);
+}
+
+Trainer::StepOutcome Trainer::finish_step(QueuedStep& q) {
+  Run& r = *run_;
+  StepOutcome out;
+  r.timer->wait(q.mark);  // the step's one host synchronisation: its update and its verdict's copy
+  out.phase_ms = r.timer->cut(q.mark);
+  out.loss_scale = q.loss_scale;
+  out.lr = q.lr;
+  out.comm_ms = q.comm_ms;
+  out.host_reads = q.host_reads;
+  out.comm_bytes = q.comm_bytes;
+  out.ep_comm_bytes = q.ep_comm_bytes;
+  out.ep_rows = q.ep_rows;
+  const double* h = q.host.data_ptr<double>();
+  out.loss = h[0] / static_cast<double>(q.loss_copies);
+  const bool nonfinite = h[1] > 0.0;
+  out.norm = r.zero || r.pipe ? std::sqrt(h[q.norm_index]) / out.loss_scale : h[q.norm_index];
+  if (cfg_.gpt.is_moe()) out.moe = moe_step_stats(h + 2, cfg_.gpt, q.moe_copies, cfg_.grad_accum * r.shape.dp);
+  if (r.precision == Precision::FP16) {
+    out.skipped = r.scaler->update(nonfinite);
+  } else if (nonfinite) {
+    if (cfg_.on_nonfinite == "stop") {
+      throw NumericsError("step " + std::to_string(q.step + 1) + ": loss " + std::to_string(out.loss) + ", gradient norm " +
+                          std::to_string(out.norm) + " is not finite; stopping with the update skipped (--on-nonfinite "
+                          "skip would skip such steps and go on)");
+    }
+    out.skipped = true;
+  }
+  if (out.skipped != nonfinite) throw Error("the loss scaler skipped a step the kernel applied, or the reverse");
+  if (!out.skipped) ++r.progress.updates;
+  return out;
+}
+
+}  // namespace kiln
