@@ -17,14 +17,19 @@
 #    LayerNorm gradient) by thread, so 1 and 2 threads round 16-bit gradients differently, 2e-6 at
 #    the first step and 1e-4 after 6 -- the CPU's threads, not the layout, which this test is about.
 # 2. --reduce-dtype bf16 at DDP 2: the bucket traffic is exactly half (the verdict's unchanged),
-#    and the run stays within 1e-2 of
-#    the fp32 reduction over 20 steps (each mean gradient rounded once to bf16's 8 bits).
+#    and the run stays within 1e-2 of the fp32 reduction over 20 steps on the loss and within 1e-2
+#    on every step's gradient norm (each mean gradient rounded once to bf16's 8 bits; measured
+#    3.3e-5 and 1.2e-3). The norm is what shows a reduction that sums instead of averaging:
+#    clipping and AdamW's normalisation hide a doubled gradient from the loss (planted: 4.5e-5,
+#    which passed), not from the norm (planted: 1.005, twice the norm).
 # 3. The model-state bytes in the config record: 2 (bf16 weights) + 4 (fp32 main grads) + 12
 #    (fp32 master, m, v) per parameter, against 4 + 4 + 8 for fp32 working weights; kiln plan
 #    --compare predicts them and comm_bytes exactly.
-# 4. Convergence: 300 steps of the tiny model, bf16 working weights against fp32 working weights
-#    (both computing in bf16), and fp16 with the dynamic loss scaler likewise: the mean loss of the
-#    last 10 steps within 2%.
+# 4. Convergence: the tiny model, bf16 working weights against fp32 working weights (both
+#    computing in bf16) over 300 steps, and fp16 with the dynamic loss scaler likewise over 60 (the
+#    CPU computes fp16 25x slower than fp32: 300 fp16 steps took 145 s of this test; the 300-step
+#    figures are docs/benchmarks.md's): the mean loss of the last 10 steps within 2%. A master that
+#    is not written back leaves the 16-bit run near its first loss (6.2 against 1.8 at step 60).
 # 5. Checkpoints hold the fp32 masters: a bf16-weights run saved at step 10 resumes replay-exact
 #    (steps 11-20 == the uninterrupted run's), and resumes under fp32 working weights (a policy
 #    change: --allow-config-change), whose first loss equals the bf16 run's step 11 within the
@@ -36,16 +41,19 @@ here=$(cd "$(dirname "$0")" && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
 cd "$work"
-T=(train --device cpu --steps 20 --log-every 20 --dropout 0)
+T=(train --device cpu --log-every 20 --dropout 0)
+# 20 steps in bf16; 10 in fp16, which this CPU computes 25x slower than fp32 (the parity is a
+# property of every step: fewer of them only shorten the drift a defect has to show in).
+steps_of() { if [ "$1" = fp16 ]; then echo 10; else echo 20; fi; }
 
 # 1. and 3.
 for p in bf16 fp16; do
-  P=(--precision "$p" --param-dtype "$p")
+  P=(--precision "$p" --param-dtype "$p" --steps "$(steps_of "$p")")
   "$KILN_BIN" "${T[@]}" "${P[@]}" --micro-batch 4 --grad-accum 4 --log-json "ref_$p.jsonl" >/dev/null
   mpi 2 "$KILN_BIN" "${T[@]}" "${P[@]}" --micro-batch 4 --grad-accum 2 --log-json "np2_$p.jsonl" >/dev/null
   mpi 4 "$KILN_BIN" "${T[@]}" "${P[@]}" --micro-batch 4 --grad-accum 1 --log-json "np4_$p.jsonl" >/dev/null
 done
-"$KILN_BIN" "${T[@]}" --precision bf16 --param-dtype fp32 --micro-batch 4 --grad-accum 4 --log-json ref_fp32w.jsonl >/dev/null
+"$KILN_BIN" "${T[@]}" --steps 20 --precision bf16 --param-dtype fp32 --micro-batch 4 --grad-accum 4 --log-json ref_fp32w.jsonl >/dev/null
 python3 - <<'PY'
 import json
 load = lambda n: [json.loads(l) for l in open(f"{n}.jsonl")]
@@ -55,7 +63,8 @@ rel = lambda a, b: abs(a - b) / max(abs(a), 1e-30)
 # scaled by S/K (the loss scale over the micro-steps per rank), and K differs between the layouts
 # (4, 2, 1): fp16 gradients below 2^-14 are subnormal, with a precision that depends on the scale,
 # so the smallest gradients round differently -- as they do today with fp32 working weights under
-# fp16 (measured: 2.4e-4 on the gradient norm, 3e-6 on the loss, over 20 steps). Held to 1e-5 on
+# fp16 (measured: 2.4e-4 on the gradient norm, 3e-6 on the loss, over 20 steps; 8.1e-5 and
+# 3.8e-6 over the 10 run now). Held to 1e-5 on
 # the loss, 1e-3 on the norm, 1e-4 on the final fingerprint.
 tol = {"bf16": {"loss": 1e-5, "grad_norm": 1e-5, "param": 1e-5}, "fp16": {"loss": 1e-5, "grad_norm": 1e-3, "param": 1e-4}}
 for p in ("bf16", "fp16"):
@@ -67,7 +76,7 @@ for p in ("bf16", "fp16"):
     assert c["model_state"]["device"] == {"params": 2 * n, "grads": 4 * n, "optimizer": 12 * n, "cast_copies": 0}, c["model_state"]
     for name, dp in (("np2", 2), ("np4", 4)):
         run = load(f"{name}_{p}")
-        assert run[0]["world"]["dp"] == dp and len(steps(run)) == 20
+        assert run[0]["world"]["dp"] == dp and len(steps(run)) == (10 if p == "fp16" else 20)
         worst = {}
         for a, b in zip(steps(ref), steps(run)):
             for key in ("loss", "grad_norm"):
@@ -103,15 +112,16 @@ PY
 #      bf16 compute, fp32 weights: tp 2 4.0e-5 / 1.3e-3 / 7.7e-7, pp 2 2.3e-5 / 1.3e-3 / 3.3e-5
 #      bf16 compute, bf16 weights: tp 2 9.4e-5 / 6.6e-3 / 3.4e-5, pp 2 4.1e-5 / 1.9e-3 / 1.4e-5
 #      fp16 compute, fp16 weights: tp 2 6.3e-6 / 4.3e-4 / 2.9e-6, pp 2 4.9e-6 / 1.3e-4 / 1.0e-5
+#        (over the 10 steps run now: tp 2 5.5e-6 / 1.6e-4 / 6.0e-7, pp 2 1.9e-6 / 1.5e-4 / 2.8e-6)
 #    Held to 5e-4 on the loss, 2e-2 on the gradient norm (late steps' norms are small and most
 #    sensitive) and 2e-4 on the fingerprint. The tied-embedding gradient left unsynced under pp 2
 #    (a real defect, tried once by hand) moved them by 2.7e-2 / 5.2e-1 / 3.2e-3.
 for p in bf16 fp16; do
-  P=(--precision "$p" --param-dtype "$p" --micro-batch 4)
+  P=(--precision "$p" --param-dtype "$p" --micro-batch 4 --steps "$(steps_of "$p")")
   mpi 2 "$KILN_BIN" "${T[@]}" "${P[@]}" --grad-accum 4 --tp 2 --log-json "tp2_$p.jsonl" >/dev/null
   mpi 2 "$KILN_BIN" "${T[@]}" "${P[@]}" --grad-accum 4 --pp 2 --log-json "pp2_$p.jsonl" >/dev/null
 done
-mpi 8 "$KILN_BIN" "${T[@]}" --precision bf16 --param-dtype bf16 --micro-batch 4 --grad-accum 2 --tp 2 --pp 2 --log-json 3d_bf16.jsonl >/dev/null
+mpi 8 "$KILN_BIN" "${T[@]}" --steps 20 --precision bf16 --param-dtype bf16 --micro-batch 4 --grad-accum 2 --tp 2 --pp 2 --log-json 3d_bf16.jsonl >/dev/null
 python3 - <<'PY'
 import json
 load = lambda n: [json.loads(l) for l in open(f"{n}.jsonl")]
@@ -122,7 +132,7 @@ for p, name, shape in (("bf16", "tp2", (1, 2, 1)), ("bf16", "pp2", (1, 1, 2)), (
     ref, run = load(f"ref_{p}"), load(f"{name}_{p}")
     w = run[0]["world"]
     assert (w["dp"], w["tp"], w["pp"]) == shape and run[0]["config"]["param_dtype"] == p, w
-    assert len(steps(run)) == 20
+    assert len(steps(run)) == (10 if p == "fp16" else 20)
     worst = {}
     for a, b in zip(steps(ref), steps(run)):
         for key, tol in (("loss", 5e-4), ("grad_norm", 2e-2)):
@@ -135,7 +145,7 @@ for p, name, shape in (("bf16", "tp2", (1, 2, 1)), ("bf16", "pp2", (1, 1, 2)), (
 PY
 
 # 2.
-mpi 2 "$KILN_BIN" "${T[@]}" --precision bf16 --param-dtype bf16 --micro-batch 4 --grad-accum 2 --reduce-dtype bf16 \
+mpi 2 "$KILN_BIN" "${T[@]}" --steps 20 --precision bf16 --param-dtype bf16 --micro-batch 4 --grad-accum 2 --reduce-dtype bf16 \
   --log-json np2_red16.jsonl >/dev/null
 python3 - <<'PY'
 import json
@@ -151,7 +161,10 @@ for x, y in zip(sa, sb):
     assert x["comm_bytes"] - 8 * n == y["comm_bytes"] - 4 * n, (x["step"], x["comm_bytes"], y["comm_bytes"], n)
 worst = max(abs(x["loss"] - y["loss"]) / x["loss"] for x, y in zip(sa, sb))
 assert worst <= 1e-2, worst
-print(f"--reduce-dtype bf16: {sa[0]['comm_bytes']} -> {sb[0]['comm_bytes']} bytes per step (the buckets' half); losses within {worst:.1e}")
+norm = max(abs(x["grad_norm"] - y["grad_norm"]) / x["grad_norm"] for x, y in zip(sa, sb))
+assert norm <= 1e-2, [(x["step"], x["grad_norm"], y["grad_norm"]) for x, y in zip(sa, sb)]
+print(f"--reduce-dtype bf16: {sa[0]['comm_bytes']} -> {sb[0]['comm_bytes']} bytes per step (the buckets' half); "
+      f"losses within {worst:.1e}, gradient norms within {norm:.1e}")
 PY
 
 # kiln plan models both (plan/cost_model.cpp): --compare's exact rows, model-state bytes and
@@ -162,29 +175,30 @@ for log in ref_bf16 np2_bf16 np2_red16 np4_fp16 tp2_bf16 pp2_fp16 3d_bf16; do
 done
 
 # 4.
-C=(train --device cpu --steps 300 --log-every 300 --micro-batch 4)
 # Two at a time: each run computes on one thread (OMP_NUM_THREADS=1 above), and the test holds two
 # cores (PROCESSORS 2); one thread gives the same arithmetic whatever runs beside it.
-pair() {  # pair PRECISION: its fp32-weights run and its 16-bit-weights run, side by side
+pair() {  # pair PRECISION STEPS: its fp32-weights run and its 16-bit-weights run, side by side
+  local C=(train --device cpu --steps "$2" --log-every "$2" --micro-batch 4)
   "$KILN_BIN" "${C[@]}" --precision "$1" --param-dtype fp32 --log-json "c_$1_fp32w.jsonl" >/dev/null & local a=$!
   "$KILN_BIN" "${C[@]}" --precision "$1" --param-dtype "$1" --log-json "c_$1_$1w.jsonl" >/dev/null & local b=$!
   wait "$a" || fail "$1 fp32-weights convergence run"
   wait "$b" || fail "$1 $1-weights convergence run"
 }
-pair bf16
-pair fp16
+pair bf16 300
+pair fp16 60
 python3 - <<'PY'
 import json
-def losses(n):
+def losses(n, steps):
     s = [json.loads(l)["loss"] for l in open(f"{n}.jsonl") if '"type":"step"' in l]
-    assert len(s) == 300
+    assert len(s) == steps
     return s
-for p in ("bf16", "fp16"):
-    la, lb = losses(f"c_{p}_fp32w"), losses(f"c_{p}_{p}w")
+for p, n in (("bf16", 300), ("fp16", 60)):
+    la, lb = losses(f"c_{p}_fp32w", n), losses(f"c_{p}_{p}w", n)
     assert la != lb, "the two policies ran the same arithmetic"
     a, b = sum(la[-10:]) / 10, sum(lb[-10:]) / 10
-    print(f"{p}: 300 steps, mean of the last 10 losses: fp32 weights {a:.5f}, {p} weights {b:.5f} ({abs(b - a) / a:.3%} apart)")
+    print(f"{p}: {n} steps, mean of the last 10 losses: fp32 weights {a:.5f}, {p} weights {b:.5f} ({abs(b - a) / a:.3%} apart)")
     assert abs(b - a) <= 0.02 * a
+    assert a < 0.5 * la[0], (p, la[0], a)  # and both trained
 PY
 
 # 5.
