@@ -10,7 +10,7 @@
 #   A fresh run never truncates an earlier log: it is moved aside, and said so.
 #   Resume guards: a changed seed, learning rate or global batch is refused with one line listing
 #     each change, unless --allow-config-change (then listed in the config record); more steps are
-#     fine and logged.
+#     fine and logged. A resume with another global batch reads on from the checkpoint's samples.
 #   Settings that do nothing get a warning: --eval-every without --val-data, --save-every without
 #     --save-dir, --warmup longer than --steps.
 source "$(dirname "$0")/common.sh"
@@ -110,6 +110,30 @@ c = json.loads(open(sys.argv[1]).readline())["config_changes"]
 got = {x["key"]: (x["saved"], x["now"], x["breaks_replay"]) for x in c}
 assert got == {"seed": (1337, 7, True), "steps": (20, 30, False)}, got
 print("with --allow-config-change:", got)
+PY
+
+# ---- resume with another global batch (--allow-config-change): the loader moves to the
+# checkpoint's sample count and takes the new batch from there. With --lr 0 the weights never
+# move, so a step's loss says only which samples it read: the resumed run's steps 5-8 at batch 8
+# read samples 16-47, which a fresh batch-8 run reads at its steps 3-6 -- the same losses, bit for
+# bit, and the same tokens_seen. (Deleting the loader's move to the checkpoint's samples, planted
+# once: the resumed steps read from sample 32 = 4 steps x the new batch, and step 5's loss was
+# 6.216 against 6.132.)
+Z=(train --device cpu --model tiny --dropout 0 --lr 0 --warmup 0 --log-every 100)
+"$KILN_BIN" "${Z[@]}" --steps 8 --micro-batch 4 --stop-at-step 4 --save-dir "$work/gb" >/dev/null
+"$KILN_BIN" "${Z[@]}" --steps 8 --micro-batch 8 --save-dir "$work/gb" --allow-config-change --log-json "$work/gb8.jsonl" >/dev/null
+"$KILN_BIN" "${Z[@]}" --steps 6 --micro-batch 8 --log-json "$work/fresh8.jsonl" >/dev/null
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+steps = lambda n: {r["step"]: r for r in map(json.loads, open(f"{d}/{n}.jsonl")) if r["type"] == "step"}
+resumed, fresh = steps("gb8"), steps("fresh8")
+assert sorted(resumed) == [5, 6, 7, 8], sorted(resumed)
+for s in range(5, 9):
+    a, b = resumed[s], fresh[s - 2]
+    assert a["loss"] == b["loss"], (s, a["loss"], b["loss"])
+    assert a["tokens_seen"] == b["tokens_seen"] == (16 + 8 * (s - 4)) * 128, (s, a["tokens_seen"], b["tokens_seen"])
+print("resumed at batch 8 after 4 steps of batch 4: steps 5-8 read samples 16-47 (== a fresh batch-8 run's steps 3-6)")
 PY
 
 # ---- settings that do nothing
