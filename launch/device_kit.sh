@@ -236,7 +236,7 @@ pack() {
   rm -rf "$kit"; mv "$tmpkit" "$kit"
   local newer=""
   if [ -n "$src" ]; then
-    newer=$(find "$src"/{runtime,models,parallel,optim,data,launch,plan,tests} -name '*.[ch]pp' -newer "$build/kiln" 2>/dev/null | head -n 3 | tr '\n' ' ' || true)
+    newer=$(find "$src"/{distributed,runtime,models,parallel,optim,data,launch,plan,tests} -name '*.[ch]pp' -newer "$build/kiln" 2>/dev/null | head -n 3 | tr '\n' ' ' || true)
   fi
   [ -z "$newer" ] || say "warning: sources newer than $build/kiln: $newer(rebuild before packing?)"
   local bytes; bytes=$(du -sb "$kit" | cut -f1)
