@@ -68,7 +68,9 @@ TEST(Console, EvalLineHasPerplexityAndDuration) {
 }
 
 TEST(Console, SummaryFromTheRecord) {
-  nlohmann::json sum{{"start_step", 100}, {"updates", 199}, {"skipped_steps", 1}, {"final_loss", 2.10441},
+  // A run resumed at step 100 (100 updates then) that ran to step 300, skipping one: the record's
+  // updates are the whole run's, 299; this invocation made 199 of them.
+  nlohmann::json sum{{"start_step", 100}, {"end_step", 300}, {"updates", 299}, {"skipped_steps", 1}, {"final_loss", 2.10441},
                      {"mean_loss_last10", 2.121}, {"val_loss", std::log(9.03)}, {"mean_tokens_per_s", 20900.0},
                      {"mean_tflops", 0.11}, {"mean_mfu", nullptr}, {"peak_mem_gb", 0.43}, {"mean_watts", nullptr},
                      {"checkpoint", "ckpt/step_00000300"}, {"wall_s", 75.0}};
@@ -79,7 +81,7 @@ TEST(Console, SummaryFromTheRecord) {
   EXPECT_EQ(out.find("mfu"), std::string::npos) << out;
   EXPECT_NE(out.find("last checkpoint ckpt/step_00000300"), std::string::npos) << out;
   // Nothing trained (--steps 0, or resumed at the end): no losses, no throughput.
-  nlohmann::json none{{"start_step", 0}, {"updates", 0}, {"skipped_steps", 0}, {"final_loss", nullptr},
+  nlohmann::json none{{"start_step", 0}, {"end_step", 0}, {"updates", 0}, {"skipped_steps", 0}, {"final_loss", nullptr},
                       {"mean_tokens_per_s", nullptr}, {"peak_mem_gb", 0.1}, {"wall_s", 1.0}};
   const std::string empty = format_summary(none, 0);
   EXPECT_NE(empty.find("no steps"), std::string::npos) << empty;

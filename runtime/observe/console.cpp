@@ -1,6 +1,7 @@
 // runtime/observe/console.cpp -- rank 0's console lines (see the header).
 #include "runtime/observe/console.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -55,12 +56,15 @@ std::string format_eval_line(int64_t step, double val_loss, double seconds) {
 
 std::string format_summary(const nlohmann::json& summary, int64_t tokens_seen) {
   const auto get_int = [&](const char* key) { return summary.value(key, int64_t{0}); };
-  const int64_t first = get_int("start_step") + 1, last = first + get_int("updates") + get_int("skipped_steps") - 1;
+  // This invocation's steps: start_step + 1 .. end_step. "updates" is the whole run's (a resumed
+  // checkpoint's count included), so this invocation's are its steps less its skipped ones.
+  const int64_t first = get_int("start_step") + 1, last = get_int("end_step");
+  const int64_t skipped = get_int("skipped_steps"), updates = std::max<int64_t>(0, last - first + 1 - skipped);
   std::string out = "kiln: done in " + human_duration(summary.value("wall_s", 0.0)) + ": ";
   out += last >= first ? strprintf("steps %lld-%lld", static_cast<long long>(first), static_cast<long long>(last))
                        : std::string("no steps");
-  out += strprintf(" (%lld updates, %lld skipped), %s tokens seen", static_cast<long long>(get_int("updates")),
-                       static_cast<long long>(get_int("skipped_steps")), human_count(static_cast<double>(tokens_seen)).c_str());
+  out += strprintf(" (%lld updates, %lld skipped), %s tokens seen", static_cast<long long>(updates),
+                   static_cast<long long>(skipped), human_count(static_cast<double>(tokens_seen)).c_str());
   if (const auto loss = number(summary, "final_loss")) {
     out += strprintf("\n      loss %.4f", *loss);
     const long long ran = static_cast<long long>(last - first + 1), tail_n = ran < 10 ? ran : 10;

@@ -360,7 +360,8 @@ json Trainer::finish_run(Loop& loop) {
   json summary{{"type", "summary"},
                {"steps", cfg_.steps},
                {"start_step", loop.first_step},
-               {"updates", r.progress.updates},
+               {"end_step", r.progress.step},  // the last step this invocation ran (start_step: none)
+               {"updates", r.progress.updates},  // the whole run's, a resumed checkpoint's included
                {"skipped_steps", loop.skipped_steps},
                {"final_loss", json_num(loop.last_loss)},
                {"mean_loss_last10", json_num(tail)},

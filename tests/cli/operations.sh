@@ -28,7 +28,11 @@ n=$(grep '"type":"step"' "$work/sig.jsonl" | tail -n 1 | python3 -c 'import json
 grep -q "^kiln: interrupted at step $n (SIGTERM), saved $work/sig/step_$(printf %08d "$n")$" "$work/sig.out" ||
   { cat "$work/sig.out"; fail "no 'interrupted at step $n' line"; }
 [ "$(cat "$work/sig/latest")" = "step_$(printf %08d "$n")" ] || fail "latest is not step $n"
-"$KILN_BIN" "${T[@]}" --steps 40 --save-dir "$work/sig" --log-json "$work/sig.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --steps 40 --save-dir "$work/sig" --log-json "$work/sig.jsonl" >"$work/resumed.out"
+# The resumed invocation's summary names its own steps (it once added the checkpoint's updates:
+# "steps 31-90 (60 updates)" for a run resumed at 30 to 60).
+grep -q "steps $((n + 1))-40 ($((40 - n)) updates, 0 skipped)" "$work/resumed.out" ||
+  { cat "$work/resumed.out"; fail "the resumed run's summary does not say steps $((n + 1))-40 ($((40 - n)) updates)"; }
 python3 - "$work" "$n" <<'PY'
 import json, sys
 d, n = sys.argv[1], int(sys.argv[2])
