@@ -44,9 +44,10 @@ TokenDataset::TokenDataset(std::vector<std::shared_ptr<const TokenSource>> sourc
 }
 
 TokenDataset TokenDataset::from_paths(const std::vector<std::string>& patterns,
-                                      TokenFormat format, int64_t seq_len, int64_t vocab_size) {
+                                      TokenFormat format, int64_t seq_len, int64_t vocab_size,
+                                      const std::string& flag) {
   std::vector<std::shared_ptr<const TokenSource>> sources;
-  for (const auto& path : expand_paths(patterns, "--data")) sources.push_back(std::make_shared<const TokenFile>(path, format));
+  for (const auto& path : expand_paths(patterns, flag)) sources.push_back(std::make_shared<const TokenFile>(path, format));
   if (sources.empty()) throw DataError("--data: no data file given");
   return TokenDataset(std::move(sources), seq_len, vocab_size);
 }

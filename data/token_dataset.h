@@ -23,9 +23,10 @@ class TokenDataset {
                int64_t vocab_size);
 
   // Expands each pattern as a glob (sorted; a pattern may also be a comma-separated list) and
-  // maps every file. Throws DataError naming the pattern that matches no file.
+  // maps every file. Throws DataError naming `flag` (the option the patterns came from) and the
+  // pattern that matches no file.
   static TokenDataset from_paths(const std::vector<std::string>& patterns, TokenFormat format,
-                                 int64_t seq_len, int64_t vocab_size);
+                                 int64_t seq_len, int64_t vocab_size, const std::string& flag = "--data");
 
   int64_t num_samples() const { return total_samples_; }
   int64_t seq_len() const { return seq_len_; }

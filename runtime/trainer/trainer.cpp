@@ -189,7 +189,7 @@ void Trainer::build_data() {
   r.loader = std::make_unique<DataLoader>(r.train_data, cfg_.seed, /*shuffle=*/true, layout);
   if (!cfg_.val_data.empty()) {
     auto val = std::make_shared<TokenDataset>(TokenDataset::from_paths(
-        cfg_.val_data, parse_token_format(cfg_.data_format), cfg_.gpt.seq_len, cfg_.gpt.vocab_size));
+        cfg_.val_data, parse_token_format(cfg_.data_format), cfg_.gpt.seq_len, cfg_.gpt.vocab_size, "--val-data"));
     r.val_loader = std::make_unique<DataLoader>(val, cfg_.seed, /*shuffle=*/false, BatchLayout{cfg_.micro_batch, 1, 1, 0});
   }
   r.tokens_per_step = layout.global_batch() * cfg_.gpt.seq_len;

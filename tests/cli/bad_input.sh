@@ -45,6 +45,8 @@ expect_fail "--input: no file matches '$work/nothing\*.txt'" prep --input "$work
 mkdir -p "$work/shards"
 expect_fail "--data $work/shards is a directory; pass the files in it, e.g. --data '$work/shards/train_\*.bin'" "${T[@]}" --data "$work/shards"
 expect_fail "no file matches '$work/missing.bin'" "${T[@]}" --data "$work/missing.bin"
+# ... naming the flag it came from (a missing --val-data file was reported as --data's).
+expect_fail "--val-data: no file matches '$work/missing_val.bin'" "${T[@]}" --val-data "$work/missing_val.bin"
 expect_fail "badmagic.bin: bad magic 12345" "${T[@]}" --data "$work/badmagic.bin"
 expect_fail "badversion.bin: .*version 7" "${T[@]}" --data "$work/badversion.bin"
 expect_fail "badsize.bin: .*size" "${T[@]}" --data "$work/badsize.bin"
