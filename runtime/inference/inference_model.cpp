@@ -69,6 +69,24 @@ CheckpointModel load_checkpoint_model(const std::string& path, c10::Device devic
   out.dir = resolve_checkpoint_dir(path, command);
   const fs::path dir(out.dir);
   const json state = read_json(dir / "trainer_state.json", command);
+  // The files it reads against the CRC-32s recorded when they were written, as a resume checks
+  // them (runtime/checkpoint/checkpoint.h): a flipped byte in the weights would otherwise give
+  // text and exit 0. The weights must be there; the tokenizer's files are checked where present;
+  // the optimizer's state and the Hugging Face config are not read here.
+  const json files = state.value("files", json::object());
+  for (const auto& [file, crc] : files.items()) {
+    if (file.rfind("optimizer", 0) == 0 || file == "config.json" || !crc.is_number_unsigned()) continue;
+    const fs::path path = dir / file;
+    if (!fs::exists(path)) {
+      if (file != "model.safetensors") continue;
+      throw DataError(command + ": " + out.dir + ": " + file + " is missing");
+    }
+    const uint32_t got = crc32_file(path.string());
+    if (got != crc.get<uint32_t>()) {
+      throw DataError(command + ": " + out.dir + ": " + file + " is corrupt (CRC-32 " + std::to_string(got) + ", recorded " +
+                      std::to_string(crc.get<uint32_t>()) + ")");
+    }
+  }
   out.step = state.value("step", int64_t{0});
   out.config = model_config(dir, state, command);
   const GPTConfig& cfg = out.config;

@@ -136,6 +136,16 @@ expect_refused 2 "with 2 ranks give --tp 2" sample --checkpoint ck
 refuse 2 "the tokenizer's 257 ids do not fit the model's vocabulary of 200" --checkpoint small
 mkdir -p broken && cp ck/step_00000150/trainer_state.json broken/ && head -c 1000 ck/step_00000150/model.safetensors >broken/model.safetensors
 refuse 3 "model.safetensors" --checkpoint broken
+# A flipped byte in well-formed weights: the CRC-32 recorded at save finds it (kiln sample gave text
+# and exit 0 before it checked, as eval and resume do).
+cp -r ck/step_00000150 flipped
+python3 - flipped/model.safetensors <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read()); b[-100] ^= 0x01
+open(p, "wb").write(b)
+PY
+refuse 3 "model.safetensors is corrupt \(CRC-32" --checkpoint flipped
 long=$(python3 -c "print('the quick brown fox ' * 10)")
 "$KILN_BIN" sample --checkpoint ck --prompt "$long" --temperature 0 --max-new-tokens 5 >long.out 2>long.err ||
   { cat long.err; fail "a prompt longer than the context"; }
