@@ -77,6 +77,17 @@ const std::map<std::string, std::string>& tuning_keys() {
       {"dump_state", "kiln prints its config record"},
       {"checkpoint", "kiln's checkpoints are its own (--save-dir)"},
       {"dataloader_drop_last", "kiln's loader reads fixed windows"},
+      // DeepSpeed's own sections that change nothing kiln computes.
+      {"aio", "DeepSpeed's asynchronous I/O serves NVMe offload; kiln offloads to host memory only"},
+      {"autotuning", "kiln plan --search chooses a layout (docs/plan.md)"},
+      {"nebula", "kiln's checkpoints are its own (--save-dir)"},
+      {"compile", "kiln runs its own model code, not torch.compile"},
+      {"timers", "kiln's step records always carry the phase times"},
+      {"disable_allgather", "kiln schedules its communication itself"},
+      {"graph_harvesting", "kiln does not capture CUDA graphs"},
+      {"sparse_gradients", "kiln reduces the embedding's gradient densely (the same result)"},
+      {"hybrid_engine", "DeepSpeed's RLHF generation engine; kiln trains only"},
+      {"seq_parallel_communication_data_type", "kiln's sequence parallelism communicates in the compute dtype"},
   };
   return keys;
 }
@@ -116,6 +127,12 @@ const std::map<std::string, std::string>& refused_sections() {
       {"pipeline", "use kiln's --pp (1F1B)"},
       {"moe", "kiln's GPT has no experts yet"},
       {"sequence_parallel_size", "kiln has no sequence parallelism yet"},
+      {"eigenvalue", "kiln does not estimate the Hessian's eigenvalues"},
+      {"progressive_layer_drop", "kiln runs every layer at every step"},
+      {"quantize_training", "kiln trains unquantized"},
+      {"weight_quantization", "kiln trains unquantized"},
+      {"torch_autocast", "use fp16 or bf16 (kiln's own autocast)"},
+      {"use_data_before_expert_parallelism", "kiln's ep ranks read their own data-parallel samples"},
       {"zero_optimization.offload_optimizer.nvme_path", "kiln offloads to host memory only"},
       {"zero_optimization.offload_param.nvme_path", "kiln offloads to host memory only"},
   };
@@ -198,6 +215,13 @@ class Reader {
     for (const auto& [k, v] : tuning_keys()) known.push_back(k);
     for (const auto& [k, v] : default_only_keys()) known.push_back(k);
     for (const auto& [k, v] : refused_sections()) known.push_back(k);
+    // A misspelt section ("zero_optimisation") is near the section's name, not its keys': every
+    // dotted prefix is a candidate too. DeepSpeed's own keys are all in the tables above, so a
+    // real DeepSpeed key is never "corrected" into another.
+    for (size_t i = 0, n = known.size(); i < n; ++i) {
+      for (size_t dot = known[i].find('.'); dot != std::string::npos; dot = known[i].find('.', dot + 1))
+        known.push_back(known[i].substr(0, dot));
+    }
     refuse(key, "not a key kiln knows" + did_you_mean(key, known) + "; remove it, or see the table of keys");
   }
 

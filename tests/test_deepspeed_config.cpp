@@ -3,6 +3,7 @@
 // and checked against the data-parallel ranks as DeepSpeed does; flags override the file, except
 // the layout flags, which contradict it; keys that change the numerics and unknown keys are refused
 // with one line naming them.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -177,6 +178,22 @@ TEST(DeepSpeed, SchedulesAndOptimizerDefaults) {
   EXPECT_EQ(c.zero, 1);
 }
 
+// DeepSpeed's own sections that change nothing kiln computes (a ZeRO-Infinity config's `aio`,
+// `autotuning`) are accepted with a notice naming them, never "corrected" into a kiln key
+// (issue 38, defect 8: `aio` got "did you mean 'amp'?").
+TEST(DeepSpeed, ItsOwnSectionsAreNamedNotCorrected) {
+  const TrainConfig c = parse({"--deepspeed", write_temp("aio.json", R"({"zero_optimization": {"stage": 1},
+      "aio": {"block_size": 1048576, "queue_depth": 8, "single_submit": false, "overlap_events": true},
+      "autotuning": {"enabled": true}, "timers": {"throughput": {"enabled": true}}})")});
+  EXPECT_EQ(c.zero, 1);
+  std::vector<std::string> said;
+  for (const auto& n : c.deepspeed_used.at("notices")) said.push_back(n.get<std::string>());
+  for (const char* key : {"aio: accepted;", "autotuning: accepted;", "timers: accepted;"}) {
+    EXPECT_TRUE(std::any_of(said.begin(), said.end(), [&](const std::string& n) { return contains(n, key); })) << key;
+  }
+  for (const auto& n : said) EXPECT_FALSE(contains(n, "did you mean")) << n;
+}
+
 TEST(DeepSpeed, RefusedWithOneLineNamingTheKey) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}})", "optimizer.type: 'Lamb' is not implemented"},
@@ -194,6 +211,12 @@ TEST(DeepSpeed, RefusedWithOneLineNamingTheKey) {
       {R"({"train_batch_size": "lots"})", "train_batch_size: must be a number"},
       {R"({"gradient_clippin": 1.0})", "gradient_clippin: not a key kiln knows"},
       {R"({"zero_optimization": {"stage": 2, "overlap_com": true}})", "zero_optimization.overlap_com: not a key kiln knows"},
+      // A misspelt section gets the section's name (issue 38, defect 8).
+      {R"({"zero_optimisation": {"stage": 2}})", "zero_optimisation: not a key kiln knows (did you mean 'zero_optimization'?)"},
+      {R"({"gradient_clippin": 1.0})", "(did you mean 'gradient_clipping'?)"},
+      // DeepSpeed's own sections that change the training are refused by name, never "corrected".
+      {R"({"progressive_layer_drop": {"enabled": true, "theta": 0.5}})", "progressive_layer_drop: not implemented"},
+      {R"({"eigenvalue": {"enabled": true}})", "eigenvalue: not implemented"},
       {R"([1, 2])", "must be a JSON object"},
       {R"({"fp16": )", "malformed JSON"},
   };
