@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "distributed/error.h"
 
@@ -35,6 +36,32 @@ std::vector<std::string> expand_glob(const std::string& pattern, const std::stri
   return paths;
 }
 
+// A pattern for the files in `dir` that `flag` takes: kiln prep's --input reads text, so the
+// commonest extension there ('corpus/*.txt'); --data and --val-data read shards, kiln prep's
+// train_* or val_* where the directory holds them.
+std::string pattern_for(const std::string& dir, const std::string& flag) {
+  std::map<std::string, int> extensions;
+  bool train = false, val = false;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (!entry.is_regular_file(ec)) continue;
+    const std::string name = entry.path().filename().string();
+    ++extensions[entry.path().extension().string()];
+    train |= name.rfind("train_", 0) == 0 && entry.path().extension() == ".bin";
+    val |= name.rfind("val_", 0) == 0 && entry.path().extension() == ".bin";
+  }
+  if (flag == "--input") {
+    std::string ext = ".txt";
+    int most = 0;
+    for (const auto& [e, n] : extensions) {
+      if (!e.empty() && n > most) most = n, ext = e;
+    }
+    return dir + "/*" + ext;
+  }
+  if (flag == "--val-data") return dir + (val || !extensions.count(".bin") ? "/val_*.bin" : "/*.bin");
+  return dir + (train || !extensions.count(".bin") ? "/train_*.bin" : "/*.bin");
+}
+
 }  // namespace
 
 std::vector<std::string> expand_paths(const std::vector<std::string>& patterns, const std::string& flag) {
@@ -47,8 +74,8 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& patterns, 
         if (std::filesystem::is_directory(path, ec)) {
           std::string dir = path;
           while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-          throw DataError(flag + " " + path + " is a directory; pass the files in it, e.g. " + flag + " '" + dir +
-                          "/train_*.bin' (quoted, so the shell leaves the pattern to kiln)");
+          throw DataError(flag + " " + path + " is a directory; pass the files in it, e.g. " + flag + " '" +
+                          pattern_for(dir, flag) + "' (quoted, so the shell leaves the pattern to kiln)");
         }
         out.push_back(path);
       }

@@ -12,7 +12,8 @@
 namespace kiln {
 
 // The files `patterns` name. Throws DataError naming the flag for a pattern that matches nothing,
-// and for a directory ("... is a directory; pass 'DIR/train_*.bin'", quoted).
+// and for a directory ("... is a directory; pass 'DIR/train_*.bin'", quoted: the pattern its
+// files suggest, 'DIR/*.txt' for kiln prep's --input).
 std::vector<std::string> expand_paths(const std::vector<std::string>& patterns, const std::string& flag);
 
 }  // namespace kiln

@@ -44,6 +44,11 @@ expect_fail "--tp 2 x --pp 1 needs 2 ranks: launch with mpirun -np 2" "${T[@]}" 
 expect_fail "--input: no file matches '$work/nothing\*.txt'" prep --input "$work/nothing*.txt" --out "$work/p"
 mkdir -p "$work/shards"
 expect_fail "--data $work/shards is a directory; pass the files in it, e.g. --data '$work/shards/train_\*.bin'" "${T[@]}" --data "$work/shards"
+# ... with the pattern the directory's files and the flag suggest: kiln prep reads text, not
+# shards (it suggested 'corpus/train_*.bin' as prep's input), and --val-data the val_ shards.
+mkdir -p "$work/corpus" && echo "a document" >"$work/corpus/a.md" && echo "another" >"$work/corpus/b.md"
+expect_fail "--input $work/corpus is a directory; pass the files in it, e.g. --input '$work/corpus/\*.md'" prep --input "$work/corpus" --out "$work/p"
+expect_fail "--val-data $work/shards is a directory; pass the files in it, e.g. --val-data '$work/shards/val_\*.bin'" "${T[@]}" --val-data "$work/shards"
 expect_fail "no file matches '$work/missing.bin'" "${T[@]}" --data "$work/missing.bin"
 # ... naming the flag it came from (a missing --val-data file was reported as --data's).
 expect_fail "--val-data: no file matches '$work/missing_val.bin'" "${T[@]}" --val-data "$work/missing_val.bin"
