@@ -54,10 +54,17 @@ DataTokenizer found_tokenizer(const std::string& flag, const std::vector<std::st
 }
 }  // namespace
 
-DataTokenizer tokenizer_for_data(const std::string& flag, const std::vector<std::string>& data, int64_t vocab_size) {
+DataTokenizer tokenizer_for_data(const std::string& flag, const std::vector<std::string>& data, int64_t vocab_size,
+                                 const std::string& init_from) {
   DataTokenizer t = found_tokenizer(flag, data);
   if (!t.tokenizer || t.tokenizer->vocab_size() <= vocab_size) return t;
   const std::string n = std::to_string(t.tokenizer->vocab_size()), v = std::to_string(vocab_size);
+  if (t.source != "default" && !init_from.empty()) {
+    // The vocabulary is the model's: no flag can widen it, so none is advised.
+    throw ConfigError("the tokenizer " + t.source + " has " + n + " ids, more than the " + v + " of the model --init-from " + init_from +
+                      " starts from (its vocab_size; --vocab-size cannot change it): this tokenizer does not fit that model; "
+                      "prepare the data with the model's own tokenizer (kiln prep --tokenizer), or train without --init-from");
+  }
   if (t.source != "default") {
     throw ConfigError("the tokenizer " + t.source + " has " + n + " ids: --vocab-size " + v + " cannot hold them (give --vocab-size " + n +
                       " or more)");

@@ -1,13 +1,19 @@
 // runtime/checkpoint/init_from.cpp -- --init-from: the model's shape from a GPT-2 config.json.
 #include "runtime/checkpoint/init_from.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
 #include "distributed/error.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/safetensors.h"
 
 namespace kiln {
 
@@ -149,6 +155,60 @@ GPTConfig from_kiln_state(const json& st, const std::string& where, double* drop
   return g;
 }
 
+std::string dims(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// The weights' own header against the shape the directory's config describes, before anything is
+// allocated: a hub download is untrusted, and a config.json that disagrees with its safetensors
+// (n_layer 100000 over a file of one block) was found out only after the whole model was built
+// (74 s and 20 GB; n_layer 1e9: the OOM killer). The header alone is read (safetensors.h checks
+// it as it reads it). Then the model's fp32 weights, which are built on the host before anything
+// moves to a device, must fit the host's memory (per tp x pp slice).
+void check_weights_header(const std::string& dir, const GPTConfig& g, const std::string& shape_file, int64_t slices,
+                          const std::string& where) {
+  const SafetensorsReader file(dir + "/model.safetensors");
+  int64_t blocks = 0;
+  const TensorSpec *wte = nullptr, *wpe = nullptr;
+  for (const auto& t : file.specs()) {
+    std::string n = t.name;
+    if (n.rfind("transformer.", 0) == 0) n = n.substr(std::string("transformer.").size());
+    if (n == "wte.weight") wte = &t;
+    if (n == "wpe.weight") wpe = &t;
+    if (n.rfind("h.", 0) != 0) continue;
+    int64_t index = 0;
+    size_t i = 2;
+    for (; i < n.size() && std::isdigit(static_cast<unsigned char>(n[i])) && index < (int64_t{1} << 40); ++i) index = 10 * index + (n[i] - '0');
+    if (i > 2 && i < n.size() && n[i] == '.') blocks = std::max(blocks, index + 1);
+  }
+  const std::string prefix = wte != nullptr && wte->name.rfind("transformer.", 0) == 0 ? "transformer." : "";
+  if (blocks != g.n_layer) {
+    throw ConfigError(where + ": " + shape_file + " says n_layer " + std::to_string(g.n_layer) + " but model.safetensors holds " +
+                      std::to_string(blocks) + " block(s) (" +
+                      (blocks > 0 ? prefix + "h.0 .. " + prefix + "h." + std::to_string(blocks - 1) : std::string("no h.N tensors")) +
+                      "): the two disagree, nothing was allocated");
+  }
+  const std::vector<int64_t> want_wte = {g.vocab_size, g.d_model}, want_wpe = {g.seq_len, g.d_model};
+  if (wte == nullptr) throw ConfigError(where + ": model.safetensors has no " + prefix + "wte.weight (the token embedding)");
+  if (wte->shape != want_wte) {
+    throw ConfigError(where + ": checkpoint tensor '" + wte->name + "' has shape " + dims(wte->shape) + ", this model expects " + dims(want_wte));
+  }
+  if (wpe != nullptr && wpe->shape != want_wpe) {
+    throw ConfigError(where + ": checkpoint tensor '" + wpe->name + "' has shape " + dims(wpe->shape) + ", this model expects " + dims(want_wpe));
+  }
+  // The shape now agrees with the file's tensors, so the count is bounded by the file's size.
+  const double bytes = 4.0 * static_cast<double>(g.num_params()) / static_cast<double>(std::max<int64_t>(1, slices));
+  const double host = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (host > 0 && bytes > host) {
+    char line[256];
+    std::snprintf(line, sizeof line, ": its %.3g parameters need %.1f GB of host memory to build in fp32%s; this host has %.1f GB",
+                  static_cast<double>(g.num_params()), bytes / 1e9, slices > 1 ? " (a tp x pp slice)" : "", host / 1e9);
+    throw ConfigError(where + line + " (shard it with --tp / --pp over more hosts)");
+  }
+}
+
 }  // namespace
 
 void apply_init_from(const std::map<std::string, json>& given, TrainConfig& config) {
@@ -158,13 +218,16 @@ void apply_init_from(const std::map<std::string, json>& given, TrainConfig& conf
   double dropout = 0.0;
   std::string dropout_note;
   GPTConfig file;
+  std::string shape_file = "config.json";
   if (fs::exists(fs::path(dir) / "config.json")) {
     file = from_hf_config(read_json(dir + "/config.json", where), where, &dropout, &dropout_note);
   } else if (fs::exists(fs::path(dir) / "trainer_state.json")) {
     file = from_kiln_state(read_json(dir + "/trainer_state.json", where), where, &dropout);
+    shape_file = "trainer_state.json";
   } else {
     throw ConfigError(where + ": no config.json there (the model's shape comes from it)");
   }
+  check_weights_header(dir, file, shape_file, int64_t{config.tp} * config.pp, where);
 
   // Settings given for the shape must be the file's. --model gives all of them (its preset).
   const GPTConfig& now = config.gpt;

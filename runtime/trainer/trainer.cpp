@@ -176,7 +176,8 @@ void Trainer::build_data() {
   // and what --sample-every decodes with.
   {
     DataTokenizer t =
-        tokenizer_for_data(cfg_.tokenizer, cfg_.data.empty() ? std::vector<std::string>{} : expand_paths(cfg_.data, "--data"), cfg_.gpt.vocab_size);
+        tokenizer_for_data(cfg_.tokenizer, cfg_.data.empty() ? std::vector<std::string>{} : expand_paths(cfg_.data, "--data"),
+                           cfg_.gpt.vocab_size, cfg_.init_from);
     r.tokenizer = std::move(t.tokenizer);
     r.tokenizer_source = t.source;
   }

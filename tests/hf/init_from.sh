@@ -145,6 +145,20 @@ refuse 1 2 "dropouts differ .* give --dropout P" --init-from drops
 edit_config wide "c['n_embd'] = 128"
 refuse 1 2 "--init-from wide: checkpoint tensor 'transformer.wte.weight' has shape \[300, 64\], this model expects \[300, 128\]" --init-from wide
 refuse 2 2 "--init-from wide: checkpoint tensor" --init-from wide --tp 2
+# A config.json that disagrees with its weights is found from the safetensors header, before the
+# model is built (n_layer 100000 over a file of 2 blocks took 74 s and 20 GB to be refused; 1e9
+# ended in the OOM killer): one line, at once. The limit on address space turns a regression into
+# a failed allocation here rather than the machine's OOM killer.
+edit_config deep "c['n_layer'] = 1000000000"
+(ulimit -v 12000000; refuse 1 2 "--init-from deep: config.json says n_layer 1000000000 but model.safetensors holds 2 block\(s\)" --init-from deep)
+edit_config vocab "c['vocab_size'] = 400"
+refuse 1 2 "--init-from vocab: checkpoint tensor 'transformer.wte.weight' has shape \[300, 64\], this model expects \[400, 64\]" --init-from vocab
+# A tokenizer with more ids than the model's vocabulary: one answer, that it does not fit the
+# model -- not "give --vocab-size 320 or more", which --init-from then refuses (issue 38, defect 7).
+mkdir -p bpe && "$py" "$here/make_tokenizer.py" bpe >/dev/null 2>bpe.err || { cat bpe.err; fail "make_tokenizer.py"; }
+refuse 1 2 "the tokenizer bpe/tok/tokenizer.json has 320 ids, more than the 300 of the model --init-from hf starts from .* does not fit that model" \
+  --init-from hf --tokenizer bpe/tok/tokenizer.json
+! grep -q -- "--vocab-size 320" err || { cat err; fail "advises --vocab-size, which --init-from refuses"; }
 mkdir -p nocfg && cp hf/model.safetensors nocfg/
 refuse 1 2 "--init-from nocfg: no config.json there" --init-from nocfg
 mkdir -p bin && cp hf/config.json bin/ && : >bin/pytorch_model.bin
