@@ -374,6 +374,8 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
   if (writer_ && hf_gpt2_compatible(cfg)) {
     write_synced(tmp + "/config.json", hf_gpt2_config(cfg, eot_).dump(2) + "\n");
     files["config.json"] = crc32_file(tmp + "/config.json");
+    write_synced(tmp + "/generation_config.json", hf_generation_config(cfg, eot_).dump(2) + "\n");
+    files["generation_config.json"] = crc32_file(tmp + "/generation_config.json");
   }
   if (writer_) {
     for (const auto& [file, text] : tokenizer_files_) {

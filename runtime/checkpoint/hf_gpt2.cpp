@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include "data/hf_tokenizer.h"
 #include "distributed/error.h"
 
 namespace kiln {
@@ -232,9 +233,20 @@ nlohmann::json hf_gpt2_config(const GPTConfig& cfg, int64_t eot) {
       {"use_cache", true},
       {"bos_token_id", eos},
       {"eos_token_id", eos},
+      // transformers' text-generation pipeline puts config.prefix before the prompt: the context
+      // kiln sample gives the model (end-of-text, then the prompt), so the two continue alike.
+      {"prefix", eot >= 0 ? nlohmann::json(kEotToken) : nlohmann::json(nullptr)},
       {"torch_dtype", "float32"},
       {"dtype", "float32"},
   };
+}
+
+nlohmann::json hf_generation_config(const GPTConfig& cfg, int64_t eot) {
+  const int64_t eos = eot >= 0 ? eot : cfg.vocab_size - 1;
+  // With a tokenizer, config.json's prefix puts end-of-text before the prompt (one token), and the
+  // pipeline adds the prefix's length to max_length: the context less one keeps the total within it.
+  return nlohmann::json{{"bos_token_id", eos}, {"eos_token_id", eos}, {"pad_token_id", eos},
+                        {"max_length", eot >= 0 ? cfg.seq_len - 1 : cfg.seq_len}};
 }
 
 }  // namespace kiln

@@ -93,5 +93,12 @@ bool hf_gpt2_compatible(const GPTConfig& cfg);
 // for GPT-2's vocabulary), torch_dtype / dtype float32. Throws ConfigError for a grouped-query
 // model (see hf_gpt2_compatible), which GPT2LMHeadModel cannot load.
 nlohmann::json hf_gpt2_config(const GPTConfig& cfg, int64_t eot = -1);
+// With a tokenizer (eot >= 0) config.json also has "prefix": "<|endoftext|>", which transformers'
+// text-generation pipeline puts before every prompt, as kiln sample does (null without one).
+
+// generation_config.json beside it: bos = eos = pad = the end-of-text id, and max_length the
+// context (less the prefix's one token with a tokenizer), so generate() and the pipeline stop
+// within the positions the model has (transformers' defaults ran past them: IndexError).
+nlohmann::json hf_generation_config(const GPTConfig& cfg, int64_t eot = -1);
 
 }  // namespace kiln

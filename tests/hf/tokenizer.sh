@@ -14,9 +14,10 @@
 # 3. transformers, unchanged: AutoTokenizer.from_pretrained(checkpoint) encodes as the library
 #    does; pipeline("text-generation", model=checkpoint) continues a prompt greedily, and its text
 #    is exactly the decoding of GPT2LMHeadModel's greedy ids (tests/hf/greedy_generate.py, the full
-#    forward each step) on the prompt's ids. kiln sample --temperature 0 on 1 rank and on tp 2
-#    gives transformers' greedy ids from the same context (end-of-text + the prompt), and decodes
-#    them to the same text; kiln eval on 1 rank and tp 2 agree within 1e-5 relative (tp splits
+#    forward each step) on end-of-text + the prompt's ids (config.json's prefix). kiln sample
+#    --temperature 0 on 1 rank and on tp 2 gives the same ids from the same context, and the
+#    pipeline's text; README's pipeline line with transformers' defaults stays within the
+#    context (generation_config.json); kiln eval on 1 rank and tp 2 agree within 1e-5 relative (tp splits
 #    each matmul's sum over two ranks: a few ulps, as tests/cli/eval.sh states).
 # 4. The byte-level default travels too: a synthetic run's checkpoint and a run on `kiln prep`'s
 #    byte-level shards carry the byte-level tokenizer.json; AutoTokenizer encodes UTF-8 text to its
@@ -112,19 +113,33 @@ ids = at.encode(prompt)
 def transformers_greedy(context, n):
     out = subprocess.run([sys.executable, greedy, ckpt, json.dumps(context), str(n), "320"], check=True, capture_output=True, text=True)
     return json.loads(out.stdout)["ids"]
-# The pipeline, unchanged: its greedy text is the decoding of the model's greedy ids.
+# The pipeline, unchanged: its greedy text is the decoding of the model's greedy ids from the
+# context kiln sample gives it, end-of-text then the prompt (config.json's prefix).
+assert cfg["prefix"] == "<|endoftext|>", cfg.get("prefix")
 gen = pipeline("text-generation", model=ckpt)
 got = gen(prompt, max_new_tokens=24, do_sample=False)[0]["generated_text"]
-want = prompt + at.decode(transformers_greedy(ids, 24))
+hf = transformers_greedy([0] + ids, 24)
+want = prompt + at.decode(hf)
 assert got == want, (got, want)
 print(f"pipeline: {got!r}")
-# kiln sample: transformers' greedy ids from end-of-text + the prompt, on 1 rank and on tp 2.
+# kiln sample: transformers' greedy ids from end-of-text + the prompt, on 1 rank and on tp 2;
+# its text is the pipeline's greedy text (README says so; issue 38, defect 4).
 s1, s2 = json.load(open("s1.json")), json.load(open("s2.json"))
 assert s1["prompt_ids"] == ids, (s1["prompt_ids"], ids)
-hf = transformers_greedy([0] + ids, 24)
 assert s1["ids"] == hf == s2["ids"], (s1["ids"], hf, s2["ids"])
 assert s1["text"] == at.decode(hf) == s2["text"], (s1["text"], at.decode(hf))
-print(f"kiln sample (1 rank, tp 2) = transformers' greedy ids: {prompt!r} + {s1['text']!r}")
+assert prompt + s1["text"] == got, (prompt + s1["text"], got)
+print(f"kiln sample (1 rank, tp 2) = transformers' greedy ids = the pipeline's text: {prompt!r} + {s1['text']!r}")
+# README's line as written, transformers' defaults (sampling, no length given): it stops within
+# the context (generation_config.json's max_length; the defaults ran past the 64 positions:
+# IndexError), and greedily to the last position.
+g = json.load(open(f"{ckpt}/generation_config.json"))
+assert g["max_length"] == 63 and g["eos_token_id"] == g["pad_token_id"] == g["bos_token_id"] == 0, g
+out = gen(prompt)[0]["generated_text"]
+assert isinstance(out, str) and out.startswith(prompt), out
+full = gen(prompt, do_sample=False, return_tensors=True)[0]["generated_token_ids"]
+assert full[0] == 0 and full[1:len(ids) + 1] == ids and len(full) <= 64, (full, ids)
+print(f"pipeline(prompt) with transformers' defaults: ran; greedy to {len(full)} ids (end-of-text first), within the context of 64")
 PY
 "$KILN_BIN" eval --checkpoint ck --log-json e1.jsonl >/dev/null
 mpi 2 "$KILN_BIN" eval --checkpoint ck --tp 2 --log-json e2.jsonl >/dev/null
@@ -156,6 +171,8 @@ text = "héllo wörld 日本 <tab>\t\n"
 assert at.encode(text) == list(text.encode("utf-8")), at.encode(text)
 assert at.decode(at.encode(text)) == text and at.eos_token_id == 256
 out = pipeline("text-generation", model=d)("kiln", max_new_tokens=4, do_sample=False)[0]["generated_text"]
+assert isinstance(out, str) and out.startswith("kiln"), out
+out = pipeline("text-generation", model=d)("kiln")[0]["generated_text"]  # README's line: within the 32 positions
 assert isinstance(out, str) and out.startswith("kiln"), out
 print(f"byte-level checkpoint: AutoTokenizer gives UTF-8 bytes; pipeline: {out!r}")
 PY
