@@ -52,6 +52,27 @@ TokenDataset TokenDataset::from_paths(const std::vector<std::string>& patterns,
   return TokenDataset(std::move(sources), seq_len, vocab_size);
 }
 
+std::vector<TokenDataset::SourceFingerprint> TokenDataset::fingerprints() const {
+  constexpr int64_t kWindow = 4096;
+  std::vector<SourceFingerprint> out;
+  std::vector<int64_t> tokens(kWindow);
+  for (const auto& src : sources_) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a, 64-bit
+    auto mix = [&h](uint64_t v) {
+      for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+    };
+    const int64_t n = src->size();
+    mix(static_cast<uint64_t>(n));
+    for (const int64_t start : {int64_t{0}, std::max<int64_t>(0, n / 2 - kWindow / 2), std::max<int64_t>(0, n - kWindow)}) {
+      const int64_t len = std::min(kWindow, n - start);
+      src->read(start, len, tokens.data());
+      for (int64_t i = 0; i < len; ++i) mix(static_cast<uint64_t>(tokens[static_cast<size_t>(i)]));
+    }
+    out.push_back({src->name(), n, h});
+  }
+  return out;
+}
+
 int64_t TokenDataset::num_tokens() const {
   int64_t total = 0;
   for (const auto& src : sources_) total += src->size();

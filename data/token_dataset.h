@@ -33,6 +33,16 @@ class TokenDataset {
   int64_t num_tokens() const;
   const std::vector<std::shared_ptr<const TokenSource>>& sources() const { return sources_; }
 
+  // What the sample order depends on, source by source: its token count and a fingerprint of
+  // its tokens (FNV-1a over the count and the first, middle and last 4096 tokens: cheap on any
+  // size, and it tells apart files that are not the same data). The names are not part of it, so
+  // the same file named another way (./shards/x.bin, an absolute path) has the same fingerprint.
+  struct SourceFingerprint {
+    std::string name;
+    int64_t tokens = 0;
+    uint64_t hash = 0;
+  };
+  std::vector<SourceFingerprint> fingerprints() const;
   // Writes sample i's inputs to x[0..T) and targets to y[0..T). Throws DataError naming the
   // source and the token's position if a token is outside [0, vocab_size).
   void sample(int64_t i, int64_t* x, int64_t* y) const;

@@ -133,7 +133,9 @@ struct ConfigChange {
 // (lr, min-lr, warmup, weight decay, clipping, AdamW's betas and eps) and the precision with its
 // loss scaler. Others are legitimate and only logged: more steps, another layout (dp, tp, pp,
 // ZeRO, offload, micro-batch and grad-accum at the same global batch), the device, logs,
-// checkpoints, timeouts. Paths of this run's own outputs are not compared.
+// checkpoints, timeouts. Paths of this run's own outputs are not compared. (The trainer then
+// compares the data's files by their token counts and fingerprints where the checkpoint recorded
+// them, and the "data" text change stops breaking the replay: runtime/trainer/trainer.cpp.)
 std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_dp, const TrainConfig& now, int now_dp);
 
 }  // namespace kiln

@@ -80,6 +80,29 @@ std::shared_ptr<const TokenDataset> training_data(const TrainConfig& cfg) {
       cfg.data, parse_token_format(cfg.data_format), cfg.gpt.seq_len, cfg.gpt.vocab_size));
 }
 
+// The training data as the sample order depends on it, saved with every checkpoint:
+// [{"file", "tokens", "fingerprint"}] per source, in the order read.
+json data_sources_record(const TokenDataset& data) {
+  json out = json::array();
+  for (const auto& f : data.fingerprints()) {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(f.hash));
+    out.push_back({{"file", f.name}, {"tokens", f.tokens}, {"fingerprint", hex}});
+  }
+  return out;
+}
+
+// A record without its file names (what is compared), and its one-line description.
+json without_names(const json& sources) {
+  json out = json::array();
+  for (const auto& s : sources) out.push_back({s.value("tokens", int64_t{0}), s.value("fingerprint", std::string())});
+  return out;
+}
+std::string describe_sources(const json& sources) {
+  int64_t tokens = 0;
+  for (const auto& s : sources) tokens += s.value("tokens", int64_t{0});
+  return std::to_string(sources.size()) + " file(s) of " + std::to_string(tokens) + " tokens";
+}
 
 }  // namespace
 
@@ -186,6 +209,7 @@ void Trainer::build_data() {
                                         : "--sample-every needs the data's tokenizer: no tokenizer.json beside the --data files (kiln prep writes one); give --tokenizer FILE");
   }
   r.train_data = training_data(cfg_);
+  r.data_sources = data_sources_record(*r.train_data);
   const BatchLayout layout{cfg_.micro_batch, cfg_.grad_accum, r.shape.dp, r.dp_rank};
   r.loader = std::make_unique<DataLoader>(r.train_data, cfg_.seed, /*shuffle=*/true, layout);
   if (!cfg_.val_data.empty()) {
@@ -355,6 +379,19 @@ void Trainer::load_checkpoint() {
     // trains on, or how, are refused unless asked for (every rank holds the checkpoint's record).
     const json& saved = resumed->run;
     r.config_changes = config_changes(saved.value("config", json::object()), saved.value("dp", r.shape.dp), cfg_, r.shape.dp);
+    // The data is compared by what the sample order depends on (each source's token count and
+    // fingerprint), not by the --data text: the same file named another way is the same data, a
+    // shard added under an unchanged glob is not. A checkpoint without the record: the text.
+    if (saved.contains("data_sources")) {
+      for (auto& c : r.config_changes) {
+        if (c.key == "data") c.breaks_replay = false;
+      }
+      const json& was = saved.at("data_sources");
+      if (without_names(was) != without_names(r.data_sources)) {
+        r.config_changes.push_back({"data files", describe_sources(was), describe_sources(r.data_sources) +
+                                    (was.size() == r.data_sources.size() ? " (other tokens)" : ""), true});
+      }
+    }
     std::string breaking;
     for (const auto& c : r.config_changes) {
       if (c.breaks_replay) breaking += (breaking.empty() ? "" : ", ") + c.key + " " + c.saved.dump() + " -> " + c.now.dump();

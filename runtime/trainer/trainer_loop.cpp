@@ -295,7 +295,7 @@ void Trainer::save_checkpoint(Loop& loop, int64_t step) {
   CheckpointIo io;
   const auto save_start = Clock::now();
   const std::string dir = r.checkpointer->save(
-      *r.state, r.progress, {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}}, &io);
+      *r.state, r.progress, {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}, {"data_sources", r.data_sources}}, &io);
   if (r.host_world) r.host_world->barrier();
   loop.last_save_s = std::chrono::duration<double>(Clock::now() - save_start).count();
   if (proc_.rank == 0) {

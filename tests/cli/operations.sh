@@ -11,6 +11,7 @@
 #   Resume guards: a changed seed, learning rate or global batch is refused with one line listing
 #     each change, unless --allow-config-change (then listed in the config record); more steps are
 #     fine and logged. A resume with another global batch reads on from the checkpoint's samples.
+#     The data is compared by its files' token counts and fingerprints, not by the --data text.
 #   Settings that do nothing get a warning: --eval-every without --val-data, --save-every without
 #     --save-dir, --warmup longer than --steps.
 source "$(dirname "$0")/common.sh"
@@ -139,6 +140,40 @@ for s in range(5, 9):
     assert a["tokens_seen"] == b["tokens_seen"] == (16 + 8 * (s - 4)) * 128, (s, a["tokens_seen"], b["tokens_seen"])
 print("resumed at batch 8 after 4 steps of batch 4: steps 5-8 read samples 16-47 (== a fresh batch-8 run's steps 3-6)")
 PY
+
+# ---- the guard compares the data, not the --data text (issue 38, defect 2): the same shard named
+# relatively or absolutely resumes (it was refused as a change of data); a shard added under an
+# unchanged glob (another sample order) is refused (it resumed silently), and so is another file
+# of the same size.
+python3 -c "import random; random.seed(1); w = ['alpha', 'beta', 'gamma', 'delta', 'kiln', 'fire']
+open('$work/corpus.txt', 'w').write(' '.join(random.choice(w) for _ in range(12000)))"
+"$KILN_BIN" prep --input "$work/corpus.txt" --out "$work/dd" --shard-tokens 20000 >/dev/null
+mkdir -p "$work/glob" && cp "$work/dd/train_000000.bin" "$work/dd/train_000001.bin" "$work/glob/"
+D=(train --device cpu --model tiny --micro-batch 2 --log-every 100 --steps 4)
+"$KILN_BIN" "${D[@]}" --data "$work/dd/train_000000.bin" --stop-at-step 2 --save-dir "$work/dn" >/dev/null
+(cd "$work" && "$KILN_BIN" "${D[@]}" --data ./dd/train_000000.bin --save-dir dn --log-json dn.jsonl >/dev/null) ||
+  fail "the same shard named ./dd/train_000000.bin was refused"
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+c = json.loads(open(f"{d}/dn.jsonl").readline())["config_changes"]
+got = {x["key"]: x["breaks_replay"] for x in c}
+assert got == {"data": False}, c
+state = json.load(open(f"{d}/dn/step_00000004/trainer_state.json"))
+src = state["run"]["data_sources"]
+assert [s["tokens"] for s in src] == [20000] and len(src[0]["fingerprint"]) == 16, src
+print("the same shard under another name: resumed, the text change logged as not breaking the replay")
+PY
+"$KILN_BIN" "${D[@]}" --data "$work/glob/train_*.bin" --stop-at-step 2 --save-dir "$work/dg" >/dev/null
+cp "$work/dd/train_000002.bin" "$work/glob/"
+code=0; "$KILN_BIN" "${D[@]}" --data "$work/glob/train_*.bin" --save-dir "$work/dg" >/dev/null 2>"$work/err" || code=$?
+[ "$code" -eq 2 ] && [ "$(wc -l <"$work/err")" -eq 1 ] && grep -qF 'data files "2 file(s) of 40000 tokens" -> "3 file(s) of 60000 tokens"' "$work/err" ||
+  { cat "$work/err"; fail "a shard added under the same glob: exit $code"; }
+echo "refused: $(cat "$work/err")"
+code=0; "$KILN_BIN" "${D[@]}" --data "$work/dd/train_000001.bin" --save-dir "$work/dn" --steps 6 >/dev/null 2>"$work/err" || code=$?
+[ "$code" -eq 2 ] && grep -qF 'data files "1 file(s) of 20000 tokens" -> "1 file(s) of 20000 tokens (other tokens)"' "$work/err" ||
+  { cat "$work/err"; fail "another shard of the same size: exit $code"; }
+echo "refused: $(cat "$work/err")"
 
 # ---- settings that do nothing
 "$KILN_BIN" "${T[@]}" --steps 3 --warmup 5 --eval-every 2 --save-every 2 >"$work/out"
