@@ -82,6 +82,15 @@ TokenFile::TokenFile(const std::string& path, TokenFormat format) : path_(path) 
     if (file_bytes % 2 != 0)
       fail("size " + std::to_string(file_bytes) +
            " bytes is odd; a raw token file holds uint16 tokens");
+    // An llm.c shard read as raw would train on its header's 1024 bytes as 512 tokens: a file
+    // whose header is a whole, consistent shard header (magic, version, count = its size) is one.
+    if (file_bytes >= kHeaderBytes && header_int(base, 0) == kShardMagic) {
+      const int32_t version = header_int(base, 1);
+      const int64_t count = header_int(base, 2);
+      if ((version == 1 || version == 2) && count >= 0 && file_bytes == kHeaderBytes + count * (version == 1 ? 2 : 4))
+        fail("is an llm.c shard (magic " + std::to_string(kShardMagic) + ", version " + std::to_string(version) + ", " +
+             std::to_string(count) + " tokens), not a raw token file: leave out --data-format raw");
+    }
     tokens_ = base;
     bytes_per_token_ = 2;
     n_tokens_ = file_bytes / 2;

@@ -139,6 +139,15 @@ TEST_F(DataTest, RawUint16File) {
   EXPECT_EQ(read_all(file), (Tokens{1, 513, 65535, 0}));
 }
 
+// An llm.c shard named with --data-format raw is refused: read as raw it trained on its header's
+// 1024 bytes as 512 tokens (issue 38).
+TEST_F(DataTest, RawFormatRefusesAnLlmcShard) {
+  write_token_shard(path("shard.bin"), iota_tokens(10, 0));
+  expect_data_error([&] { TokenFile f(path("shard.bin"), TokenFormat::Raw); },
+                    {path("shard.bin"), "is an llm.c shard (magic 20240520, version 1, 10 tokens)", "leave out --data-format raw"});
+  EXPECT_EQ(TokenFile(path("shard.bin"), TokenFormat::Auto).size(), 10);
+}
+
 TEST_F(DataTest, MalformedFilesNameThePathAndTheReason) {
   Bytes raw;  // a raw uint16 file of token 1234, whose first int32 is not the magic
   for (int i = 0; i < 1024; ++i) put_le(raw, 1234, 2);
