@@ -136,6 +136,10 @@ void Trainer::print_start_lines() const {
   if (cfg_.warmup > cfg_.steps) {
     std::printf("kiln: warning: --warmup %lld is longer than --steps %lld: the learning rate never reaches --lr\n",
                 static_cast<long long>(cfg_.warmup), static_cast<long long>(cfg_.steps));
+  } else if (cfg_.warmup == cfg_.steps && cfg_.steps > 0) {
+    // The default --warmup 20 with --steps 20: said, as a longer one is.
+    std::printf("kiln: warning: --warmup %lld is all of --steps %lld: the whole run is warm-up (give --warmup below --steps)\n",
+                static_cast<long long>(cfg_.warmup), static_cast<long long>(cfg_.steps));
   }
   if (cfg_.max_wall_time > 0 && cfg_.save_dir.empty()) {
     std::printf("kiln: warning: --max-wall-time stops the run, but without --save-dir nothing is saved to resume from\n");

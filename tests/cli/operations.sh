@@ -13,7 +13,7 @@
 #     fine and logged. A resume with another global batch reads on from the checkpoint's samples.
 #     The data is compared by its files' token counts and fingerprints, not by the --data text.
 #   Settings that do nothing get a warning: --eval-every without --val-data, --save-every without
-#     --save-dir, --warmup longer than --steps.
+#     --save-dir, --warmup as long as --steps or longer.
 source "$(dirname "$0")/common.sh"
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100)
 
@@ -181,4 +181,7 @@ for want in "warning: --eval-every 2 does nothing without --val-data" "warning: 
             "warning: --warmup 5 is longer than --steps 3"; do
   grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "no '$want'"; }
 done
+# ... and a warm-up as long as the run (the default --warmup 20 with --steps 20 said nothing).
+"$KILN_BIN" "${T[@]}" --steps 3 --warmup 3 >"$work/out"
+grep -qF -- "warning: --warmup 3 is all of --steps 3: the whole run is warm-up" "$work/out" || { cat "$work/out"; fail "no warning for --warmup = --steps"; }
 echo "PASS"
