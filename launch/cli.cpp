@@ -322,15 +322,21 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
   cxxopts::Options opts("kiln eval", "Evaluate a checkpoint: validation loss and perplexity, on any layout.");
   opts.add_options()("h,help", "show this help")("checkpoint", "a checkpoint directory, or a save dir (its latest)",
                                                  cxxopts::value<std::string>());
+  // Every kiln train flag is accepted; --help shows those an evaluation is about (it listed all ~80).
+  static const std::set<std::string> shown = {"val-data", "data-format", "eval-batches", "micro-batch", "seed",
+                                              "device", "precision", "tp", "pp", "backend", "log-json", "comm-timeout"};
   for (const auto& f : train_flags()) {
-    if (f.kind == Kind::Bool) opts.add_options()(f.name, f.help, cxxopts::value<std::string>()->implicit_value("true"));
-    else opts.add_options()(f.name, f.help, cxxopts::value<std::string>());
+    const std::string group = shown.count(f.name) ? "" : "train";
+    if (f.kind == Kind::Bool) opts.add_options(group)(f.name, f.help, cxxopts::value<std::string>()->implicit_value("true"));
+    else opts.add_options(group)(f.name, f.help, cxxopts::value<std::string>());
   }
   auto result = parse_or_throw(opts, args, "eval", "lists are comma-separated; quote globs");
   TrainArgs out;
   if (result.count("help")) {
     out.help = true;
-    out.help_text = opts.help() + "\nEvery other setting is the checkpoint's own unless given; the flags are kiln train's.\n";
+    out.help_text = opts.help({""}) +
+                    "\nEvery other kiln train flag is accepted too (kiln train --help lists them); each setting is the\n"
+                    "checkpoint's own unless given.\n";
     return out;
   }
   if (!result.count("checkpoint")) throw ConfigError("kiln eval: give --checkpoint DIR (a checkpoint, or a save dir)");
@@ -384,8 +390,8 @@ PrepArgs parse_prep_args(const std::vector<std::string>& args) {
                         "Byte-level by default; a byte-level BPE (GPT-2's kind) with --tokenizer or --vocab/--merges.");
   opts.add_options()("h,help", "show this help")("out", "output directory", cxxopts::value<std::string>())(
       "input", "text files, comma-separated (one document each)", cxxopts::value<std::string>())(
-      "shard-tokens", "tokens per train shard", cxxopts::value<std::string>())(
-      "val-tokens", "tokens in the validation shard (val_000000.bin)", cxxopts::value<std::string>())(
+      "shard-tokens", "tokens per train shard (default 100000000, llm.c's)", cxxopts::value<std::string>())(
+      "val-tokens", "tokens in the validation shard val_000000.bin, the corpus's first (default 0: none)", cxxopts::value<std::string>())(
       "tokenizer", "a Hugging Face tokenizer.json (byte-level BPE with <|endoftext|>) to encode with", cxxopts::value<std::string>())(
       "vocab", "GPT-2-style vocab.json (with --merges), instead of --tokenizer", cxxopts::value<std::string>())(
       "merges", "GPT-2-style merges.txt (with --vocab)", cxxopts::value<std::string>());

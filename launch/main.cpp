@@ -106,6 +106,10 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
     std::printf("kiln prep: tokenizer %s (%lld ids, end-of-text %lld) in %s: a model needs --vocab-size %lld or more\n",
                 result.tokenizer.c_str(), static_cast<long long>(result.vocab_size), static_cast<long long>(result.eot),
                 result.tokenizer_file.c_str(), static_cast<long long>(result.vocab_size));
+    if (args.config.val_tokens == 0) {
+      std::printf("kiln prep: no validation shard (--val-tokens 0, the default): give --val-tokens N for val_000000.bin, "
+                  "which --val-data reads\n");
+    }
     return 0;
   }
   if (cmd == "plan") {

@@ -19,6 +19,10 @@ open('a.txt', 'w').write(' '.join(random.choice(words) for _ in range(60000)))"
 "$KILN_BIN" eval --checkpoint ck --log-json one.jsonl | tee one.out
 grep -Eq "^kiln eval: ck/step_00000020 \(step 20\), 4 micro-batches of 8 sequences" one.out || fail "eval header"
 grep -Eq "^eval +20 \| val loss [0-9.]+ \| ppl [0-9.]+ \| [0-9.]+ s$" one.out || fail "eval line"
+# --help shows the flags an evaluation is about, not kiln train's ~80 (all still accepted).
+"$KILN_BIN" eval --help >help.out
+grep -q -- "--val-data" help.out && grep -q -- "--eval-batches" help.out && ! grep -q -- "--lr-schedule" help.out &&
+  [ "$(wc -l <help.out)" -lt 40 ] || { cat help.out; fail "kiln eval --help"; }
 mpi 2 "$KILN_BIN" eval --checkpoint ck --tp 2 --log-json tp2.jsonl >/dev/null
 mpi 2 "$KILN_BIN" eval --checkpoint ck --pp 2 --log-json pp2.jsonl >/dev/null
 mpi 2 "$KILN_BIN" eval --checkpoint ck/step_00000020 --zero 3 --log-json z3.jsonl >/dev/null

@@ -18,6 +18,12 @@ grep -q "^kiln prep: .* tokens from 2 input file(s) into .* shard(s)$" "$work/pr
 ls "$work/shards"
 [ -f "$work/shards/val_000000.bin" ] || fail "no validation shard"
 [ -f "$work/shards/train_000001.bin" ] || fail "expected at least two train shards"
+! grep -q "no validation shard" "$work/prep.out" || fail "a validation shard was written, and prep said none"
+# Without --val-tokens no validation shard is written: said (it was silent), and --help shows the defaults.
+"$KILN_BIN" prep --input "$work/doc0.txt" --out "$work/noval" >"$work/noval.out"
+grep -q "^kiln prep: no validation shard (--val-tokens 0, the default)" "$work/noval.out" || { cat "$work/noval.out"; fail "no word on the missing validation shard"; }
+[ ! -e "$work/noval/val_000000.bin" ] || fail "a validation shard without --val-tokens"
+"$KILN_BIN" prep --help | grep -q "default 0: none" || fail "prep --help shows no default for --val-tokens"
 
 "$KILN_BIN" train --device cpu --steps 40 --eval-every 20 --eval-batches 2 \
   --data "$work/shards/train_*.bin" --val-data "$work/shards/val_000000.bin" --log-json "$work/p.jsonl" >"$work/p.out"
