@@ -9,7 +9,10 @@
 // when --save-dir is set, logs its summary with the reason, prints "interrupted at step N, saved
 // DIR/step_N" and exits with kExitStopped. A second SIGINT ends the process at once (its default
 // action is restored after the first). The recorded signal is the one process-wide fact here: a
-// signal is delivered to the process, not to an object.
+// signal is delivered to the process, not to an object. With `announce` (rank 0), the handler
+// says so at once, with write(2) (async-signal-safe): "kiln: SIGINT: stopping after this step and
+// saving (Ctrl-C again to abort)" -- the step and the save took 14 s on gpt2-124m on a CPU, in
+// silence -- and a second Ctrl-C says what it loses before the default action ends the process.
 //
 // --max-wall-time T stops the same way, before the step that would end past T seconds after the
 // run began: a step is not started when the elapsed time plus the longest step so far (plus the
@@ -31,7 +34,8 @@ class StopRequests {
  public:
   // Installs the handlers for `names` (INT, TERM, USR1, USR2, HUP; an empty list installs none).
   // Throws ConfigError for an unknown name.
-  explicit StopRequests(const std::vector<std::string>& names);
+  // `announce`: print a line at once when a stop is requested (rank 0; see above).
+  explicit StopRequests(const std::vector<std::string>& names, bool announce = false);
   ~StopRequests();  // the previous handlers back
   StopRequests(const StopRequests&) = delete;
   StopRequests& operator=(const StopRequests&) = delete;

@@ -185,7 +185,7 @@ void Trainer::take_guards() {
   if (!cfg_.save_dir.empty()) {
     decide_on_rank0(r.host_world.get(), [&] { r.save_lock = std::make_unique<SaveDirLock>(cfg_.save_dir); });
   }
-  r.stop = std::make_unique<StopRequests>(cfg_.stop_signals);  // runtime/trainer/stop_requests.h
+  r.stop = std::make_unique<StopRequests>(cfg_.stop_signals, proc_.rank == 0);  // runtime/trainer/stop_requests.h
   // The job's distinct devices and the energy summed over them, over a communicator of their
   // own: the mesh's (host_world too, under the MPI backend) are counted in comm_bytes.
   if (r.mesh) r.metrics_world = make_mpi_communicator(MPI_COMM_WORLD, "metrics", r.watchdog);

@@ -29,6 +29,8 @@ n=$(grep '"type":"step"' "$work/sig.jsonl" | tail -n 1 | python3 -c 'import json
 grep -q "^kiln: interrupted at step $n (SIGTERM), saved $work/sig/step_$(printf %08d "$n")$" "$work/sig.out" ||
   { cat "$work/sig.out"; fail "no 'interrupted at step $n' line"; }
 [ "$(cat "$work/sig/latest")" = "step_$(printf %08d "$n")" ] || fail "latest is not step $n"
+# ... said the moment the signal came (the step and the save ran in silence before).
+grep -q "^kiln: SIGTERM: stopping after this step and saving" "$work/sig.out" || { cat "$work/sig.out"; fail "no word at the signal"; }
 "$KILN_BIN" "${T[@]}" --steps 40 --save-dir "$work/sig" --log-json "$work/sig.jsonl" >"$work/resumed.out"
 # The resumed invocation's summary names its own steps (it once added the checkpoint's updates:
 # "steps 31-90 (60 updates)" for a run resumed at 30 to 60).
@@ -53,12 +55,15 @@ print(f"SIGTERM after step {n}: saved, exit 75; the resume replayed steps {n + 1
 PY
 
 # ---- a second SIGINT ends the process at once (steps of about half a second here)
-"$KILN_BIN" train --device cpu --model tiny --micro-batch 64 --steps 200 --log-json "$work/int.jsonl" >/dev/null 2>&1 &
+"$KILN_BIN" train --device cpu --model tiny --micro-batch 64 --steps 200 --log-json "$work/int.jsonl" >/dev/null 2>"$work/int.err" &
 pid=$!
 wait_steps "$work/int.jsonl" 1
 kill -INT "$pid"; sleep 0.1; kill -INT "$pid"
 code=0; wait "$pid" || code=$?
 [ "$code" -eq 130 ] || fail "two SIGINTs: exit $code (want 130, killed by the second)"
+grep -q "^kiln: SIGINT: stopping after this step .*(Ctrl-C again to abort)" "$work/int.err" &&
+  grep -q "^kiln: second Ctrl-C: aborted; the step under way and any save in flight are lost" "$work/int.err" ||
+  { cat "$work/int.err"; fail "the two Ctrl-Cs were not announced"; }
 echo "a second SIGINT ended the process at once"
 
 # ---- --max-wall-time: stop and save before the limit
