@@ -162,8 +162,9 @@ void TrainConfig::validate_state() const {
   }
 }
 
-nlohmann::json TrainConfig::to_json() const {
-  nlohmann::json j;
+// The config record in three parts (the model; the data and the optimizer; the layout, precision
+// and the run's own settings). JSON objects keep their keys sorted: the record is the same.
+void TrainConfig::put_model(nlohmann::json& j) const {
   j["model"] = model;
   j["n_layer"] = gpt.n_layer;
   j["n_head"] = gpt.n_head;
@@ -181,6 +182,9 @@ nlohmann::json TrainConfig::to_json() const {
     j["moe_aux_loss_coef"] = gpt.moe_aux_loss_coef;
     j["moe_z_loss_coef"] = gpt.moe_z_loss_coef;
   }
+}
+
+void TrainConfig::put_data_and_optimizer(nlohmann::json& j) const {
   j["data"] = data;
   j["data_format"] = data_format;
   j["val_data"] = val_data;
@@ -204,6 +208,9 @@ nlohmann::json TrainConfig::to_json() const {
   j["beta1"] = beta1;
   j["beta2"] = beta2;
   j["adam_eps"] = adam_eps;
+}
+
+void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["seed"] = seed;
   j["device"] = device;
   j["backend"] = backend;
@@ -248,6 +255,13 @@ nlohmann::json TrainConfig::to_json() const {
   j["profile_start"] = profile_start;
   j["profile_steps"] = profile_steps;
   if (!deepspeed.empty()) j["deepspeed"] = deepspeed_used;
+}
+
+nlohmann::json TrainConfig::to_json() const {
+  nlohmann::json j;
+  put_model(j);
+  put_data_and_optimizer(j);
+  put_layout_and_run(j);
   return j;
 }
 

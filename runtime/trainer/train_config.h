@@ -112,6 +112,10 @@ struct TrainConfig {
   nlohmann::json to_json() const;
 
  private:
+  // to_json()'s parts.
+  void put_model(nlohmann::json& j) const;
+  void put_data_and_optimizer(nlohmann::json& j) const;
+  void put_layout_and_run(nlohmann::json& j) const;
   // validate()'s parts, in its order.
   void validate_run() const;
   void validate_comm_and_precision() const;
