@@ -158,8 +158,9 @@ PY
 # The checker: every exact row equal (parameters, FLOPs, tokens, model-state bytes, comm_bytes,
 # ZeRO's padded count).
 check_compare() {  # check_compare LOG
-  "$KILN_BIN" plan --compare "$1" >"$1.txt"
+  "$KILN_BIN" plan --compare "$1" >"$1.txt" & local text=$!  # the text and the JSON side by side: each is mostly LibTorch's start-up
   "$KILN_BIN" plan --compare "$1" --json >"$1.cmp.json"
+  wait "$text" || fail "kiln plan --compare $1 (the text) exited non-zero"
   python3 - "$1" <<'PY'
 import json, sys
 log = sys.argv[1]
@@ -326,8 +327,9 @@ PY
 # so rows / estimate is at most (1 + 1.25) / 2.
 echo "--compare, expert parallel:"
 check_compare_ep() {  # check_compare_ep LOG NON_EP MOE_LAYERS_ON_RANK_0 NORM_BYTES
-  "$KILN_BIN" plan --compare "$1" >"$1.txt"
+  "$KILN_BIN" plan --compare "$1" >"$1.txt" & local text=$!  # the text and the JSON side by side: each is mostly LibTorch's start-up
   "$KILN_BIN" plan --compare "$1" --json >"$1.cmp.json"
+  wait "$text" || fail "kiln plan --compare $1 (the text) exited non-zero"
   python3 - "$1" "$2" "$3" "$4" <<'PY'
 import json, sys
 log, non_ep, layers, norm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
