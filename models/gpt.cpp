@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 
 #include "distributed/error.h"
 #include "models/linear_cross_entropy.h"
@@ -24,6 +25,9 @@ LayerNormImpl::LayerNormImpl(int64_t d, double eps_, const at::TensorOptions& op
 }
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& x) const {
+  if (fp32_under_autocast && at::autocast::is_autocast_enabled(x.device().type())) {
+    return at::layer_norm(x.to(at::kFloat), {weight.size(0)}, weight.to(at::kFloat), bias.to(at::kFloat), eps);
+  }
   return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
 }
 
@@ -109,6 +113,10 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
   auto a = attn->forward(ln_1->forward(x));
   auto y = x + (drop ? residual_dropout(a, dropout_, *ops_) : a);
   auto m = moe ? moe->forward(ln_2->forward(y)) : mlp->forward(ln_2->forward(y));
+  // The MoE layer answers in its input's dtype: on CUDA, autocast's layer_norm makes that fp32,
+  // and y + m promoted the 16-bit residual stream to fp32 for every later block (with pp the
+  // stages' exchange then refused it). The residual keeps its dtype, as the dense MLP's does.
+  if (moe) m = m.to(y.scalar_type());
   return y + (drop ? residual_dropout(m, dropout_, *ops_) : m);
 }
 

@@ -141,6 +141,9 @@ class LayerNormImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight, bias;
   double eps;
+  // Tests only: under autocast, compute in fp32 and return fp32, as CUDA's autocast runs
+  // layer_norm (the CPU's keeps the input dtype), so a CPU test sees the dtypes a GPU run sees.
+  bool fp32_under_autocast = false;
 };
 
 // The attention core: causal softmax(q k^T / sqrt(h)) v, dropout p on the probabilities, by

@@ -18,6 +18,7 @@
 #include "distributed/error.h"
 #include "models/gpt.h"
 #include "models/moe.h"
+#include "optim/precision.h"
 #include "parallel/activation_checkpoint.h"
 
 namespace {
@@ -367,6 +368,26 @@ TEST(MoEGPT, FullCheckpointingGivesTheSameGradientsAndCountsOnce) {
 }
 
 // A split sequence is refused where the model is built (TrainConfig refuses the flags first).
+// An MoE block keeps the residual stream's dtype when its normed input is fp32 -- as CUDA's
+// autocast runs layer_norm (LayerNormImpl::fp32_under_autocast emulates it on the CPU, whose
+// autocast keeps 16 bits). The block once returned fp32 there: every later block ran an fp32
+// residual, and with pp the stages' exchange refused the first step (issue 34, defect 1). The
+// dense block, whose MLP answers in autocast's dtype, is the control.
+TEST(MoEGPT, BlockKeepsTheResidualDtypeWhenItsNormIsFp32) {
+  const kiln::GPTConfig cfg = small_moe(2);  // block 0 MoE, block 1 dense
+  for (int64_t index : {0, 1}) {
+    kiln::BlockImpl block(cfg, at::TensorOptions().dtype(at::kBFloat16), {}, index);
+    ASSERT_EQ(block.moe != nullptr, index == 0);
+    block.ln_1->fp32_under_autocast = block.ln_2->fp32_under_autocast = true;
+    at::manual_seed(5);
+    const at::Tensor x = at::randn({2, cfg.seq_len, cfg.d_model}).to(at::kBFloat16);
+    kiln::AutocastScope autocast(kiln::Precision::BF16, at::kCPU);
+    at::NoGradGuard no_grad;
+    EXPECT_EQ(block.ln_2->forward(x).scalar_type(), at::kFloat) << "the emulation: layer_norm in fp32";
+    EXPECT_EQ(block.forward(x).scalar_type(), at::kBFloat16) << (index == 0 ? "the MoE block" : "the dense block");
+  }
+}
+
 TEST(MoEGPT, SplitSequenceRefused) {
   kiln::ModelShard shard;
   auto ops = std::make_shared<kiln::LayerOps>();
