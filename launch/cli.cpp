@@ -13,6 +13,7 @@
 #include <cxxopts.hpp>
 
 #include "distributed/error.h"
+#include "distributed/suggest.h"
 #include "launch/deepspeed_config.h"
 #include "launch/flags.h"
 #include "runtime/checkpoint/checkpoint.h"
@@ -280,7 +281,16 @@ TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size)
     const json file = read_config_file(path);
     for (const auto& [key, v] : file.items()) {
       auto it = by_name.find(normalise_key(key));
-      if (it == by_name.end()) throw ConfigError("--config " + path + ": unknown key '" + key + "'");
+      if (it == by_name.end()) {
+        // A near-miss gets the suggestion a flag gets, spelt as the file spells its keys.
+        std::vector<std::string> names;
+        for (const auto& f : train_flags()) {
+          std::string n = f.name;
+          if (key.find('_') != std::string::npos) std::replace(n.begin(), n.end(), '-', '_');
+          names.push_back(n);
+        }
+        throw ConfigError("--config " + path + ": unknown key '" + key + "'" + did_you_mean(key, names));
+      }
       values[it->first] = typed_from_json(*it->second, v, "--config " + path);
     }
   }

@@ -59,6 +59,9 @@ expect_fail "oov.bin: token 600 .*outside the vocabulary" "${T[@]}" --data "$wor
 expect_fail "--n-head 5 does not divide --d-model 128" "${T[@]}" --n-head 5
 expect_fail "--n-kv-head 3 does not divide --n-head 4" "${T[@]}" --n-kv-head 3
 expect_fail "malformed JSON" "${T[@]}" --config "$work/bad.json"
+# A --config key's typo gets the suggestion a flag's gets (it got none).
+echo '{"micro_batc": 2}' >"$work/typo.json"
+expect_fail "--config $work/typo.json: unknown key 'micro_batc' \(did you mean 'micro_batch'\?\)" "${T[@]}" --config "$work/typo.json"
 expect_fail "--micro-batch: 'x' is not an integer" "${T[@]}" --micro-batch x
 expect_fail "fewer than seq_len\+1" "${T[@]}" --data "$work/oov.bin" --seq-len 8192
 expect_fail "--log-json .*cannot open" "${T[@]}" --log-json /nonexistent-dir/run.jsonl
