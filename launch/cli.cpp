@@ -72,7 +72,7 @@ const std::vector<Flag>& train_flags() {
       {"tokenizer", Kind::String, "the data's tokenizer.json, saved with every checkpoint (default: the tokenizer.json kiln prep "
        "wrote beside the --data files; byte-level for synthetic data)", field(&TrainConfig::tokenizer)},
       {"eval-every", Kind::Int, "steps between evaluations (0: after the last step only)", field(&TrainConfig::eval_every)},
-      {"eval-batches", Kind::Int, "micro-batches per evaluation", field(&TrainConfig::eval_batches)},
+      {"eval-batches", Kind::Int, "micro-batches per evaluation (0: the validation set once, its whole micro-batches)", field(&TrainConfig::eval_batches)},
       {"sample-every", Kind::Int, "steps between printed samples, as llm.c's (64 tokens from end-of-text, temperature 1, "
        "seeded by --seed and the step; 0: none)", field(&TrainConfig::sample_every)},
       {"synthetic-tokens", Kind::Int, "tokens in the synthetic corpus", field(&TrainConfig::synthetic_tokens)},

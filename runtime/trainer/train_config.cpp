@@ -41,7 +41,7 @@ void TrainConfig::validate_run() const {
   at_least("grad-accum", grad_accum, int64_t{1});
   at_least("steps", steps, int64_t{0});
   at_least("eval-every", eval_every, int64_t{0});
-  at_least("eval-batches", eval_batches, int64_t{1});
+  at_least("eval-batches", eval_batches, int64_t{0});  // 0: the validation set once
   at_least("sample-every", sample_every, int64_t{0});
   if (sample_every > 0 && (pp > 1 || zero == 3)) {
     throw ConfigError("--sample-every needs the whole model on the ranks of one replica (tensor parallelism is fine): not with --pp " +

@@ -26,7 +26,7 @@ struct TrainConfig {
   std::vector<std::string> val_data;   // evaluation shards; empty = no evaluation
   std::string tokenizer;               // tokenizer.json of the data; empty = the one beside --data (data/tokenizer.h)
   int64_t eval_every = 0;              // steps between evaluations; 0 = only after the last step
-  int64_t eval_batches = 8;            // micro-batches per evaluation
+  int64_t eval_batches = 8;            // micro-batches per evaluation (0: the validation set once)
   int64_t sample_every = 0;            // steps between printed samples (llm.c's; runtime/inference/generate.h); 0 = none
   int64_t synthetic_tokens = 1 << 22;  // size of the synthetic corpus, tokens
 

@@ -216,6 +216,8 @@ void Trainer::build_data() {
     auto val = std::make_shared<TokenDataset>(TokenDataset::from_paths(
         cfg_.val_data, parse_token_format(cfg_.data_format), cfg_.gpt.seq_len, cfg_.gpt.vocab_size, "--val-data"));
     r.val_loader = std::make_unique<DataLoader>(val, cfg_.seed, /*shuffle=*/false, BatchLayout{cfg_.micro_batch, 1, 1, 0});
+    r.val_samples = val->num_samples();
+    r.eval_batches = cfg_.eval_batches > 0 ? cfg_.eval_batches : std::max<int64_t>(1, r.val_samples / cfg_.micro_batch);
   }
   r.tokens_per_step = layout.global_batch() * cfg_.gpt.seq_len;
 }
@@ -427,6 +429,17 @@ void Trainer::build_observers() {
   }
 }
 
+namespace {
+// How an evaluation's sequences cover the validation set: " (the set once: S samples)", or a
+// word when they repeat, which they did without one.
+std::string eval_coverage(int64_t read, int64_t samples) {
+  if (read > samples) {
+    return " -- more than the " + std::to_string(samples) + " samples of --val-data: samples repeat (--eval-batches 0 reads the set once)";
+  }
+  return " (" + std::to_string(read) + " of the " + std::to_string(samples) + " samples of --val-data)";
+}
+}  // namespace
+
 // Mean loss over the first eval_batches micro-batches of the validation data, in eval mode, in
 // the run's compute precision.
 double Trainer::evaluate(int64_t step) {
@@ -440,10 +453,10 @@ double Trainer::evaluate(int64_t step) {
     if (r.zero) r.zero->begin_forward_only();
     auto total = at::zeros({}, at::TensorOptions().device(device));
     if (r.pipe) {  // forward through the stages; the last one's sum reaches every stage
-      total = r.pipe->evaluate(static_cast<int>(cfg_.eval_batches), [&](int b) { return r.val_loader->get(b, 0); });
+      total = r.pipe->evaluate(static_cast<int>(r.eval_batches), [&](int b) { return r.val_loader->get(b, 0); });
       r.mesh->pp()->all_reduce(total, ReduceOp::Sum)->wait();
     }
-    for (int64_t b = 0; b < (r.pipe ? 0 : cfg_.eval_batches); ++b) {
+    for (int64_t b = 0; b < (r.pipe ? 0 : r.eval_batches); ++b) {
       auto batch = r.val_loader->get(b, 0);
       AutocastScope autocast(r.precision, device.type());
       total += r.model->loss(to_device(batch.inputs, device), to_device(batch.targets, device)).to(at::kFloat);
@@ -455,7 +468,7 @@ double Trainer::evaluate(int64_t step) {
     }
     if (r.zero) r.zero->end_forward_only();
     r.model->train();
-    mean = total.item<double>() / static_cast<double>(cfg_.eval_batches);
+    mean = total.item<double>() / static_cast<double>(r.eval_batches);
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   r.log.write({{"type", "eval"}, {"step", step}, {"val_loss", json_num(mean)}, {"perplexity", json_num(std::exp(mean))}, {"seconds", seconds}});
@@ -471,10 +484,10 @@ json Trainer::evaluate_checkpoint() {
   Run& r = *run_;
   if (!r.val_loader) throw ConfigError("kiln eval: no validation data (--val-data)");
   if (proc_.rank == 0) {
-    std::printf("kiln eval: %s (step %lld), %lld micro-batches of %lld sequences, %s on %s, %d rank(s) (dp %d tp %d pp %d)\n",
-                r.resumed_from.c_str(), static_cast<long long>(r.progress.step), static_cast<long long>(cfg_.eval_batches),
-                static_cast<long long>(cfg_.micro_batch), cfg_.precision.c_str(), r.dev.name.c_str(), proc_.world_size, r.shape.dp,
-                r.shape.tp, r.shape.pp);
+    std::printf("kiln eval: %s (step %lld), %lld micro-batches of %lld sequences%s, %s on %s, %d rank(s) (dp %d tp %d pp %d)\n",
+                r.resumed_from.c_str(), static_cast<long long>(r.progress.step), static_cast<long long>(r.eval_batches),
+                static_cast<long long>(cfg_.micro_batch), eval_coverage(r.eval_batches * cfg_.micro_batch, r.val_samples).c_str(),
+                cfg_.precision.c_str(), r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp);
     std::fflush(stdout);
   }
   const double loss = evaluate(r.progress.step);

@@ -141,6 +141,12 @@ void Trainer::print_start_lines() const {
     std::printf("kiln: warning: --warmup %lld is all of --steps %lld: the whole run is warm-up (give --warmup below --steps)\n",
                 static_cast<long long>(cfg_.warmup), static_cast<long long>(cfg_.steps));
   }
+  if (r.val_loader && r.eval_batches * cfg_.micro_batch > r.val_samples) {
+    std::printf("kiln: note: --eval-batches %lld x --micro-batch %lld = %lld sequences, more than the %lld samples of --val-data: "
+                "each evaluation repeats samples (--eval-batches 0 reads the set once)\n",
+                static_cast<long long>(r.eval_batches), static_cast<long long>(cfg_.micro_batch),
+                static_cast<long long>(r.eval_batches * cfg_.micro_batch), static_cast<long long>(r.val_samples));
+  }
   if (cfg_.max_wall_time > 0 && cfg_.save_dir.empty()) {
     std::printf("kiln: warning: --max-wall-time stops the run, but without --save-dir nothing is saved to resume from\n");
   }

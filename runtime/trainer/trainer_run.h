@@ -95,6 +95,8 @@ struct Trainer::Run {
   std::unique_ptr<SaveDirLock> save_lock;      // rank 0, with --save-dir: one job per save directory
   std::unique_ptr<StopRequests> stop;          // the signals that stop the run cleanly
   std::vector<ConfigChange> config_changes;    // a resumed run's settings that differ from its checkpoint's
+  int64_t val_samples = 0;                     // the validation set's samples (--val-data)
+  int64_t eval_batches = 0;                    // micro-batches per evaluation: --eval-batches, or the set once (0)
   nlohmann::json data_sources;                 // the training data's files, token counts, fingerprints (saved with checkpoints)
   std::unique_ptr<WholeModel> state;           // the whole model tensor by tensor, for checkpoints
   std::unique_ptr<Checkpointer> checkpointer;  // every rank, with --save-dir (rank 0 writes)

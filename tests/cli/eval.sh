@@ -19,6 +19,13 @@ open('a.txt', 'w').write(' '.join(random.choice(words) for _ in range(60000)))"
 "$KILN_BIN" eval --checkpoint ck --log-json one.jsonl | tee one.out
 grep -Eq "^kiln eval: ck/step_00000020 \(step 20\), 4 micro-batches of 8 sequences" one.out || fail "eval header"
 grep -Eq "^eval +20 \| val loss [0-9.]+ \| ppl [0-9.]+ \| [0-9.]+ s$" one.out || fail "eval line"
+grep -Fq "4 micro-batches of 8 sequences (32 of the 156 samples of --val-data)" one.out || fail "eval header: the set's coverage"
+# --eval-batches 0 reads the validation set once (its whole micro-batches); more than the set is
+# said to repeat samples (it did so silently).
+"$KILN_BIN" eval --checkpoint ck --eval-batches 0 >all.out
+grep -Fq "19 micro-batches of 8 sequences (152 of the 156 samples of --val-data)" all.out || { cat all.out; fail "--eval-batches 0"; }
+"$KILN_BIN" eval --checkpoint ck --eval-batches 20 >over.out
+grep -Fq "20 micro-batches of 8 sequences -- more than the 156 samples of --val-data: samples repeat" over.out || { cat over.out; fail "no word on repeated samples"; }
 # --help shows the flags an evaluation is about, not kiln train's ~80 (all still accepted).
 "$KILN_BIN" eval --help >help.out
 grep -q -- "--val-data" help.out && grep -q -- "--eval-batches" help.out && ! grep -q -- "--lr-schedule" help.out &&
