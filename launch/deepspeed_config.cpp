@@ -568,6 +568,16 @@ void finish_deepspeed(const DeepSpeedSettings& ds, const std::set<std::string>& 
   if (micro) config.micro_batch = *micro;
   if (accum) config.grad_accum = *accum;
 
+  // steps_per_print beyond the run (a template's 2000 on a 20-step run) left the console without
+  // a step line but the last: kiln keeps its own --log-every then, and says so.
+  std::vector<std::string> notices = ds.notices;
+  if (ds.from.count("log-every") && !flags_given.count("log-every") && config.steps > 0 && config.log_every > config.steps) {
+    const int64_t kiln_default = TrainConfig().log_every;
+    notices.push_back("steps_per_print " + std::to_string(config.log_every) + " is beyond --steps " + std::to_string(config.steps) +
+                      ": the console keeps kiln's --log-every " + std::to_string(kiln_default) + " (give --log-every N to choose)");
+    config.log_every = kiln_default;
+  }
+
   // The record: every "auto" key with the value used, the notices.
   const json used = config.to_json();
   json autos = json::object();
@@ -580,7 +590,7 @@ void finish_deepspeed(const DeepSpeedSettings& ds, const std::set<std::string>& 
     else autos[key] = setting;
   }
   config.deepspeed = ds.path;
-  config.deepspeed_used = {{"file", ds.path}, {"auto", autos}, {"notices", ds.notices}};
+  config.deepspeed_used = {{"file", ds.path}, {"auto", autos}, {"notices", notices}};
 }
 
 }  // namespace kiln

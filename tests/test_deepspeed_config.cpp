@@ -75,7 +75,10 @@ TEST(DeepSpeed, Zero2FixtureAsAccelerateFillsIt) {
   EXPECT_DOUBLE_EQ(c.grad_clip, TrainConfig().grad_clip);        // "auto": kiln's
   EXPECT_EQ(c.grad_accum, 1);
   EXPECT_EQ(c.micro_batch, TrainConfig().micro_batch);  // "auto": kiln's
-  EXPECT_EQ(c.log_every, 2000);                         // steps_per_print
+  // steps_per_print 2000 is beyond these 50 steps: kiln's own --log-every, said (issue 38); on a
+  // run as long as it, it is mapped.
+  EXPECT_EQ(c.log_every, TrainConfig().log_every);
+  EXPECT_EQ(parse({"--deepspeed", f, "--steps", "4000"}).log_every, 2000);
   EXPECT_EQ(c.activation_checkpointing, "none");
   // The record: every "auto" with the value used, and the notices.
   const auto& autos = c.deepspeed_used.at("auto");
@@ -85,6 +88,9 @@ TEST(DeepSpeed, Zero2FixtureAsAccelerateFillsIt) {
   EXPECT_EQ(autos.at("gradient_clipping"), c.grad_clip);
   bool noticed = false;
   for (const auto& n : c.deepspeed_used.at("notices")) noticed |= contains(n.get<std::string>(), "overlap_comm");
+  EXPECT_TRUE(noticed);
+  noticed = false;
+  for (const auto& n : c.deepspeed_used.at("notices")) noticed |= contains(n.get<std::string>(), "steps_per_print 2000 is beyond --steps 50");
   EXPECT_TRUE(noticed);
   EXPECT_EQ(c.to_json().at("deepspeed").at("file"), f);
 }

@@ -24,7 +24,11 @@ mpi 2 "$KILN_BIN" train "${common[@]}" --deepspeed "$fixtures/zero2_config_accel
 # The keys accepted without effect: one console line naming them (it was one line each, 7 on every
 # launch), each with its reason in the config record.
 [ "$(grep -c 'kiln: deepspeed: .* key(s) accepted that change nothing kiln does: .*zero_optimization.overlap_comm' ds2.out)" -eq 1 ] &&
-  [ "$(grep -c 'kiln: deepspeed:' ds2.out)" -eq 1 ] || { cat ds2.out; fail "the accepted keys are not one line"; }
+  [ "$(grep -c 'kiln: deepspeed: .*accepted' ds2.out)" -eq 1 ] || { cat ds2.out; fail "the accepted keys are not one line"; }
+# The fixture's steps_per_print 2000 is beyond these 12 steps: the console keeps kiln's own
+# --log-every (it printed no step line but the last), and says so.
+grep -q "kiln: deepspeed: steps_per_print 2000 is beyond --steps 12: the console keeps kiln's --log-every 1" ds2.out &&
+  [ "$(grep -c '^step ' ds2.out)" -eq 12 ] || { cat ds2.out; fail "steps_per_print beyond the run"; }
 python3 -c "
 import json
 n = json.loads(open('ds2.jsonl').readline())['config']['deepspeed']['notices']
