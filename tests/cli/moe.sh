@@ -217,7 +217,9 @@ assert last(moe) < 0.3 * moe[1]["loss"], (moe[1]["loss"], last(moe))
 assert last(moe) <= 1.05 * last(dense), (last(moe), last(dense))
 window = [moe[s] for s in range(61, 101)]
 mean_max = sum(r["moe_max_load"] for r in window) / len(window)
-assert mean_max < 1.8 and max(r["moe_max_load"] for r in window) < 2.5, mean_max
+# 1.7: the balance loss's coefficient zeroed (planted 2026-11-27) gave 1.80, which the old bound of
+# 1.8 caught by a hair; with it, 1.44 today and 1.57 when MoE came.
+assert mean_max < 1.7 and max(r["moe_max_load"] for r in window) < 2.5, mean_max
 assert min(r["moe_min_load"] for r in window) > 0.15, "an expert starved"
 print(f"training: loss {moe[1]['loss']:.3f} -> {last(moe):.3f} (dense {last(dense):.3f}); most chosen expert {mean_max:.2f}x the mean")
 
