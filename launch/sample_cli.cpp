@@ -74,7 +74,8 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
       ("device", "auto | cpu | cuda | cuda:N (default: auto)", cxxopts::value<std::string>())
       ("tp", "tensor-parallel ranks: mpirun -np N kiln sample --tp N (default: 1)", cxxopts::value<std::string>())
       ("no-kv-cache", "recompute the whole context for every token (the reference the cache is tested against)")
-      ("json", "print one JSON object (ids, text, figures) instead of the text");
+      ("num-samples", "samples of the prompt, with seeds seed, seed + 1, ... (default: 1)", cxxopts::value<std::string>())
+      ("json", "print one JSON object (ids, text, figures) per sample instead of the text");
   const cxxopts::ParseResult result = parse_or_throw(opts, args, "sample", "quote a prompt with spaces");
   SampleArgs out;
   if (result.count("help")) {
@@ -94,6 +95,8 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
   if (result.count("tp")) out.tp = number<int64_t>(result, "tp");
   out.gen.kv_cache = !result.count("no-kv-cache");
   out.json = result.count("json") > 0;
+  if (result.count("num-samples")) out.num_samples = number<int64_t>(result, "num-samples");
+  if (out.num_samples < 1) throw ConfigError("--num-samples " + std::to_string(out.num_samples) + ": must be 1 or more");
   out.gen.validate();
   if (out.tp < 1) throw ConfigError("--tp " + std::to_string(out.tp) + ": must be 1 or more");
   return out;
@@ -128,39 +131,47 @@ int run_sample(const SampleArgs& args, const ProcessInfo& proc) {
     std::fprintf(stderr, "kiln sample: the prompt is %zu tokens, the model's context %lld: it sees the last %lld\n", prompt.size(),
                  static_cast<long long>(mc.seq_len), static_cast<long long>(mc.seq_len));
   }
-  if (stream) {
-    std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
-    std::fflush(stdout);
-  }
-  const Generation g = generate(*loaded.model, prompt, gen, tp, [&](int64_t id) {
-    if (!stream) return;
-    const std::string piece = tokenizer->decode({id});
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-  });
-  if (!rank0) return 0;
-  const double tokens_per_s = g.seconds > 0 ? static_cast<double>(g.tokens.size()) / g.seconds : 0.0;
-  const char* why = g.stopped ? "end-of-text" : "--max-new-tokens";
-  if (args.json) {
-    const std::vector<int64_t> prompt_ids(prompt.begin() + 1, prompt.end());
-    const json rec{{"checkpoint", loaded.dir},
-                   {"step", loaded.step},
-                   {"prompt", valid_utf8(args.prompt)},
-                   {"prompt_ids", prompt_ids},
-                   {"ids", g.tokens},
-                   {"text", valid_utf8(tokenizer->decode(g.tokens))},
-                   {"stopped", g.stopped ? "eot" : "max_new_tokens"},
-                   {"positions", g.positions},
-                   {"window_moves", g.window_moves},
-                   {"kv_cache", gen.kv_cache},
-                   {"seconds", g.seconds},
-                   {"tokens_per_s", tokens_per_s}};
-    std::printf("%s\n", rec.dump().c_str());
-  } else {
-    std::printf("\n");
-    std::fprintf(stderr, "kiln sample: %s (step %lld): %zu tokens in %.3f s (%.1f tokens/s), stopped by %s; %s, tp %lld, kv cache %s\n",
-                 loaded.dir.c_str(), static_cast<long long>(loaded.step), g.tokens.size(), g.seconds, tokens_per_s, why,
-                 dev.name.c_str(), static_cast<long long>(args.tp), gen.kv_cache ? "on" : "off");
+  for (int64_t k = 0; k < args.num_samples; ++k) {
+    gen.seed = args.gen.seed + static_cast<uint64_t>(k);  // sample k: its own seed, the same on every rank
+    if (stream && args.num_samples > 1) {
+      std::printf("--- sample %lld/%lld (seed %llu)\n", static_cast<long long>(k + 1), static_cast<long long>(args.num_samples),
+                  static_cast<unsigned long long>(gen.seed));
+    }
+    if (stream) {
+      std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
+      std::fflush(stdout);
+    }
+    const Generation g = generate(*loaded.model, prompt, gen, tp, [&](int64_t id) {
+      if (!stream) return;
+      const std::string piece = tokenizer->decode({id});
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    });
+    if (!rank0) continue;
+    const double tokens_per_s = g.seconds > 0 ? static_cast<double>(g.tokens.size()) / g.seconds : 0.0;
+    const char* why = g.stopped ? "end-of-text" : "--max-new-tokens";
+    if (args.json) {
+      const std::vector<int64_t> prompt_ids(prompt.begin() + 1, prompt.end());
+      json rec{{"checkpoint", loaded.dir},
+                     {"step", loaded.step},
+                     {"prompt", valid_utf8(args.prompt)},
+                     {"prompt_ids", prompt_ids},
+                     {"ids", g.tokens},
+                     {"text", valid_utf8(tokenizer->decode(g.tokens))},
+                     {"stopped", g.stopped ? "eot" : "max_new_tokens"},
+                     {"positions", g.positions},
+                     {"window_moves", g.window_moves},
+                     {"kv_cache", gen.kv_cache},
+                     {"seconds", g.seconds},
+                     {"tokens_per_s", tokens_per_s}};
+      if (args.num_samples > 1) rec["sample"] = k + 1, rec["seed"] = gen.seed;
+      std::printf("%s\n", rec.dump().c_str());
+    } else {
+      std::printf("\n");
+      std::fprintf(stderr, "kiln sample: %s (step %lld): %zu tokens in %.3f s (%.1f tokens/s), stopped by %s; %s, tp %lld, kv cache %s\n",
+                   loaded.dir.c_str(), static_cast<long long>(loaded.step), g.tokens.size(), g.seconds, tokens_per_s, why,
+                   dev.name.c_str(), static_cast<long long>(args.tp), gen.kv_cache ? "on" : "off");
+    }
   }
   std::fflush(stdout);
   return 0;

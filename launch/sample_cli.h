@@ -30,7 +30,8 @@ struct SampleArgs {
   std::string prompt;          // text the sample continues ("" = from end-of-text alone)
   std::string device = "auto"; // auto | cpu | cuda | cuda:N
   int64_t tp = 1;              // tensor-parallel ranks (= the world under mpirun)
-  bool json = false;           // one JSON object on stdout instead of the text
+  bool json = false;           // one JSON object on stdout instead of the text (one per sample)
+  int64_t num_samples = 1;     // samples of the prompt, seeds seed, seed + 1, ... (nanoGPT's num_samples)
   GenerateConfig gen;          // sampling, max new tokens, seed, cache (stop token and candidates: the tokenizer's)
   bool help = false;
   std::string help_text;

@@ -73,6 +73,23 @@ cmp -s s5a.out s6.out && fail "seeds 5 and 6 gave the same text"
 "$KILN_BIN" sample --checkpoint ck --prompt "the" --seed 5 --top-k 3 --top-p 0.9 --temperature 0.8 --max-new-tokens 40 >/dev/null 2>&1 ||
   fail "top-k and top-p"
 echo "seeds: 5 twice -> $(head -c 50 s5a.out | tr '\n' ' ')...; 6 -> $(head -c 50 s6.out | tr '\n' ' ')..."
+# --num-samples N: samples k = 1..N with seeds seed + k - 1, each the text a single run with that
+# seed gives (nanoGPT's num_samples); one JSON object per sample, and headed blocks of text.
+"$KILN_BIN" sample --checkpoint ck --prompt "the" --seed 5 --max-new-tokens 60 --num-samples 3 --json >multi.json 2>/dev/null
+"$KILN_BIN" sample --checkpoint ck --prompt "the" --seed 5 --max-new-tokens 60 --num-samples 2 >multi.out 2>/dev/null
+python3 - <<'PY'
+import json
+m = [json.loads(l) for l in open("multi.json")]
+assert [(r["sample"], r["seed"]) for r in m] == [(1, 5), (2, 6), (3, 7)], [(r.get("sample"), r.get("seed")) for r in m]
+assert "the" + m[0]["text"] + "\n" == open("s5a.out").read(), (m[0]["text"], open("s5a.out").read())
+assert "the" + m[1]["text"] + "\n" == open("s6.out").read(), (m[1]["text"], open("s6.out").read())
+assert m[2]["text"] not in (m[0]["text"], m[1]["text"])
+text = open("multi.out").read()
+assert text == "--- sample 1/2 (seed 5)\n" + open("s5a.out").read() + "--- sample 2/2 (seed 6)\n" + open("s6.out").read(), text
+print("--num-samples 3: seeds 5, 6, 7; samples 1 and 2 are the single runs' texts with seeds 5 and 6")
+PY
+expect_refused_num() { "$KILN_BIN" sample --checkpoint ck --num-samples 0 >/dev/null 2>err && fail "--num-samples 0 accepted"; grep -q "num-samples 0: must be 1 or more" err || fail "--num-samples 0: $(cat err)"; }
+expect_refused_num
 
 # 4. Tensor parallelism: the model split over 2 ranks gives the 1-rank greedy ids; a checkpoint
 # trained with --tp 2 (consolidated) samples the same on 1 rank and on 2.
