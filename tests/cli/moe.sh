@@ -100,6 +100,34 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --off
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 1 --resume "$work/ref/step_00000005" --log-json "$work/to_ep2z1.jsonl" >/dev/null
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --resume "$work/ep2pp2/step_00000005" --log-json "$work/from_ep2pp2.jsonl" >/dev/null
 for pid in "${bg[@]}"; do wait "$pid" || fail "a background run"; done
+# ep 2 with a router that sends no token to rank 1's experts (rows 0-3 v, -v, w, -w: two of them
+# non-negative for any input; rows 4-7 zero): rank 1's experts run no rows. Its output was then
+# outside the autograd graph, rank 1 skipped the backward all-to-alls and rank 0 hung (issue 34,
+# defect 2; the timeouts below turn a regression into a failure in about a minute). Now the run
+# ends and equals one process, starved experts and all.
+python3 - "$work/ref/step_00000005" "$work/skew" <<'PY'
+import json, random, shutil, struct, sys, zlib
+src, dst = sys.argv[1], sys.argv[2]
+shutil.copytree(src, dst)
+data = bytearray(open(f"{dst}/model.safetensors", "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+random.seed(0)
+for name, t in json.loads(data[8:8 + n]).items():
+    if name.endswith("moe.router"):
+        E, d = t["shape"]
+        v, w = [random.gauss(0, 1) for _ in range(d)], [random.gauss(0, 1) for _ in range(d)]
+        rows = [v, [-a for a in v], w, [-a for a in w]] + [[0.0] * d] * (E - 4)
+        s, e = t["data_offsets"]
+        data[8 + n + s:8 + n + e] = struct.pack(f"<{E * d}f", *[x for r in rows for x in r])
+open(f"{dst}/model.safetensors", "wb").write(bytes(data))
+st = json.load(open(f"{dst}/trainer_state.json"))
+st["files"]["model.safetensors"] = zlib.crc32(bytes(data)) & 0xffffffff
+json.dump(st, open(f"{dst}/trainer_state.json", "w"))
+PY
+S=(train --device cpu --model tiny-moe --steps 3 --log-every 100 --micro-batch 2 --init-from "$work/skew")
+"$KILN_BIN" "${S[@]}" --grad-accum 4 --log-json "$work/skew1.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${S[@]}" --grad-accum 2 --ep 2 --comm-timeout 30 --comm-init-timeout 60 --log-json "$work/skew_ep2.jsonl" >/dev/null 2>"$work/skew.err" ||
+  { cat "$work/skew.err"; fail "ep 2 with rank 1's experts starved did not finish"; }
 [ ! -e "$work/ref/step_00000010/config.json" ] || fail "an MoE checkpoint has no GPT2LMHeadModel config.json"
 
 python3 - "$work" "$(dirname "$0")" <<'PY'
@@ -222,6 +250,13 @@ mean_max = sum(r["moe_max_load"] for r in window) / len(window)
 assert mean_max < 1.7 and max(r["moe_max_load"] for r in window) < 2.5, mean_max
 assert min(r["moe_min_load"] for r in window) > 0.15, "an expert starved"
 print(f"training: loss {moe[1]['loss']:.3f} -> {last(moe):.3f} (dense {last(dense):.3f}); most chosen expert {mean_max:.2f}x the mean")
+
+# Starved experts under ep: the run ended, and equals one process.
+sk1, sk2 = load(f"{d}/skew1.jsonl"), load(f"{d}/skew_ep2.jsonl")
+assert steps(sk1)[1]["moe_min_load"] == 0, "the skewed router starves experts at step 1"
+worst = compare(sk1, sk2, "skew_ep2", 1e-5)
+same_routing(sk1, sk2, "skew_ep2")
+print(f"ep 2 with rank 1's experts given no rows: ended, within {worst:.1e} of one process, routing identical")
 
 # Checkpoints.
 sr, sp = steps(ref), steps(load(f"{d}/replay.jsonl"))
