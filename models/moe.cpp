@@ -96,11 +96,8 @@ at::Tensor MoEImpl::run_experts(const at::Tensor& rows, const std::vector<int64_
   // No rows for any local expert: still an output in the autograd graph (zero rows through the
   // first expert), so that under ep the combine's and the dispatch's backward all-to-alls run on
   // this rank too. A tensor outside the graph left it out of them, and its peers hung.
-  if (outs.empty() && !fw.empty()) {
-    const at::Tensor none = rows.narrow(0, 0, 0);
-    return at::linear(at::gelu(at::linear(none, fw[0], fb[0]), "tanh"), pw[0], pb[0]);
-  }
-  return outs.empty() ? rows.new_empty({0, rows.size(1)}) : at::cat(outs);
+  if (outs.empty()) return at::linear(at::gelu(at::linear(rows.narrow(0, 0, 0), fw[0], fb[0]), "tanh"), pw[0], pb[0]);
+  return at::cat(outs);
 }
 
 at::Tensor MoEImpl::forward(const at::Tensor& x_in) {

@@ -13,6 +13,7 @@
 
 #include "distributed/error.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/hf_gpt2.h"
 #include "runtime/checkpoint/safetensors.h"
 
 namespace kiln {
@@ -155,12 +156,6 @@ GPTConfig from_kiln_state(const json& st, const std::string& where, double* drop
   return g;
 }
 
-std::string dims(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 // The weights' own header against the shape the directory's config describes, before anything is
 // allocated: a hub download is untrusted, and a config.json that disagrees with its safetensors
 // (n_layer 100000 over a file of one block) was found out only after the whole model was built
@@ -171,12 +166,11 @@ void check_weights_header(const std::string& dir, const GPTConfig& g, const std:
                           const std::string& where) {
   const SafetensorsReader file(dir + "/model.safetensors");
   int64_t blocks = 0;
-  const TensorSpec *wte = nullptr, *wpe = nullptr;
+  const TensorSpec* wte = nullptr;
   for (const auto& t : file.specs()) {
     std::string n = t.name;
     if (n.rfind("transformer.", 0) == 0) n = n.substr(std::string("transformer.").size());
     if (n == "wte.weight") wte = &t;
-    if (n == "wpe.weight") wpe = &t;
     if (n.rfind("h.", 0) != 0) continue;
     int64_t index = 0;
     size_t i = 2;
@@ -190,13 +184,12 @@ void check_weights_header(const std::string& dir, const GPTConfig& g, const std:
                       (blocks > 0 ? prefix + "h.0 .. " + prefix + "h." + std::to_string(blocks - 1) : std::string("no h.N tensors")) +
                       "): the two disagree, nothing was allocated");
   }
-  const std::vector<int64_t> want_wte = {g.vocab_size, g.d_model}, want_wpe = {g.seq_len, g.d_model};
-  if (wte == nullptr) throw ConfigError(where + ": model.safetensors has no " + prefix + "wte.weight (the token embedding)");
-  if (wte->shape != want_wte) {
-    throw ConfigError(where + ": checkpoint tensor '" + wte->name + "' has shape " + dims(wte->shape) + ", this model expects " + dims(want_wte));
-  }
-  if (wpe != nullptr && wpe->shape != want_wpe) {
-    throw ConfigError(where + ": checkpoint tensor '" + wpe->name + "' has shape " + dims(wpe->shape) + ", this model expects " + dims(want_wpe));
+  // With the blocks bounded by the file, every tensor's name and shape against the model's, as a
+  // load checks them (a model on the meta device: nothing allocated but lm_head, read if present).
+  try {
+    match_hf_gpt2(g, file.specs(), [&](const std::string& name) { return file.read(name); });
+  } catch (const ConfigError& e) {
+    throw ConfigError(where + ": " + e.what());
   }
   // The shape now agrees with the file's tensors, so the count is bounded by the file's size.
   const double bytes = 4.0 * static_cast<double>(g.num_params()) / static_cast<double>(std::max<int64_t>(1, slices));
