@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include "distributed/host_memory.h"
+
 namespace kiln {
 
 BatchPrefetcher::BatchPrefetcher(const DataLoader& loader, int64_t grad_accum, bool pinned, int64_t last_step)
@@ -17,8 +19,7 @@ std::vector<Batch> BatchPrefetcher::make(int64_t step) const {
   for (int64_t micro = 0; micro < grad_accum_; ++micro) {
     Batch b = loader_.get(step, micro);
     if (pinned_) {
-      Batch p{at::empty_like(b.inputs, at::TensorOptions().pinned_memory(true)),
-              at::empty_like(b.targets, at::TensorOptions().pinned_memory(true))};
+      Batch p{pinned_empty_like(b.inputs), pinned_empty_like(b.targets)};
       p.inputs.copy_(b.inputs);
       p.targets.copy_(b.targets);
       b = std::move(p);

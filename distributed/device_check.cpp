@@ -28,14 +28,17 @@ enum Side : int { kUnset = 0, kHost = 1, kDevice = 2 };
 // The side the calling thread's allocations get now: set by the fallback for the length of an op,
 // by HostAllocationScope, and device memory otherwise.
 thread_local int g_side = kDevice;
+thread_local bool g_pinned = false;  // host allocations now are page-locked ones (HostAllocationScope)
 std::atomic<bool> g_enabled{false};
-std::atomic<int64_t> g_reads{0};  // device_to_host_reads()
+std::atomic<int64_t> g_reads{0};   // device_to_host_reads()
+std::atomic<int64_t> g_writes{0};  // waiting_host_to_device_copies()
 
 // The side of every live allocation of the wrapped allocator, by address. (Not in the DataPtr's
 // context: LibTorch's raw_allocate needs the context to be the data pointer itself.)
 struct Allocation {
   c10::DeleterFnPtr deleter;  // the wrapped allocator's
   bool host;
+  bool pinned;  // host memory that a GPU run would page-lock (host_buffer(n, true))
 };
 std::mutex g_mu;
 std::unordered_map<void*, Allocation>& allocations() {
@@ -69,7 +72,7 @@ class TaggingAllocator final : public c10::Allocator {
     p.release_context();
     {
       std::lock_guard<std::mutex> lock(g_mu);
-      allocations()[data] = Allocation{deleter, g_side == kHost};
+      allocations()[data] = Allocation{deleter, g_side == kHost, g_side == kHost && g_pinned};
     }
     return c10::DataPtr(data, data, &tagged_delete, c10::Device(c10::kCPU));
   }
@@ -80,13 +83,24 @@ class TaggingAllocator final : public c10::Allocator {
   c10::Allocator* inner_;
 };
 
-bool device_memory(const at::Tensor& t) {
-  if (!t.has_storage()) return false;
+const Allocation* allocation_of(const at::Tensor& t) {  // under g_mu
+  if (!t.has_storage()) return nullptr;
   const c10::DataPtr& dp = t.storage().data_ptr();
-  if (dp.get_deleter() != &tagged_delete) return false;
-  std::lock_guard<std::mutex> lock(g_mu);
+  if (dp.get_deleter() != &tagged_delete) return nullptr;
   auto it = allocations().find(dp.get_context());
-  return it != allocations().end() && !it->second.host;
+  return it == allocations().end() ? nullptr : &it->second;
+}
+
+bool device_memory(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const Allocation* a = allocation_of(t);
+  return a != nullptr && !a->host;
+}
+
+bool pinned_memory(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const Allocation* a = allocation_of(t);
+  return a != nullptr && a->pinned;
 }
 
 // Every op on a thread with the mode: its side from its arguments, then the op itself, unchanged.
@@ -112,13 +126,18 @@ void decide_side(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
     }
   }
   // A read of device memory by the host (device_to_host_reads): a scalar out of it, a truth
-  // value or comparison of it, or a copy into host memory.
+  // value or comparison of it, or a copy into host memory. A copy of host memory into device
+  // memory that waits (waiting_host_to_device_copies): blocking, or from pageable memory.
   const std::string& name = op.schema().name();
   if (name == "aten::item" || name == "aten::_local_scalar_dense" || name == "aten::is_nonzero" || name == "aten::equal") {
     if (side == kDevice) ++g_reads;
   } else if (name == "aten::copy_" && values.size() >= 2 && values[0].isTensor() && values[1].isTensor()) {
     const at::Tensor &dst = values[0].toTensor(), &src = values[1].toTensor();
     if (dst.is_cpu() && !device_memory(dst) && src.is_cpu() && device_memory(src)) ++g_reads;
+    if (dst.is_cpu() && device_memory(dst) && src.is_cpu() && !device_memory(src)) {
+      const bool non_blocking = values.size() >= 3 && values[2].isBool() && values[2].toBool();
+      if (!non_blocking || !pinned_memory(src)) ++g_writes;
+    }
   }
   if (side == kUnset) {  // a factory: its device argument decides
     for (size_t i = 0; i < args.size(); ++i) {
@@ -161,13 +180,18 @@ bool device_check_enabled() { return g_enabled.load(); }
 
 int64_t device_to_host_reads() { return g_reads.load(); }
 
+int64_t waiting_host_to_device_copies() { return g_writes.load(); }
+
+int64_t host_syncs() { return g_reads.load() + g_writes.load(); }
+
 bool is_host_memory(const at::Tensor& t) {
   if (!g_enabled.load() || !t.defined() || !t.is_cpu() || !t.has_storage()) return false;
   return !device_memory(t);
 }
 
-HostAllocationScope::HostAllocationScope() : saved_side_(g_side) {
+HostAllocationScope::HostAllocationScope(bool pinned) : saved_side_(g_side), saved_pinned_(g_pinned) {
   g_side = kHost;
+  g_pinned = pinned;
   // The fallback would decide the side from the op's arguments: bypassed for the scope.
   saved_mode_ = c10::impl::tls_is_dispatch_key_included(kModeKey);
   if (saved_mode_) c10::impl::tls_set_dispatch_key_included(kModeKey, false);
@@ -175,6 +199,7 @@ HostAllocationScope::HostAllocationScope() : saved_side_(g_side) {
 
 HostAllocationScope::~HostAllocationScope() {
   g_side = saved_side_;
+  g_pinned = saved_pinned_;
   if (saved_mode_) c10::impl::tls_set_dispatch_key_included(kModeKey, true);
 }
 
@@ -182,7 +207,7 @@ at::Tensor to_device(const at::Tensor& t, c10::Device device, bool non_blocking)
   if (device.is_cpu() && is_host_memory(t)) {
     // A factory naming the device makes device memory; the copy is what .to(cuda) would do.
     at::Tensor d = at::empty(t.sizes(), t.options().device(device));
-    d.copy_(t);
+    d.copy_(t, non_blocking);
     return d;
   }
   return t.to(device, non_blocking);

@@ -55,6 +55,14 @@ bool device_check_requested();
 // (a no-op on a CPU run) and raw data_ptr() reads. 0 outside the check mode. The trainer's
 // sync-free step is tested with it (tests/cli/sync_free.sh).
 int64_t device_to_host_reads();
+// Check mode: how many copies of host memory into device memory, so far in this process, would
+// make the host wait on a GPU: blocking ones (copy_ without non_blocking, to_device without it),
+// and non-blocking ones from pageable memory (CUDA stages those through a bounce buffer and returns
+// only when the stream has reached the copy). Only host_buffer(n, true)'s memory counts as
+// page-locked here (a GPU run's LibTorch pinned tensors do not exist on a CPU).
+int64_t waiting_host_to_device_copies();
+// Both: every place the host waits for the device (the step record's host_syncs_before_update).
+int64_t host_syncs();
 
 // Check mode: whether the CPU tensor t is host memory (made without a device, by ops on host
 // tensors only, through from_blob or host_buffer). False outside the check mode, for CUDA tensors
@@ -62,16 +70,17 @@ int64_t device_to_host_reads();
 bool is_host_memory(const at::Tensor& t);
 
 // Allocations made while one lives are host memory (check mode; no effect otherwise): for the
-// deliberate host buffers of distributed/host_memory.h.
+// deliberate host buffers of distributed/host_memory.h; `pinned`: the page-locked ones.
 class HostAllocationScope {
  public:
-  HostAllocationScope();
+  explicit HostAllocationScope(bool pinned = false);
   ~HostAllocationScope();
   HostAllocationScope(const HostAllocationScope&) = delete;
   HostAllocationScope& operator=(const HostAllocationScope&) = delete;
 
  private:
   int saved_side_;
+  bool saved_pinned_;
   bool saved_mode_ = false;
 };
 

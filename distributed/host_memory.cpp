@@ -35,14 +35,23 @@ void* pinned_alloc(size_t bytes) {
 at::Tensor host_buffer(int64_t n, bool pinned, at::ScalarType dtype) {
   const auto opts = at::TensorOptions().dtype(dtype).device(at::kCPU);
 #if defined(KILN_WITH_CUDA)
-  if (pinned && n > 0) {
+  if (pinned && n > 0 && !device_check_enabled()) {
     void* ptr = pinned_alloc(static_cast<size_t>(n) * c10::elementSize(dtype));
     return at::from_blob(ptr, {n}, [](void* p) { cudaFreeHost(p); }, opts);
   }
 #endif
-  (void)pinned;
-  HostAllocationScope host;
+  HostAllocationScope host(pinned);
   return at::empty({n}, opts);
+}
+
+bool pin_for(c10::Device device) { return device.is_cuda() || device_check_enabled(); }
+
+at::Tensor pinned_empty_like(const at::Tensor& t) {
+  if (device_check_enabled()) {
+    HostAllocationScope host(/*pinned=*/true);
+    return at::empty(t.sizes(), t.options().device(at::kCPU));
+  }
+  return at::empty_like(t, at::TensorOptions().pinned_memory(true));
 }
 
 HostBufferPool::~HostBufferPool() {
@@ -55,7 +64,7 @@ HostBufferPool::Block HostBufferPool::allocate(size_t bytes, bool pinned) {
   b.pinned = pinned;
   const size_t n = bytes == 0 ? 1 : bytes;
 #if defined(KILN_WITH_CUDA)
-  if (pinned) {
+  if (pinned && !device_check_enabled()) {
     b.ptr = pinned_alloc(n);
     return b;
   }

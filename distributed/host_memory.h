@@ -27,11 +27,23 @@
 #include <mutex>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 namespace kiln {
 
-// A 1-D CPU tensor of n elements of `dtype` (fp32 unless said), uninitialised.
+// A 1-D CPU tensor of n elements of `dtype` (fp32 unless said), uninitialised. In the check mode
+// `pinned` buffers are pageable, tagged as page-locked (the device check then counts the copies a
+// GPU run would wait for, and only those).
 at::Tensor host_buffer(int64_t n, bool pinned, at::ScalarType dtype = at::kFloat);
+
+// Whether the host buffers that `device` copies to and from are asked for page-locked: on a GPU,
+// and in the check mode (as above).
+bool pin_for(c10::Device device);
+
+// An uninitialised CPU tensor shaped like t in page-locked memory from LibTorch's caching host
+// allocator (which keeps a buffer from reuse until the copies that read it are done: for buffers
+// made every step, as the prefetched batches); in the check mode pageable, tagged page-locked.
+at::Tensor pinned_empty_like(const at::Tensor& t);
 
 // Exact-size host buffers, reused. Thread-safe. Free buffers beyond the cap are given back to the
 // system (oldest first): the cap is twice the largest buffer handed out plus 64 MiB, so the

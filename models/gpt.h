@@ -109,15 +109,16 @@ struct LayerOps {
   // ranks holding those experts; returns c [expert_split, E / expert_split] (on the device), c[j][l]
   // the rows rank j will send this rank's local expert l. The layer issues it before its one host
   // read, which reads c with its own counts.
-  // dispatch_experts(rows, counts, c, run_local): rows [n, d] sorted by expert, counts[e] of them
-  // for expert e (all E), c as read (flattened); sends each expert's rows to the rank holding it,
+  // dispatch_experts(rows, counts, c, c_device, run_local): rows [n, d] sorted by expert, counts[e]
+  // of them for expert e (all E), c as read (flattened) and c_device, exchange_counts' tensor; sends each expert's rows to the rank holding it,
   // calls run_local(arrived, local_counts) on what arrives there (rows of this rank's experts,
   // sorted by local expert) and returns the outputs [n, d] in rows' order. Empty: every expert on
   // this rank.
   int64_t expert_split = 1, expert_rank = 0;
   using ExpertRunner = std::function<at::Tensor(const at::Tensor&, const std::vector<int64_t>&)>;
   std::function<at::Tensor(const at::Tensor&)> exchange_counts;
-  std::function<at::Tensor(const at::Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&, const ExpertRunner&)>
+  std::function<at::Tensor(const at::Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&, const at::Tensor&,
+                           const ExpertRunner&)>
       dispatch_experts;
 };
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
@@ -155,8 +156,13 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_in) {
   const at::Tensor take = perm.narrow(0, 0, n_kept);           // admitted assignments, by expert
   const at::Tensor tokens = at::div(take, k, "floor");         // their tokens
   const at::Tensor g = gates.reshape({-1}).index_select(0, take).unsqueeze(-1);  // [n_kept, 1]
-  const at::Tensor rows = x.index_select(0, tokens);
-  const at::Tensor out = ep ? ops_->dispatch_experts(rows, counts, arrived_counts,
+  // Under autocast the experts' products run in its dtype: the rows are cast to it here, once,
+  // before they travel (on CUDA ln_2's output is fp32: half the all-to-all's bytes, and the same
+  // products, which autocast would cast anyway).
+  at::Tensor rows = x.index_select(0, tokens);
+  const auto dev = rows.device().type();
+  if (at::autocast::is_autocast_enabled(dev)) rows = rows.to(at::autocast::get_autocast_dtype(dev));
+  const at::Tensor out = ep ? ops_->dispatch_experts(rows, counts, arrived_counts, arriving,
                                                     [this](const at::Tensor& r, const std::vector<int64_t>& c) { return run_experts(r, c); })
                            : run_experts(rows, counts);
   at::Tensor y = at::zeros({N, d}, x.options()).index_add_(0, tokens, (out * g.to(out.scalar_type())).to(x.scalar_type()));

@@ -80,8 +80,10 @@ ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const st
     return theirs;
   };
   ops->dispatch_experts = [ep, n, local, traffic](const at::Tensor& rows, const std::vector<int64_t>& counts,
-                                                  const std::vector<int64_t>& c, const LayerOps::ExpertRunner& run_local) {
-    if (static_cast<int64_t>(c.size()) != n * local || static_cast<int64_t>(counts.size()) != n * local)
+                                                  const std::vector<int64_t>& c, const at::Tensor& c_device,
+                                                  const LayerOps::ExpertRunner& run_local) {
+    if (static_cast<int64_t>(c.size()) != n * local || static_cast<int64_t>(counts.size()) != n * local ||
+        c_device.numel() != n * local)
       throw Error("expert parallelism: the dispatch needs all E counts and the exchanged ones");
     std::vector<int64_t> send(static_cast<size_t>(n), 0);
     for (int64_t e = 0; e < n * local; ++e) send[static_cast<size_t>(e / local)] += counts[static_cast<size_t>(e)];
@@ -97,14 +99,14 @@ ModelShard make_expert_parallel(ModelShard shard, const GPTConfig& cfg, const st
       traffic->rows_sent += rows.size(0);
       traffic->rows_received += arrived.size(0);
     }
-    // (j, l) -> (l, j): each local expert's rows consecutive; `order` lists arrived rows by (l, j).
-    std::vector<int64_t> start(static_cast<size_t>(n * local)), order;
-    order.reserve(static_cast<size_t>(arrived.size(0)));
-    for (int64_t k = 0, offset = 0; k < n * local; offset += cj[k], ++k) start[static_cast<size_t>(k)] = offset;
-    for (int64_t l = 0; l < local; ++l)
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < cj[j * local + l]; ++i) order.push_back(start[static_cast<size_t>(j * local + l)] + i);
-    const at::Tensor by_expert = to_device(at::tensor(order, at::kLong), rows.device());
+    // (j, l) -> (l, j): each local expert's rows consecutive. Built on the device from the
+    // exchanged counts (a host-built index would be a pageable copy, which waits for the
+    // all_to_all just queued): each arrived row's key l n + j, repeated c[j][l] times in arrival
+    // order, and a stable sort of the keys lists the rows by (l, j), in arrival order within a block.
+    const at::Tensor block = at::arange(n * local, c_device.options());
+    const at::Tensor keys = block.remainder(local).mul_(n).add_(at::div(block, local, "floor"));
+    const at::Tensor row_keys = at::repeat_interleave(keys, c_device, /*dim=*/0, /*output_size=*/arrived.size(0));
+    const at::Tensor by_expert = std::get<1>(at::sort(row_keys, /*stable=*/true, /*dim=*/0, /*descending=*/false));
     const at::Tensor out = run_local(arrived.index_select(0, by_expert), local_counts);
     // Back to (j, l) order, then home.
     const at::Tensor back = at::zeros({arrived.size(0), out.size(1)}, out.options()).index_copy(0, by_expert, out);

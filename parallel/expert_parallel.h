@@ -14,8 +14,10 @@
 //             rank: c[j][l] = rows rank j sends this rank's local expert l           [ep, E/ep]
 //   dispatch  all_to_all of the rows: to rank j the rows of its experts (sum over its experts of
 //             n_e); from rank j sum_l c[j][l] rows, ordered (j, l)
-//   experts   the arrived rows reordered (l, j) so each local expert's rows are consecutive, the
-//             experts run, the outputs put back in (j, l) order
+//   experts   the arrived rows reordered (l, j) so each local expert's rows are consecutive (the
+//             index made on the device from the exchanged counts: a stable sort of each row's
+//             key l ep + j; a host-made index would be a pageable copy, a second wait per layer),
+//             the experts run, the outputs put back in (j, l) order
 //   combine   all_to_all back (the splits swapped): each row's output returns to its token's rank
 // Backward: each all_to_all's gradient is the all_to_all with the splits swapped (AllToAllRows).
 // The counts' exchange runs on the device before the MoE layer's one host read (models/moe.h),
@@ -23,7 +25,8 @@
 // keeps ep at one synchronisation per layer and forward, as without ep.
 // Traffic (comm_bytes, distributed/comm.h: an all_to_all counts its whole input): per MoE layer and
 // micro-batch, 8 E bytes (the counts) + the rows sent (a x b_in x d bytes, a the admitted
-// assignments of this rank's tokens, b_in the residual stream's bytes) + the rows returned (R x
+// assignments of this rank's tokens, b_in the compute dtype's bytes: models/moe.cpp casts the
+// rows before the dispatch) + the rows returned (R x
 // b_out x d, R the rows this rank's experts ran, b_out the experts' output dtype), and the same
 // two again in backward (rows in the other direction). Summed over an ep group, forward dispatch
 // and combine each move every admitted assignment once. Per rank and step, with S and R the rows

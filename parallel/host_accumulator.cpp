@@ -27,7 +27,7 @@ HostAccumulator::HostAccumulator(c10::Device device, int64_t capacity, int slots
   if (slots < 1) throw Error("host accumulator: needs at least one slot");
   for (int i = 0; i < slots; ++i) {
     auto s = std::make_unique<Slot>();
-    s->buffer = host_buffer(capacity, /*pinned=*/device.is_cuda());
+    s->buffer = host_buffer(capacity, /*pinned=*/pin_for(device));
 #if defined(KILN_WITH_CUDA)
     if (device.is_cuda() && cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming) != cudaSuccess) {
       (void)cudaGetLastError();

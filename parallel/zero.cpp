@@ -92,7 +92,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     if (!cfg_.expert_dp || !cfg_.ep) throw Error("zero: expert parallelism needs the expert-data-parallel and ep groups");
     if (cfg_.stage == 3) throw ConfigError("--zero 3 with --ep is not built (its per-block gathers take whole blocks): use --zero 1 or 2");
   }
-  const bool pin = device_.is_cuda();
+  const bool pin = pin_for(device_);
   if (cfg_.param_dtype != at::kFloat && cfg_.param_dtype != at::kBFloat16 && cfg_.param_dtype != at::kHalf)
     throw ConfigError("zero: working weights must be fp32, bf16 or fp16");
   if (cfg_.reduce_dtype != at::kFloat && cfg_.reduce_dtype != at::kBFloat16)

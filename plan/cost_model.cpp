@@ -125,7 +125,7 @@ TrainingTotals training_totals(double params, double tokens, double attention_fl
 
 // ---- 4 and 5. one layout ----------------------------------------------------------------------
 
-EpRowBytes ep_row_bytes(const Layout& l) { return {l.cpu && l.param_bytes == 2 ? 2 : 4, l.compute_bytes}; }
+EpRowBytes ep_row_bytes(const Layout& l) { return {l.compute_bytes, l.compute_bytes}; }
 
 double Plan::host_bytes_per_node() const {
   double worst = 0;

@@ -387,9 +387,9 @@ struct ActivationBytes {
 ActivationBytes layer_activation_bytes(const GPTConfig& model, const Layout& layout, Recompute mode, bool moe = false);
 
 // ---- 4. communication -----------------------------------------------------------------------
-// --ep: the bytes of one element of the rows the all-to-alls move -- to the experts in ln_2's
-// output dtype (fp32, but 16-bit on the CPU with 16-bit weights), back in the experts' output
-// dtype (the compute dtype); the backward's gradients in the same two dtypes the other way.
+// --ep: the bytes of one element of the rows the all-to-alls move -- to the experts in the
+// compute dtype (models/moe.cpp casts ln_2's output, fp32 on CUDA, before the dispatch), back in
+// the experts' output dtype (the compute dtype too); the backward's gradients the same.
 struct EpRowBytes {
   int in = 4, out = 4;
 };

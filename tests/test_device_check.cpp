@@ -100,3 +100,25 @@ TEST(DeviceCheck, CountsTheHostsReadsOfDeviceMemory) {
   (void)static_cast<bool>(d.sum().is_nonzero());  // 4
   EXPECT_EQ(kiln::device_to_host_reads(), start + 4);
 }
+
+// waiting_host_to_device_copies: a copy into device memory waits on a GPU when it is blocking or
+// from pageable memory (issue 34: the ep dispatch's index went that way, a second sync per layer
+// the read counter did not see); only a non-blocking copy from page-locked memory does not.
+TEST(DeviceCheck, CountsTheCopiesIntoDeviceMemoryThatWait) {
+  kiln::enable_device_check();
+  const at::Tensor pageable = at::ones({4}), pinned = kiln::host_buffer(4, /*pinned=*/true).fill_(1.0f);
+  EXPECT_TRUE(kiln::is_host_memory(pinned));
+  const int64_t start = kiln::waiting_host_to_device_copies(), syncs = kiln::host_syncs();
+  (void)kiln::to_device(pinned, kCpu, /*non_blocking=*/true);  // asynchronous
+  at::Tensor d = at::empty({4}, at::TensorOptions().device(kCpu));
+  d.copy_(d * 2);                                              // device to device
+  EXPECT_EQ(kiln::waiting_host_to_device_copies(), start);
+  (void)kiln::to_device(pinned, kCpu);                         // 1: blocking
+  (void)kiln::to_device(pageable, kCpu, /*non_blocking=*/true);  // 2: pageable
+  d.copy_(pageable);                                           // 3
+  (void)kiln::to_device(at::tensor({1, 2, 3}, at::kLong), kCpu, true);  // 4: at::tensor is pageable
+  EXPECT_EQ(kiln::waiting_host_to_device_copies(), start + 4);
+  EXPECT_EQ(kiln::host_syncs(), syncs + 4);
+  (void)d.sum().item<float>();
+  EXPECT_EQ(kiln::host_syncs(), syncs + 5);
+}

@@ -6,6 +6,7 @@
 // parameter count, initialisation, activation checkpointing).
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -386,6 +387,35 @@ TEST(MoEGPT, BlockKeepsTheResidualDtypeWhenItsNormIsFp32) {
     EXPECT_EQ(block.ln_2->forward(x).scalar_type(), at::kFloat) << "the emulation: layer_norm in fp32";
     EXPECT_EQ(block.forward(x).scalar_type(), at::kBFloat16) << (index == 0 ? "the MoE block" : "the dense block");
   }
+}
+
+// Under autocast the rows travel to the experts in its dtype, whatever ln_2 gave (fp32 on CUDA):
+// half the all-to-all's bytes, and the same outputs, as the experts' products cast them anyway
+// (issue 34's list). A one-rank dispatch records what it is handed.
+TEST(MoE, DispatchedRowsAreInTheComputeDtype) {
+  kiln::MoEConfig mc;
+  mc.n_experts = 4;
+  mc.top_k = 2;
+  auto ops = std::make_shared<kiln::LayerOps>();
+  at::ScalarType sent = at::ScalarType::Undefined;
+  ops->exchange_counts = [](const at::Tensor& counts) { return counts.to(at::kLong); };
+  ops->dispatch_experts = [&sent](const at::Tensor& rows, const std::vector<int64_t>& counts, const std::vector<int64_t>&,
+                                  const at::Tensor&, const kiln::LayerOps::ExpertRunner& run_local) {
+    sent = rows.scalar_type();
+    return run_local(rows, counts);
+  };
+  kiln::MoEImpl plain(16, 32, mc, at::TensorOptions()), split(16, 32, mc, at::TensorOptions(), ops);
+  at::manual_seed(3);
+  for (size_t i = 0; i < plain.parameters().size(); ++i) {
+    plain.parameters()[i].data().normal_(0.0, 0.5);
+    split.parameters()[i].data().copy_(plain.parameters()[i].data());
+  }
+  const at::Tensor x = at::randn({2, 8, 16});  // fp32, as CUDA's autocast leaves ln_2's output
+  kiln::AutocastScope autocast(kiln::Precision::BF16, at::kCPU);
+  at::NoGradGuard no_grad;
+  const at::Tensor want = plain.forward(x), got = split.forward(x);
+  EXPECT_EQ(sent, at::kBFloat16);
+  EXPECT_TRUE(at::equal(want, got)) << "the cast before the dispatch changes no product";
 }
 
 TEST(MoEGPT, SplitSequenceRefused) {

@@ -19,6 +19,7 @@
 #include "distributed/device.h"
 #include "distributed/device_check.h"
 #include "distributed/error.h"
+#include "distributed/host_memory.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/inference/generate.h"
@@ -62,7 +63,7 @@ Trainer::Loop Trainer::start_loop() {
                 static_cast<long long>(loop.first_step), static_cast<long long>(cfg_.steps));
   }
   loop.end_step = cfg_.stop_at_step > 0 ? std::min(cfg_.stop_at_step, cfg_.steps) : cfg_.steps;
-  r.prefetch = std::make_unique<BatchPrefetcher>(*r.loader, cfg_.grad_accum, device.is_cuda(), loop.end_step);
+  r.prefetch = std::make_unique<BatchPrefetcher>(*r.loader, cfg_.grad_accum, pin_for(device), loop.end_step);
   // --profile: steps [profile_first, profile_end) of the loop (0-based; runtime/observe/profiler.h).
   if (!cfg_.profile.empty()) {
     loop.profile_first = cfg_.profile_start > 0 ? cfg_.profile_start - 1 : std::min(loop.first_step + 2, loop.end_step - 1);
@@ -202,7 +203,7 @@ json Trainer::step_record(const Loop& loop, int64_t step, const StepOutcome& s, 
   if (r.ddp) rec["comm_buckets_in_backward"] = r.ddp->launched_in_backward();
   // The device check mode (tests): the host's reads of device memory from the step's start to
   // its queued update -- 0 for a step without offload (distributed/device_check.h).
-  if (device_check_enabled()) rec["host_reads_before_update"] = s.host_reads;
+  if (device_check_enabled()) rec["host_syncs_before_update"] = s.host_syncs;
   rec["read_deferred"] = s.read_deferred;  // read after the next step's forward and backward were queued
   if (r.pipe) rec["pp_live_max"] = r.pipe->max_live();  // micro-batches whose activations stage 0 held at once
   if (s.moe) {  // models/moe_stats.h

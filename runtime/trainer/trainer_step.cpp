@@ -77,7 +77,7 @@ void Trainer::begin_step(QueuedStep& out, int64_t step) {
   out.comm_bytes = r.comm_bytes();                      // until queue_update: this step's traffic
   out.ep_comm_bytes = r.mesh ? r.mesh->ep_bytes_sent() : 0;
   if (r.ep_traffic) out.ep_rows = *r.ep_traffic;
-  out.host_reads = device_to_host_reads();              // until queue_update: the host's reads before the update
+  out.host_syncs = host_syncs();                        // until queue_update: the host's waits before the update
   // Pipeline stages draw from streams of their own (stage 0's is the unpipelined one).
   at::manual_seed(step_seed(cfg_.seed ^ (static_cast<uint64_t>(r.mesh ? r.mesh->coord().pp : 0) << 40), step, r.dp_rank));
   if (r.expert_ddp) r.expert_ddp->zero_grad();
@@ -239,7 +239,7 @@ void Trainer::queue_update(QueuedStep& q) {
   q.lr = r.schedule->at(r.progress.updates);
   if (r.zero) r.zero->step(q.lr, coef, found_inf);
   else r.optimizer->step(q.lr, found_inf);
-  q.host_reads = device_to_host_reads() - q.host_reads;
+  q.host_syncs = host_syncs() - q.host_syncs;
   q.comm_bytes = r.comm_bytes() - q.comm_bytes;
   q.ep_comm_bytes = (r.mesh ? r.mesh->ep_bytes_sent() : 0) - q.ep_comm_bytes;
   if (r.ep_traffic) q.ep_rows = *r.ep_traffic - q.ep_rows;
@@ -247,7 +247,7 @@ void Trainer::queue_update(QueuedStep& q) {
   // not block); the mark after it is what finish_step waits for.
   // One buffer for the run: step N is finished (its buffer read) before N + 1's update is queued.
   // (A cudaHostAlloc per step would cost more than the read it serves.)
-  if (!r.verdict_host.defined()) r.verdict_host = host_buffer(q.verdict.numel(), r.dev.device.is_cuda(), at::kDouble);
+  if (!r.verdict_host.defined()) r.verdict_host = host_buffer(q.verdict.numel(), pin_for(r.dev.device), at::kDouble);
   q.host = r.verdict_host;
   q.host.copy_(q.verdict.to(at::kDouble), /*non_blocking=*/true);
   q.mark = r.timer->mark(Phase::Optimizer);
@@ -261,7 +261,7 @@ Trainer::StepOutcome Trainer::finish_step(QueuedStep& q) {
   out.loss_scale = q.loss_scale;
   out.lr = q.lr;
   out.comm_ms = q.comm_ms;
-  out.host_reads = q.host_reads;
+  out.host_syncs = q.host_syncs;
   out.comm_bytes = q.comm_bytes;
   out.ep_comm_bytes = q.ep_comm_bytes;
   out.ep_rows = q.ep_rows;

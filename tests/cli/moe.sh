@@ -185,8 +185,8 @@ for name, ep, dp, r in (("ep2", 2, 2, ref), ("ep2dp4", 2, 4, ref), ("ep4", 4, 4,
 # them): the counts' all_to_all runs on the device before the layer's read, which takes both.
 for name, K, forwards in (("ep2", 2, 1), ("ep2ac", 2, 2), ("ep2z1dp4", 1, 1)):
     for s in steps(load(f"{d}/{name}.jsonl")).values():
-        assert s["host_reads_before_update"] == L * K * forwards, (name, s["step"], s["host_reads_before_update"])
-print("ep: one host read per MoE layer and forward")
+        assert s["host_syncs_before_update"] == L * K * forwards, (name, s["step"], s["host_syncs_before_update"])
+print("ep: one host sync per MoE layer and forward")
 
 # DDP's traffic, exactly.
 dp2 = load(f"{d}/dp2.jsonl")

@@ -4,8 +4,9 @@
 #
 # 1. In the device-check mode (KILN_DEVICE_CHECK=1, set for every test; distributed/device_check.h)
 #    kiln counts the host's reads of device memory -- .item(), truth values, copies into host
-#    memory: what waits for a GPU -- and each step record carries how many happened from the
-#    step's start (before its first forward) to its queued update, `host_reads_before_update`.
+#    memory -- and its copies into device memory that are blocking or from pageable memory: what
+#    waits for a GPU -- and each step record carries how many happened from the
+#    step's start (before its first forward) to its queued update, `host_syncs_before_update`.
 #    It is 0 on every step of one process (fp32, bf16 and fp16 weights, and fp32 weights under bf16), DDP, ZeRO-1/2/3, tp 2,
 #    pp 2 and dp 2 x tp 2 x pp 2 under ZeRO-1: the non-finite verdict and the clipping factor reach
 #    the fused AdamW kernel as device tensors (found_inf, and the factor the ZeRO shards are
@@ -54,13 +55,13 @@ python3 - <<'PY'
 import json
 for name in ("one", "one_bf16w", "one_fp16", "one_upcast", "ddp", "z1", "z2_bf16w", "z3", "tp2", "pp2", "3d", "offload"):
     steps = [r for r in map(json.loads, open(f"{name}.jsonl")) if r["type"] == "step"]
-    reads = [s["host_reads_before_update"] for s in steps]
+    reads = [s["host_syncs_before_update"] for s in steps]
     assert len(reads) == 4, (name, reads)
     if name == "offload":
         assert all(n > 0 for n in reads), reads  # the host's AdamW reads the verdict and the gradients
     else:
         assert reads == [0, 0, 0, 0], (name, reads)
-    print(f"{name}: host reads of device memory before the update, per step: {reads}")
+    print(f"{name}: host syncs before the update, per step: {reads}")
 PY
 
 # 2.
