@@ -110,7 +110,6 @@ void DistributedDataParallel::launch(Bucket& b) {
 }
 
 void DistributedDataParallel::finish_backward() {
-  const auto t0 = std::chrono::steady_clock::now();
   for (auto& b : buckets_)
     if (!b.work) launch(b);  // parameters without a gradient in this backward
   for (auto& b : buckets_) {
@@ -122,7 +121,6 @@ void DistributedDataParallel::finish_backward() {
     }
     b.pending = static_cast<int64_t>(b.params.size());
   }
-  exposed_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace kiln

@@ -31,7 +31,6 @@
 // backend: NCCL in bf16, kiln's MPI backend widening each pair to fp32).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -78,8 +77,6 @@ class DistributedDataParallel {
   // Buckets of the last synced backward whose all-reduce was launched by a hook, that is,
   // before backward returned (the overlap).
   int64_t launched_in_backward() const { return launched_in_backward_; }
-  // Milliseconds finish_backward() spent waiting: communication not hidden behind backward.
-  double exposed_comm_ms() const { return exposed_ms_; }
 
  private:
   struct Bucket {
@@ -101,7 +98,6 @@ class DistributedDataParallel {
   GradReadyHooks hooks_;
   bool sync_ = true;
   int64_t launched_in_backward_ = 0;
-  double exposed_ms_ = 0.0;
 };
 
 }  // namespace kiln

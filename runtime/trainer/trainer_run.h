@@ -146,7 +146,7 @@ struct Trainer::Run {
 // queue_update, finish_step).
 struct Trainer::QueuedStep {
   int64_t step = 0;
-  double loss_scale = 1.0, lr = 0.0, comm_ms = 0.0;
+  double loss_scale = 1.0, lr = 0.0;
   int64_t comm_bytes = 0;  // this rank's traffic in the step (comm_bytes() at its start, then the difference)
   int64_t ep_comm_bytes = 0;  // of it, the expert-parallel group's (the same way)
   ExpertTraffic ep_rows;      // the dispatches' rows (the same way)
@@ -186,7 +186,7 @@ struct Trainer::StepFigures {
 };
 
 struct Trainer::StepOutcome {
-  double loss = NAN, norm = NAN, lr = 0.0, loss_scale = 1.0, comm_ms = 0.0;
+  double loss = NAN, norm = NAN, lr = 0.0, loss_scale = 1.0;
   bool skipped = false;
   int64_t comm_bytes = 0;  // this rank's traffic in the step
   int64_t ep_comm_bytes = 0;  // of it, the expert-parallel group's: the MoE all-to-alls and the norm's expert part

@@ -7,7 +7,6 @@
 #include "runtime/trainer/trainer.h"
 #include "runtime/trainer/trainer_run.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -37,7 +36,6 @@ namespace kiln {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 // The dropout seed of step `step` on data-parallel rank `dp_rank` (splitmix64 of the three):
 // reseeding every step makes the step number the whole RNG state a checkpoint needs.
@@ -200,14 +198,10 @@ void Trainer::queue_verdict(QueuedStep& out, const at::Tensor& loss_sum, const a
   const bool reduce_verdict = r.mesh && (r.shape.grad_ranks() > 1 || r.zero || r.pipe);
   if (reduce_verdict) {
     auto reduced = verdict.narrow(0, 0, r.zero || r.pipe ? out.norm_index + 1 : out.norm_index);  // a contiguous view
-    const auto t0 = Clock::now();
     verdict_group->all_reduce(reduced, ReduceOp::Sum)->wait();
-    out.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     r.timer->mark(Phase::Comm);
   }
 
-  if (r.ddp) out.comm_ms += r.ddp->exposed_comm_ms();
-  if (r.expert_ddp) out.comm_ms += r.expert_ddp->exposed_comm_ms();
   out.verdict = verdict;
   out.loss_copies = r.pipe ? r.shape.dp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
   // Each MoE row summed over the dp ranks' tokens, and over tp copies of the same when the
@@ -260,7 +254,6 @@ Trainer::StepOutcome Trainer::finish_step(QueuedStep& q) {
   out.phase_ms = r.timer->cut(q.mark);
   out.loss_scale = q.loss_scale;
   out.lr = q.lr;
-  out.comm_ms = q.comm_ms;
   out.host_syncs = q.host_syncs;
   out.comm_bytes = q.comm_bytes;
   out.ep_comm_bytes = q.ep_comm_bytes;
