@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/SDPBackend.h>
 #include <ATen/autocast_mode.h>
 
 #include "distributed/error.h"
@@ -42,11 +43,24 @@ AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts
   c_proj = register_module("c_proj", std::make_shared<LinearImpl>(n_head_ * head_dim_, d, opts));
 }
 
+at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal) {
+  const int64_t groups = q.size(1) / k.size(1);
+  if (groups > 1) {
+    const int64_t choice = at::_fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, std::nullopt, /*enable_gqa=*/true);
+    if (choice == static_cast<int64_t>(at::SDPBackend::math)) {
+      return at::scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), mask,
+                                              dropout_p, is_causal);
+    }
+  }
+  return at::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, /*scale=*/std::nullopt,
+                                          /*enable_gqa=*/groups > 1);
+}
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
                             const at::Tensor& mask) {
-  return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
-                                          dropout_p, /*is_causal=*/!mask.defined(), /*scale=*/std::nullopt,
-                                          /*enable_gqa=*/k.size(1) != q.size(1));
+  return grouped_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, dropout_p,
+                           /*is_causal=*/!mask.defined());
 }
 
 at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops) {

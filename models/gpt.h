@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -154,6 +155,16 @@ class LayerNormImpl : public torch::nn::Module {
 // replaces the causal rule.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
                             const at::Tensor& mask = {});
+// scaled_dot_product_attention with grouped K/V heads (H / KV query heads per kv head), on a
+// kernel that is not the math fallback wherever one exists: enable_gqa is taken by the flash
+// kernel (and, by LibTorch version, others), but a mask (context parallelism's, the KV cache's)
+// or fp32 inputs exclude flash, and SDPA would then run the math kernel -- [B, H, Tq, Tk] fp32
+// scores, O(T^2) memory. So: ask LibTorch which kernel it would pick (_fused_sdp_choice, host-side
+// checks only); where that is math, K and V are expanded to H heads (repeat_interleave, the same
+// values the math kernel would make) so the memory-efficient or cuDNN kernel can take them.
+// Equal heads: plain SDPA.
+at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal);
 // Residual dropout of x [B, T_local, d] under `ops`: at::dropout, or with a split sequence the
 // whole sequence's mask at this rank's rows (LayerOps::seq_rows).
 at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops);

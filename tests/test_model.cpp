@@ -2,8 +2,10 @@
 // re-implementations written here from the equations.
 #include <malloc.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -159,6 +161,46 @@ TEST(GPT, AttentionMatchesDefinitionForMHAGQAAndMQA) {
     y_ref.pow(2).sum().backward();
     EXPECT_TRUE(at::allclose(x.grad(), x_ref.grad(), 1e-4, 1e-6)) << "kv heads " << kv;
   }
+}
+
+namespace {
+// The top-level ops a call runs, by name (RecordFunction; plain function pointers, hence the
+// thread-locals).
+thread_local std::vector<std::string>* g_ops = nullptr;
+thread_local int g_op_depth = 0;
+std::unique_ptr<at::ObserverContext> note_op(const at::RecordFunction& fn) {
+  if (g_op_depth++ == 0 && g_ops != nullptr) g_ops->push_back(fn.name());
+  return nullptr;
+}
+void end_op(const at::RecordFunction&, at::ObserverContext*) { --g_op_depth; }
+}  // namespace
+
+// GQA on a kernel other than math wherever one exists (issue 34, defect 3): enable_gqa is taken
+// by flash, but a mask or fp32 inputs exclude flash on CUDA and SDPA fell back to the math kernel
+// (O(T^2) fp32 scores). grouped_attention asks _fused_sdp_choice and expands K/V where the answer
+// is math. The CPU picks its flash kernel for all of these, so the math answer is made here by
+// turning that kernel off; which kernel each layout gets on an H100 is the GPU check's to see.
+TEST(GPT, GroupedAttentionExpandsKVWhereSdpaWouldRunMath) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  const at::Tensor q = at::randn({2, 4, 8, 8}, gen), k = at::randn({2, 2, 8, 8}, gen), v = at::randn({2, 2, 8, 8}, gen);
+  const at::Tensor mask = at::randn({8, 8}, gen);  // an additive bias, as context parallelism's
+  const at::Tensor want = std::get<0>(
+      at::_scaled_dot_product_attention_math(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), mask, 0.0, false));
+  auto& ctx = at::globalContext();
+  const bool flash = ctx.userEnabledFlashSDP();
+  for (const bool cpu_flash : {true, false}) {
+    ctx.setSDPUseFlash(cpu_flash);
+    std::vector<std::string> ops;
+    g_ops = &ops;
+    const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(note_op, end_op).scopes({at::RecordScope::FUNCTION}));
+    const at::Tensor got = kiln::grouped_attention(q, k, v, mask, 0.0, false);
+    at::removeCallback(handle);
+    g_ops = nullptr;
+    const bool expanded = std::count(ops.begin(), ops.end(), std::string("aten::repeat_interleave")) == 2;
+    EXPECT_EQ(expanded, !cpu_flash) << "K and V expanded exactly where SDPA would pick math";
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "cpu flash " << cpu_flash;
+  }
+  ctx.setSDPUseFlash(flash);
 }
 
 TEST(GPT, MLPMatchesDefinition) {

@@ -54,8 +54,7 @@ at::Tensor cached_block(BlockImpl& block, const LayerOps& ops, const at::Tensor&
     const auto opts = at::TensorOptions().dtype(at::kLong).device(x.device());
     mask = at::arange(P + n, opts).unsqueeze(0) <= (at::arange(n, opts) + P).unsqueeze(1);  // [n, P + n]
   }
-  auto y = at::scaled_dot_product_attention(q, K, V, mask, /*dropout_p=*/0.0, /*is_causal=*/P == 0 && n > 1,
-                                            /*scale=*/std::nullopt, /*enable_gqa=*/KV != H);  // [B, H, n, h]
+  auto y = grouped_attention(q, K, V, mask, /*dropout_p=*/0.0, /*is_causal=*/P == 0 && n > 1);  // [B, H, n, h]
   y = y.transpose(1, 2).reshape({B, n, H * h});
   const auto a = ops.row ? ops.row(y, *attn.c_proj) : attn.c_proj->forward(y);
   const auto x1 = x + a;

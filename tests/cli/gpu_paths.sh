@@ -8,6 +8,11 @@
 #   bf16 and fp16 on CUDA train (the loss falls) and fp16 starts without overflow at 2^16.
 #   Activation checkpointing on CUDA: full and selective give the losses of none (dropout on:
 #     the CUDA RNG state is replayed) and full lowers the peak memory.
+#   GQA's attention kernel (issue 34, defect 3; models/gpt.h grouped_attention): with 2 kv heads
+#     for 4 query heads, no layout runs SDPA's math kernel -- fp32 (flash refuses it), bf16
+#     (flash), and context parallelism's masked attention (cp 2, two ranks over MPI on the one
+#     GPU) -- read from the profiles' host operators (aten::_scaled_dot_product_*); the kernel
+#     each got is printed for docs/sequence_parallel.md.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
@@ -24,6 +29,20 @@ A=(train --device cuda --model tiny --dropout 0.1 --micro-batch 16 --steps 5 --l
 for m in none full selective; do
   "$KILN_BIN" "${A[@]}" --activation-checkpointing "$m" --log-json "$work/ac_$m.jsonl" >/dev/null
 done
+G=(train --device cuda --model tiny --n-head 4 --n-kv-head 2 --micro-batch 4 --steps 3 --log-every 3 --profile-start 2 --profile-steps 1)
+"$KILN_BIN" "${G[@]}" --profile "$work/gqa_fp32.trace.json" >/dev/null
+"$KILN_BIN" "${G[@]}" --precision bf16 --profile "$work/gqa_bf16.trace.json" >/dev/null
+timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$KILN_BIN" "${G[@]}" --backend mpi --cp 2 \
+  --precision bf16 --profile "$work/gqa_cp2.trace.json" >/dev/null
+python3 - "$work" <<'PY'
+import re, sys
+d = sys.argv[1]
+for name in ("gqa_fp32", "gqa_bf16", "gqa_cp2"):
+    kernels = sorted(set(re.findall(r'"name": ?"(aten::_scaled_dot_product_[a-z_]+?)(?:_backward)?"', open(f"{d}/{name}.trace.json").read())))
+    print(f"{name}: SDPA ran {kernels}")
+    assert kernels, name
+    assert not any("math" in k for k in kernels), (name, kernels)
+PY
 python3 - "$work" <<'PY'
 import json, sys
 d = sys.argv[1]
