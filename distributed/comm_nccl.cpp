@@ -258,9 +258,16 @@ c10::cuda::CUDAStream make_stream(int device, const std::string& what) {
 
 // ---- the communicator ------------------------------------------------------------------------
 
+// A sub-group's origin: ncclCommSplit of the parent's communicator with this color and key.
+struct SplitOf {
+  ncclComm_t parent = nullptr;
+  int color = 0, key = 0;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm comm, std::string name, int device, std::shared_ptr<Watchdog> watchdog)
+  NcclCommunicator(MPI_Comm comm, std::string name, int device, std::shared_ptr<Watchdog> watchdog,
+                   const SplitOf* split_of = nullptr)
       : name_(std::move(name)), device_(device), watchdog_(std::move(watchdog)),
         stream_(make_stream(device, "group '" + name_ + "' (nccl)")), nccl_(std::make_shared<NcclHandle>()) {
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
@@ -270,7 +277,8 @@ class NcclCommunicator final : public Communicator {
       MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN);
       MPI_Comm_rank(mpi_, &rank_);
       MPI_Comm_size(mpi_, &size_);
-      init(what);
+      if (split_of != nullptr) init_split(*split_of, what);
+      else init(what);
     } catch (...) {
       MPI_Comm_free(&mpi_);
       throw;
@@ -494,7 +502,8 @@ class NcclCommunicator final : public Communicator {
     MPI_Comm sub = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split(mpi_, color, key, &sub), what + ": MPI_Comm_split");
     try {
-      auto c = make_nccl_communicator(sub, name, device_, watchdog_);
+      const SplitOf origin{comm(), color, key};
+      auto c = std::make_shared<NcclCommunicator>(sub, name, device_, watchdog_, &origin);
       MPI_Comm_free(&sub);
       return c;
     } catch (...) {
@@ -522,6 +531,19 @@ class NcclCommunicator final : public Communicator {
     }
     nccl_->device = device_;
     KILN_NCCL_CHECK(ncclCommInitRank(&nccl_->comm, size_, boot.id, rank_), what);
+  }
+
+  // A sub-group by ncclCommSplit (collective over the parent; every rank of it calls split() in
+  // the same order): no unique id to make and broadcast, and NCCL reuses the parent's topology
+  // detection. Not splitShare: a shared child may not run beside its parent, and kiln's groups
+  // each have their own stream (a tp collective runs while dp's buckets are in flight).
+  void init_split(const SplitOf& origin, const std::string& what) {
+    WatchEntry watch(watchdog_, what);
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    nccl_->device = device_;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    KILN_NCCL_CHECK(ncclCommSplit(origin.parent, origin.color, origin.key, &nccl_->comm, &config), what);
+    if (nccl_->comm == nullptr) throw Error(what + ": ncclCommSplit gave this rank no communicator");
   }
 
   // The collective itself, ordered after the caller's current stream (see comm_nccl.h).

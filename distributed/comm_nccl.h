@@ -67,8 +67,9 @@ class Watchdog;
 
 // Creates the NCCL communicator of the ranks of `comm` (collective over `comm`): rank 0 makes the
 // ncclUniqueId, MPI_Bcast hands it to the others, and every rank joins with ncclCommInitRank on
-// GPU `device_index`. Keeps a duplicate of `comm` (the caller keeps its own) for split() and for
-// the unique ids of sub-groups. MPI must be initialised. With a watchdog, creation, every
+// GPU `device_index`. Keeps a duplicate of `comm` (the caller keeps its own) for split(), which
+// makes a sub-group's MPI communicator and its NCCL one by ncclCommSplit of this one (no unique id
+// of its own). MPI must be initialised. With a watchdog, creation, every
 // operation and the communicator's health are watched (see above); split() passes it on.
 std::shared_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, const std::string& name, int device_index,
                                                      std::shared_ptr<Watchdog> watchdog);

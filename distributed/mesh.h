@@ -3,8 +3,9 @@
 // world = dp * cp * tp * pp. Rank layout, tp fastest (tensor-parallel peers share a node, as in
 // Megatron), then cp (context parallelism: the ranks that split each sequence), then dp, then pp:
 //   rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index
-// (cp = 1: rank = (pp_index * dp + dp_index) * tp + tp_index). The mesh owns one Communicator per
-// axis for this rank (the ranks that differ only in that axis' index) and, with cp > 1, the
+// (cp = 1: rank = (pp_index * dp + dp_index) * tp + tp_index). The mesh holds one Communicator per
+// axis for this rank (the ranks that differ only in that axis' index: the world itself where an
+// axis spans it, a local group of one where it is 1 -- no backend communicator for either) and, with cp > 1, the
 // dp x cp group that reduces gradients (cp ranks see different tokens of the same samples, so
 // every parameter's gradient is a sum over both axes; Megatron's "dp-cp" group). It is passed
 // explicitly to whoever needs a group: there is no global process-group state.
@@ -12,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "distributed/comm.h"
 
@@ -56,6 +58,8 @@ class Mesh {
   int64_t bytes_sent() const;
   // Of those, the expert-parallel group's (its all-to-alls and the norm's expert part; 0 without ep).
   int64_t ep_bytes_sent() const;
+  // The distinct communicators of the mesh (an axis spanning the world is the world).
+  std::vector<const Communicator*> groups() const;
 
  private:
   std::shared_ptr<Communicator> world_, dp_, tp_, pp_, cp_, dp_cp_, ep_, edp_;

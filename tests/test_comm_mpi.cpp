@@ -459,6 +459,43 @@ TEST(MpiComm, MeshAxisGroups) {
   EXPECT_EQ(u.item<int64_t>(), tp == 2 ? (r / 2) * 4 + 1 : r);
 }
 
+// An axis that spans the world is the world; an axis of one is a local group (no communicator
+// made: with NCCL each was its own buffers, proxy thread and stream; issue 34, defect 7). Their
+// collectives still give the right answers, and each distinct group's bytes are counted once.
+TEST(MpiComm, MeshMakesNoCommunicatorForTheWorldOrOneRank) {
+  const int n = g_world->size(), r = g_world->rank();
+  kiln::Mesh pure_dp(g_world, kiln::MeshShape::resolve(n, 1, 1));
+  EXPECT_EQ(pure_dp.dp().get(), g_world.get());
+  EXPECT_EQ(pure_dp.dp_cp().get(), g_world.get());
+  EXPECT_NE(pure_dp.tp().get(), g_world.get());
+  EXPECT_EQ(pure_dp.tp()->size(), 1);
+  EXPECT_EQ(pure_dp.pp()->size(), 1);
+  EXPECT_EQ(pure_dp.groups().size(), 3u);  // world (= dp), tp and pp of one
+  const int64_t before = pure_dp.bytes_sent();
+  auto t = kiln::to_device(at::full({2}, r, at::kFloat), c10::Device(c10::kCPU));
+  pure_dp.dp()->all_reduce(t, kiln::ReduceOp::Sum)->wait();
+  EXPECT_EQ(t[0].item<float>(), static_cast<float>(n * (n - 1) / 2));
+  EXPECT_EQ(pure_dp.bytes_sent() - before, 2 * 8) << "the world's all_reduce counted once, not as world and dp";
+  // A group of one: reductions leave the tensor, gathers and all-to-alls copy, bytes as a backend counts them.
+  auto u = kiln::to_device(at::full({3}, r + 1, at::kFloat), c10::Device(c10::kCPU));
+  pure_dp.tp()->all_reduce(u, kiln::ReduceOp::Avg)->wait();
+  EXPECT_TRUE(at::equal(u, at::full({3}, r + 1, at::kFloat)));
+  auto g = kiln::to_device(at::zeros({3}), c10::Device(c10::kCPU));
+  pure_dp.tp()->all_gather(g, u)->wait();
+  pure_dp.tp()->all_to_all(g, u, {3}, {3})->wait();
+  EXPECT_TRUE(at::equal(g, u));
+  EXPECT_EQ(pure_dp.tp()->stats().bytes, 2 * 12 + 12 + 12);
+  EXPECT_THROW(pure_dp.pp()->send_recv({kiln::P2POp{kiln::P2POp::Kind::Send, u, 0}}), kiln::Error);
+  if (n >= 4 && n % 2 == 0) {  // tp 2: dp and tp are sub-groups of their own, pp still one rank
+    kiln::Mesh both(g_world, kiln::MeshShape::resolve(n, 2, 1));
+    EXPECT_NE(both.tp().get(), g_world.get());
+    EXPECT_NE(both.dp().get(), g_world.get());
+    EXPECT_EQ(both.tp()->size(), 2);
+    EXPECT_EQ(both.dp()->size(), n / 2);
+    EXPECT_EQ(both.groups().size(), 4u);
+  }
+}
+
 int main(int argc, char** argv) {
   kiln::Environment env(&argc, &argv);
   if (!env.info().mpi) {
