@@ -1,9 +1,11 @@
 // distributed/device.cpp -- device choice, name, peak memory and synchronisation.
 #include "distributed/device.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
+#include <ATen/Context.h>
 #include <torch/cuda.h>
 #if defined(KILN_WITH_CUDA)
 #include <ATen/ops/empty.h>
@@ -113,6 +115,11 @@ void synchronize(const c10::Device& device) {
 #if defined(KILN_WITH_CUDA)
   if (device.is_cuda()) cudaDeviceSynchronize();
 #endif
+}
+
+void use_deterministic_algorithms() {
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
 }
 
 }  // namespace kiln

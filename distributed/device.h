@@ -37,6 +37,15 @@ void reset_peak_memory(const c10::Device& device);
 // out-of-memory failure, before the next attempt.
 void release_cached_memory(const c10::Device& device);
 
+// --deterministic: LibTorch's deterministic algorithms (not warn-only: an op with no deterministic
+// kernel ends the run with LibTorch's error naming it) and cuBLAS's fixed workspace
+// (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless the environment sets it; read when the first cuBLAS
+// handle is made, so called before the first matrix product). On CUDA the attention backward
+// then accumulates without atomics (flash: its deterministic path; memory-efficient: one key
+// split; cuDNN's is never chosen), and index_add_ sorts: a replay from a checkpoint is bit-identical
+// there as on the CPU, at some cost in speed (docs/checkpoints.md). Process-wide, for the process's life.
+void use_deterministic_algorithms();
+
 // Waits for queued device work (no-op on the CPU). Used only where a time is read.
 void synchronize(const c10::Device& device);
 

@@ -120,6 +120,7 @@ const std::vector<Flag>& train_flags() {
       {"hysteresis", Kind::Int, "overflows tolerated before the scale halves", field(&TrainConfig::hysteresis)},
       {"min-loss-scale", Kind::Float, "smallest dynamic scale", field(&TrainConfig::min_loss_scale)},
       {"activation-checkpointing", Kind::String, "none | full | selective", field(&TrainConfig::activation_checkpointing)},
+      {"deterministic", Kind::Bool, "deterministic kernels (LibTorch's deterministic algorithms, cuBLAS's fixed workspace): on a GPU a replay from a checkpoint is bit-identical, at some cost in speed (docs/checkpoints.md)", field(&TrainConfig::deterministic)},
       {"loss-chunk-rows", Kind::Int, "rows per chunk of the output layer + cross-entropy (0: 256 MiB of fp32 logits; -1: the plain whole-logits way, to compare)", field(&TrainConfig::loss_chunk_rows)},
       {"on-nonfinite", Kind::String, "stop | skip: a non-finite loss or gradient norm (bf16, fp32) stops the run, or skips the step", field(&TrainConfig::on_nonfinite)},
       {"save-dir", Kind::String, "checkpoint directory", field(&TrainConfig::save_dir)},

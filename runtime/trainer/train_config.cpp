@@ -240,6 +240,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["activation_checkpointing"] = activation_checkpointing;
   j["on_nonfinite"] = on_nonfinite;
   j["loss_chunk_rows"] = loss_chunk_rows;
+  j["deterministic"] = deterministic;
   j["save_dir"] = save_dir;
   j["save_every"] = save_every;
   j["keep_last"] = keep_last;

@@ -72,6 +72,7 @@ struct TrainConfig {
   std::string activation_checkpointing = "none";  // none | full | selective
   std::string on_nonfinite = "stop";          // bf16/fp32 non-finite loss or norm: stop | skip
   int64_t loss_chunk_rows = 0;  // output layer + loss in chunks of rows: 0 = by size, -1 = whole logits (plain)
+  bool deterministic = false;   // deterministic kernels: GPU replay bit-identical (distributed/device.h)
 
   // ---- checkpoints and logs
   std::string save_dir;        // empty = no checkpoints

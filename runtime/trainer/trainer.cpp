@@ -148,6 +148,7 @@ void Trainer::build_mesh() {
                       " of " + std::to_string(proc_.world_size) + " ranks): the expert-parallel groups are carved out of dp");
   }
   r.dev = select_device(cfg_.device, proc_.local_rank);
+  if (cfg_.deterministic) use_deterministic_algorithms();  // before the first matrix product
   r.precision = parse_precision(cfg_.precision);
   const c10::Device device = r.dev.device;
   if (cfg_.device_memory_cap_gb > 0) cap_device_memory(device, cfg_.device_memory_cap_gb);

@@ -13,6 +13,8 @@
 #     (flash), and context parallelism's masked attention (cp 2, two ranks over MPI on the one
 #     GPU) -- read from the profiles' host operators (aten::_scaled_dot_product_*); the kernel
 #     each got is printed for docs/sequence_parallel.md.
+#   --deterministic makes replay bit-identical on CUDA (issue 34, defect 6; docs/checkpoints.md):
+#     bf16 with dropout, 10 steps straight against 5 + a resume, steps 6-10 and the weights `==`.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
@@ -34,6 +36,23 @@ G=(train --device cuda --model tiny --n-head 4 --n-kv-head 2 --micro-batch 4 --s
 "$KILN_BIN" "${G[@]}" --precision bf16 --profile "$work/gqa_bf16.trace.json" >/dev/null
 timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$KILN_BIN" "${G[@]}" --backend mpi --cp 2 \
   --precision bf16 --profile "$work/gqa_cp2.trace.json" >/dev/null
+D=(train --device cuda --model tiny --dropout 0.1 --precision bf16 --micro-batch 8 --steps 10 --log-every 10 --deterministic)
+"$KILN_BIN" "${D[@]}" --log-json "$work/det_straight.jsonl" >/dev/null
+"$KILN_BIN" "${D[@]}" --stop-at-step 5 --save-dir "$work/det" >/dev/null
+"$KILN_BIN" "${D[@]}" --save-dir "$work/det" --log-json "$work/det_resumed.jsonl" >/dev/null
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
+a, b = load("det_straight"), load("det_resumed")
+assert a[0]["config"]["deterministic"] is True, a[0]["config"].get("deterministic")
+sa = {r["step"]: (r["loss"], r["grad_norm"]) for r in a if r["type"] == "step"}
+sb = {r["step"]: (r["loss"], r["grad_norm"]) for r in b if r["type"] == "step"}
+assert sorted(sb) == list(range(6, 11)), sorted(sb)
+assert all(sa[k] == sb[k] for k in sb), [(k, sa[k], sb[k]) for k in sb if sa[k] != sb[k]]
+assert a[-1]["param_sq"] == b[-1]["param_sq"], (a[-1]["param_sq"], b[-1]["param_sq"])
+print("--deterministic: replay on CUDA bit-identical (steps 6-10 and the weights' sum of squares)")
+PY
 python3 - "$work" <<'PY'
 import re, sys
 d = sys.argv[1]
