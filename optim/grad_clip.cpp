@@ -31,6 +31,30 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm
   return total;
 }
 
+at::Tensor weighted_sq_norm(const std::vector<std::pair<at::Tensor, double>>& pieces) {
+  std::vector<double> weights;  // distinct, in first-seen order
+  std::vector<std::vector<at::Tensor>> lists;
+  for (const auto& [t, w] : pieces) {
+    if (w == 0.0) continue;
+    size_t k = 0;
+    while (k < weights.size() && weights[k] != w) ++k;
+    if (k == weights.size()) {
+      weights.push_back(w);
+      lists.emplace_back();
+    }
+    lists[k].push_back(t);
+  }
+  at::Tensor total;
+  for (size_t k = 0; k < weights.size(); ++k) {
+    const bool cpu = lists[k].front().is_cpu();
+    const auto norms = at::_foreach_norm(lists[k], 2, cpu ? at::kDouble : at::kFloat);
+    at::Tensor sq = at::stack(norms).to(at::kDouble).square().sum();
+    if (weights[k] != 1.0) sq = sq * weights[k];
+    total = total.defined() ? total + sq : sq;
+  }
+  return total;
+}
+
 void scale_gradients(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm, double grad_scale) {
   if (grads.empty()) return;
   if (max_norm > 0.0) {

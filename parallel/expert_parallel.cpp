@@ -137,20 +137,21 @@ at::Tensor clip_grad_norm_ep(GPT& model, double max_norm, double grad_scale, con
                              const std::shared_ptr<Communicator>& tp, const GradOf& grad_at) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  at::Tensor sq[3];  // tp-split, replicated, experts
+  std::vector<std::pair<at::Tensor, double>> pieces[3];  // tp-split, replicated, experts
   for (const auto& item : model.named_parameters()) {
     const at::Tensor g = grad_of(grad_at, item.value());
     if (!g.defined()) continue;
     grads.push_back(g);
-    const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp
     const bool split = tp && is_tensor_parallel(item.key());
     const int kind = split ? 0 : is_expert_parameter(item.key()) ? 2 : 1;
-    const auto pieces = split ? tp_weighted_pieces(item.key(), g, model) : std::vector<std::pair<at::Tensor, double>>{{g, 1.0}};
-    for (const auto& [piece, weight] : pieces) {
-      at::Tensor v = at::linalg_vector_norm(piece, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble) * weight;
-      sq[kind] = sq[kind].defined() ? sq[kind] + v : v;
+    if (!split) {
+      pieces[kind].push_back({g, 1.0});
+      continue;
     }
+    for (const auto& piece : tp_weighted_pieces(item.key(), g, model)) pieces[kind].push_back(piece);
   }
+  at::Tensor sq[3];
+  for (int kind = 0; kind < 3; ++kind) sq[kind] = weighted_sq_norm(pieces[kind]);
   // A rank without gradients still joins both all-reduces (its peers wait in them), with zeros on
   // the run's device.
   const auto params = model.parameters();

@@ -12,6 +12,7 @@
 #include "distributed/error.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
+#include "optim/grad_clip.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/p2p.h"
 #include "parallel/pipeline_layout.h"
@@ -169,24 +170,21 @@ std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, c
 
 at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp, const GradOf& grad_at) {
   at::NoGradGuard no_grad;
-  at::Tensor total;
+  std::vector<std::pair<at::Tensor, double>> pieces;
   const double ep = static_cast<double>(model.shard().ops->expert_split);
   for (const auto& item : model.named_parameters()) {
     const at::Tensor g = grad_of(grad_at, item.value());
     if (!g.defined()) continue;
     // Expert parallelism: an expert's reduced gradient is on dp / ep ranks, not dp.
     const double copies = ep > 1.0 && is_expert_parameter(item.key()) ? ep : 1.0;
-    const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp
     const at::Tensor flat = g.reshape({-1});
     int64_t start = 0;
     for (const auto& [length, weight] : count_weights(item.key(), g, model)) {
-      const at::Tensor piece = flat.narrow(0, start, length);
+      pieces.push_back({flat.narrow(0, start, length), weight * copies});
       start += length;
-      if (weight == 0.0) continue;
-      at::Tensor sq = at::linalg_vector_norm(piece, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble) * (weight * copies);
-      total = total.defined() ? total + sq : sq;
     }
   }
+  at::Tensor total = weighted_sq_norm(pieces);
   if (!total.defined()) {
     const auto params = model.parameters();
     total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(params.empty() ? at::kCPU : params[0].device()));

@@ -346,19 +346,18 @@ at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, con
                              const GradOf& grad_at) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  at::Tensor split_sq, replicated_sq;
+  std::vector<std::pair<at::Tensor, double>> split_pieces, replicated_pieces;
   for (const auto& item : model.named_parameters()) {
     const at::Tensor g = grad_of(grad_at, item.value());
     if (!g.defined()) continue;
     grads.push_back(g);
-    const auto dt = g.is_cpu() ? at::kDouble : at::kFloat;  // as optim/grad_clip.cpp
-    const bool split = is_tensor_parallel(item.key());
-    for (const auto& [piece, weight] : split ? tp_weighted_pieces(item.key(), g, model) : decltype(tp_weighted_pieces(item.key(), g, model)){{g, 1.0}}) {
-      at::Tensor sq = at::linalg_vector_norm(piece, 2, at::OptionalIntArrayRef(), false, dt).square().to(at::kDouble) * weight;
-      at::Tensor& acc = split ? split_sq : replicated_sq;
-      acc = acc.defined() ? acc + sq : sq;
+    if (!is_tensor_parallel(item.key())) {
+      replicated_pieces.push_back({g, 1.0});
+      continue;
     }
+    for (const auto& piece : tp_weighted_pieces(item.key(), g, model)) split_pieces.push_back(piece);
   }
+  at::Tensor split_sq = weighted_sq_norm(split_pieces), replicated_sq = weighted_sq_norm(replicated_pieces);
   // A rank without gradients still joins the all-reduce (its tp peers wait in it), with zeros on
   // the run's device (a host zero would be handed to NCCL).
   const auto params = model.parameters();

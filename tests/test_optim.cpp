@@ -232,6 +232,26 @@ TEST(GradClip, NormAndScaling) {
 
 // Scale 16, window 3, hysteresis 2. Each row: overflow in, then expected skip, scale and
 // hysteresis left, from the rule in optim/loss_scaler.h applied by hand.
+// The weighted sum of squared norms the sharded clippings use (tp, ep, pipeline): one
+// multi-tensor norm per distinct weight, equal to the per-tensor sum (within fp64 rounding of the
+// order), weight-0 pieces left out, undefined for none.
+TEST(GradClip, WeightedSquaredNormEqualsThePerTensorSum) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  std::vector<std::pair<at::Tensor, double>> pieces;
+  double want = 0.0;
+  const double weights[] = {1.0, 0.5, 1.0, 0.0, 0.25, 0.5};
+  for (int i = 0; i < 6; ++i) {
+    const at::Tensor t = at::randn({7 + i, 3}, gen);
+    pieces.push_back({t, weights[i]});
+    want += weights[i] * t.to(at::kDouble).square().sum().item<double>();
+  }
+  const at::Tensor got = kiln::weighted_sq_norm(pieces);
+  EXPECT_EQ(got.scalar_type(), at::kDouble);
+  EXPECT_NEAR(got.item<double>(), want, 1e-12 * want);
+  EXPECT_FALSE(kiln::weighted_sq_norm({}).defined());
+  EXPECT_FALSE(kiln::weighted_sq_norm({{at::ones({3}), 0.0}}).defined());
+}
+
 TEST(LossScaler, DynamicSequenceWithHysteresisAndGrowth) {
   kiln::LossScaler s({/*enabled=*/true, /*static_scale=*/0.0, /*initial_scale_power=*/4, /*window=*/3,
                       /*hysteresis=*/2, /*min_scale=*/1.0});
