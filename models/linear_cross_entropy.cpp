@@ -43,20 +43,21 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
     if (need_grad) G = at::empty({N, Vp}, xc.options());
     at::Tensor loss_sum = at::zeros({}, x.options().dtype(at::kFloat));
     const double inv_n = 1.0 / static_cast<double>(N);
-    // LibTorch's log-softmax reads 16-bit input into fp32 output only for fp16 on CUDA
-    // ("conversion is supported for Half type only", seen on an H200 for bf16), so a bf16 chunk
-    // is upcast first: one more pass.
-    const bool upcast_in_kernel = x.is_cuda() && dtype == at::kHalf;
+    // 16-bit operands: on CUDA the product writes fp32 logits itself (mm's out_dtype: cuBLAS
+    // accumulates in fp32 and stores fp32), so the log-softmax reads them as they are -- three
+    // passes. LibTorch's log-softmax cannot read bf16 into fp32 ("conversion is supported for Half
+    // type only", seen on an H200), and the CPU has no mm with out_dtype: there the chunk is made
+    // in bf16 and upcast, a fourth pass.
+    const bool fp32_product = x.is_cuda() && dtype != at::kFloat;
     for (int64_t a = 0; a < N; a += chunk_rows) {
       const int64_t c = std::min(chunk_rows, N - a);
       const at::Tensor t = targets.narrow(0, a, c).unsqueeze(1);  // [c, 1]
-      at::Tensor z = at::mm(xc.narrow(0, a, c), wc.t());           // pass 1: the logits [c, Vp], compute dtype
+      // pass 1: the logits [c, Vp], fp32 on CUDA, else the compute dtype
+      at::Tensor z = fp32_product ? at::mm(xc.narrow(0, a, c), wc.t(), at::kFloat) : at::mm(xc.narrow(0, a, c), wc.t());
       // The padding columns at -inf: they drop out of the log-sum-exp and their softmax is 0, so
       // the padding rows of W get a zero gradient, with no copy of the real columns.
       if (Vp > V) z.narrow(1, V, Vp - V).fill_(-std::numeric_limits<double>::infinity());
-      const at::Tensor lsm = upcast_in_kernel         ? at::_log_softmax(z, 1, /*half_to_float=*/true)
-                             : dtype == at::kFloat ? at::_log_softmax(z, 1, false)
-                                                   : at::_log_softmax(z.to(at::kFloat), 1, false);  // pass 2: [c, Vp] fp32
+      const at::Tensor lsm = at::_log_softmax(z.scalar_type() == at::kFloat ? z : z.to(at::kFloat), 1, false);  // pass 2: [c, Vp] fp32
       const at::Tensor lt = lsm.gather(1, t);                      // [c, 1]: log p of the targets
       loss_sum.sub_(lt.sum());
       if (need_grad) {

@@ -443,8 +443,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
 
 // The passes over the logits (issue 34; the first GPU profile found the older way at nine a
 // chunk, a third of gpt2-124m's step): per chunk the product, one log-softmax and one exp -- a
-// fourth, the upcast, on the CPU under bf16, whose log-softmax cannot read 16-bit input -- then
-// the two products that read G once each. Counted as the top-level ops that read or write a
+// fourth, the upcast, on the CPU under bf16, which has no mm writing fp32 from bf16 and whose
+// log-softmax cannot read 16-bit input (on CUDA the product writes fp32: three; the GPU
+// session's profile counts the kernels) -- then the two products that read G once each. Counted as the top-level ops that read or write a
 // tensor of at least one chunk's logits.
 TEST(LinearCrossEntropy, ReadsTheLogitsThreeTimesAChunk) {
   const int64_t Vp = 512, V = 500, N = 64, chunk = 16;
