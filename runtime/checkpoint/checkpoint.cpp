@@ -204,7 +204,7 @@ std::string older_checkpoints(const std::string& dir) {
   return "; older checkpoints beside it: " + list + " (--resume " + newest + ")";
 }
 
-OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, const GPTConfig& cfg) {
+OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, const GPTConfig& cfg, bool weights_only) {
   const std::string where = "checkpoint " + dir;
   const std::string state_path = dir + "/trainer_state.json";
   if (!fs::exists(state_path)) throw ConfigError(where + ": no trainer_state.json (not a kiln checkpoint, or an incomplete one)");
@@ -233,6 +233,7 @@ OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, 
   if (!diff.empty()) throw ConfigError(where + " is for another model shape: " + diff);
   // Every file against the CRC-32 recorded when it was written (read through, a buffer at a time).
   for (const auto& [file, crc] : c.state.at("files").items()) {
+    if (weights_only && file == "optimizer.safetensors") continue;
     const std::string path = dir + "/" + file;
     if (!fs::exists(path)) throw DataError(where + ": " + file + " is missing");
     const uint32_t got = crc32_file(path);
@@ -249,6 +250,7 @@ OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, 
   } catch (const ConfigError& e) {
     throw ConfigError(where + ": " + e.what());
   }
+  if (weights_only) return c;
   c.optimizer = std::make_unique<SafetensorsReader>(dir + "/optimizer.safetensors");
   for (const auto& [name, shape] : whole.params()) {
     for (const auto& [prefix, part] : kOptimizerParts) {
@@ -516,7 +518,7 @@ std::string resolve_resume(const std::string& resume, const std::string& save_di
 }
 
 std::optional<Resumed> resume_training(const std::string& resume, const std::string& save_dir, WholeModel& state,
-                                       Communicator* world) {
+                                       Communicator* world, bool weights_only) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool root = state.writer();
   const GPTConfig& cfg = state.config();
@@ -531,7 +533,7 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
       if (dir.empty()) {
         verdict = "F";
       } else {
-        c = open_checkpoint(dir, state, cfg);
+        c = open_checkpoint(dir, state, cfg, weights_only);
         verdict = "L" + dir;
       }
     } catch (const ConfigError& e) {
@@ -552,6 +554,7 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   // The tensors, one at a time: rank 0 reads each and every rank keeps its part.
   stream_weights(state, c.model.get(), c.model_names, peak);
   for (const auto& [pname, shape] : state.params()) {
+    if (weights_only) break;  // kiln eval: AdamW's state is not needed
     for (const auto& [prefix, part] : kOptimizerParts) {
       at::Tensor whole;
       if (root) {

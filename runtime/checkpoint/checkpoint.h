@@ -132,9 +132,10 @@ struct Resumed {
 // Returns nothing for a fresh start. A checkpoint of another model shape, a file whose CRC-32
 // differs from the recorded one, a missing or misshapen tensor: ConfigError or DataError naming
 // the checkpoint and the problem, thrown on every rank together. host_world: the world's host
-// group (nullptr for a world of one).
+// group (nullptr for a world of one). weights_only (`kiln eval`): optimizer.safetensors is neither
+// needed nor read, and the AdamW state stays as built; the rest as above.
 std::optional<Resumed> resume_training(const std::string& resume, const std::string& save_dir, WholeModel& state,
-                                       Communicator* host_world);
+                                       Communicator* host_world, bool weights_only = false);
 
 // Collective over the world. The weights of `dir` only (its model.safetensors in Hugging Face
 // GPT2LMHeadModel's layout: a kiln checkpoint's, or transformers' save_pretrained's) into every

@@ -373,7 +373,7 @@ void Trainer::load_checkpoint() {
   {
     Watchdog::Window window(r.watchdog.get(), std::max(cfg_.save_timeout, cfg_.comm_init_timeout),
                             "--save-timeout: rank 0 reads the checkpoint meanwhile");
-    resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.state, r.host_world.get());
+    resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.state, r.host_world.get(), /*weights_only=*/evaluating_);
     // --init-from seeds only a fresh run (runtime/checkpoint/init_from.h): its weights, a fresh optimizer, step 0.
     if (!resumed && !cfg_.init_from.empty()) r.init_io = load_weights(cfg_.init_from, *r.state, r.host_world.get());
   }
@@ -481,6 +481,7 @@ double Trainer::evaluate(int64_t step) {
 }
 
 json Trainer::evaluate_checkpoint() {
+  evaluating_ = true;
   setup();
   Run& r = *run_;
   if (!r.val_loader) throw ConfigError("kiln eval: no validation data (--val-data)");

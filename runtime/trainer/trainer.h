@@ -38,8 +38,9 @@ class Trainer {
   // console lines and the JSONL log. Returns the summary record. Throws kiln::Error subclasses
   // on bad data, a refused checkpoint, or non-finite numerics.
   nlohmann::json run();
-  // `kiln eval`: resumes the checkpoint (cfg.resume) on this layout and evaluates it once on the
-  // validation data; returns the eval record ({"type": "eval", "step", "val_loss", ...}).
+  // `kiln eval`: loads the checkpoint's weights (cfg.resume; its optimizer state is not needed)
+  // on this layout and evaluates them once on the validation data; returns the eval record
+  // ({"type": "eval", "step", "val_loss", ...}).
   nlohmann::json evaluate_checkpoint();
 
  private:
@@ -92,6 +93,7 @@ class Trainer {
 
   double evaluate(int64_t step);  // mean validation loss, logged as an "eval" record
   TrainConfig cfg_;
+  bool evaluating_ = false;  // kiln eval: the checkpoint's weights only (no optimizer state needed)
   ProcessInfo proc_;
   std::unique_ptr<Run> run_;
 };

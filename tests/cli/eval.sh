@@ -2,7 +2,9 @@
 # tests/cli/eval.sh -- `kiln eval --checkpoint DIR`: the validation loss of a checkpoint, on the
 # layout it was trained on and on others, equals the eval record the training run wrote at that
 # step: bit for bit on one rank (the same arithmetic), within 1e-5 on tp 2, pp 2 and ZeRO-3 (the
-# sums' order changes), and within 2e-2 in bf16 (autocast rounding); bad input refused.
+# sums' order changes), and within 2e-2 in bf16 (autocast rounding); bad input refused. It needs
+# the weights only: a checkpoint without its optimizer state evaluates the same (it once refused,
+# "optimizer.safetensors is missing"), and its model file is still checked against the CRC-32.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -30,6 +32,8 @@ grep -Fq "20 micro-batches of 8 sequences -- more than the 156 samples of --val-
 "$KILN_BIN" eval --help >help.out
 grep -q -- "--val-data" help.out && grep -q -- "--eval-batches" help.out && ! grep -q -- "--lr-schedule" help.out &&
   [ "$(wc -l <help.out)" -lt 40 ] || { cat help.out; fail "kiln eval --help"; }
+cp -r ck/step_00000020 weights && rm weights/optimizer.safetensors
+"$KILN_BIN" eval --checkpoint weights --log-json weights.jsonl >/dev/null || fail "eval of a checkpoint without optimizer state"
 mpi 2 "$KILN_BIN" eval --checkpoint ck --tp 2 --log-json tp2.jsonl >/dev/null
 mpi 2 "$KILN_BIN" eval --checkpoint ck --pp 2 --log-json pp2.jsonl >/dev/null
 mpi 2 "$KILN_BIN" eval --checkpoint ck/step_00000020 --zero 3 --log-json z3.jsonl >/dev/null
@@ -40,6 +44,8 @@ ev = lambda p: [json.loads(l) for l in open(p) if '"type":"eval"' in l][-1]
 want = ev("train.jsonl")["val_loss"]
 one = ev("one.jsonl")
 assert one["step"] == 20 and one["val_loss"] == want, (one, want)
+assert ev("weights.jsonl")["val_loss"] == want, ev("weights.jsonl")
+print("weights only (no optimizer.safetensors): the same val loss")
 for name, tol in (("tp2", 1e-5), ("pp2", 1e-5), ("z3", 1e-5), ("bf16", 2e-2)):
     got = ev(f"{name}.jsonl")["val_loss"]
     assert abs(got - want) <= tol * want, (name, got, want)
@@ -58,4 +64,8 @@ refuse "give --checkpoint" --val-data shards/val_000000.bin
 refuse "no trainer_state.json" --checkpoint shards
 "$KILN_BIN" train --device cpu --steps 2 --save-dir nodata >/dev/null
 refuse "had no --val-data" --checkpoint nodata
+printf 'x' | dd of=weights/model.safetensors bs=1 seek=100 conv=notrunc 2>/dev/null
+code=0; "$KILN_BIN" eval --checkpoint weights >/dev/null 2>err || code=$?
+[ "$code" -ne 0 ] && grep -q "model.safetensors is corrupt" err || { cat err; fail "a flipped byte of a weights-only checkpoint"; }
+echo "refused: $(cat err)"
 echo PASS
