@@ -43,6 +43,7 @@
 #include "runtime/observe/console.h"
 #if defined(KILN_WITH_CUDA)
 #include "distributed/comm_nccl.h"
+#include "distributed/comm_self.h"
 #endif
 #include "distributed/device.h"
 #include "distributed/device_check.h"
@@ -155,9 +156,17 @@ void Trainer::build_mesh() {
   // A node's ranks share its cores, on CPU and GPU runs alike (distributed/host_threads.h).
   r.threads = divide_host_threads(proc_.local_size);
   // Communicators: always with several ranks; in a world of one only when a backend is named
-  // (`mpirun -np 1 kiln train --backend nccl` runs the NCCL path and the DDP wrapper alone).
+  // (`mpirun -np 1 kiln train --backend nccl` runs the NCCL path and the DDP wrapper alone) or
+  // ZeRO runs. ZeRO in one process without mpirun gets a local world (distributed/comm_self.h:
+  // its collectives are copies), as a plain run needs no MPI.
   const bool explicit_backend = cfg_.backend != "auto";
-  if (proc_.world_size > 1 || explicit_backend || cfg_.zero > 0) {
+  if (!proc_.mpi && cfg_.zero > 0 && !explicit_backend) {
+    r.backend = "local";
+    r.watchdog = std::make_shared<Watchdog>(cfg_.comm_init_timeout);
+    r.mesh = std::make_unique<Mesh>(make_self_communicator("world", "local"), r.shape);
+    r.dp_rank = 0;
+    r.host_world = make_self_communicator("host", "local");
+  } else if (proc_.world_size > 1 || explicit_backend || cfg_.zero > 0) {
     if (!proc_.mpi) {
       throw ConfigError(std::string(cfg_.zero > 0 ? "--zero " + std::to_string(cfg_.zero) : "--backend " + cfg_.backend) +
                         " needs MPI: launch with mpirun (mpirun -np 1 for a world of one)");
@@ -189,7 +198,7 @@ void Trainer::take_guards() {
   r.stop = std::make_unique<StopRequests>(cfg_.stop_signals, proc_.rank == 0);  // runtime/trainer/stop_requests.h
   // The job's distinct devices and the energy summed over them, over a communicator of their
   // own: the mesh's (host_world too, under the MPI backend) are counted in comm_bytes.
-  if (r.mesh) r.metrics_world = make_mpi_communicator(MPI_COMM_WORLD, "metrics", r.watchdog);
+  if (r.mesh) r.metrics_world = proc_.mpi ? make_mpi_communicator(MPI_COMM_WORLD, "metrics", r.watchdog) : make_self_communicator("metrics", "local");
 }
 
 // The tokenizer, the training data and its loader (this rank's micro-batches of the global

@@ -65,7 +65,7 @@ expect_fail "--config $work/typo.json: unknown key 'micro_batc' \(did you mean '
 expect_fail "--micro-batch: 'x' is not an integer" "${T[@]}" --micro-batch x
 expect_fail "fewer than seq_len\+1" "${T[@]}" --data "$work/oov.bin" --seq-len 8192
 expect_fail "--log-json .*cannot open" "${T[@]}" --log-json /nonexistent-dir/run.jsonl
-expect_fail "--zero 2 needs MPI: launch with mpirun" "${T[@]}" --zero 2
+expect_fail "--backend mpi needs MPI: launch with mpirun" "${T[@]}" --backend mpi
 expect_fail "--offload all needs --zero 3" "${T[@]}" --zero 1 --offload all
 expect_fail "--offload optimizer needs ZeRO" "${T[@]}" --offload optimizer
 expect_fail "--device-memory-cap-gb needs a CUDA device" "${T[@]}" --device-memory-cap-gb 24
