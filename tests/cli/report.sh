@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/cli/report.sh -- `kiln report` (tools/report.py): a PNG of two runs overlaid (1 rank and
-# 2 ranks), a log holding a resumed run's replayed steps drawn once, and bad input refused with
-# one line. Skipped (exit 77) where KILN_PYTHON has no matplotlib.
+# 2 ranks), a log holding a resumed run's replayed steps drawn once, against tokens seen and wall
+# time too (--x), and bad input refused with one line. Skipped (exit 77) where KILN_PYTHON has no
+# matplotlib. (The pictures were looked at, 2026-11-27: one legend below the panels, whole-number
+# step ticks, the learning rate where fp32/bf16 runs drew a flat loss scale.)
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -52,4 +54,10 @@ head -n 1 "$work/one.jsonl" >"$work/config_only.jsonl"
 refuse "no step records" "$work/config_only.jsonl" --out "$work/x.png"
 refuse "required: --out" "$work/one.jsonl"
 refuse "give a .png" "$work/one.jsonl" --out "$work/x.svg"
+refuse "--smooth 0: give 1" "$work/one.jsonl" --out "$work/x.png" --smooth 0
+refuse "argument --x: invalid choice" "$work/one.jsonl" --out "$work/x.png" --x epochs
+for x in tokens time; do
+  "$KILN_BIN" report "$work/one.jsonl" "$work/two.jsonl" --x "$x" --smooth 1 --out "$work/by_$x.png" >/dev/null || fail "--x $x"
+  [ -s "$work/by_$x.png" ] || fail "--x $x: no picture"
+done
 echo PASS
