@@ -75,6 +75,8 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
       ("tp", "tensor-parallel ranks: mpirun -np N kiln sample --tp N (default: 1)", cxxopts::value<std::string>())
       ("no-kv-cache", "recompute the whole context for every token (the reference the cache is tested against)")
       ("num-samples", "samples of the prompt, with seeds seed, seed + 1, ... (default: 1)", cxxopts::value<std::string>())
+      ("repetition-penalty", "divide the logits of ids already in the context by this (multiply the negative ones); 1 = off (default: 1)", cxxopts::value<std::string>())
+      ("stop", "end the sample before this text (not printed); repeat for several", cxxopts::value<std::vector<std::string>>())
       ("json", "print one JSON object (ids, text, figures) per sample instead of the text");
   const cxxopts::ParseResult result = parse_or_throw(opts, args, "sample", "quote a prompt with spaces");
   SampleArgs out;
@@ -96,6 +98,10 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
   out.gen.kv_cache = !result.count("no-kv-cache");
   out.json = result.count("json") > 0;
   if (result.count("num-samples")) out.num_samples = number<int64_t>(result, "num-samples");
+  if (result.count("repetition-penalty")) out.gen.sampling.repetition_penalty = number<double>(result, "repetition-penalty");
+  if (result.count("stop")) out.stop = result["stop"].as<std::vector<std::string>>();
+  for (const auto& s : out.stop)
+    if (s.empty()) throw ConfigError("--stop: give a non-empty text");
   if (out.num_samples < 1) throw ConfigError("--num-samples " + std::to_string(out.num_samples) + ": must be 1 or more");
   out.gen.validate();
   if (out.tp < 1) throw ConfigError("--tp " + std::to_string(out.tp) + ": must be 1 or more");
@@ -141,15 +147,43 @@ int run_sample(const SampleArgs& args, const ProcessInfo& proc) {
       std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
       std::fflush(stdout);
     }
+    // Stop strings: the new text so far, decoded whole, is searched after every token; what could
+    // still be the start of a stop string is held back from the stream until it is known not to be.
+    std::string text, matched;
+    size_t printed = 0, end = std::string::npos;  // end: where the first stop string starts
+    size_t hold = 0;
+    for (const auto& s : args.stop) hold = std::max(hold, s.size() - 1);
+    auto emit = [&](size_t upto) {
+      if (stream && upto > printed) {
+        std::fwrite(text.data() + printed, 1, upto - printed, stdout);
+        std::fflush(stdout);
+      }
+      printed = std::max(printed, upto);
+    };
+    if (!args.stop.empty()) {
+      gen.stop_after = [&](const std::vector<int64_t>& tokens) {
+        text = tokenizer->decode(tokens);
+        for (const auto& s : args.stop) {
+          const size_t at = text.find(s);
+          if (at != std::string::npos && (end == std::string::npos || at < end)) end = at, matched = s;
+        }
+        if (end != std::string::npos) return emit(end), true;
+        emit(text.size() > hold ? text.size() - hold : 0);
+        return false;
+      };
+    }
     const Generation g = generate(*loaded.model, prompt, gen, tp, [&](int64_t id) {
-      if (!stream) return;
+      if (!stream || !args.stop.empty()) return;
       const std::string piece = tokenizer->decode({id});
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     });
+    if (!args.stop.empty() && !g.stopped_after) emit(text.size());  // no stop string: the rest
+    const std::vector<int64_t>& ids = g.tokens;
+    const std::string sample_text = args.stop.empty() ? tokenizer->decode(ids) : text.substr(0, std::min(end, text.size()));
     if (!rank0) continue;
     const double tokens_per_s = g.seconds > 0 ? static_cast<double>(g.tokens.size()) / g.seconds : 0.0;
-    const char* why = g.stopped ? "end-of-text" : "--max-new-tokens";
+    const char* why = g.stopped ? "end-of-text" : g.stopped_after ? "--stop" : "--max-new-tokens";
     if (args.json) {
       const std::vector<int64_t> prompt_ids(prompt.begin() + 1, prompt.end());
       json rec{{"checkpoint", loaded.dir},
@@ -157,14 +191,15 @@ int run_sample(const SampleArgs& args, const ProcessInfo& proc) {
                      {"prompt", valid_utf8(args.prompt)},
                      {"prompt_ids", prompt_ids},
                      {"ids", g.tokens},
-                     {"text", valid_utf8(tokenizer->decode(g.tokens))},
-                     {"stopped", g.stopped ? "eot" : "max_new_tokens"},
+                     {"text", valid_utf8(sample_text)},
+                     {"stopped", g.stopped ? "eot" : g.stopped_after ? "stop" : "max_new_tokens"},
                      {"positions", g.positions},
                      {"window_moves", g.window_moves},
                      {"kv_cache", gen.kv_cache},
                      {"seconds", g.seconds},
                      {"tokens_per_s", tokens_per_s}};
       if (args.num_samples > 1) rec["sample"] = k + 1, rec["seed"] = gen.seed;
+      if (g.stopped_after) rec["stop"] = valid_utf8(matched);
       std::printf("%s\n", rec.dump().c_str());
     } else {
       std::printf("\n");

@@ -32,6 +32,7 @@ struct SampleArgs {
   int64_t tp = 1;              // tensor-parallel ranks (= the world under mpirun)
   bool json = false;           // one JSON object on stdout instead of the text (one per sample)
   int64_t num_samples = 1;     // samples of the prompt, seeds seed, seed + 1, ... (nanoGPT's num_samples)
+  std::vector<std::string> stop;  // --stop: the sample ends before the first of these texts (not printed)
   GenerateConfig gen;          // sampling, max new tokens, seed, cache (stop token and candidates: the tokenizer's)
   bool help = false;
   std::string help_text;

@@ -243,6 +243,25 @@ TEST(Sampling, GreedyTopKTopP) {
   EXPECT_NEAR(count[0] / 4000.0, 0.05, 0.015);
 }
 
+// The repetition penalty (CTRL's, Hugging Face's repetition_penalty): an id already in the
+// context has its logit divided by r when positive, multiplied when not; each id once however
+// often it was seen; ids outside the candidates ignored; greedy feels it too.
+TEST(Sampling, RepetitionPenalty) {
+  const auto z = at::tensor({2.0, -1.0, 1.5, 0.5}, at::kFloat);
+  const at::Tensor p = kiln::penalized(z, {0, 1, 0, 0, 7}, 2.0);
+  EXPECT_TRUE(at::equal(p, at::tensor({1.0, -2.0, 1.5, 0.5}, at::kFloat))) << p;
+  EXPECT_TRUE(at::equal(kiln::penalized(z, {0, 1}, 1.0), z));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  kiln::SamplingConfig s;
+  s.temperature = 0.0;
+  EXPECT_EQ(kiln::sample_token(z, s, gen, {0}), 0);  // off: the largest
+  s.repetition_penalty = 2.0;
+  EXPECT_EQ(kiln::sample_token(z, s, gen, {0}), 2);  // 2.0 / 2 < 1.5
+  EXPECT_EQ(kiln::sample_token(z, s, gen, {}), 0);
+  s.repetition_penalty = 0.0;
+  EXPECT_THROW(s.validate(), kiln::ConfigError);
+}
+
 TEST(Sampling, RefusesBadSettings) {
   kiln::SamplingConfig s;
   s.temperature = -0.5;

@@ -92,7 +92,7 @@ Generation generate(GPT& model, const std::vector<int64_t>& prompt, const Genera
     const auto hidden = cache ? forward_cached(model, idx, *cache) : model.hidden(idx);  // [1, n, d]
     out.positions += static_cast<int64_t>(run.size());
     const auto logits = vocabulary_logits(model, hidden.select(1, hidden.size(1) - 1), tp);  // [1, V']
-    const int64_t token = agree(sample_token(logits[0].narrow(0, 0, candidates), cfg.sampling, gen), tp, device);
+    const int64_t token = agree(sample_token(logits[0].narrow(0, 0, candidates), cfg.sampling, gen, context), tp, device);
     if (token == cfg.stop_token) {
       out.stopped = true;
       break;
@@ -100,6 +100,10 @@ Generation generate(GPT& model, const std::vector<int64_t>& prompt, const Genera
     context.push_back(token);
     out.tokens.push_back(token);
     if (on_token) on_token(token);
+    if (cfg.stop_after && cfg.stop_after(out.tokens)) {
+      out.stopped_after = true;
+      break;
+    }
   }
   if (was_training) model.train();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

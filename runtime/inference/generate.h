@@ -41,6 +41,10 @@ struct GenerateConfig {
   int64_t stop_token = -1;       // generation ends when this id is drawn (not returned); -1: never
   int64_t candidates = 0;        // ids [0, candidates) may be drawn (the tokenizer's); 0: the model's vocab_size
   bool kv_cache = true;          // false: the whole window through GPT::hidden for every token
+  // Called with the new tokens so far after each one (and on_token): true ends the generation
+  // there (a stop string, `kiln sample --stop`). Must decide alike on every tp rank (it sees the
+  // same tokens). Empty: never.
+  std::function<bool(const std::vector<int64_t>&)> stop_after;
   // ConfigError, one line naming the flag (sampling's checks; max_new_tokens negative).
   void validate() const;
 };
@@ -48,6 +52,7 @@ struct GenerateConfig {
 struct Generation {
   std::vector<int64_t> tokens;   // the new tokens, without the stop token
   bool stopped = false;          // ended by drawing stop_token
+  bool stopped_after = false;    // ended by stop_after
   int64_t positions = 0;         // positions run through the model, the prompt's included
   int64_t window_moves = 0;      // times the context passed seq_len and the window moved on
   int64_t prompt_used = 0;       // the prompt's tokens in the first window (it is cut to seq_len)

@@ -88,6 +88,27 @@ text = open("multi.out").read()
 assert text == "--- sample 1/2 (seed 5)\n" + open("s5a.out").read() + "--- sample 2/2 (seed 6)\n" + open("s6.out").read(), text
 print("--num-samples 3: seeds 5, 6, 7; samples 1 and 2 are the single runs' texts with seeds 5 and 6")
 PY
+# --stop TEXT: the sample ends before the first stop string, which is not printed; the text is
+# the prefix of the unstopped sample up to it, streamed and in JSON alike. --repetition-penalty
+# changes a greedy sample (it discourages the ids already in the context).
+"$KILN_BIN" sample --checkpoint ck --prompt "the" --temperature 0 --max-new-tokens 60 --json >free.json 2>/dev/null
+stop=$(python3 -c "import json; t = json.load(open('free.json'))['text']; print(t[10:13])")
+"$KILN_BIN" sample --checkpoint ck --prompt "the" --temperature 0 --max-new-tokens 60 --stop "$stop" --json >stop.json 2>/dev/null
+"$KILN_BIN" sample --checkpoint ck --prompt "the" --temperature 0 --max-new-tokens 60 --stop "$stop" --stop "never said" >stop.out 2>stop.err
+"$KILN_BIN" sample --checkpoint ck --prompt "the" --temperature 0 --max-new-tokens 60 --repetition-penalty 1.8 --json >rep.json 2>/dev/null
+STOP="$stop" python3 - <<'PY'
+import json, os
+free, stop, rep = (json.load(open(f)) for f in ("free.json", "stop.json", "rep.json"))
+s = os.environ["STOP"]
+want = free["text"][: free["text"].find(s)]
+assert stop["stopped"] == "stop" and stop["stop"] == s and stop["text"] == want, (stop, want)
+assert open("stop.out").read() == "the" + want + "\n", repr(open("stop.out").read())
+assert "stopped by --stop" in open("stop.err").read()
+assert rep["text"] != free["text"], rep["text"]
+print(f"--stop {s!r}: {len(want)} characters, the unstopped sample's prefix, streamed alike; --repetition-penalty 1.8 changes the greedy text")
+PY
+"$KILN_BIN" sample --checkpoint ck --repetition-penalty 0 >/dev/null 2>err && fail "--repetition-penalty 0 accepted"
+grep -q "repetition-penalty 0: must be positive" err || fail "--repetition-penalty 0: $(cat err)"
 expect_refused_num() { "$KILN_BIN" sample --checkpoint ck --num-samples 0 >/dev/null 2>err && fail "--num-samples 0 accepted"; grep -q "num-samples 0: must be 1 or more" err || fail "--num-samples 0: $(cat err)"; }
 expect_refused_num
 
