@@ -12,6 +12,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "data/hf_tokenizer.h"
 #include "data/paths.h"
 #include "data/token_file.h"
@@ -56,6 +58,8 @@ std::vector<int32_t> tokenize_bpe(const PrepConfig& cfg, const std::vector<std::
   std::vector<std::string> args{"prep", "--save", saved};
   if (!cfg.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", cfg.tokenizer});
   else args.insert(args.end(), {"--vocab", cfg.vocab, "--merges", cfg.merges});
+  args.insert(args.end(), {"--input-format", cfg.input_format, "--jsonl-field", cfg.jsonl_field});
+  if (!cfg.separator.empty()) args.insert(args.end(), {"--separator", cfg.separator});
   args.insert(args.end(), inputs.begin(), inputs.end());
   ToolRun run;
   try {
@@ -83,6 +87,43 @@ std::vector<int32_t> tokenize_bpe(const PrepConfig& cfg, const std::vector<std::
 
 }  // namespace
 
+std::vector<std::string> split_documents(const std::string& path, const std::string& contents, const PrepConfig& cfg) {
+  const bool jsonl = cfg.input_format == "jsonl" ||
+                     (cfg.input_format == "auto" && path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0);
+  std::vector<std::string> docs;
+  if (jsonl) {
+    size_t start = 0;
+    for (int64_t line = 1; start < contents.size(); ++line) {
+      size_t end = contents.find('\n', start);
+      if (end == std::string::npos) end = contents.size();
+      const std::string text = contents.substr(start, end - start);
+      start = end + 1;
+      if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
+      nlohmann::json rec;
+      try {
+        rec = nlohmann::json::parse(text);
+      } catch (const nlohmann::json::exception&) {
+        throw DataError(path + ", line " + std::to_string(line) + ": not JSON (a JSONL file holds one JSON object per line)");
+      }
+      if (!rec.is_object() || !rec.contains(cfg.jsonl_field) || !rec[cfg.jsonl_field].is_string()) {
+        throw DataError(path + ", line " + std::to_string(line) + ": no string field '" + cfg.jsonl_field +
+                        "' (give --jsonl-field NAME for another)");
+      }
+      docs.push_back(rec[cfg.jsonl_field].get<std::string>());
+    }
+    return docs;
+  }
+  if (cfg.separator.empty()) return {contents};
+  size_t start = 0;
+  while (start <= contents.size()) {
+    size_t at = contents.find(cfg.separator, start);
+    if (at == std::string::npos) at = contents.size();
+    if (at > start) docs.push_back(contents.substr(start, at - start));
+    start = at + cfg.separator.size();
+  }
+  return docs;
+}
+
 std::vector<int32_t> tokenize_bytes(const std::string& text) {
   std::vector<int32_t> tokens;
   tokens.reserve(text.size() + 1);
@@ -108,17 +149,27 @@ PrepResult run_prep(const PrepConfig& cfg) {
 
   // The whole corpus is held in memory (int32 per token). Fine for the corpora prep is meant
   // for; a streaming writer would be needed for multi-GB inputs.
+  if (cfg.input_format != "auto" && cfg.input_format != "text" && cfg.input_format != "jsonl")
+    throw ConfigError("prep: --input-format " + cfg.input_format + ": auto, text or jsonl");
+  if (cfg.jsonl_field.empty()) throw ConfigError("prep: --jsonl-field: give a field name");
   std::vector<int32_t> corpus;
+  int64_t documents = 0;
   const std::vector<std::string> inputs = expand_paths(cfg.inputs, "--input");  // quoted globs too
   if (inputs.empty()) throw ConfigError("prep: no input files");
   std::unique_ptr<Tokenizer> tokenizer;
   if (!cfg.tokenizer.empty() || !cfg.vocab.empty()) {
+    // The documents counted (and a bad JSONL line refused) here, with the byte path's rules; the
+    // tool splits them by the same rules (tools/bpe_tokenizer.py, documents()).
+    for (const auto& input : inputs) documents += static_cast<int64_t>(split_documents(input, read_file(input), cfg).size());
     corpus = tokenize_bpe(cfg, inputs, tokenizer);
   } else {
     tokenizer = std::make_unique<ByteTokenizer>();
     for (const auto& input : inputs) {
-      const std::vector<int32_t> doc = tokenize_bytes(read_file(input));
-      corpus.insert(corpus.end(), doc.begin(), doc.end());
+      for (const std::string& text : split_documents(input, read_file(input), cfg)) {
+        const std::vector<int32_t> doc = tokenize_bytes(text);
+        corpus.insert(corpus.end(), doc.begin(), doc.end());
+        ++documents;
+      }
     }
   }
   const int64_t total = static_cast<int64_t>(corpus.size());
@@ -148,6 +199,7 @@ PrepResult run_prep(const PrepConfig& cfg) {
   result.vocab_size = tokenizer->vocab_size();
   result.eot = tokenizer->eot();
   result.input_files = static_cast<int64_t>(inputs.size());
+  result.documents = documents;
   auto write = [&](const std::string& path, int64_t begin, int64_t end) {
     write_token_shard(path, std::vector<int32_t>(corpus.begin() + begin, corpus.begin() + end));
     result.files.push_back(path);

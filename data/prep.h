@@ -1,7 +1,12 @@
 // data/prep.h -- `kiln prep`: text files to llm.c token shards, and the tokenizer beside them.
 //
-// Tokenizer, by default the byte-level one: byte b -> token b (0..255); every document (one
-// input file) is preceded by the end-of-text token 256, as llm.c precedes GPT-2 documents with
+// Documents: a text file is one document, or several split at `separator` (the pieces between
+// its occurrences; empty ones dropped); a JSONL file (input_format jsonl, or auto and a name
+// ending in .jsonl: Hugging Face datasets' to_json export) is one document per line, the string
+// in its `jsonl_field` ("text"). A line that is not JSON, or has no such string, is refused with
+// the file and line.
+// Tokenizer, by default the byte-level one: byte b -> token b (0..255); every document is
+// preceded by the end-of-text token 256, as llm.c precedes GPT-2 documents with
 // EOT. Vocabulary: 257 ids, so any model with vocab_size >= 257 (the tiny preset has 512) trains
 // on the output. With `tokenizer` (a Hugging Face tokenizer.json) or `vocab` + `merges` (GPT-2's
 // vocab.json and merges.txt), a byte-level BPE (data/hf_tokenizer.h) encodes instead, through
@@ -23,7 +28,10 @@ constexpr int32_t kByteEot = 256;
 constexpr int64_t kByteVocab = 257;
 
 struct PrepConfig {
-  std::vector<std::string> inputs;    // text files, one document each
+  std::vector<std::string> inputs;    // text or JSONL files (documents: above)
+  std::string input_format = "auto";  // auto (.jsonl -> jsonl, else text) | text | jsonl
+  std::string jsonl_field = "text";   // the JSONL field holding a document's text
+  std::string separator;              // text files: documents end where this text stands; empty: one per file
   std::string out_dir;                // created if missing
   int64_t shard_tokens = 100'000'000; // tokens per train shard (llm.c's default shard size)
   int64_t val_tokens = 0;             // tokens for the validation shard
@@ -34,6 +42,7 @@ struct PrepConfig {
 struct PrepResult {
   int64_t total_tokens = 0;
   int64_t input_files = 0;         // text files read (after expanding globs)
+  int64_t documents = 0;           // documents in them (each begins with end-of-text)
   std::vector<std::string> files;  // every shard written, val first
   std::string tokenizer_file;      // the tokenizer.json written beside them
   std::string tokenizer;           // "byte" or "bpe"
@@ -43,6 +52,9 @@ struct PrepResult {
 
 // Byte-level tokens of one document: EOT then its bytes.
 std::vector<int32_t> tokenize_bytes(const std::string& text);
+
+// The documents of one input file's contents (rules above); `path` names it in errors.
+std::vector<std::string> split_documents(const std::string& path, const std::string& contents, const PrepConfig& cfg);
 
 // Throws ConfigError for bad settings and DataError for unreadable inputs or write failures.
 PrepResult run_prep(const PrepConfig& cfg);

@@ -397,10 +397,13 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
 
 PrepArgs parse_prep_args(const std::vector<std::string>& args) {
   cxxopts::Options opts("kiln prep",
-                        "Turn text files into llm.c token shards, with the tokenizer beside them (tokenizer.json).\n"
+                        "Turn text or JSONL files into llm.c token shards, with the tokenizer beside them (tokenizer.json).\n"
                         "Byte-level by default; a byte-level BPE (GPT-2's kind) with --tokenizer or --vocab/--merges.");
   opts.add_options()("h,help", "show this help")("out", "output directory", cxxopts::value<std::string>())(
-      "input", "text files, comma-separated (one document each)", cxxopts::value<std::string>())(
+      "input", "text or JSONL files, comma-separated (a text file: one document, or several with --separator; a .jsonl file: one per line)", cxxopts::value<std::string>())(
+      "input-format", "auto (.jsonl: jsonl, else text) | text | jsonl (default: auto)", cxxopts::value<std::string>())(
+      "jsonl-field", "the JSONL field holding a document's text (default: text)", cxxopts::value<std::string>())(
+      "separator", "text files: documents end where this text stands, e.g. '<|endoftext|>' (default: none, one per file)", cxxopts::value<std::string>())(
       "shard-tokens", "tokens per train shard (default 100000000, llm.c's)", cxxopts::value<std::string>())(
       "val-tokens", "tokens in the validation shard val_000000.bin, the corpus's first (default 0: none)", cxxopts::value<std::string>())(
       "tokenizer", "a Hugging Face tokenizer.json (byte-level BPE with <|endoftext|>) to encode with", cxxopts::value<std::string>())(
@@ -423,6 +426,9 @@ PrepArgs parse_prep_args(const std::vector<std::string>& args) {
   Flag list{"input", Kind::List, "", nullptr};
   out.config.inputs = typed_from_text(list, result["input"].as<std::string>()).get<std::vector<std::string>>();
   if (result.count("shard-tokens")) out.config.shard_tokens = integer("shard-tokens");
+  if (result.count("input-format")) out.config.input_format = result["input-format"].as<std::string>();
+  if (result.count("jsonl-field")) out.config.jsonl_field = result["jsonl-field"].as<std::string>();
+  if (result.count("separator")) out.config.separator = result["separator"].as<std::string>();
   if (result.count("val-tokens")) out.config.val_tokens = integer("val-tokens");
   if (result.count("tokenizer")) out.config.tokenizer = result["tokenizer"].as<std::string>();
   if (result.count("vocab")) out.config.vocab = result["vocab"].as<std::string>();

@@ -117,7 +117,8 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
       return 0;
     }
     auto result = kiln::run_prep(args.config);
-    std::printf("kiln prep: %lld tokens from %lld input file(s) into %zu shard(s)\n", static_cast<long long>(result.total_tokens),
+    std::printf("kiln prep: %lld tokens from %lld document(s) in %lld input file(s) into %zu shard(s)\n",
+                static_cast<long long>(result.total_tokens), static_cast<long long>(result.documents),
                 static_cast<long long>(result.input_files), result.files.size());
     for (const auto& f : result.files) std::printf("  %s\n", f.c_str());
     std::printf("kiln prep: tokenizer %s (%lld ids, end-of-text %lld) in %s: a model needs --vocab-size %lld or more\n",

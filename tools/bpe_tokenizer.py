@@ -8,8 +8,10 @@
 # and GPT-2's byte <-> unicode table) and stays in C++.
 #
 #   bpe_tokenizer.py prep (--tokenizer tokenizer.json | --vocab vocab.json --merges merges.txt)
+#                    [--input-format auto|text|jsonl] [--jsonl-field F] [--separator S]
 #                    --save OUT.json FILE...
-#       Every FILE is one document: end-of-text, then its ids. Writes the ids of all documents
+#       Every FILE's documents (data/prep.h's rules: a text file is one, or several split at S;
+#       a JSONL file one per line, its field F) are written as end-of-text, then their ids. Writes the ids of all documents
 #       to stdout as little-endian uint32, and the tokenizer (as tokenizer.json; built from the
 #       vocabulary and merges when those are given) to OUT.json.
 #   bpe_tokenizer.py encode --tokenizer tokenizer.json --text TEXT
@@ -66,6 +68,26 @@ def load(args, command):
     return tok, eot
 
 
+def documents(path, contents, args):
+    """The documents of one file, as data/prep.cpp's split_documents (which checks the JSONL lines first)."""
+    if args.input_format == "jsonl" or (args.input_format == "auto" and path.endswith(".jsonl")):
+        docs = []
+        for n, line in enumerate(contents.split("\n"), 1):
+            if not line.strip(" \t\r"):
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                die(f"prep: {path}, line {n}: not JSON (a JSONL file holds one JSON object per line)")
+            if not isinstance(rec, dict) or not isinstance(rec.get(args.jsonl_field), str):
+                die(f"prep: {path}, line {n}: no string field '{args.jsonl_field}' (give --jsonl-field NAME for another)")
+            docs.append(rec[args.jsonl_field])
+        return docs
+    if not args.separator:
+        return [contents]
+    return [d for d in contents.split(args.separator) if d]
+
+
 def prep(args):
     if not args.tokenizer and not (args.vocab and args.merges):
         die("kiln prep: give --tokenizer tokenizer.json, or --vocab vocab.json with --merges merges.txt")
@@ -79,11 +101,12 @@ def prep(args):
             die(f"prep: {path}: cannot read: {e.strerror}")
         except UnicodeDecodeError as e:
             die(f"prep: {path}: not UTF-8 text (byte {e.start}); a BPE tokenizer reads text (the byte-level default reads any bytes)")
-        ids = array.array("I", [eot])
-        ids.extend(tok.encode(text, add_special_tokens=False).ids)
-        if sys.byteorder != "little":
-            ids.byteswap()
-        out.write(ids.tobytes())
+        for doc in documents(path, text, args):
+            ids = array.array("I", [eot])
+            ids.extend(tok.encode(doc, add_special_tokens=False).ids)
+            if sys.byteorder != "little":
+                ids.byteswap()
+            out.write(ids.tobytes())
     out.flush()
     tok.save(args.save)
 
@@ -103,6 +126,9 @@ def main():
     parser.add_argument("--merges")
     parser.add_argument("--save")
     parser.add_argument("--text", default="")
+    parser.add_argument("--input-format", default="auto", choices=["auto", "text", "jsonl"])
+    parser.add_argument("--jsonl-field", default="text")
+    parser.add_argument("--separator", default="")
     parser.add_argument("files", nargs="*")
     args = parser.parse_intermixed_args()
     if args.command == "prep":

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/cli/prep_e2e.sh -- text -> shards with `kiln prep` (inputs as a quoted glob), then
 # training on them with evaluation; and a raw uint16 token file (nanoGPT's train.bin) through
-# --data-format raw.
+# --data-format raw. Documents three ways give the same shard: one text file each, a JSONL file
+# (a "text" field per line, Hugging Face datasets' export; --jsonl-field for another) and one text
+# file with --separator; a bad JSONL line is refused with its file and line.
 source "$(dirname "$0")/common.sh"
 
 python3 - "$work" <<'PY'
@@ -14,7 +16,28 @@ PY
 "$KILN_BIN" prep --input "$work/doc*.txt" --out "$work/shards" --shard-tokens 20000 --val-tokens 4000 >"$work/prep.out"
 cat "$work/prep.out"
 # A quoted glob, as the help says: both documents, counted as input files.
-grep -q "^kiln prep: .* tokens from 2 input file(s) into .* shard(s)$" "$work/prep.out" || fail "the glob did not name 2 input files"
+grep -q "^kiln prep: .* tokens from 2 document(s) in 2 input file(s) into .* shard(s)$" "$work/prep.out" || fail "the glob did not name 2 input files"
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+docs = [open(f"{d}/doc{k}.txt").read() for k in range(2)]
+with open(f"{d}/docs.jsonl", "w") as f:
+    for k, t in enumerate(docs):
+        f.write(json.dumps({"id": k, "text": t, "body": t}) + "\n\n")
+open(f"{d}/docs.txt", "w").write("<|endoftext|>".join(docs) + "<|endoftext|>")
+open(f"{d}/bad.jsonl", "w").write(json.dumps({"text": docs[0]}) + "\n" + json.dumps({"title": "x"}) + "\n")
+PY
+"$KILN_BIN" prep --input "$work/doc0.txt,$work/doc1.txt" --out "$work/by_file" >/dev/null
+"$KILN_BIN" prep --input "$work/docs.jsonl" --out "$work/by_jsonl" >"$work/jsonl.out"
+"$KILN_BIN" prep --input "$work/docs.jsonl" --jsonl-field body --out "$work/by_field" >/dev/null
+"$KILN_BIN" prep --input "$work/docs.txt" --separator "<|endoftext|>" --out "$work/by_separator" >/dev/null
+grep -q "tokens from 2 document(s) in 1 input file(s)" "$work/jsonl.out" || { cat "$work/jsonl.out"; fail "JSONL: two documents"; }
+for v in by_jsonl by_field by_separator; do
+  cmp "$work/by_file/train_000000.bin" "$work/$v/train_000000.bin" || fail "$v: another shard than one file per document"
+done
+code=0; "$KILN_BIN" prep --input "$work/bad.jsonl" --out "$work/bad" >/dev/null 2>"$work/err" || code=$?
+[ "$code" -ne 0 ] && grep -q "bad.jsonl, line 2: no string field 'text'" "$work/err" || { cat "$work/err"; fail "a JSONL line without text"; }
+echo "documents: one file each = JSONL (text, --jsonl-field body) = --separator, byte for byte; $(cat "$work/err")"
 ls "$work/shards"
 [ -f "$work/shards/val_000000.bin" ] || fail "no validation shard"
 [ -f "$work/shards/train_000001.bin" ] || fail "expected at least two train shards"

@@ -52,6 +52,19 @@ grep -q "^kiln prep: tokenizer bpe (320 ids, end-of-text 0) in bpe/tokenizer.jso
 "$KILN_BIN" prep --input "doc*.txt" --out bpe2 --vocab tok/vocab.json --merges tok/merges.txt --val-tokens 2000 >/dev/null
 for f in val_000000.bin train_000000.bin; do cmp "bpe/$f" "bpe2/$f" || fail "--vocab/--merges shards differ from --tokenizer's ($f)"; done
 cmp bpe/tokenizer.json tok/tokenizer.json || fail "bpe/tokenizer.json is not the tokenizer prep was given"
+# The same documents as JSONL and as one file with --separator, through the tokenizers library:
+# the same shards (tools/bpe_tokenizer.py splits them by data/prep.cpp's rules).
+"$py" -c "
+import glob, json
+docs = [open(p, encoding='utf-8').read() for p in sorted(glob.glob('doc*.txt'))]
+open('docs.jsonl', 'w', encoding='utf-8').write(''.join(json.dumps({'text': t}) + '\n' for t in docs))
+open('docs.sep', 'w', encoding='utf-8').write('@@@'.join(docs))"
+"$KILN_BIN" prep --input docs.jsonl --out bpe_jsonl --tokenizer tok/tokenizer.json --val-tokens 2000 >/dev/null
+"$KILN_BIN" prep --input docs.sep --separator @@@ --out bpe_sep --tokenizer tok/tokenizer.json --val-tokens 2000 >/dev/null
+for v in bpe_jsonl bpe_sep; do
+  for f in val_000000.bin train_000000.bin; do cmp "bpe/$f" "$v/$f" || fail "$v: $f differs from one file per document"; done
+done
+echo "BPE: JSONL and --separator documents give the shards of one file per document"
 "$py" - <<'PY'
 import glob, struct
 from tokenizers import Tokenizer
