@@ -127,6 +127,8 @@ const std::vector<Flag>& train_flags() {
       {"save-every", Kind::Int, "steps between checkpoints (0: only after the last step)", field(&TrainConfig::save_every)},
       {"stop-at-step", Kind::Int, "end this invocation after step N (checkpointed with --save-dir); the schedule still spans --steps (0: run to --steps)", field(&TrainConfig::stop_at_step)},
       {"keep-last", Kind::Int, "checkpoints kept in --save-dir (older ones are deleted; 0: keep all)", field(&TrainConfig::keep_last)},
+      {"keep-best", Kind::Bool, "save a checkpoint at every new lowest val loss, name it in --save-dir's 'best', and never delete it", field(&TrainConfig::keep_best)},
+      {"early-stop", Kind::Int, "end the run after N evaluations without a lower val loss (0: never)", field(&TrainConfig::early_stop)},
       {"resume", Kind::String, "auto (latest in --save-dir, if any) | none | PATH (a checkpoint or a save dir)", field(&TrainConfig::resume)},
       {"init-from", Kind::String, "start from the weights of DIR (Hugging Face GPT-2 or kiln checkpoint; shape from its config.json), fresh optimizer, step 0", field(&TrainConfig::init_from)},
       {"log-json", Kind::String, "JSONL log file (rank 0)", field(&TrainConfig::log_json)},
@@ -379,7 +381,7 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
   // Nothing of the training run's bookkeeping: no log, no saving, no stop, no resume policy. The
   // working weights follow the evaluation's precision (auto) unless given: the checkpoint holds
   // fp32 masters, whatever the run computed with.
-  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "resume", "max-wall-time", "steps", "sample-every", "init-from", "tokenizer", "tensorboard", "param-dtype"})
+  for (const char* k : {"log-json", "save-dir", "save-every", "stop-at-step", "keep-last", "keep-best", "early-stop", "resume", "max-wall-time", "steps", "sample-every", "init-from", "tokenizer", "tensorboard", "param-dtype"})
     values.erase(k);
   apply_flags(result, values, out.config);
   if (out.config.val_data.empty()) {

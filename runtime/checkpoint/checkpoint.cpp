@@ -331,6 +331,24 @@ Checkpointer::Checkpointer(std::string save_dir, int64_t keep_last, bool writer)
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec || !fs::is_directory(dir_)) throw ConfigError("--save-dir " + dir_ + ": cannot create the directory (" + ec.message() + ")");
+  // A resumed --keep-best run: the best so far stays kept.
+  std::string best = fs::exists(dir_ + "/best") ? read_text(dir_ + "/best") : std::string();
+  while (!best.empty() && (best.back() == '\n' || best.back() == ' ')) best.pop_back();
+  if (best.rfind("step_", 0) == 0) {
+    try {
+      best_step_ = std::stoll(best.substr(5));
+    } catch (const std::exception&) {
+      best_step_ = -1;
+    }
+  }
+}
+
+void Checkpointer::mark_best(int64_t step) {
+  best_step_ = step;
+  if (!writer_) return;
+  write_synced(dir_ + "/best.tmp", step_name(step) + "\n");
+  if (std::rename((dir_ + "/best.tmp").c_str(), (dir_ + "/best").c_str()) != 0) io_error("cannot rename", dir_ + "/best.tmp");
+  fsync_path(dir_, true);
 }
 
 std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress, const json& run, CheckpointIo* io) {
@@ -445,7 +463,8 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
     auto steps = saved_steps(dir_);
     const int64_t drop = static_cast<int64_t>(steps.size()) - keep_last_;
     for (int64_t i = 0; i < drop; ++i) {
-      if (steps[static_cast<size_t>(i)] != progress.step) fs::remove_all(dir_ + "/" + step_name(steps[static_cast<size_t>(i)]), ec);
+      const int64_t old = steps[static_cast<size_t>(i)];
+      if (old != progress.step && old != best_step_) fs::remove_all(dir_ + "/" + step_name(old), ec);
     }
   }
   if (io) {

@@ -81,7 +81,11 @@ struct CheckpointIo {
 class Checkpointer {
  public:
   // keep_last: how many checkpoints to keep (0 = all). The writer creates the directory if needed.
+  // The checkpoint save_dir/best names (mark_best) is never deleted by retention.
   Checkpointer(std::string save_dir, int64_t keep_last, bool writer);
+  // The writer points save_dir/best at step's checkpoint (written as `latest` is: a temporary
+  // file, fsync, rename), which retention then keeps. Called after that step's save.
+  void mark_best(int64_t step);
   // Collective over the world. Saves and commits; returns the checkpoint's directory on the
   // writer ("" elsewhere). `run` is recorded as the run's config and layout. Throws kiln::Error on
   // any I/O failure, leaving earlier checkpoints as they were.
@@ -100,6 +104,7 @@ class Checkpointer {
   int64_t eot_ = -1;
   std::string dir_;
   int64_t keep_last_;
+  int64_t best_step_ = -1;  // kept by retention
   bool writer_;
   int saves_ = 0;
 };

@@ -149,6 +149,12 @@ void TrainConfig::validate_state() const {
   one_of("on-nonfinite", on_nonfinite, {"stop", "skip"});
   at_least("save-every", save_every, int64_t{0});
   at_least("keep-last", keep_last, int64_t{0});
+  at_least("early-stop", early_stop, int64_t{0});
+  if ((keep_best || early_stop > 0) && (val_data.empty() || eval_every <= 0)) {
+    throw ConfigError(std::string(keep_best ? "--keep-best" : "--early-stop") +
+                      " follows the validation loss: give --val-data and --eval-every N");
+  }
+  if (keep_best && save_dir.empty()) throw ConfigError("--keep-best keeps a checkpoint: give --save-dir");
   at_least("stop-at-step", stop_at_step, int64_t{0});
   if (resume.empty()) throw ConfigError("--resume must be auto, none, or a checkpoint path");
   if (precision == "fp16") {
@@ -244,6 +250,8 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["save_dir"] = save_dir;
   j["save_every"] = save_every;
   j["keep_last"] = keep_last;
+  j["keep_best"] = keep_best;
+  j["early_stop"] = early_stop;
   j["stop_at_step"] = stop_at_step;
   j["resume"] = resume;
   j["init_from"] = init_from;

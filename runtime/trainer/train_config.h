@@ -78,6 +78,8 @@ struct TrainConfig {
   std::string save_dir;        // empty = no checkpoints
   int64_t save_every = 0;      // steps between checkpoints; 0 = only at the end
   int64_t keep_last = 3;       // checkpoints kept in save_dir; 0 = all
+  bool keep_best = false;      // save at each new lowest val loss, name it in save_dir/best, never delete it
+  int64_t early_stop = 0;      // end the run after this many evaluations without a lower val loss; 0 = never
   int64_t stop_at_step = 0;    // end this invocation after this step (a time-limited job); 0 = at steps
   std::string resume = "auto"; // auto (latest in save_dir, if any) | none | PATH
   std::string init_from;       // HF GPT-2 or kiln checkpoint dir: its weights, fresh optimizer (runtime/checkpoint/init_from.h); empty = none

@@ -414,6 +414,10 @@ void Trainer::load_checkpoint() {
     }
     r.resumed_from = resumed->dir;
     r.resume_notice = resumed->notice;
+    if (saved.contains("best") && saved.at("best").is_object()) {
+      const json& b = saved.at("best");
+      r.best = {b.value("val_loss", static_cast<double>(INFINITY)), b.value("step", int64_t{0}), b.value("evals_since", int64_t{0})};
+    }
     r.load_io = resumed->io;
     r.progress = resumed->progress;
     if (!r.progress.loss_scaler.empty()) r.scaler->load_state(r.progress.loss_scaler);

@@ -256,21 +256,52 @@ bool Trainer::after_step(Loop& loop, int64_t step, double step_s) {
   const bool stopping = request != 0 && step + 1 < loop.end_step;
   if (stopping) loop.stop_reason = request == kStopWallTime ? "--max-wall-time" : StopRequests::name(static_cast<int>(request));
   const bool eval_now = r.val_loader && ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || step + 1 == cfg_.steps);
-  const bool save_now = !cfg_.save_dir.empty() && ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) ||
-                                                   step + 1 == loop.end_step || stopping);
+  bool save_now = !cfg_.save_dir.empty() && ((cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0) ||
+                                             step + 1 == loop.end_step || stopping);
   const bool sample_now = cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0;
   if (eval_now || save_now || sample_now) {
     synchronize(r.dev.device);  // the update of this step, before its weights are read
     r.chain_broken = true;
   }
-  if (eval_now) loop.last_eval = evaluate(step + 1);
+  bool new_best = false;
+  if (eval_now) {
+    loop.last_eval = evaluate(step + 1);
+    new_best = note_evaluation(loop, step, &save_now);
+  }
   if (sample_now && (!r.mesh || r.mesh->coord().dp == 0)) write_sample(step);
   if (save_now) save_checkpoint(loop, step);
+  if (new_best && cfg_.keep_best) r.checkpointer->mark_best(step + 1);
   if (stopping) {
     loop.stopped_at = step + 1;
     return false;
   }
-  return true;
+  return loop.early_stopped_at == 0;
+}
+
+// --keep-best and --early-stop after an evaluation at step N (every rank computed the same val
+// loss): a lower one than every before is the new best, saved (--keep-best) and pointed at by
+// save_dir/best after the save; --early-stop ends the run once that many evaluations in a row
+// found none lower (the last checkpoint saved as at the end). Returns whether N is a new best.
+bool Trainer::note_evaluation(Loop& loop, int64_t step, bool* save_now) {
+  Run& r = *run_;
+  Run::Best& best = r.best;
+  // Rank 0's value (the logged one) decides on every rank: ranks of other dp indices may have
+  // read other validation samples, and the ranks must save and stop alike.
+  double val = loop.last_eval;
+  if (r.host_world) {
+    at::Tensor v = at::full({1}, val, at::TensorOptions().dtype(at::kDouble));
+    r.host_world->broadcast(v, 0)->wait();
+    val = v.item<double>();
+  }
+  const bool improved = std::isfinite(val) && val < best.val_loss;
+  if (improved) best = {val, step + 1, 0};
+  else ++best.evals_since;
+  if (improved && cfg_.keep_best) *save_now = true;
+  if (cfg_.early_stop > 0 && best.evals_since >= cfg_.early_stop && step + 1 < loop.end_step) {
+    loop.early_stopped_at = step + 1;
+    *save_now = *save_now || !cfg_.save_dir.empty();
+  }
+  return improved;
 }
 
 // llm.c's sample (runtime/inference/generate.h): 64 tokens from end-of-text at temperature 1, seeded by the
@@ -296,7 +327,10 @@ void Trainer::save_checkpoint(Loop& loop, int64_t step) {
   CheckpointIo io;
   const auto save_start = Clock::now();
   const std::string dir = r.checkpointer->save(
-      *r.state, r.progress, {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}, {"data_sources", r.data_sources}}, &io);
+      *r.state, r.progress,
+      {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}, {"data_sources", r.data_sources},
+       {"best", r.best.step > 0 ? json{{"step", r.best.step}, {"val_loss", r.best.val_loss}, {"evals_since", r.best.evals_since}} : json(nullptr)}},
+      &io);
   if (r.host_world) r.host_world->barrier();
   loop.last_save_s = std::chrono::duration<double>(Clock::now() - save_start).count();
   if (proc_.rank == 0) {
@@ -382,6 +416,19 @@ json Trainer::finish_run(Loop& loop) {
                {"wall_s", std::chrono::duration<double>(Clock::now() - loop.start).count()}};
   if (r.pipe) summary["pipeline_stages"] = stages;
   summary["stopped"] = loop.stop_reason.empty() ? json(nullptr) : json(loop.stop_reason);
+  if (r.best.step > 0) summary["best"] = {{"step", r.best.step}, {"val_loss", r.best.val_loss}};
+  if (loop.early_stopped_at > 0) {
+    summary["early_stopped"] = loop.early_stopped_at;
+    if (rank0) {
+      char best_dir[32];
+      std::snprintf(best_dir, sizeof(best_dir), "step_%08lld", static_cast<long long>(r.best.step));
+      std::printf("kiln: early stop after step %lld: no val loss below %.4f (step %lld) in %lld evaluations (--early-stop)%s\n",
+                  static_cast<long long>(loop.early_stopped_at), r.best.val_loss, static_cast<long long>(r.best.step),
+                  static_cast<long long>(r.best.evals_since),
+                  cfg_.keep_best ? (", best checkpoint " + cfg_.save_dir + "/" + best_dir + " (named in " + cfg_.save_dir + "/best)").c_str() : "");
+      std::fflush(stdout);
+    }
+  }
   if (rank0 && !loop.stop_reason.empty()) {
     if (loop.last_saved.empty()) {
       std::printf("kiln: interrupted at step %lld (%s); nothing saved (no --save-dir)\n", static_cast<long long>(loop.stopped_at),

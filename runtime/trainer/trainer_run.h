@@ -105,6 +105,12 @@ struct Trainer::Run {
   std::optional<CheckpointIo> init_io;         // what --init-from read (a fresh run started from its weights)
 
   TrainProgress progress;     // steps done, updates applied, data position, scaler state
+  // The lowest val loss so far (--keep-best, --early-stop), carried in checkpoints ("best").
+  struct Best {
+    double val_loss = INFINITY;
+    int64_t step = 0;          // where it was measured (0: no evaluation yet)
+    int64_t evals_since = 0;   // evaluations since, none lower
+  } best;
   std::string resumed_from;   // checkpoint directory, or empty
   std::optional<double> peak;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();  // the run's start, for --max-wall-time
@@ -173,6 +179,7 @@ struct Trainer::Loop {
   std::string last_saved;
   std::string stop_reason;  // why the run stopped early, or ""
   int64_t stopped_at = 0;   // the step it stopped after
+  int64_t early_stopped_at = 0;  // --early-stop ended the run after this step (0: it did not)
   double longest_step_s = 0.0, last_save_s = 0.0;  // --max-wall-time's estimate of what comes next
   std::unique_ptr<StepProfiler> profiler;          // --profile (runtime/observe/profiler.h)
   int64_t profile_first = 0, profile_end = 0;      // its window, 0-based [first, end)

@@ -67,6 +67,8 @@ expect_fail "fewer than seq_len\+1" "${T[@]}" --data "$work/oov.bin" --seq-len 8
 expect_fail "--log-json .*cannot open" "${T[@]}" --log-json /nonexistent-dir/run.jsonl
 expect_fail "--backend mpi needs MPI: launch with mpirun" "${T[@]}" --backend mpi
 expect_fail "--offload all needs --zero 3" "${T[@]}" --zero 1 --offload all
+expect_fail "--keep-best follows the validation loss: give --val-data and --eval-every N" "${T[@]}" --keep-best
+expect_fail "--early-stop follows the validation loss" "${T[@]}" --early-stop 3
 expect_fail "--offload optimizer needs ZeRO" "${T[@]}" --offload optimizer
 expect_fail "--device-memory-cap-gb needs a CUDA device" "${T[@]}" --device-memory-cap-gb 24
 echo "PASS"

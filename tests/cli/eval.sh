@@ -5,6 +5,10 @@
 # sums' order changes), and within 2e-2 in bf16 (autocast rounding); bad input refused. It needs
 # the weights only: a checkpoint without its optimizer state evaluates the same (it once refused,
 # "optimizer.safetensors is missing"), and its model file is still checked against the CRC-32.
+# --keep-best and --early-stop follow the validation loss: at --lr 0 it never falls after the first
+# evaluation, so --early-stop 2 ends the run two evaluations later (exit 0, not a stop to resume),
+# and --keep-best's checkpoint of the first one survives --keep-last 1; while it falls, best
+# follows the newest evaluation; a resume carries the best so far.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -51,6 +55,32 @@ for name, tol in (("tp2", 1e-5), ("pp2", 1e-5), ("z3", 1e-5), ("bf16", 2e-2)):
     assert abs(got - want) <= tol * want, (name, got, want)
     print(f"{name}: val loss {got:.6f} (training's {want:.6f}, tolerance {tol:g} relative)")
 print(f"one rank: {one['val_loss']} = the training run's eval at step 20, bit for bit; ppl {one['perplexity']:.2f}")
+PY
+
+# --keep-best / --early-stop.
+B=(train --device cpu --steps 12 --eval-every 2 --eval-batches 2 --data "shards/train_*.bin" --val-data shards/val_000000.bin
+   --save-every 2 --keep-last 1 --keep-best)
+"$KILN_BIN" "${B[@]}" --lr 0 --warmup 0 --early-stop 2 --save-dir flat --log-json flat.jsonl >flat.out || fail "early stop: exit $?"
+grep -q "^kiln: early stop after step 6: no val loss below .* (step 2) in 2 evaluations (--early-stop), best checkpoint flat/step_00000002" flat.out || { cat flat.out; fail "early stop line"; }
+[ "$(cat flat/best)" = step_00000002 ] && [ -d flat/step_00000002 ] && [ -d flat/step_00000006 ] && [ ! -d flat/step_00000004 ] || { ls flat; fail "--keep-best with --keep-last 1"; }
+# Resumed, the patience already spent stays spent: the next evaluation (step 8) ends it again.
+"$KILN_BIN" "${B[@]}" --lr 0 --warmup 0 --early-stop 2 --save-dir flat --log-json flat_resumed.jsonl >flat2.out || fail "resumed early stop: exit $?"
+grep -q "^kiln: early stop after step 8: no val loss below .* (step 2) in 3 evaluations" flat2.out || { cat flat2.out; fail "the best was not carried by the checkpoint"; }
+"$KILN_BIN" "${B[@]}" --steps 8 --save-dir falling --log-json falling.jsonl >/dev/null
+"$KILN_BIN" "${B[@]}" --steps 10 --save-dir falling --log-json falling.jsonl >/dev/null
+python3 - <<'PY'
+import json
+flat = [json.loads(l) for l in open("flat.jsonl")]
+s = [r for r in flat if r["type"] == "summary"][-1]
+assert s["early_stopped"] == 6 and s["stopped"] is None and s["best"]["step"] == 2, s
+assert max(r["step"] for r in flat if r["type"] == "step") == 6
+runs = [json.loads(l) for l in open("falling.jsonl")]
+evals = [r for r in runs if r["type"] == "eval"]
+assert all(b["val_loss"] < a["val_loss"] for a, b in zip(evals, evals[1:])), [e["val_loss"] for e in evals]
+best = [r for r in runs if r["type"] == "summary"][-1]["best"]
+assert best["step"] == 10 and best["val_loss"] == evals[-1]["val_loss"], (best, evals[-1])
+assert open("falling/best").read().strip() == "step_00000010"
+print(f"--early-stop 2 at --lr 0: ended after step 6, best step 2 kept beside --keep-last 1; falling val loss: best follows it to step 10 across a resume")
 PY
 
 refuse() {
