@@ -75,7 +75,7 @@ uint32_t crc32c(const void* data, size_t n) {
   return crc ^ 0xFFFFFFFFu;
 }
 
-TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t start_step) {
+TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t start_step) : start_step_(start_step) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec || !std::filesystem::is_directory(dir)) {
@@ -134,8 +134,42 @@ void TensorBoardWriter::scalars(int64_t step, const std::vector<std::pair<std::s
   write_event(e);
 }
 
+void TensorBoardWriter::text(int64_t step, const std::string& tag_name, const std::string& markdown) {
+  std::string plugin, metadata, shape, tensor, value, summary;
+  length_delimited(plugin, 1, "text");
+  length_delimited(metadata, 1, plugin);
+  tag(tensor, 1, 0);
+  varint(tensor, 7);  // DT_STRING
+  length_delimited(tensor, 2, shape);
+  length_delimited(tensor, 8, markdown);
+  length_delimited(value, 1, tag_name);
+  length_delimited(value, 8, tensor);
+  length_delimited(value, 9, metadata);
+  length_delimited(summary, 1, value);
+  std::string e = event_head(step);
+  length_delimited(e, 5, summary);
+  write_event(e);
+}
+
+namespace {
+// Text as a markdown code block: kept as it is (spaces, newlines, characters markdown would read).
+std::string code_block(const std::string& text, const char* language = "") {
+  std::string fence = "```";
+  while (text.find(fence) != std::string::npos) fence += "`";
+  return fence + language + "\n" + text + "\n" + fence;
+}
+}  // namespace
+
 void TensorBoardWriter::record(const json& rec) {
   const std::string type = rec.value("type", std::string());
+  if (type == "config" && rec.contains("config")) {
+    text(start_step_ + 1, "config", code_block(rec.dump(2), "json"));
+    return;
+  }
+  if (type == "sample" && rec.contains("text") && rec["text"].is_string() && rec.contains("step") && rec["step"].is_number_integer()) {
+    text(rec["step"].get<int64_t>(), "samples", code_block(rec["text"].get<std::string>()));
+    return;
+  }
   const char* prefix = type == "step" ? "train/" : type == "eval" ? "eval/" : nullptr;
   if (prefix == nullptr || !rec.contains("step") || !rec["step"].is_number_integer()) return;
   static const std::vector<std::string> step_keys = {"loss", "lr", "grad_norm", "loss_scale", "tokens_per_s",

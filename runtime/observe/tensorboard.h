@@ -6,7 +6,11 @@
 // Each record's data is a serialized tensorflow.Event (tensorflow/core/util/event.proto):
 //   Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
 //           SessionLog session_log = 7; }  (6 is the deprecated LogMessage)
-//   Summary { repeated Value value = 1; }   Value { string tag = 1; float simple_value = 2; }
+//   Summary { repeated Value value = 1; }
+//   Value { string tag = 1; float simple_value = 2; TensorProto tensor = 8; SummaryMetadata metadata = 9; }
+//   SummaryMetadata { PluginData plugin_data = 1; }   PluginData { string plugin_name = 1; }
+//   TensorProto { DataType dtype = 1 (DT_STRING = 7); TensorShapeProto tensor_shape = 2 (empty:
+//                 a scalar); repeated bytes string_val = 8; }   (a text summary: plugin 'text')
 //   SessionLog { SessionStatus status = 1; }  (START = 1)
 // The first record is file_version "brain.Event:2"; then one Event per record of the run log with
 // the scalars below. These few fields are written here with protobuf's wire format (varints,
@@ -16,7 +20,10 @@
 //
 // Scalars: from each "step" record train/loss, train/lr, train/grad_norm, train/loss_scale,
 // train/tokens_per_s, train/tflops, train/mfu, train/mem_gb, train/comm_ms (those the record has as
-// numbers); from each "eval" record eval/val_loss and eval/perplexity. A resumed run starts a new
+// numbers); from each "eval" record eval/val_loss and eval/perplexity. Text (TensorBoard's Text
+// tab, markdown): the "config" record as `config` at the run's first step (the settings as given
+// and as resolved, the layout, in a JSON block) and each "sample" record's text as `samples` at
+// its step (--sample-every). A resumed run starts a new
 // file with a SessionLog START at its first step: TensorBoard then drops the earlier file's events
 // from that step on, so the steps a resume replays are shown once.
 //
@@ -51,12 +58,15 @@ class TensorBoardWriter {
   void record(const nlohmann::json& rec);
   // Scalars (tag, value) at `step`, as one Event.
   void scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values);
+  // A text summary (markdown) at `step`, as one Event.
+  void text(int64_t step, const std::string& tag_name, const std::string& markdown);
   const std::string& path() const { return path_; }
 
  private:
   void write_event(const std::string& event);
   std::string path_;
   std::FILE* file_ = nullptr;
+  int64_t start_step_ = 0;
 };
 
 }  // namespace kiln

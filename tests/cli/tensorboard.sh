@@ -10,7 +10,9 @@
 #    10 (--resume ck/step_00000010) into the same TensorBoard directory: the second event file's SessionLog START at step 11 makes
 #    TensorBoard drop the first file's steps 11-15, so steps 1..20 are shown once, with the
 #    losses of the uninterrupted run (a resume replays exactly on the same layout).
-# 3. 2 ranks (DDP): rank 0 alone writes, one event file.
+# 3. 2 ranks (DDP): rank 0 alone writes, one event file. Text (the Text tab): the config record as
+#    `config` at step 1 (its JSON, the run's settings), and --sample-every's samples as `samples`
+#    at their steps, equal to the JSONL's sample records.
 # 4. A directory that cannot be made: one line, exit 2, on 1 rank and under mpirun.
 #
 # Skipped (exit 77) when KILN_PYTHON cannot import tensorboard (launch/setup.sh installs it).
@@ -32,7 +34,7 @@ data=(--data "shards/train_*.bin" --val-data shards/val_000000.bin --eval-every 
 [ "$(ls tb_resume | grep -c tfevents)" -eq 2 ] || fail "want two event files in tb_resume: $(ls tb_resume)"
 
 # 3.
-mpi 2 "${train[@]}" --steps 4 --tensorboard tb_ddp >/dev/null
+mpi 2 "${train[@]}" --steps 4 --sample-every 2 --tensorboard tb_ddp --log-json ddp.jsonl >/dev/null
 [ "$(ls tb_ddp | grep -c tfevents)" -eq 1 ] || fail "want one event file from 2 ranks: $(ls tb_ddp)"
 
 "$py" - <<'PY'
@@ -72,6 +74,20 @@ print("tb_resume: steps 1..20 once (the replayed 11-15 dropped by the SessionLog
 ddp = scalars("tb_ddp")
 assert sorted(ddp["train/loss"]) == [1, 2, 3, 4], ddp["train/loss"]
 print("tb_ddp: rank 0's one file, steps 1..4")
+acc = EventAccumulator("tb_ddp", size_guidance={"tensors": 0})
+acc.Reload()
+assert {"config", "samples"} <= set(acc.Tags()["tensors"]), acc.Tags()["tensors"]
+text = lambda e: e.tensor_proto.string_val[0].decode("utf-8")
+config = acc.Tensors("config")
+assert [e.step for e in config] == [1], [e.step for e in config]
+body = text(config[0])
+assert body.startswith("```json\n") and body.endswith("\n```"), body[:40]
+logged = [json.loads(l) for l in open("ddp.jsonl")]
+assert json.loads(body[len("```json\n"):-len("\n```")]) == next(r for r in logged if r["type"] == "config")
+samples = {e.step: text(e) for e in acc.Tensors("samples")}
+want = {r["step"]: r["text"] for r in logged if r["type"] == "sample"}
+assert sorted(samples) == [2, 4] and all(samples[s].startswith("```") and want[s] in samples[s] for s in want), (samples, want)
+print("tb_ddp: text: config at step 1 (the config record), samples at steps 2 and 4 (the sample records)")
 PY
 
 # 4.
