@@ -353,7 +353,30 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
     return out;
   }
   if (!result.count("checkpoint")) throw ConfigError("kiln eval: give --checkpoint DIR (a checkpoint, or a save dir)");
-  const std::string dir = resolve_checkpoint_dir(result["checkpoint"].as<std::string>(), "kiln eval");
+  const std::string given_dir = result["checkpoint"].as<std::string>();
+  {
+    // A Hugging Face GPT-2 directory (save_pretrained's config.json and model.safetensors, no kiln
+    // state): its weights through --init-from's path (runtime/checkpoint/init_from.h) at step 0 --
+    // a pretrained model's perplexity before fine-tuning. The flags given are the settings.
+    if (is_hf_model_dir(given_dir)) {
+      std::map<std::string, json> values;
+      apply_flags(result, values, out.config);
+      if (out.config.val_data.empty()) {
+        throw ConfigError("kiln eval: " + given_dir + " is a Hugging Face model directory, with no run to take --val-data from: "
+                          "give --val-data FILES (paths or quoted globs)");
+      }
+      out.config.init_from = given_dir;
+      out.config.resume = "none";
+      out.config.save_dir.clear();
+      out.config.log_every = 1;
+      apply_init_from(values, out.config);
+      out.config.data = out.config.val_data;  // the training data is not read
+      out.config.steps = 1;
+      out.config.validate();
+      return out;
+    }
+  }
+  const std::string dir = resolve_checkpoint_dir(given_dir, "kiln eval");
   std::ifstream in(std::filesystem::path(dir) / "trainer_state.json");
   if (!in) throw ConfigError("kiln eval: cannot read " + dir + "/trainer_state.json");
   json state;

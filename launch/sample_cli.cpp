@@ -2,6 +2,7 @@
 #include "launch/sample_cli.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <type_traits>
 
@@ -122,6 +123,10 @@ int run_sample(const SampleArgs& args, const ProcessInfo& proc) {
   const DeviceInfo dev = select_device(args.device, proc.local_rank);
   const std::shared_ptr<Communicator> tp = args.tp > 1 ? tp_group(dev.device) : nullptr;
   const std::string dir = resolve_checkpoint_dir(args.checkpoint, "kiln sample");
+  if (is_hf_model_dir(dir) && !std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) {
+    throw ConfigError("kiln sample: " + dir + " is a Hugging Face model directory without tokenizer.json: save the model's tokenizer "
+                      "beside it (AutoTokenizer.from_pretrained(...).save_pretrained(DIR))");
+  }
   const auto tokenizer = tokenizer_for_checkpoint(dir);
   const CheckpointModel loaded = load_checkpoint_model(dir, dev.device, tp, "kiln sample");
   const GPTConfig& mc = loaded.config;

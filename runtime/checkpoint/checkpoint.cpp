@@ -484,9 +484,16 @@ std::string latest_checkpoint(const std::string& save_dir) {
   return save_dir + "/" + name;
 }
 
+bool is_hf_model_dir(const std::string& path) {
+  const fs::path p(path);
+  return fs::is_directory(p) && !fs::exists(p / "trainer_state.json") && !fs::exists(p / "latest") && fs::exists(p / "config.json") &&
+         fs::exists(p / "model.safetensors");
+}
+
 std::string resolve_checkpoint_dir(const std::string& path, const std::string& command) {
   namespace fs = std::filesystem;
   if (!fs::exists(path)) throw ConfigError(command + ": --checkpoint " + path + ": no such directory");
+  if (is_hf_model_dir(path)) return path;
   std::string dir = path;
   if (!fs::exists(fs::path(dir) / "trainer_state.json") && fs::exists(fs::path(dir) / "latest")) dir = latest_checkpoint(dir);
   if (!fs::exists(fs::path(dir) / "trainer_state.json")) {

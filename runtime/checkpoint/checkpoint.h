@@ -113,8 +113,13 @@ class Checkpointer {
 std::string latest_checkpoint(const std::string& save_dir);
 
 // A checkpoint given on the command line (kiln eval, kiln sample): `path` itself, or the checkpoint
-// a save dir's `latest` names. ConfigError, one line prefixed with `command`, when it is neither.
+// a save dir's `latest` names, or a Hugging Face model directory (is_hf_model_dir) as it is.
+// ConfigError, one line prefixed with `command`, when it is none of these.
 std::string resolve_checkpoint_dir(const std::string& path, const std::string& command);
+
+// Whether `path` is a Hugging Face model directory rather than a kiln checkpoint or save dir:
+// save_pretrained's config.json and model.safetensors, no trainer_state.json, no `latest`.
+bool is_hf_model_dir(const std::string& path);
 
 // The checkpoint --resume asks for: "" for a fresh start. auto: the latest in save_dir if any;
 // none: a fresh start, refused when save_dir already holds checkpoints (they would be

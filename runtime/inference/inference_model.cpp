@@ -12,6 +12,7 @@
 #include "parallel/tensor_parallel.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/hf_gpt2.h"
+#include "runtime/checkpoint/init_from.h"
 #include "runtime/checkpoint/safetensors.h"
 
 namespace kiln {
@@ -61,18 +62,14 @@ GPTConfig model_config(const fs::path& dir, const json& state, const std::string
   return cfg;
 }
 
-}  // namespace
 
-CheckpointModel load_checkpoint_model(const std::string& path, c10::Device device, const std::shared_ptr<Communicator>& tp,
-                                      const std::string& command) {
-  CheckpointModel out;
-  out.dir = resolve_checkpoint_dir(path, command);
-  const fs::path dir(out.dir);
+// A kiln checkpoint's state: the files it reads against the CRC-32s recorded when they were
+// written, as a resume checks them (runtime/checkpoint/checkpoint.h): a flipped byte in the
+// weights would otherwise give text and exit 0. The weights must be there; the tokenizer's files
+// are checked where present; the optimizer's state and the Hugging Face config are not read here.
+// Then its step and the model's shape.
+void read_kiln_state(CheckpointModel& out, const fs::path& dir, const std::string& command) {
   const json state = read_json(dir / "trainer_state.json", command);
-  // The files it reads against the CRC-32s recorded when they were written, as a resume checks
-  // them (runtime/checkpoint/checkpoint.h): a flipped byte in the weights would otherwise give
-  // text and exit 0. The weights must be there; the tokenizer's files are checked where present;
-  // the optimizer's state and the Hugging Face config are not read here.
   const json files = state.value("files", json::object());
   for (const auto& [file, crc] : files.items()) {
     if (file.rfind("optimizer", 0) == 0 || file == "config.json" || !crc.is_number_unsigned()) continue;
@@ -89,6 +86,27 @@ CheckpointModel load_checkpoint_model(const std::string& path, c10::Device devic
   }
   out.step = state.value("step", int64_t{0});
   out.config = model_config(dir, state, command);
+}
+
+}  // namespace
+
+CheckpointModel load_checkpoint_model(const std::string& path, c10::Device device, const std::shared_ptr<Communicator>& tp,
+                                      const std::string& command) {
+  CheckpointModel out;
+  out.dir = resolve_checkpoint_dir(path, command);
+  const fs::path dir(out.dir);
+  if (is_hf_model_dir(out.dir)) {
+    // A Hugging Face directory: the shape from config.json, checked as --init-from checks it
+    // (runtime/checkpoint/init_from.h); step 0; no recorded CRC-32s to compare with.
+    TrainConfig tc;
+    tc.init_from = out.dir;
+    apply_init_from({}, tc);
+    out.config = tc.gpt;
+    out.config.dropout = 0.0;
+    out.config.validate();
+  } else {
+    read_kiln_state(out, dir, command);
+  }
   const GPTConfig& cfg = out.config;
   const int64_t t = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
   // Built on the host, filled from the file one whole tensor at a time, moved to the device.

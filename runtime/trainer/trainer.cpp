@@ -498,15 +498,17 @@ json Trainer::evaluate_checkpoint() {
   setup();
   Run& r = *run_;
   if (!r.val_loader) throw ConfigError("kiln eval: no validation data (--val-data)");
+  // A Hugging Face directory is read as --init-from reads it: its name, at step 0.
+  const std::string source = r.resumed_from.empty() ? cfg_.init_from : r.resumed_from;
   if (proc_.rank == 0) {
     std::printf("kiln eval: %s (step %lld), %lld micro-batches of %lld sequences%s, %s on %s, %d rank(s) (dp %d tp %d pp %d)\n",
-                r.resumed_from.c_str(), static_cast<long long>(r.progress.step), static_cast<long long>(r.eval_batches),
+                source.c_str(), static_cast<long long>(r.progress.step), static_cast<long long>(r.eval_batches),
                 static_cast<long long>(cfg_.micro_batch), eval_coverage(r.eval_batches * cfg_.micro_batch, r.val_samples).c_str(),
                 cfg_.precision.c_str(), r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp);
     std::fflush(stdout);
   }
   const double loss = evaluate(r.progress.step);
-  return {{"type", "eval"}, {"step", r.progress.step}, {"val_loss", json_num(loss)}, {"checkpoint", r.resumed_from}};
+  return {{"type", "eval"}, {"step", r.progress.step}, {"val_loss", json_num(loss)}, {"checkpoint", source}};
 }
 
 }  // namespace kiln

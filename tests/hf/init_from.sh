@@ -15,6 +15,9 @@
 #    one square matrix transposed (no shape check sees it), and another batch (the windows moved
 #    by one token), must both differ from transformers' loss by more than 1e-3, a hundred times
 #    the tolerance.
+#    `kiln eval --checkpoint hf` reads the same directory (a pretrained model's perplexity before
+#    fine-tuning, issue 38): its val loss on the 8 samples equals transformers' loss within the same
+#    1e-5 on 1 rank and tp 2 (measured: equal); without --val-data it is refused with one line.
 # 2. A kiln checkpoint as --init-from (its save directory, whose latest is taken): the step count
 #    restarts at 1, the first loss equals `kiln eval` of those weights on the same 8 samples
 #    (1e-6 relative: both kiln forwards on one rank in fp32, but each step visits the 8 samples in
@@ -80,6 +83,20 @@ print(f"transposed c_proj: kiln {broken:.6f} vs {ref['loss_T64']:.6f} ({rel(brok
       f"another batch: transformers {shifted:.6f} vs kiln {s['loss']:.6f} ({rel(s['loss'], shifted):.1e})")
 assert rel(broken, ref["loss_T64"]) > 1e-3 and rel(s["loss"], shifted) > 1e-3
 PY
+
+"$KILN_BIN" eval --checkpoint hf --val-data data.bin --micro-batch 8 --eval-batches 1 --log-json eval_hf.jsonl >eval_hf.out
+grep -q "^kiln eval: hf (step 0)" eval_hf.out || { cat eval_hf.out; fail "kiln eval of a Hugging Face directory: header"; }
+mpi 2 "$KILN_BIN" eval --checkpoint hf --val-data data.bin --micro-batch 8 --eval-batches 1 --tp 2 --log-json eval_hf_tp2.jsonl >/dev/null
+"$py" - <<'PY'
+import json
+want = json.load(open("reference.json"))["loss_T64"]
+for name in ("eval_hf", "eval_hf_tp2"):
+    got = [json.loads(l) for l in open(f"{name}.jsonl") if '"type":"eval"' in l][-1]["val_loss"]
+    assert abs(got - want) <= 1e-5 * want, (name, got, want)
+    print(f"{name}: kiln eval of the Hugging Face directory {got:.7f} = transformers' {want:.7f} within 1e-5")
+PY
+code=0; "$KILN_BIN" eval --checkpoint hf >/dev/null 2>err || code=$?
+[ "$code" -eq 2 ] && grep -q "is a Hugging Face model directory, with no run to take --val-data from" err || { cat err; fail "kiln eval hf without --val-data"; }
 
 # 2. A kiln checkpoint as --init-from.
 run=("$KILN_BIN" train --device cpu --data data.bin --micro-batch 8 --dropout 0 --lr 1e-3 --min-lr 1e-3 --warmup 0)

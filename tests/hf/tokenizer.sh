@@ -164,6 +164,31 @@ a, b = val("e1.jsonl"), val("e2.jsonl")
 print(f"kiln eval: 1 rank {a:.7f}, tp 2 {b:.7f}")
 assert abs(a - b) <= 1e-5 * abs(a), (a, b)
 PY
+# kiln sample and kiln eval on a Hugging Face directory (issue 38): save_pretrained's files
+# alone -- config.json, model.safetensors, the tokenizer -- give the checkpoint's greedy ids and
+# its val loss; without tokenizer.json, sample refuses with one line.
+mkdir -p hfdir
+transformers_dir="$ckpt"
+"$py" -c "
+import sys
+from transformers import AutoTokenizer, GPT2LMHeadModel
+GPT2LMHeadModel.from_pretrained('$transformers_dir').save_pretrained('hfdir')
+AutoTokenizer.from_pretrained('$transformers_dir').save_pretrained('hfdir')"
+[ ! -e hfdir/trainer_state.json ] || fail "hfdir holds kiln state"
+"$KILN_BIN" sample --checkpoint hfdir --prompt "$prompt" --temperature 0 --max-new-tokens 24 --json >s_hf.json
+"$KILN_BIN" eval --checkpoint hfdir --val-data bpe/val_000000.bin --eval-batches 2 --micro-batch 4 --log-json e_hf.jsonl >/dev/null
+"$KILN_BIN" eval --checkpoint "$ckpt" --val-data bpe/val_000000.bin --eval-batches 2 --micro-batch 4 --log-json e_ck.jsonl >/dev/null
+python3 - <<'PY'
+import json
+s1, sh = json.load(open("s1.json")), json.load(open("s_hf.json"))
+assert sh["ids"] == s1["ids"] and sh["step"] == 0, (sh, s1)
+val = lambda p: [json.loads(l) for l in open(p) if '"type":"eval"' in l][-1]["val_loss"]
+a, h = val("e_ck.jsonl"), val("e_hf.jsonl")
+assert abs(a - h) <= 1e-6 * abs(a), (a, h)
+print(f"a Hugging Face directory: kiln sample gives the checkpoint's greedy ids, kiln eval its val loss ({h:.7f})")
+PY
+rm hfdir/tokenizer.json
+refused "hfdir is a Hugging Face model directory without tokenizer.json" sample --checkpoint hfdir
 
 # 4. The byte-level tokenizer travels the same way: synthetic data, and kiln prep's default.
 "$KILN_BIN" train --device cpu --n-layer 1 --seq-len 32 --steps 2 --save-dir syn >/dev/null
