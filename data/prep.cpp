@@ -2,6 +2,7 @@
 #include "data/prep.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -48,41 +49,156 @@ std::string shard_path(const fs::path& dir, const char* kind, int64_t index) {
   return (dir / name).string();
 }
 
+// Tokens to shards as they come: the first val_tokens into val_000000.bin, then train shards of
+// shard_tokens, each written as soon as it is full (the last one at finish) into a staging
+// directory inside the output, and moved into it only once all are written -- a failure leaves
+// no partial set. Memory: one shard's tokens (4 bytes a token), whatever the corpus.
+class ShardWriter {
+ public:
+  ShardWriter(const fs::path& out, int64_t shard_tokens, int64_t val_tokens)
+      : out_(out), staging_(out / (".prep-staging-" + std::to_string(::getpid()))), shard_(shard_tokens), val_(val_tokens) {
+    std::error_code ec;
+    fs::create_directories(staging_, ec);
+    if (ec) throw DataError(out.string() + ": cannot create " + staging_.string() + ": " + ec.message());
+  }
+  ~ShardWriter() {
+    std::error_code ec;
+    fs::remove_all(staging_, ec);
+  }
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  void add(const int32_t* t, size_t n) {
+    while (n > 0) {
+      const bool in_val = total_ < val_;
+      const int64_t room = in_val ? val_ - total_ : shard_ - static_cast<int64_t>(buffer_.size());
+      const size_t take = static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(n)));
+      buffer_.insert(buffer_.end(), t, t + take);
+      total_ += static_cast<int64_t>(take);
+      t += take;
+      n -= take;
+      if (total_ == val_ && in_val) flush("val", 0);
+      else if (!in_val && static_cast<int64_t>(buffer_.size()) == shard_) flush("train", train_index_++);
+    }
+  }
+  int64_t total() const { return total_; }
+  // The shards, moved into the output directory (val first). DataError when the corpus holds no
+  // training token after the validation ones.
+  std::vector<std::string> finish() {
+    if (total_ <= val_) {
+      throw DataError("prep: val-tokens " + std::to_string(val_) + " leaves no training tokens (the inputs hold " +
+                      std::to_string(total_) + " tokens)");
+    }
+    if (!buffer_.empty()) flush("train", train_index_++);
+    std::vector<std::string> out;
+    for (const auto& name : written_) {
+      std::error_code ec;
+      fs::rename(staging_ / name, out_ / name, ec);
+      if (ec) throw DataError(out_.string() + ": cannot move " + name + " into place: " + ec.message());
+      out.push_back((out_ / name).string());
+    }
+    return out;
+  }
+
+ private:
+  void flush(const char* kind, int64_t index) {
+    const std::string path = shard_path(staging_, kind, index);
+    write_token_shard(path, buffer_);
+    written_.push_back(fs::path(path).filename().string());
+    buffer_.clear();
+  }
+  fs::path out_, staging_;
+  int64_t shard_, val_, total_ = 0, train_index_ = 0;
+  std::vector<int32_t> buffer_;
+  std::vector<std::string> written_;
+};
+
+// What a long prep is doing, on stderr every 5 s (nothing for a short one).
+class Progress {
+ public:
+  void update(int64_t files_done, int64_t files, int64_t tokens) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_ < std::chrono::seconds(5)) return;
+    last_ = now;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    std::fprintf(stderr, "kiln prep: %lld/%lld file(s), %.1fM tokens (%.2fM tokens/s)\n", static_cast<long long>(files_done),
+                 static_cast<long long>(files), static_cast<double>(tokens) / 1e6, static_cast<double>(tokens) / 1e6 / s);
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
+};
+
 // The corpus through a BPE tokenizer: tools/bpe_tokenizer.py writes every document's ids (end-of-text
-// first) as little-endian uint32 and the tokenizer as tokenizer.json, read back here.
-std::vector<int32_t> tokenize_bpe(const PrepConfig& cfg, const std::vector<std::string>& inputs, std::unique_ptr<Tokenizer>& tokenizer) {
-  std::string saved = (fs::temp_directory_path() / "kiln-prep-tokenizer-XXXXXX").string();
-  const int fd = mkstemp(saved.data());
-  if (fd < 0) throw DataError("prep: cannot create a temporary file in " + fs::temp_directory_path().string() + ": " + std::strerror(errno));
-  ::close(fd);
-  std::vector<std::string> args{"prep", "--save", saved};
+// first) as little-endian uint32 into a temporary file, and the tokenizer as tokenizer.json; the
+// ids are read back a million at a time into the writer.
+void tokenize_bpe(const PrepConfig& cfg, const std::vector<std::string>& inputs, std::unique_ptr<Tokenizer>& tokenizer,
+                  ShardWriter& writer, Progress& progress) {
+  auto temp = [](const char* stem) {
+    std::string path = (fs::temp_directory_path() / (std::string(stem) + "-XXXXXX")).string();
+    const int fd = mkstemp(path.data());
+    if (fd < 0) throw DataError("prep: cannot create a temporary file in " + fs::temp_directory_path().string() + ": " + std::strerror(errno));
+    ::close(fd);
+    return path;
+  };
+  const std::string saved = temp("kiln-prep-tokenizer"), ids = temp("kiln-prep-ids");
+  struct Cleanup {
+    std::vector<std::string> files;
+    ~Cleanup() {
+      std::error_code ec;
+      for (const auto& f : files) fs::remove(f, ec);
+    }
+  } cleanup{{saved, ids}};
+  std::vector<std::string> args{"prep", "--save", saved, "--ids-out", ids};
   if (!cfg.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", cfg.tokenizer});
   else args.insert(args.end(), {"--vocab", cfg.vocab, "--merges", cfg.merges});
   args.insert(args.end(), {"--input-format", cfg.input_format, "--jsonl-field", cfg.jsonl_field});
   if (!cfg.separator.empty()) args.insert(args.end(), {"--separator", cfg.separator});
   args.insert(args.end(), inputs.begin(), inputs.end());
-  ToolRun run;
-  try {
-    run = run_python_tool("bpe_tokenizer.py", args, "kiln prep with a BPE tokenizer needs Python with the tokenizers package");
-    if (run.exit_code != 0) throw ConfigError(tool_failure(run, "tools/bpe_tokenizer.py"));
-    tokenizer = load_tokenizer(saved);
-  } catch (...) {
-    fs::remove(saved);
-    throw;
-  }
-  fs::remove(saved);
-  if (run.out.size() % 4 != 0) throw DataError("prep: tools/bpe_tokenizer.py wrote " + std::to_string(run.out.size()) + " bytes, not whole uint32 ids");
-  std::vector<int32_t> corpus(run.out.size() / 4);
-  const auto* bytes = reinterpret_cast<const unsigned char*>(run.out.data());
-  for (size_t i = 0; i < corpus.size(); ++i) {
-    const uint32_t id = bytes[4 * i] | (bytes[4 * i + 1] << 8) | (bytes[4 * i + 2] << 16) | (static_cast<uint32_t>(bytes[4 * i + 3]) << 24);
-    if (static_cast<int64_t>(id) >= tokenizer->vocab_size()) {
-      throw DataError("prep: tools/bpe_tokenizer.py gave id " + std::to_string(id) + ", outside the tokenizer's " +
-                      std::to_string(tokenizer->vocab_size()) + " ids");
+  const ToolRun run = run_python_tool("bpe_tokenizer.py", args, "kiln prep with a BPE tokenizer needs Python with the tokenizers package");
+  if (run.exit_code != 0) throw ConfigError(tool_failure(run, "tools/bpe_tokenizer.py"));
+  tokenizer = load_tokenizer(saved);
+  const int64_t vocab = tokenizer->vocab_size();
+  std::FILE* f = std::fopen(ids.c_str(), "rb");
+  if (f == nullptr) throw DataError("prep: cannot read back " + ids + ": " + std::strerror(errno));
+  std::vector<unsigned char> bytes(size_t{4} << 20);
+  std::vector<int32_t> chunk;
+  size_t got = 0, carry = 0;
+  while ((got = std::fread(bytes.data() + carry, 1, bytes.size() - carry, f)) > 0) {
+    const size_t have = carry + got;
+    const size_t whole = have / 4 * 4;
+    chunk.resize(whole / 4);
+    for (size_t i = 0; i < chunk.size(); ++i) {
+      const unsigned char* b = bytes.data() + 4 * i;
+      const uint32_t id = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+      if (static_cast<int64_t>(id) >= vocab) {
+        std::fclose(f);
+        throw DataError("prep: tools/bpe_tokenizer.py gave id " + std::to_string(id) + ", outside the tokenizer's " +
+                        std::to_string(vocab) + " ids");
+      }
+      chunk[i] = static_cast<int32_t>(id);
     }
-    corpus[i] = static_cast<int32_t>(id);
+    writer.add(chunk.data(), chunk.size());
+    progress.update(0, static_cast<int64_t>(inputs.size()), writer.total());
+    carry = have - whole;
+    std::memmove(bytes.data(), bytes.data() + whole, carry);
   }
-  return corpus;
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) throw DataError("prep: cannot read back " + ids);
+  if (carry != 0) throw DataError("prep: tools/bpe_tokenizer.py wrote a partial id (not whole uint32 ids)");
+}
+
+// A document's byte-level tokens into the writer: end-of-text, then its bytes, a million at a time.
+void add_bytes(const std::string& text, ShardWriter& writer) {
+  const int32_t eot = kByteEot;
+  writer.add(&eot, 1);
+  std::vector<int32_t> chunk;
+  for (size_t at = 0; at < text.size(); at += chunk.size()) {
+    chunk.resize(std::min<size_t>(size_t{1} << 20, text.size() - at));
+    for (size_t i = 0; i < chunk.size(); ++i) chunk[i] = static_cast<unsigned char>(text[at + i]);
+    writer.add(chunk.data(), chunk.size());
+  }
 }
 
 }  // namespace
@@ -147,37 +263,11 @@ PrepResult run_prep(const PrepConfig& cfg) {
     if (!f->empty() && !fs::is_regular_file(*f)) throw ConfigError("prep: " + *f + ": no such file");
   }
 
-  // The whole corpus is held in memory (int32 per token). Fine for the corpora prep is meant
-  // for; a streaming writer would be needed for multi-GB inputs.
   if (cfg.input_format != "auto" && cfg.input_format != "text" && cfg.input_format != "jsonl")
     throw ConfigError("prep: --input-format " + cfg.input_format + ": auto, text or jsonl");
   if (cfg.jsonl_field.empty()) throw ConfigError("prep: --jsonl-field: give a field name");
-  std::vector<int32_t> corpus;
-  int64_t documents = 0;
   const std::vector<std::string> inputs = expand_paths(cfg.inputs, "--input");  // quoted globs too
   if (inputs.empty()) throw ConfigError("prep: no input files");
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (!cfg.tokenizer.empty() || !cfg.vocab.empty()) {
-    // The documents counted (and a bad JSONL line refused) here, with the byte path's rules; the
-    // tool splits them by the same rules (tools/bpe_tokenizer.py, documents()).
-    for (const auto& input : inputs) documents += static_cast<int64_t>(split_documents(input, read_file(input), cfg).size());
-    corpus = tokenize_bpe(cfg, inputs, tokenizer);
-  } else {
-    tokenizer = std::make_unique<ByteTokenizer>();
-    for (const auto& input : inputs) {
-      for (const std::string& text : split_documents(input, read_file(input), cfg)) {
-        const std::vector<int32_t> doc = tokenize_bytes(text);
-        corpus.insert(corpus.end(), doc.begin(), doc.end());
-        ++documents;
-      }
-    }
-  }
-  const int64_t total = static_cast<int64_t>(corpus.size());
-  // Checked before anything is written, so a bad split leaves the output directory untouched.
-  if (cfg.val_tokens >= total)
-    throw DataError("prep: val-tokens " + std::to_string(cfg.val_tokens) +
-                    " leaves no training tokens (the inputs hold " + std::to_string(total) +
-                    " tokens)");
 
   const fs::path dir(cfg.out_dir);
   std::error_code ec;
@@ -190,24 +280,48 @@ PrepResult run_prep(const PrepConfig& cfg) {
         throw DataError(cfg.out_dir + ": already holds shards (" + name + "); choose an empty directory");
     }
   }
+  const bool made_dir = !fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   if (ec) throw DataError(cfg.out_dir + ": cannot create directory: " + ec.message());
+  // A failure leaves the output as it was: a directory made here goes again.
+  struct RemoveOnFailure {
+    fs::path dir;
+    bool armed;
+    ~RemoveOnFailure() {
+      std::error_code ec;
+      if (armed) fs::remove_all(dir, ec);
+    }
+  } undo{dir, made_dir};
+
+  // Streamed: one input file's text and one shard's tokens in memory at a time.
+  ShardWriter writer(dir, cfg.shard_tokens, cfg.val_tokens);
+  Progress progress;
+  int64_t documents = 0;
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!cfg.tokenizer.empty() || !cfg.vocab.empty()) {
+    // The documents counted (and a bad JSONL line refused) here, with the byte path's rules; the
+    // tool splits them by the same rules (tools/bpe_tokenizer.py, documents()).
+    for (const auto& input : inputs) documents += static_cast<int64_t>(split_documents(input, read_file(input), cfg).size());
+    tokenize_bpe(cfg, inputs, tokenizer, writer, progress);
+  } else {
+    tokenizer = std::make_unique<ByteTokenizer>();
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      for (const std::string& text : split_documents(inputs[k], read_file(inputs[k]), cfg)) {
+        add_bytes(text, writer);
+        ++documents;
+      }
+      progress.update(static_cast<int64_t>(k + 1), static_cast<int64_t>(inputs.size()), writer.total());
+    }
+  }
 
   PrepResult result;
-  result.total_tokens = total;
+  result.files = writer.finish();
+  result.total_tokens = writer.total();
   result.tokenizer = tokenizer->name();
   result.vocab_size = tokenizer->vocab_size();
   result.eot = tokenizer->eot();
   result.input_files = static_cast<int64_t>(inputs.size());
   result.documents = documents;
-  auto write = [&](const std::string& path, int64_t begin, int64_t end) {
-    write_token_shard(path, std::vector<int32_t>(corpus.begin() + begin, corpus.begin() + end));
-    result.files.push_back(path);
-  };
-  if (cfg.val_tokens > 0) write(shard_path(dir, "val", 0), 0, cfg.val_tokens);
-  int64_t index = 0;
-  for (int64_t begin = cfg.val_tokens; begin < total; begin += cfg.shard_tokens, ++index)
-    write(shard_path(dir, "train", index), begin, std::min(total, begin + cfg.shard_tokens));
   // The tokenizer beside the shards, where kiln train looks for it.
   const std::string tok_path = (dir / "tokenizer.json").string();
   {
@@ -219,6 +333,7 @@ PrepResult run_prep(const PrepConfig& cfg) {
     if (ec) throw DataError(tok_path + ": cannot write: " + ec.message());
   }
   result.tokenizer_file = tok_path;
+  undo.armed = false;
   return result;
 }
 

@@ -12,6 +12,9 @@
 // vocab.json and merges.txt), a byte-level BPE (data/hf_tokenizer.h) encodes instead, through
 // Python's tokenizers library (tools/bpe_tokenizer.py): each document is end-of-text (the tokenizer's
 // <|endoftext|> id), then its ids.
+// Streamed (docs/data.md): one input file and one shard in memory at a time; the shards go into
+// a staging directory in out_dir and are moved in once all are written; progress on stderr every
+// 5 s of a long run.
 // Output: <out_dir>/val_000000.bin holding the first `val_tokens` tokens (none if 0), then
 // <out_dir>/train_000000.bin, train_000001.bin, ... of at most `shard_tokens` tokens each, and
 // <out_dir>/tokenizer.json: the tokenizer, which `kiln train` finds beside the shards and every

@@ -419,6 +419,9 @@ TEST_F(DataTest, PrepWritesValThenTrainShards) {
   EXPECT_EQ(result.vocab_size, kByteVocab);
   EXPECT_EQ(load_tokenizer(result.tokenizer_file)->name(), "byte");
 
+  for (const auto& e : fs::directory_iterator(cfg.out_dir))  // the staging directory is gone
+    EXPECT_EQ(e.path().filename().string().rfind(".prep-staging", 0), std::string::npos) << e.path();
+
   cfg.val_tokens = 0;
   cfg.out_dir = path("noval");
   EXPECT_EQ(run_prep(cfg).files.size(), 4u);  // 14 tokens in shards of 4

@@ -9,9 +9,10 @@
 #
 #   bpe_tokenizer.py prep (--tokenizer tokenizer.json | --vocab vocab.json --merges merges.txt)
 #                    [--input-format auto|text|jsonl] [--jsonl-field F] [--separator S]
-#                    --save OUT.json FILE...
+#                    --save OUT.json [--ids-out IDS] FILE...
 #       Every FILE's documents (data/prep.h's rules: a text file is one, or several split at S;
-#       a JSONL file one per line, its field F) are written as end-of-text, then their ids. Writes the ids of all documents
+#       a JSONL file one per line, its field F) are written as end-of-text, then their ids, to
+#       IDS (default: stdout) as they are encoded: kiln prep streams them into shards. Writes the ids of all documents
 #       to stdout as little-endian uint32, and the tokenizer (as tokenizer.json; built from the
 #       vocabulary and merges when those are given) to OUT.json.
 #   bpe_tokenizer.py encode --tokenizer tokenizer.json --text TEXT
@@ -92,7 +93,10 @@ def prep(args):
     if not args.tokenizer and not (args.vocab and args.merges):
         die("kiln prep: give --tokenizer tokenizer.json, or --vocab vocab.json with --merges merges.txt")
     tok, eot = load(args, "prep")
-    out = sys.stdout.buffer
+    try:
+        out = open(args.ids_out, "wb") if args.ids_out else sys.stdout.buffer
+    except OSError as e:
+        die(f"prep: --ids-out {args.ids_out}: cannot write: {e.strerror}")
     for path in args.files:
         try:
             with open(path, "rb") as f:
@@ -108,6 +112,8 @@ def prep(args):
                 ids.byteswap()
             out.write(ids.tobytes())
     out.flush()
+    if args.ids_out:
+        out.close()
     tok.save(args.save)
 
 
@@ -125,6 +131,7 @@ def main():
     parser.add_argument("--vocab")
     parser.add_argument("--merges")
     parser.add_argument("--save")
+    parser.add_argument("--ids-out")
     parser.add_argument("--text", default="")
     parser.add_argument("--input-format", default="auto", choices=["auto", "text", "jsonl"])
     parser.add_argument("--jsonl-field", default="text")
