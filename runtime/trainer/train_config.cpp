@@ -274,7 +274,25 @@ nlohmann::json TrainConfig::to_json() const {
   return j;
 }
 
-std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_dp, const TrainConfig& now, int now_dp) {
+namespace {
+// A data_sources record without its file names (what is compared), and its one-line description.
+nlohmann::json without_names(const nlohmann::json& sources) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& s : sources) out.push_back({s.value("tokens", int64_t{0}), s.value("fingerprint", std::string())});
+  return out;
+}
+std::string describe_sources(const nlohmann::json& sources) {
+  int64_t tokens = 0;
+  for (const auto& s : sources) tokens += s.value("tokens", int64_t{0});
+  return std::to_string(sources.size()) + " file(s) of " + std::to_string(tokens) + " tokens";
+}
+}  // namespace
+
+std::vector<ConfigChange> config_changes(const nlohmann::json& saved_run, const TrainConfig& now, int now_dp,
+                                         const nlohmann::json& now_sources) {
+  const nlohmann::json saved = saved_run.value("config", nlohmann::json::object());
+  const int saved_dp = saved_run.value("dp", now_dp);
+  const bool by_fingerprint = saved_run.contains("data_sources");
   static const std::set<std::string> replay = {"data",        "data_format", "synthetic_tokens", "seed",
                                                "dropout",     "lr",          "min_lr",           "warmup",
                                                "lr_schedule", "warmup_type", "warmup_start_lr", "lr_decay_steps",
@@ -291,7 +309,15 @@ std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_
   for (const auto& [key, value] : cur.items()) {
     if (ignored.count(key) || !saved.contains(key)) continue;
     if (saved.at(key) == value) continue;
-    out.push_back({key, saved.at(key), value, replay.count(key) > 0});
+    // The --data text: its files are compared below where the checkpoint recorded them.
+    out.push_back({key, saved.at(key), value, replay.count(key) > 0 && !(key == "data" && by_fingerprint)});
+  }
+  if (by_fingerprint) {
+    const nlohmann::json& was = saved_run.at("data_sources");
+    if (without_names(was) != without_names(now_sources)) {
+      out.push_back({"data files", describe_sources(was),
+                     describe_sources(now_sources) + (was.size() == now_sources.size() ? " (other tokens)" : ""), true});
+    }
   }
   const auto batch = [](const nlohmann::json& c, int dp) {
     return c.value("micro_batch", int64_t{0}) * c.value("grad_accum", int64_t{0}) * dp;

@@ -133,16 +133,19 @@ struct ConfigChange {
   bool breaks_replay = false;    // the resumed run can no longer be the uninterrupted one
 };
 
-// What differs between the config a checkpoint recorded (TrainConfig::to_json() of the run that
-// saved it, with its dp) and this run's. Settings that break the documented replay: the data
+// What differs between the run a checkpoint recorded (trainer_state.json's `run`: TrainConfig::
+// to_json() of the run that saved it as "config", its "dp", its "data_sources") and this run
+// (`now`, its dp, and its data_sources record: each training file's token count and fingerprint). Settings that break the documented replay: the data
 // (sources, format, synthetic size), the seed, the model's dropout (its shape is checked with the
 // tensors), the global batch (micro-batch x grad-accum x dp), the optimizer and its schedule
 // (lr, min-lr, warmup, weight decay, clipping, AdamW's betas and eps) and the precision with its
 // loss scaler. Others are legitimate and only logged: more steps, another layout (dp, tp, pp,
 // ZeRO, offload, micro-batch and grad-accum at the same global batch), the device, logs,
-// checkpoints, timeouts. Paths of this run's own outputs are not compared. (The trainer then
-// compares the data's files by their token counts and fingerprints where the checkpoint recorded
-// them, and the "data" text change stops breaking the replay: runtime/trainer/trainer.cpp.)
-std::vector<ConfigChange> config_changes(const nlohmann::json& saved, int saved_dp, const TrainConfig& now, int now_dp);
+// checkpoints, timeouts. Paths of this run's own outputs are not compared. The data is compared by
+// what the sample order depends on where the checkpoint recorded it -- the files' token counts and
+// fingerprints, not their names: the same file named another way is the same data, a shard added
+// under an unchanged glob is not -- and by the --data text where it did not.
+std::vector<ConfigChange> config_changes(const nlohmann::json& saved_run, const TrainConfig& now, int now_dp,
+                                         const nlohmann::json& now_sources);
 
 }  // namespace kiln

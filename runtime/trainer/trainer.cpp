@@ -93,18 +93,6 @@ json data_sources_record(const TokenDataset& data) {
   return out;
 }
 
-// A record without its file names (what is compared), and its one-line description.
-json without_names(const json& sources) {
-  json out = json::array();
-  for (const auto& s : sources) out.push_back({s.value("tokens", int64_t{0}), s.value("fingerprint", std::string())});
-  return out;
-}
-std::string describe_sources(const json& sources) {
-  int64_t tokens = 0;
-  for (const auto& s : sources) tokens += s.value("tokens", int64_t{0});
-  return std::to_string(sources.size()) + " file(s) of " + std::to_string(tokens) + " tokens";
-}
-
 }  // namespace
 
 Trainer::Trainer(TrainConfig cfg, ProcessInfo proc) : cfg_(std::move(cfg)), proc_(proc) {}
@@ -390,20 +378,7 @@ void Trainer::load_checkpoint() {
     // The resumed run must be the uninterrupted one continued: settings that would change what it
     // trains on, or how, are refused unless asked for (every rank holds the checkpoint's record).
     const json& saved = resumed->run;
-    r.config_changes = config_changes(saved.value("config", json::object()), saved.value("dp", r.shape.dp), cfg_, r.shape.dp);
-    // The data is compared by what the sample order depends on (each source's token count and
-    // fingerprint), not by the --data text: the same file named another way is the same data, a
-    // shard added under an unchanged glob is not. A checkpoint without the record: the text.
-    if (saved.contains("data_sources")) {
-      for (auto& c : r.config_changes) {
-        if (c.key == "data") c.breaks_replay = false;
-      }
-      const json& was = saved.at("data_sources");
-      if (without_names(was) != without_names(r.data_sources)) {
-        r.config_changes.push_back({"data files", describe_sources(was), describe_sources(r.data_sources) +
-                                    (was.size() == r.data_sources.size() ? " (other tokens)" : ""), true});
-      }
-    }
+    r.config_changes = config_changes(saved, cfg_, r.shape.dp, r.data_sources);
     std::string breaking;
     for (const auto& c : r.config_changes) {
       if (c.breaks_replay) breaking += (breaking.empty() ? "" : ", ") + c.key + " " + c.saved.dump() + " -> " + c.now.dump();
