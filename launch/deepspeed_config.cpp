@@ -14,6 +14,9 @@ namespace kiln {
 
 namespace {
 
+// The notice of a key accepted without effect: "<key>: accepted; <why>".
+constexpr const char* kAccepted = ": accepted; ";
+
 using json = nlohmann::json;
 
 // Keys that only tune performance, memory placement kiln decides itself, or logging: accepted,
@@ -178,6 +181,8 @@ class Reader {
   }
   void automatic(const std::string& key, const std::string& kiln_setting) { ds_.auto_keys[key] = kiln_setting; }
   void notice(const std::string& line) { ds_.notices.push_back(line); }
+  // A key kiln accepts without acting on it, with the reason (deepspeed_console_lines groups them).
+  void accepted(const std::string& key, const std::string& why) { notice(key + kAccepted + why); }
 
   // A key every section handles alike: tuning (notice), default-only, refused. Returns false
   // when the key is none of these (the caller maps it, or refuses it as unknown).
@@ -196,7 +201,7 @@ class Reader {
     }
     if (auto it = tuning_keys().find(key); it != tuning_keys().end()) {
       // A switch left off needs no word.
-      if (!it->second.empty() && !v.is_null() && !(v.is_boolean() && !v.get<bool>())) notice(key + ": accepted; " + it->second);
+      if (!it->second.empty() && !v.is_null() && !(v.is_boolean() && !v.get<bool>())) accepted(key, it->second);
       return true;
     }
     return false;
@@ -417,7 +422,7 @@ void read_zero(Reader& r, const json& file) {
         if (ok == "device") {
           device = Reader::is_auto(ov) ? "auto" : r.text(okey, ov);
         } else if (ok == "pipeline" || ok == "pipeline_read" || ok == "pipeline_write") {
-          r.notice(okey + ": accepted; kiln does not offload to NVMe");
+          r.accepted(okey, "kiln does not offload to NVMe");
         } else {
           r.unknown(okey);
         }
@@ -591,6 +596,23 @@ void finish_deepspeed(const DeepSpeedSettings& ds, const std::set<std::string>& 
   }
   config.deepspeed = ds.path;
   config.deepspeed_used = {{"file", ds.path}, {"auto", autos}, {"notices", notices}};
+}
+
+std::vector<std::string> deepspeed_console_lines(const nlohmann::json& deepspeed_used) {
+  std::vector<std::string> lines;
+  std::string accepted;
+  int n = 0;
+  for (const auto& item : deepspeed_used.value("notices", nlohmann::json::array())) {
+    const std::string line = item.get<std::string>();
+    const size_t at = line.find(kAccepted);
+    if (at == std::string::npos) lines.push_back(line);
+    else accepted += (n++ > 0 ? ", " : "") + line.substr(0, at);
+  }
+  if (n > 0) {
+    lines.push_back(std::to_string(n) + " key(s) accepted that change nothing kiln does: " + accepted +
+                    " (why: the config record's deepspeed.notices)");
+  }
+  return lines;
 }
 
 }  // namespace kiln

@@ -69,4 +69,9 @@ bool deepspeed_structural_flag(const std::string& flag);
 void finish_deepspeed(const DeepSpeedSettings& ds, const std::set<std::string>& flags_given, int world_size,
                       TrainConfig& config);
 
+// What the console says of the record's notices (config.deepspeed_used): the keys accepted that
+// change nothing kiln does in one line (each with its reason in the record; a template config
+// printed 7 lines on every launch), every other notice on its own line. Without a prefix.
+std::vector<std::string> deepspeed_console_lines(const nlohmann::json& deepspeed_used);
+
 }  // namespace kiln

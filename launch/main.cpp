@@ -33,6 +33,7 @@
 #include "distributed/suggest.h"
 #include "launch/bench.h"
 #include "launch/cli.h"
+#include "launch/deepspeed_config.h"
 #include "launch/plan_cli.h"
 #include "launch/sample_cli.h"
 #include "runtime/trainer/stop_requests.h"
@@ -77,25 +78,7 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
       return 0;
     }
     if (proc.rank == 0 && !args.config.deepspeed.empty()) {
-      // The keys accepted without effect in one line (each with its reason in the config record's
-      // deepspeed.notices; a template config printed 7 lines on every launch); a flag that
-      // overrides a key, on its own line.
-      std::string accepted;
-      int n_accepted = 0;
-      const nlohmann::json notices = args.config.deepspeed_used.value("notices", nlohmann::json::array());
-      for (const auto& item : notices) {
-        const std::string line = item.get<std::string>();
-        const size_t at = line.find(": accepted; ");
-        if (at == std::string::npos) {
-          std::printf("kiln: deepspeed: %s\n", line.c_str());
-        } else {
-          accepted += (n_accepted++ > 0 ? ", " : "") + line.substr(0, at);
-        }
-      }
-      if (n_accepted > 0) {
-        std::printf("kiln: deepspeed: %d key(s) accepted that change nothing kiln does: %s (why: the config record's deepspeed.notices)\n",
-                    n_accepted, accepted.c_str());
-      }
+      for (const auto& line : kiln::deepspeed_console_lines(args.config.deepspeed_used)) std::printf("kiln: deepspeed: %s\n", line.c_str());
     }
     const auto summary = kiln::Trainer(args.config, proc).run();
     // Stopped on request (a signal, --max-wall-time): saved, and to be resumed.
