@@ -232,17 +232,9 @@ OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, 
   }
   if (!diff.empty()) throw ConfigError(where + " is for another model shape: " + diff);
   // Every file against the CRC-32 recorded when it was written (read through, a buffer at a time).
-  for (const auto& [file, crc] : c.state.at("files").items()) {
-    if (weights_only && file == "optimizer.safetensors") continue;
-    const std::string path = dir + "/" + file;
-    if (!fs::exists(path)) throw DataError(where + ": " + file + " is missing");
-    const uint32_t got = crc32_file(path);
-    if (got != crc.get<uint32_t>()) {
-      throw DataError(where + ": " + file + " is corrupt (CRC-32 " + std::to_string(got) + ", recorded " +
-                      std::to_string(crc.get<uint32_t>()) + ")" + older_checkpoints(dir));
-    }
-    c.bytes += static_cast<int64_t>(fs::file_size(path));
-  }
+  c.bytes = check_recorded_files(
+      dir, c.state.at("files"), where, [&](const std::string& f) { return !(weights_only && f == "optimizer.safetensors"); },
+      [](const std::string&) { return false; }, older_checkpoints(dir));
   // Every tensor there, with its shape, before anything is loaded.
   c.model = std::make_unique<SafetensorsReader>(dir + "/model.safetensors");
   try {
@@ -484,6 +476,27 @@ std::string latest_checkpoint(const std::string& save_dir) {
   return save_dir + "/" + name;
 }
 
+int64_t check_recorded_files(const std::string& dir, const json& files, const std::string& where,
+                             const std::function<bool(const std::string&)>& check,
+                             const std::function<bool(const std::string&)>& missing_ok, const std::string& hint) {
+  int64_t bytes = 0;
+  for (const auto& [file, crc] : files.items()) {
+    if (!check(file) || !crc.is_number_unsigned()) continue;
+    const std::string path = dir + "/" + file;
+    if (!fs::exists(path)) {
+      if (missing_ok(file)) continue;
+      throw DataError(where + ": " + file + " is missing");
+    }
+    const uint32_t got = crc32_file(path);
+    if (got != crc.get<uint32_t>()) {
+      throw DataError(where + ": " + file + " is corrupt (CRC-32 " + std::to_string(got) + ", recorded " +
+                      std::to_string(crc.get<uint32_t>()) + ")" + hint);
+    }
+    bytes += static_cast<int64_t>(fs::file_size(path));
+  }
+  return bytes;
+}
+
 bool is_hf_model_dir(const std::string& path) {
   const fs::path p(path);
   return fs::is_directory(p) && !fs::exists(p / "trainer_state.json") && !fs::exists(p / "latest") && fs::exists(p / "config.json") &&
@@ -628,10 +641,8 @@ CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicato
       } catch (const json::exception& e) {
         throw DataError(where + ": trainer_state.json is not valid JSON (" + std::string(e.what()) + ")");
       }
-      const json crc = st.value("files", json::object()).value("model.safetensors", json());
-      if (crc.is_number_unsigned() && crc32_file(path) != crc.get<uint32_t>()) {
-        throw DataError(where + ": model.safetensors is corrupt (its CRC-32 differs from the one trainer_state.json records)");
-      }
+      check_recorded_files(dir, st.value("files", json::object()), where, [](const std::string& f) { return f == "model.safetensors"; },
+                           [](const std::string&) { return false; });
     }
     file = std::make_unique<SafetensorsReader>(path);
     // The model's shape, with the file's number of positions where it has more (their first rows).

@@ -117,6 +117,15 @@ std::string latest_checkpoint(const std::string& save_dir);
 // ConfigError, one line prefixed with `command`, when it is none of these.
 std::string resolve_checkpoint_dir(const std::string& path, const std::string& command);
 
+// The files a kiln checkpoint's trainer_state.json records ("files": name -> the CRC-32 written
+// with it) that `check(name)` selects, read through against it: DataError "<where>: NAME is
+// corrupt (CRC-32 got, recorded want)<hint>", or "<where>: NAME is missing" when `missing_ok(name)`
+// is false (a missing file it allows is passed over). Returns the bytes of the files read. The one
+// check of resume, --init-from and kiln sample.
+int64_t check_recorded_files(const std::string& dir, const nlohmann::json& files, const std::string& where,
+                             const std::function<bool(const std::string&)>& check,
+                             const std::function<bool(const std::string&)>& missing_ok, const std::string& hint = "");
+
 // Whether `path` is a Hugging Face model directory rather than a kiln checkpoint or save dir:
 // save_pretrained's config.json and model.safetensors, no trainer_state.json, no `latest`.
 bool is_hf_model_dir(const std::string& path);

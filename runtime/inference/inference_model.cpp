@@ -70,20 +70,10 @@ GPTConfig model_config(const fs::path& dir, const json& state, const std::string
 // Then its step and the model's shape.
 void read_kiln_state(CheckpointModel& out, const fs::path& dir, const std::string& command) {
   const json state = read_json(dir / "trainer_state.json", command);
-  const json files = state.value("files", json::object());
-  for (const auto& [file, crc] : files.items()) {
-    if (file.rfind("optimizer", 0) == 0 || file == "config.json" || !crc.is_number_unsigned()) continue;
-    const fs::path path = dir / file;
-    if (!fs::exists(path)) {
-      if (file != "model.safetensors") continue;
-      throw DataError(command + ": " + out.dir + ": " + file + " is missing");
-    }
-    const uint32_t got = crc32_file(path.string());
-    if (got != crc.get<uint32_t>()) {
-      throw DataError(command + ": " + out.dir + ": " + file + " is corrupt (CRC-32 " + std::to_string(got) + ", recorded " +
-                      std::to_string(crc.get<uint32_t>()) + ")");
-    }
-  }
+  check_recorded_files(
+      out.dir, state.value("files", json::object()), command + ": " + out.dir,
+      [](const std::string& f) { return f.rfind("optimizer", 0) != 0 && f != "config.json"; },
+      [](const std::string& f) { return f != "model.safetensors"; });
   out.step = state.value("step", int64_t{0});
   out.config = model_config(dir, state, command);
 }
