@@ -34,12 +34,6 @@ HfSlot hf_slot(const std::string& kiln_name) {
   return {"transformer." + kiln_name, linear, false};
 }
 
-std::string shape_text(at::IntArrayRef s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 // The HF shape of a kiln parameter of shape `s`.
 std::vector<int64_t> hf_shape(const HfSlot& slot, at::IntArrayRef s, const GPTConfig& cfg) {
   std::vector<int64_t> out(s.begin(), s.end());
@@ -83,8 +77,8 @@ NamedTensors to_hf_gpt2(const GPTConfig& cfg, const std::map<std::string, at::Te
     auto it = kiln_params.find(item.key());
     if (it == kiln_params.end()) throw ConfigError("kiln parameters lack '" + item.key() + "'");
     if (it->second.sizes() != item.value().sizes()) {
-      throw ConfigError("kiln parameter '" + item.key() + "' has shape " + shape_text(it->second.sizes()) +
-                        ", the model config gives " + shape_text(item.value().sizes()));
+      throw ConfigError("kiln parameter '" + item.key() + "' has shape " + shape_text(it->second.sizes().vec()) +
+                        ", the model config gives " + shape_text(item.value().sizes().vec()));
     }
     const HfSlot slot = hf_slot(item.key());
     out.emplace_back(slot.hf_name, to_hf_tensor(slot, it->second, cfg));

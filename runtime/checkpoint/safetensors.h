@@ -36,6 +36,14 @@
 
 namespace kiln {
 
+// "[a, b, c]": a shape in messages (any integer type: a bad header's shape may overflow int64).
+template <typename Int>
+std::string shape_text(const std::vector<Int>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 // Tensors with their names, in the order given (the writer sorts them by name).
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
