@@ -45,33 +45,35 @@ ModelShard make_context_parallel(ModelShard shard, const GPTConfig& cfg, const s
   // every layer: SDPA's fused kernels keep their bias for backward, and a boolean mask would be
   // converted -- a new [2C, T] tensor kept per layer (gpt2-1.5b at T 32k, cp 2: 51 GB in all).
   // One tensor for the run: a [2C, T] of the compute dtype.
-  // The gathered rows' permutation into position order is the same every call: kept beside it.
+  // The keys stay in the order they arrive (rank-major: rank i's 2C rows hold its positions
+  // context_positions(T, n, i)); the mask is made in that order, so no permutation copies K and V
+  // (and its backward, a scatter-add, accumulates nothing): attention does not care in which order
+  // its keys come, as long as the mask says which each query may see.
   struct MaskCache {
     std::mutex mutex;
-    at::Tensor bias, order;
+    at::Tensor bias;
   };
   auto cache = std::make_shared<MaskCache>();
   ops->gather_kv = [cp, n, cache](const at::Tensor& k, const at::Tensor& v) {
     const int64_t local = k.size(2), T = local * n;
     const c10::Device device = k.device();
-    // [2, B, KV, 2C, h] gathered along the positions, rank-major: rank i's 2C rows hold its
-    // positions context_positions(T, n, i); `order` puts them in position order.
-    const at::Tensor all = all_gather_rows(at::stack({k, v}), 3, cp);
+    // [B, KV, T, h] each, gathered along the positions in arrival order. K and V in collectives
+    // of their own, each gathered into a tensor of its own: a kernel that copies one of them (the
+    // CPU's math path transposes K) then frees it instead of keeping a stacked [2, ...] alive.
+    const at::Tensor K = all_gather_rows(k, 2, cp), V = all_gather_rows(v, 2, cp);
     std::lock_guard<std::mutex> lock(cache->mutex);
-    at::Tensor &bias = cache->bias, &order = cache->order;
+    at::Tensor& bias = cache->bias;
     if (!bias.defined() || bias.size(0) != local || bias.size(1) != T || bias.device() != device ||
         bias.scalar_type() != k.scalar_type()) {
-      std::vector<at::Tensor> held;
+      std::vector<at::Tensor> held;  // the position of each gathered key
       for (int64_t i = 0; i < n; ++i) held.push_back(context_positions(T, n, i, device));
-      order = at::argsort(at::cat(held));
+      const at::Tensor key_pos = at::cat(held);
       const at::Tensor mine = context_positions(T, n, cp->rank(), device);
-      const at::Tensor allowed = at::arange(T, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0) <= mine.unsqueeze(1);
+      const at::Tensor allowed = key_pos.unsqueeze(0) <= mine.unsqueeze(1);  // [2C, T]: key j visible to query i
       bias = at::zeros({local, T}, k.options().requires_grad(false))
                  .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
     }
-    // K and V each in a tensor of its own: a kernel that copies one of them (the CPU's math path
-    // transposes K) then frees the gathered original instead of keeping it alive beside V.
-    return std::make_tuple(all[0].index_select(2, order), all[1].index_select(2, order), bias);
+    return std::make_tuple(K, V, bias);
   };
   // Attention dropout: a stream per (tp, cp) rank.
   ops->in_tp_region = [tp_rank, n, r](c10::Device device, const std::function<at::Tensor()>& fn) {

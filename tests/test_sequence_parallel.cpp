@@ -131,9 +131,22 @@ TEST(ContextParallel, OneMaskForEveryLayer) {
   const auto [k2, v2, m2] = shard.ops->gather_kv(k, v);
   ASSERT_EQ(m1.sizes(), (std::vector<int64_t>{local, c.seq_len}));
   EXPECT_TRUE(m1.is_same(m2)) << "a new mask per call";
-  // Additive: 0 where position pos(j) may see key k (k <= pos(j)), -inf elsewhere.
+  // Additive: 0 where query position pos(j) may see key k (its position key_pos(k) <= pos(j)),
+  // -inf elsewhere. The keys come in the order they arrive, rank-major (rank i's 2C rows: its
+  // positions), not sorted: no permutation copies K and V (issue 34's cost list).
   const at::Tensor pos = kiln::context_positions(c.seq_len, n, g_world->rank());
-  const at::Tensor allowed = at::arange(c.seq_len).unsqueeze(0) <= pos.unsqueeze(1);
+  std::vector<at::Tensor> held;
+  for (int64_t i = 0; i < n; ++i) held.push_back(kiln::context_positions(c.seq_len, n, i));
+  const at::Tensor key_pos = at::cat(held);
+  const at::Tensor allowed = key_pos.unsqueeze(0) <= pos.unsqueeze(1);
+  // The gathered keys are every rank's, in that order: rank i's block is its own k.
+  std::vector<at::Tensor> blocks;
+  for (int64_t i = 0; i < n; ++i) {
+    at::Tensor b = k.clone();
+    g_world->broadcast(b, static_cast<int>(i))->wait();
+    blocks.push_back(b);
+  }
+  EXPECT_TRUE(at::equal(k1, at::cat(blocks, 2))) << "K in arrival order";
   EXPECT_TRUE(at::equal(m1.eq(0), allowed));
   EXPECT_TRUE(at::isinf(m1).eq(allowed.logical_not()).all().item<bool>());
   EXPECT_EQ(k1.size(2), c.seq_len);
