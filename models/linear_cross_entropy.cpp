@@ -43,21 +43,24 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
     if (need_grad) G = at::empty({N, Vp}, xc.options());
     at::Tensor loss_sum = at::zeros({}, x.options().dtype(at::kFloat));
     const double inv_n = 1.0 / static_cast<double>(N);
-    // 16-bit operands: on CUDA the product writes fp32 logits itself (mm's out_dtype: cuBLAS
-    // accumulates in fp32 and stores fp32), so the log-softmax reads them as they are -- three
-    // passes. LibTorch's log-softmax cannot read bf16 into fp32 ("conversion is supported for Half
-    // type only", seen on an H200), and the CPU has no mm with out_dtype: there the chunk is made
-    // in bf16 and upcast, a fourth pass.
-    const bool fp32_product = x.is_cuda() && dtype != at::kFloat;
+    // 16-bit operands, fp32 logits: the log-softmax then reads them as they are -- three passes
+    // (LibTorch's log-softmax cannot read bf16 into fp32, "conversion is supported for Half type
+    // only", seen on an H200: a bf16 product would need an upcast pass). On CUDA mm's out_dtype
+    // (cuBLAS accumulates in fp32 and stores fp32); the CPU has no such mm, so there the operands
+    // are upcast instead -- W once, x a chunk at a time: neither is logits-sized -- and multiplied
+    // in fp32: the same products of 16-bit values, accumulated in fp32.
+    const bool fp32_product = dtype != at::kFloat;
+    const at::Tensor w32 = fp32_product && !x.is_cuda() ? wc.to(at::kFloat) : at::Tensor();
     for (int64_t a = 0; a < N; a += chunk_rows) {
       const int64_t c = std::min(chunk_rows, N - a);
       const at::Tensor t = targets.narrow(0, a, c).unsqueeze(1);  // [c, 1]
-      // pass 1: the logits [c, Vp], fp32 on CUDA, else the compute dtype
-      at::Tensor z = fp32_product ? at::mm(xc.narrow(0, a, c), wc.t(), at::kFloat) : at::mm(xc.narrow(0, a, c), wc.t());
+      // pass 1: the logits [c, Vp] in fp32
+      const at::Tensor xa = xc.narrow(0, a, c);
+      at::Tensor z = !fp32_product ? at::mm(xa, wc.t()) : x.is_cuda() ? at::mm(xa, wc.t(), at::kFloat) : at::mm(xa.to(at::kFloat), w32.t());
       // The padding columns at -inf: they drop out of the log-sum-exp and their softmax is 0, so
       // the padding rows of W get a zero gradient, with no copy of the real columns.
       if (Vp > V) z.narrow(1, V, Vp - V).fill_(-std::numeric_limits<double>::infinity());
-      const at::Tensor lsm = at::_log_softmax(z.scalar_type() == at::kFloat ? z : z.to(at::kFloat), 1, false);  // pass 2: [c, Vp] fp32
+      const at::Tensor lsm = at::_log_softmax(z, 1, false);  // pass 2: [c, Vp] fp32
       const at::Tensor lt = lsm.gather(1, t);                      // [c, 1]: log p of the targets
       loss_sum.sub_(lt.sum());
       if (need_grad) {

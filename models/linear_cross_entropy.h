@@ -14,24 +14,25 @@
 // through in chunks of `chunk_rows`: a chunk's logits are made, reduced to its loss and turned
 // into its rows of G in place; after the last chunk two matrix products give dloss/dx and
 // dloss/dW, and only those are kept for backward ((N d + Vp d) 4 bytes: 0.2 GB there). Peak: G
-// in the compute dtype (2 N Vp: 1.65 GB there) plus one chunk's fp32 work (256 MiB by default).
+// in the compute dtype (2 N Vp: 1.65 GB there) plus one chunk's fp32 work (256 MiB by default),
+// and on the CPU under bf16 an fp32 copy of W for the products (4 Vp d: 0.15 GB there).
 // The gradient is computed in the forward (as llm.c's fused classifier does): backward only
 // scales it by the incoming gradient. Under no-grad (evaluation) no G is made.
 //
 // Passes over a chunk's logits (each a read or write of c x Vp elements; the first GPU profile
-// found the older way at nine, a third of gpt2-124m's step on an H200): (1) the product writes z,
-// its padding columns set to -inf (they leave the log-sum-exp, and their softmax, hence G's
-// padding columns and W's padding rows' gradient, is exactly 0) -- in fp32 on CUDA (mm's
-// out_dtype from 16-bit operands), in the compute dtype on the CPU, which has no such mm and whose
-// log-softmax cannot read bf16 into fp32, so there z is upcast, a fourth pass under bf16; (2) one
-// log-softmax reads z and writes log p in fp32; (3) exp reads log p and writes G's rows
+// found the older way at nine, a third of gpt2-124m's step on an H200): (1) the product writes z
+// in fp32, its padding columns set to -inf (they leave the log-sum-exp, and their softmax, hence
+// G's padding columns and W's padding rows' gradient, is exactly 0) -- from 16-bit operands by
+// mm's out_dtype on CUDA, by upcasting the operands on the CPU (W once, x per chunk: not
+// logits-sized), which has no such mm; (2) one log-softmax reads z and writes log p in fp32; (3)
+// exp reads log p and writes G's rows
 // rounded once to the compute dtype. The loss is -mean(log p at the targets), and G's target
 // entries are overwritten with expm1(log p_t) = p_t - 1 from fp32. G stays unscaled (in [-1, 1]);
 // the two products after the last chunk read it once each and apply 1/N as cuBLAS's alpha.
 //
-// Numerics: the logits are the same products, rounded to the compute dtype on the CPU (on CUDA
-// kept in fp32: cuBLAS's fp32 accumulator, not rounded -- closer to the exact loss than the plain
-// way's bf16 logits), and log-sum-exp and softmax run in fp32 as before; G is rounded to the compute dtype as the plain way rounds its
+// Numerics: the logits are the products of the 16-bit operands accumulated and kept in fp32 (not
+// rounded to the compute dtype as the plain way's are: closer to the exact loss), on CUDA and the
+// CPU alike, and log-sum-exp and softmax run in fp32 as before; G is rounded to the compute dtype as the plain way rounds its
 // gradient before the products (there after the 1/N, here before it: the same relative rounding). So bf16 and fp32 follow the plain way's arithmetic, up to the
 // order of the loss's sum over rows and the incoming gradient (1/K under accumulation) being
 // applied after the products rather than before. fp16 is not: its G (down to 1e-3 / N) would
