@@ -151,6 +151,45 @@ void TensorBoardWriter::text(int64_t step, const std::string& tag_name, const st
   write_event(e);
 }
 
+void TensorBoardWriter::hparams(int64_t step, const json& settings) {
+  std::string start;  // SessionStartInfo
+  for (const auto& [key, v] : settings.items()) {
+    std::string value;  // google.protobuf.Value
+    if (v.is_boolean()) {
+      tag(value, 4, 0);
+      varint(value, v.get<bool>() ? 1 : 0);
+    } else if (v.is_number()) {
+      tag(value, 2, 1);
+      little_endian(value, v.get<double>());
+    } else if (v.is_string()) {
+      length_delimited(value, 3, v.get<std::string>());
+    } else {
+      continue;  // lists, objects, null: not a hyperparameter's value
+    }
+    std::string entry;
+    length_delimited(entry, 1, key);
+    length_delimited(entry, 2, value);
+    length_delimited(start, 1, entry);
+  }
+  tag(start, 5, 1);
+  little_endian(start, now_seconds());
+  std::string data, plugin, metadata, tensor, shape, value, summary;
+  length_delimited(data, 3, start);  // HParamsPluginData.session_start_info (version 0: left out)
+  length_delimited(plugin, 1, "hparams");
+  length_delimited(plugin, 2, data);
+  length_delimited(metadata, 1, plugin);
+  tag(tensor, 1, 0);
+  varint(tensor, 1);  // DT_FLOAT, no values: the plugin reads the metadata alone
+  length_delimited(tensor, 2, shape);
+  length_delimited(value, 1, "_hparams_/session_start_info");
+  length_delimited(value, 8, tensor);
+  length_delimited(value, 9, metadata);
+  length_delimited(summary, 1, value);
+  std::string e = event_head(step);
+  length_delimited(e, 5, summary);
+  write_event(e);
+}
+
 namespace {
 // Text as a markdown code block: kept as it is (spaces, newlines, characters markdown would read).
 std::string code_block(const std::string& text, const char* language = "") {
@@ -164,6 +203,7 @@ void TensorBoardWriter::record(const json& rec) {
   const std::string type = rec.value("type", std::string());
   if (type == "config" && rec.contains("config")) {
     text(start_step_ + 1, "config", code_block(rec.dump(2), "json"));
+    if (rec["config"].is_object()) hparams(start_step_ + 1, rec["config"]);
     return;
   }
   if (type == "sample" && rec.contains("text") && rec["text"].is_string() && rec.contains("step") && rec["step"].is_number_integer()) {

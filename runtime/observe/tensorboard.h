@@ -23,7 +23,13 @@
 // numbers); from each "eval" record eval/val_loss and eval/perplexity. Text (TensorBoard's Text
 // tab, markdown): the "config" record as `config` at the run's first step (the settings as given
 // and as resolved, the layout, in a JSON block) and each "sample" record's text as `samples` at
-// its step (--sample-every). A resumed run starts a new
+// its step (--sample-every). HParams (the HParams tab): the config record's settings (its
+// "config" object's numbers, strings and booleans) as the run's hyperparameters, one
+// session_start_info summary (tag "_hparams_/session_start_info", plugin "hparams",
+// HParamsPluginData { SessionStartInfo session_start_info = 3 }, SessionStartInfo { map<string,
+// google.protobuf.Value> hparams = 1; double start_time_secs = 5 }, Value { double number_value
+// = 2; string string_value = 3; bool bool_value = 4 }), as tensorboard.plugins.hparams writes
+// it; the tab pairs them with the run's scalars. A resumed run starts a new
 // file with a SessionLog START at its first step: TensorBoard then drops the earlier file's events
 // from that step on, so the steps a resume replays are shown once.
 //
@@ -60,6 +66,8 @@ class TensorBoardWriter {
   void scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values);
   // A text summary (markdown) at `step`, as one Event.
   void text(int64_t step, const std::string& tag_name, const std::string& markdown);
+  // The run's hyperparameters (an object's scalar members; others left out), as one Event.
+  void hparams(int64_t step, const nlohmann::json& settings);
   const std::string& path() const { return path_; }
 
  private:

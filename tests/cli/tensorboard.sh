@@ -12,7 +12,9 @@
 #    losses of the uninterrupted run (a resume replays exactly on the same layout).
 # 3. 2 ranks (DDP): rank 0 alone writes, one event file. Text (the Text tab): the config record as
 #    `config` at step 1 (its JSON, the run's settings), and --sample-every's samples as `samples`
-#    at their steps, equal to the JSONL's sample records.
+#    at their steps, equal to the JSONL's sample records. HParams: one session_start_info whose
+#    hyperparameters are the config record's scalar settings, each equal (read back with the
+#    hparams plugin's own protobuf classes).
 # 4. A directory that cannot be made: one line, exit 2, on 1 rank and under mpirun.
 #
 # Skipped (exit 77) when KILN_PYTHON cannot import tensorboard (launch/setup.sh installs it).
@@ -88,6 +90,17 @@ samples = {e.step: text(e) for e in acc.Tensors("samples")}
 want = {r["step"]: r["text"] for r in logged if r["type"] == "sample"}
 assert sorted(samples) == [2, 4] and all(samples[s].startswith("```") and want[s] in samples[s] for s in want), (samples, want)
 print("tb_ddp: text: config at step 1 (the config record), samples at steps 2 and 4 (the sample records)")
+from tensorboard.plugins.hparams import plugin_data_pb2
+content = acc.PluginTagToContent("hparams")
+assert list(content) == ["_hparams_/session_start_info"], list(content)
+hp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info.hparams
+settings = next(r for r in logged if r["type"] == "config")["config"]
+scalars_of = {k: v for k, v in settings.items() if isinstance(v, (bool, int, float, str))}
+assert set(hp) == set(scalars_of), set(hp) ^ set(scalars_of)
+for k, v in scalars_of.items():
+    got = hp[k].bool_value if isinstance(v, bool) else hp[k].string_value if isinstance(v, str) else hp[k].number_value
+    assert got == v, (k, got, v)
+print(f"tb_ddp: hparams: {len(hp)} settings, the config record's")
 PY
 
 # 4.
