@@ -113,12 +113,16 @@ class ShardWriter {
   std::vector<std::string> written_;
 };
 
-// What a long prep is doing, on stderr every 5 s (nothing for a short one).
+// What a long prep is doing, on stderr every 5 s (nothing for a short one). Test hook:
+// KILN_TEST_PREP_PROGRESS_S sets the period (0: every update).
 class Progress {
  public:
+  Progress() {
+    if (const char* s = std::getenv("KILN_TEST_PREP_PROGRESS_S")) period_ = std::chrono::duration<double>(std::atof(s));
+  }
   void update(int64_t files_done, int64_t files, int64_t tokens) {
     const auto now = std::chrono::steady_clock::now();
-    if (now - last_ < std::chrono::seconds(5)) return;
+    if (now - last_ < period_) return;
     last_ = now;
     const double s = std::chrono::duration<double>(now - start_).count();
     std::fprintf(stderr, "kiln prep: %lld/%lld file(s), %.1fM tokens (%.2fM tokens/s)\n", static_cast<long long>(files_done),
@@ -127,6 +131,7 @@ class Progress {
 
  private:
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
+  std::chrono::duration<double> period_{5.0};
 };
 
 // The corpus through a BPE tokenizer: tools/bpe_tokenizer.py writes every document's ids (end-of-text
@@ -155,7 +160,12 @@ void tokenize_bpe(const PrepConfig& cfg, const std::vector<std::string>& inputs,
   args.insert(args.end(), {"--input-format", cfg.input_format, "--jsonl-field", cfg.jsonl_field});
   if (!cfg.separator.empty()) args.insert(args.end(), {"--separator", cfg.separator});
   args.insert(args.end(), inputs.begin(), inputs.end());
-  const ToolRun run = run_python_tool("bpe_tokenizer.py", args, "kiln prep with a BPE tokenizer needs Python with the tokenizers package");
+  // The tool's `progress FILES_DONE FILES IDS` lines, shown every 5 s while it encodes.
+  auto on_line = [&](const std::string& line) {
+    long long done = 0, files = 0, ids_so_far = 0;
+    if (std::sscanf(line.c_str(), "progress %lld %lld %lld", &done, &files, &ids_so_far) == 3) progress.update(done, files, ids_so_far);
+  };
+  const ToolRun run = run_python_tool("bpe_tokenizer.py", args, "kiln prep with a BPE tokenizer needs Python with the tokenizers package", on_line);
   if (run.exit_code != 0) throw ConfigError(tool_failure(run, "tools/bpe_tokenizer.py"));
   tokenizer = load_tokenizer(saved);
   const int64_t vocab = tokenizer->vocab_size();
@@ -179,7 +189,6 @@ void tokenize_bpe(const PrepConfig& cfg, const std::vector<std::string>& inputs,
       chunk[i] = static_cast<int32_t>(id);
     }
     writer.add(chunk.data(), chunk.size());
-    progress.update(0, static_cast<int64_t>(inputs.size()), writer.total());
     carry = have - whole;
     std::memmove(bytes.data(), bytes.data() + whole, carry);
   }

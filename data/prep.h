@@ -14,7 +14,7 @@
 // <|endoftext|> id), then its ids.
 // Streamed (docs/data.md): one input file and one shard in memory at a time; the shards go into
 // a staging directory in out_dir and are moved in once all are written; progress on stderr every
-// 5 s of a long run.
+// 5 s of a long run (the BPE path's from tools/bpe_tokenizer.py's per-file lines, as they come).
 // Output: <out_dir>/val_000000.bin holding the first `val_tokens` tokens (none if 0), then
 // <out_dir>/train_000000.bin, train_000001.bin, ... of at most `shard_tokens` tokens each, and
 // <out_dir>/tokenizer.json: the tokenizer, which `kiln train` finds beside the shards and every

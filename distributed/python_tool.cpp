@@ -53,7 +53,8 @@ std::vector<char*> c_args(std::vector<std::string>& all) {
 
 }  // namespace
 
-ToolRun run_python_tool(const std::string& script, const std::vector<std::string>& args, const std::string& needs) {
+ToolRun run_python_tool(const std::string& script, const std::vector<std::string>& args, const std::string& needs,
+                        const std::function<void(const std::string&)>& on_stderr_line) {
   std::vector<std::string> all = command(script, args, needs);
   std::vector<char*> argv = c_args(all);
   int out_pipe[2], err_pipe[2];
@@ -94,7 +95,14 @@ ToolRun run_python_tool(const std::string& script, const std::vector<std::string
       if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
       const ssize_t got = read(fds[i].fd, buf, sizeof(buf));
       if (got > 0) {
+        const size_t before = sinks[i]->size();
         sinks[i]->append(buf, static_cast<size_t>(got));
+        if (i == 1 && on_stderr_line) {  // the whole lines completed by this read
+          size_t start = run.err.rfind('\n', before == 0 ? std::string::npos : before - 1);
+          start = start == std::string::npos ? 0 : start + 1;
+          for (size_t nl; (nl = run.err.find('\n', start)) != std::string::npos; start = nl + 1)
+            if (nl >= before) on_stderr_line(run.err.substr(start, nl - start));
+        }
       } else if (got == 0 || errno != EINTR) {
         close(fds[i].fd);
         fds[i].fd = -1;  // poll ignores negative descriptors

@@ -7,6 +7,7 @@
 // A tool reports bad input itself: one line `kiln: error: ...` on stderr, exit 2.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,8 +21,10 @@ struct ToolRun {
 
 // Runs `python tools/<script> args...` and returns what it printed. `needs` says what the
 // script needs, for the message when the interpreter or the script is missing ("kiln report needs
-// Python with matplotlib"): ConfigError then.
-ToolRun run_python_tool(const std::string& script, const std::vector<std::string>& args, const std::string& needs);
+// Python with matplotlib"): ConfigError then. on_stderr_line, when given, sees each whole line of
+// stderr as it arrives (a long run's progress; the lines are in ToolRun::err too).
+ToolRun run_python_tool(const std::string& script, const std::vector<std::string>& args, const std::string& needs,
+                        const std::function<void(const std::string&)>& on_stderr_line = nullptr);
 
 // The same, in place of this process (execv): its output is the user's; never returns.
 [[noreturn]] void exec_python_tool(const std::string& script, const std::vector<std::string>& args, const std::string& needs);

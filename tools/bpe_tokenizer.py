@@ -12,7 +12,8 @@
 #                    --save OUT.json [--ids-out IDS] FILE...
 #       Every FILE's documents (data/prep.h's rules: a text file is one, or several split at S;
 #       a JSONL file one per line, its field F) are written as end-of-text, then their ids, to
-#       IDS (default: stdout) as they are encoded: kiln prep streams them into shards. Writes the ids of all documents
+#       IDS (default: stdout) as they are encoded: kiln prep streams them into shards. After each
+#       file a line `progress FILES_DONE FILES IDS` on stderr (kiln prep shows it every 5 s). Writes the ids of all documents
 #       to stdout as little-endian uint32, and the tokenizer (as tokenizer.json; built from the
 #       vocabulary and merges when those are given) to OUT.json.
 #   bpe_tokenizer.py encode --tokenizer tokenizer.json --text TEXT
@@ -97,7 +98,8 @@ def prep(args):
         out = open(args.ids_out, "wb") if args.ids_out else sys.stdout.buffer
     except OSError as e:
         die(f"prep: --ids-out {args.ids_out}: cannot write: {e.strerror}")
-    for path in args.files:
+    written = 0
+    for k, path in enumerate(args.files):
         try:
             with open(path, "rb") as f:
                 text = f.read().decode("utf-8")
@@ -111,6 +113,8 @@ def prep(args):
             if sys.byteorder != "little":
                 ids.byteswap()
             out.write(ids.tobytes())
+            written += len(ids)
+        print(f"progress {k + 1} {len(args.files)} {written}", file=sys.stderr, flush=True)
     out.flush()
     if args.ids_out:
         out.close()

@@ -27,7 +27,8 @@ with open(f"{d}/docs.jsonl", "w") as f:
 open(f"{d}/docs.txt", "w").write("<|endoftext|>".join(docs) + "<|endoftext|>")
 open(f"{d}/bad.jsonl", "w").write(json.dumps({"text": docs[0]}) + "\n" + json.dumps({"title": "x"}) + "\n")
 PY
-"$KILN_BIN" prep --input "$work/doc0.txt,$work/doc1.txt" --out "$work/by_file" >/dev/null
+KILN_TEST_PREP_PROGRESS_S=0 "$KILN_BIN" prep --input "$work/doc0.txt,$work/doc1.txt" --out "$work/by_file" >/dev/null 2>"$work/progress.err"
+grep -q "^kiln prep: 2/2 file(s), " "$work/progress.err" || { cat "$work/progress.err"; fail "progress line"; }
 "$KILN_BIN" prep --input "$work/docs.jsonl" --out "$work/by_jsonl" >"$work/jsonl.out"
 "$KILN_BIN" prep --input "$work/docs.jsonl" --jsonl-field body --out "$work/by_field" >/dev/null
 "$KILN_BIN" prep --input "$work/docs.txt" --separator "<|endoftext|>" --out "$work/by_separator" >/dev/null

@@ -59,7 +59,8 @@ import glob, json
 docs = [open(p, encoding='utf-8').read() for p in sorted(glob.glob('doc*.txt'))]
 open('docs.jsonl', 'w', encoding='utf-8').write(''.join(json.dumps({'text': t}) + '\n' for t in docs))
 open('docs.sep', 'w', encoding='utf-8').write('@@@'.join(docs))"
-"$KILN_BIN" prep --input docs.jsonl --out bpe_jsonl --tokenizer tok/tokenizer.json --val-tokens 2000 >/dev/null
+KILN_TEST_PREP_PROGRESS_S=0 "$KILN_BIN" prep --input docs.jsonl --out bpe_jsonl --tokenizer tok/tokenizer.json --val-tokens 2000 >/dev/null 2>progress.err
+grep -q "^kiln prep: 1/1 file(s), " progress.err || { cat progress.err; fail "the BPE path's progress line (the tool's per-file line, read as it came)"; }
 "$KILN_BIN" prep --input docs.sep --separator @@@ --out bpe_sep --tokenizer tok/tokenizer.json --val-tokens 2000 >/dev/null
 for v in bpe_jsonl bpe_sep; do
   for f in val_000000.bin train_000000.bin; do cmp "bpe/$f" "$v/$f" || fail "$v: $f differs from one file per document"; done
