@@ -134,14 +134,14 @@ void TensorBoardWriter::scalars(int64_t step, const std::vector<std::pair<std::s
   write_event(e);
 }
 
-void TensorBoardWriter::text(int64_t step, const std::string& tag_name, const std::string& markdown) {
-  std::string plugin, metadata, shape, tensor, value, summary;
-  length_delimited(plugin, 1, "text");
+// One Value of a plugin's summary -- its tag, a tensor, and metadata naming the plugin (with its
+// content, when it has one) -- as one Event at `step`.
+void TensorBoardWriter::plugin_summary(int64_t step, const std::string& tag_name, const std::string& plugin_name,
+                                       const std::string& content, const std::string& tensor) {
+  std::string plugin, metadata, value, summary;
+  length_delimited(plugin, 1, plugin_name);
+  if (!content.empty()) length_delimited(plugin, 2, content);
   length_delimited(metadata, 1, plugin);
-  tag(tensor, 1, 0);
-  varint(tensor, 7);  // DT_STRING
-  length_delimited(tensor, 2, shape);
-  length_delimited(tensor, 8, markdown);
   length_delimited(value, 1, tag_name);
   length_delimited(value, 8, tensor);
   length_delimited(value, 9, metadata);
@@ -149,6 +149,15 @@ void TensorBoardWriter::text(int64_t step, const std::string& tag_name, const st
   std::string e = event_head(step);
   length_delimited(e, 5, summary);
   write_event(e);
+}
+
+void TensorBoardWriter::text(int64_t step, const std::string& tag_name, const std::string& markdown) {
+  std::string tensor;  // a scalar DT_STRING tensor holding the markdown
+  tag(tensor, 1, 0);
+  varint(tensor, 7);
+  length_delimited(tensor, 2, "");
+  length_delimited(tensor, 8, markdown);
+  plugin_summary(step, tag_name, "text", "", tensor);
 }
 
 void TensorBoardWriter::hparams(int64_t step, const json& settings) {
@@ -173,21 +182,12 @@ void TensorBoardWriter::hparams(int64_t step, const json& settings) {
   }
   tag(start, 5, 1);
   little_endian(start, now_seconds());
-  std::string data, plugin, metadata, tensor, shape, value, summary;
+  std::string data, tensor;
   length_delimited(data, 3, start);  // HParamsPluginData.session_start_info (version 0: left out)
-  length_delimited(plugin, 1, "hparams");
-  length_delimited(plugin, 2, data);
-  length_delimited(metadata, 1, plugin);
   tag(tensor, 1, 0);
   varint(tensor, 1);  // DT_FLOAT, no values: the plugin reads the metadata alone
-  length_delimited(tensor, 2, shape);
-  length_delimited(value, 1, "_hparams_/session_start_info");
-  length_delimited(value, 8, tensor);
-  length_delimited(value, 9, metadata);
-  length_delimited(summary, 1, value);
-  std::string e = event_head(step);
-  length_delimited(e, 5, summary);
-  write_event(e);
+  length_delimited(tensor, 2, "");
+  plugin_summary(step, "_hparams_/session_start_info", "hparams", data, tensor);
 }
 
 namespace {

@@ -72,6 +72,8 @@ class TensorBoardWriter {
 
  private:
   void write_event(const std::string& event);
+  void plugin_summary(int64_t step, const std::string& tag_name, const std::string& plugin_name, const std::string& content,
+                      const std::string& tensor);
   std::string path_;
   std::FILE* file_ = nullptr;
   int64_t start_step_ = 0;
