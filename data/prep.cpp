@@ -212,7 +212,7 @@ void add_bytes(const std::string& text, ShardWriter& writer) {
 
 }  // namespace
 
-std::vector<std::string> split_documents(const std::string& path, const std::string& contents, const PrepConfig& cfg) {
+std::vector<std::string> split_documents(const std::string& path, std::string contents, const PrepConfig& cfg) {
   const bool jsonl = cfg.input_format == "jsonl" ||
                      (cfg.input_format == "auto" && path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0);
   std::vector<std::string> docs;
@@ -238,7 +238,10 @@ std::vector<std::string> split_documents(const std::string& path, const std::str
     }
     return docs;
   }
-  if (cfg.separator.empty()) return {contents};
+  if (cfg.separator.empty()) {
+    docs.push_back(std::move(contents));
+    return docs;
+  }
   size_t start = 0;
   while (start <= contents.size()) {
     size_t at = contents.find(cfg.separator, start);

@@ -56,8 +56,9 @@ struct PrepResult {
 // Byte-level tokens of one document: EOT then its bytes.
 std::vector<int32_t> tokenize_bytes(const std::string& text);
 
-// The documents of one input file's contents (rules above); `path` names it in errors.
-std::vector<std::string> split_documents(const std::string& path, const std::string& contents, const PrepConfig& cfg);
+// The documents of one input file's contents (rules above); `path` names it in errors. A text file
+// without a separator is its one document: `contents` moves in, not copied.
+std::vector<std::string> split_documents(const std::string& path, std::string contents, const PrepConfig& cfg);
 
 // Throws ConfigError for bad settings and DataError for unreadable inputs or write failures.
 PrepResult run_prep(const PrepConfig& cfg);
