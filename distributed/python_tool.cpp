@@ -98,8 +98,9 @@ ToolRun run_python_tool(const std::string& script, const std::vector<std::string
         const size_t before = sinks[i]->size();
         sinks[i]->append(buf, static_cast<size_t>(got));
         if (i == 1 && on_stderr_line) {  // the whole lines completed by this read
-          size_t start = run.err.rfind('\n', before == 0 ? std::string::npos : before - 1);
-          start = start == std::string::npos ? 0 : start + 1;
+          // The line this read continues starts after the last newline before it (or at 0).
+          const size_t last = before == 0 ? std::string::npos : run.err.rfind('\n', before - 1);
+          size_t start = last == std::string::npos ? 0 : last + 1;
           for (size_t nl; (nl = run.err.find('\n', start)) != std::string::npos; start = nl + 1)
             if (nl >= before) on_stderr_line(run.err.substr(start, nl - start));
         }

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -173,6 +175,18 @@ TEST(Tokenizer, RunAndCheckpointFindTheirs) {
   EXPECT_EQ(kiln::tokenizer_for_checkpoint((d / "shards").string())->name(), "bpe");
   EXPECT_EQ(kiln::tokenizer_for_checkpoint((d / "bare").string())->name(), "byte");
   fs::remove_all(d);
+}
+
+// A tool's stderr reaches the callback a whole line at a time as it comes -- the first read's
+// lines too (kiln prep's BPE progress once missed them: a line-start search ran past the read).
+TEST(PythonTool, StderrLinesReachTheCallback) {
+  std::vector<std::string> lines;
+  const kiln::ToolRun run = kiln::run_python_tool("bpe_tokenizer.py", {"encode"}, "the test needs Python",
+                                                  [&](const std::string& line) { lines.push_back(line); });
+  EXPECT_EQ(run.exit_code, 2);
+  ASSERT_EQ(lines.size(), 1u) << run.err;
+  EXPECT_EQ(lines[0], "kiln: error: bpe_tokenizer.py encode: give --tokenizer tokenizer.json");
+  EXPECT_EQ(run.err, lines[0] + "\n");
 }
 
 TEST(PythonTool, FailureLine) {
