@@ -25,6 +25,7 @@
 #include "data/tokenizer.h"
 #include "distributed/backend_choice.h"
 #include "distributed/comm_mpi.h"
+#include "distributed/comm_self.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
@@ -43,7 +44,6 @@
 #include "runtime/observe/console.h"
 #if defined(KILN_WITH_CUDA)
 #include "distributed/comm_nccl.h"
-#include "distributed/comm_self.h"
 #endif
 #include "distributed/device.h"
 #include "distributed/device_check.h"
