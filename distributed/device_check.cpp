@@ -133,10 +133,13 @@ void decide_side(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
     if (side == kDevice) ++g_reads;
   } else if (name == "aten::copy_" && values.size() >= 2 && values[0].isTensor() && values[1].isTensor()) {
     const at::Tensor &dst = values[0].toTensor(), &src = values[1].toTensor();
-    if (dst.is_cpu() && !device_memory(dst) && src.is_cpu() && device_memory(src)) ++g_reads;
-    if (dst.is_cpu() && device_memory(dst) && src.is_cpu() && !device_memory(src)) {
-      const bool non_blocking = values.size() >= 3 && values[2].isBool() && values[2].toBool();
-      if (!non_blocking || !pinned_memory(src)) ++g_writes;
+    if (dst.is_cpu() && src.is_cpu()) {
+      const bool dst_device = device_memory(dst), src_device = device_memory(src);
+      if (!dst_device && src_device) ++g_reads;
+      if (dst_device && !src_device) {
+        const bool non_blocking = values.size() >= 3 && values[2].isBool() && values[2].toBool();
+        if (!non_blocking || !pinned_memory(src)) ++g_writes;
+      }
     }
   }
   if (side == kUnset) {  // a factory: its device argument decides

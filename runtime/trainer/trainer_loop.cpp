@@ -286,9 +286,10 @@ bool Trainer::note_evaluation(Loop& loop, int64_t step, bool* save_now) {
   Run& r = *run_;
   Run::Best& best = r.best;
   // Rank 0's value (the logged one) decides on every rank: ranks of other dp indices may have
-  // read other validation samples, and the ranks must save and stop alike.
+  // read other validation samples, and the ranks must save and stop alike. Without either flag
+  // nothing is decided, and no collective is added.
   double val = loop.last_eval;
-  if (r.host_world) {
+  if (r.host_world && (cfg_.keep_best || cfg_.early_stop > 0)) {
     at::Tensor v = at::full({1}, val, at::TensorOptions().dtype(at::kDouble));
     r.host_world->broadcast(v, 0)->wait();
     val = v.item<double>();
