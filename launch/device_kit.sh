@@ -16,7 +16,7 @@
 #                                                      plugin load, where from, is a GPU visible
 #   bash launch/device_kit.sh run CMD...              there: CMD with the kit's environment; `kiln`,
 #                                                      `mpirun` and `kiln_adamw_bench` are on PATH
-#   bash launch/device_kit.sh run-gpu-tests [LOGDIR]  there: the four `gpu` ctest tests, run directly;
+#   bash launch/device_kit.sh run-gpu-tests [LOGDIR]  there: the five `gpu` ctest tests, run directly;
 #                                                      PASS / FAIL / SKIP each; exit 1 if any failed
 #   bash launch/device_kit.sh session OUTDIR [FIRST [LAST]]
 #                                                      there: check, the gpu tests, then the benchmark
@@ -25,11 +25,11 @@
 #                                                      env.txt,results.tar} (3 files). Steps are
 #                                                      numbered from 0 (the tests); FIRST..LAST picks.
 #   bash launch/device_kit.sh quick OUTDIR            there: the 15-minute visit (issue 33), one call
-#                                                      of timeout_s 560: check, the gpu tests at 60 s
+#                                                      of timeout_s 560: check, the gpu tests at 100 s
 #                                                      at most each, gpt2-124m against PyTorch eager
 #                                                      and compiled, the plain loss, gpt2-1.5b with
 #                                                      full recomputation and ZeRO-3 offloaded under
-#                                                      a 24 GB cap (core limits: 500 s), then extras
+#                                                      a 24 GB cap (core limits: 600 s), then extras
 #                                                      while they fit in KILN_DEVKIT_BUDGET (540 s);
 #                                                      OUTDIR/{session.log,env.txt,results.tar,
 #                                                      trace.json.gz}, the tar rewritten per step.
@@ -360,10 +360,11 @@ gpu_test_cmd() {
     gpu.train_smoke) echo "bash $root/tests/cli/gpu_smoke.sh" ;;
     gpu.paths) echo "bash $root/tests/cli/gpu_paths.sh" ;;
     gpu.mpi_share) echo "bash $root/tests/cli/gpu_mpi_share.sh" ;;
+    gpu.sync_moe) echo "bash $root/tests/cli/gpu_sync_moe.sh" ;;
     *) die "no gpu test $1" ;;
   esac
 }
-gpu_test_names=(gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share)
+gpu_test_names=(gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share gpu.sync_moe)
 
 gpu_tests() {   # LOGDIR
   local logdir=$1 name; mkdir -p "$logdir"
@@ -445,8 +446,9 @@ quick_plan() {
   quick_core=(
     "30|test gpu.comm_nccl.np1|"
     "45|test gpu.train_smoke|"
-    "60|test gpu.paths|"
+    "100|test gpu.paths|"
     "60|test gpu.mpi_share|"
+    "60|test gpu.sync_moe|"
     "40|kiln 124m|$k124 --json b124.json"
     "30|peer eager|$peer --model $a --micro-batch 16 --warmup-steps 5 --steps 20 > peer_eager.json"
     "85|peer compile|$peer --model $a --micro-batch 16 --warmup-steps 3 --steps 20 --compile > peer_compile.json"
@@ -457,6 +459,7 @@ quick_plan() {
   quick_extra=(
     "40|profile of 124m|$k124 --warmup 3 --measure 3 --profile trace.json --json b124_profiled.json"
     "40|kiln 1.5b no AC|$k1558 --micro-batch 8 --json b1558_ac_none.json"
+    "30|kiln 124m --deterministic (issue 34: its cost)|$k124 --deterministic --json b124_deterministic.json"
     "30|kiln 124m fp32 weights under autocast (the peer's recipe)|$k124 --param-dtype fp32 --json b124_param_fp32.json"
     "30|kiln 124m DDP over NCCL, world of one|mpirun -np 1 $k124 --backend nccl --json b124_ddp_nccl.json"
     "30|kiln 124m micro-batch 32|kiln bench --model $a --precision bf16 --micro-batch 32 --json b124_mb32.json"
