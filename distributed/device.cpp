@@ -41,6 +41,8 @@ DeviceInfo select_device(const std::string& choice, int local_rank) {
     index = std::stoi(n);
   }
   info.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+  // The device check's GPU half: LibTorch's own account of where the host waits.
+  if (device_check_requested()) enable_cuda_sync_count();
 #if defined(KILN_WITH_CUDA)
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) info.name = prop.name;

@@ -14,8 +14,12 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 #include <torch/nn/module.h>
+#if defined(KILN_WITH_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 namespace kiln {
 
@@ -32,6 +36,27 @@ thread_local bool g_pinned = false;  // host allocations now are page-locked one
 std::atomic<bool> g_enabled{false};
 std::atomic<int64_t> g_reads{0};   // device_to_host_reads()
 std::atomic<int64_t> g_writes{0};  // waiting_host_to_device_copies()
+std::atomic<bool> g_cuda_count{false};
+std::atomic<int64_t> g_cuda_syncs{0};  // the syncs LibTorch flagged on the counting thread (GPU half)
+
+// What LibTorch's sync-debug mode says at each synchronizing CUDA call (c10::cuda::warn_or_error_on_sync).
+constexpr const char* kSyncWarning = "called a synchronizing CUDA operation";
+
+// Counts the sync-debug mode's warnings of the thread it is installed on; passes the rest on.
+class SyncCounter final : public c10::WarningHandler {
+ public:
+  explicit SyncCounter(c10::WarningHandler* next) : next_(next) {}
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find(kSyncWarning) != std::string::npos) {
+      ++g_cuda_syncs;
+      return;
+    }
+    next_->process(warning);
+  }
+
+ private:
+  c10::WarningHandler* next_;
+};
 
 // The side of every live allocation of the wrapped allocator, by address. (Not in the DataPtr's
 // context: LibTorch's raw_allocate needs the context to be the data pointer itself.)
@@ -185,7 +210,23 @@ int64_t device_to_host_reads() { return g_reads.load(); }
 
 int64_t waiting_host_to_device_copies() { return g_writes.load(); }
 
-int64_t host_syncs() { return g_reads.load() + g_writes.load(); }
+int64_t host_syncs() { return g_reads.load() + g_writes.load() + g_cuda_syncs.load(); }
+
+void enable_cuda_sync_count() {
+#if defined(KILN_WITH_CUDA)
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // LibTorch's warning handler is the calling thread's: installed here, it sees this thread's
+    // warnings only. Never freed: the thread may warn until the process ends.
+    static auto* counter = new SyncCounter(c10::WarningUtils::get_warning_handler());
+    c10::WarningUtils::set_warning_handler(counter);
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+    g_cuda_count = true;
+  });
+#endif
+}
+
+bool host_sync_count_enabled() { return g_enabled.load() || g_cuda_count.load(); }
 
 bool is_host_memory(const at::Tensor& t) {
   if (!g_enabled.load() || !t.defined() || !t.is_cpu() || !t.has_storage()) return false;

@@ -26,7 +26,7 @@
 // (a no-op on a CPU run: the same memory comes back), a host tensor mixed with device memory in
 // one op (the result counts as device memory; on a GPU the op itself would fail unless the host
 // tensor is a 0-dim scalar), allocations on threads that never enabled the mode (they count as
-// device memory), and anything on a GPU run (there NCCL is the check).
+// device memory), and anything on a GPU run (there NCCL is the check) but its syncs (below).
 #pragma once
 
 #include <cstdint>
@@ -61,8 +61,23 @@ int64_t device_to_host_reads();
 // only when the stream has reached the copy). Only host_buffer(n, true)'s memory counts as
 // page-locked here (a GPU run's LibTorch pinned tensors do not exist on a CPU).
 int64_t waiting_host_to_device_copies();
-// Both: every place the host waits for the device (the step record's host_syncs_before_update).
+// Both, and on a GPU the syncs LibTorch flags (enable_cuda_sync_count): every place the host waits
+// for the device (the step record's host_syncs_before_update).
 int64_t host_syncs();
+
+// The GPU half, for a CUDA run with KILN_DEVICE_CHECK=1 (distributed/device.cpp's select_device): a
+// GPU needs no stand-in, LibTorch knows where it waits. Its sync-debug mode (what PyTorch's
+// torch.cuda.set_sync_debug_mode("warn") turns on) flags each synchronizing CUDA call it makes --
+// .item() and truth values of CUDA tensors, copies between host and device that block (either
+// way), stream and device synchronisations, nonzero -- with a warning, and a warning handler on
+// the calling thread counts those into host_syncs() instead of printing them (other warnings pass
+// on to the handler it replaced). Not seen: a non-blocking copy from pageable memory (the driver
+// waits inside cudaMemcpyAsync, unknown to LibTorch), CUDA runtime calls kiln makes directly
+// (an event's synchronize), and other threads' syncs (LibTorch's own handler prints those, each
+// time). Idempotent, for the process's life; a no-op in a build without CUDA.
+void enable_cuda_sync_count();
+// Whether host_syncs() counts anything: the CPU check mode or the GPU count is on.
+bool host_sync_count_enabled();
 
 // Check mode: whether the CPU tensor t is host memory (made without a device, by ops on host
 // tensors only, through from_blob or host_buffer). False outside the check mode, for CUDA tensors

@@ -2,9 +2,14 @@
 // way of making a CPU tensor lands on, and that a group of the run refuses host memory
 // (tests/test_comm_mpi.cpp has the MPI side; here the rules alone, in one process). Each test runs
 // in a process of its own (gtest_discover_tests), so the mode a test enables stays in that test.
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
+#if defined(KILN_WITH_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include "distributed/device_check.h"
 #include "distributed/host_memory.h"
@@ -122,3 +127,27 @@ TEST(DeviceCheck, CountsTheCopiesIntoDeviceMemoryThatWait) {
   (void)d.sum().item<float>();
   EXPECT_EQ(kiln::host_syncs(), syncs + 5);
 }
+
+#if defined(KILN_WITH_CUDA)
+// The GPU half without a GPU: c10::cuda::warn_or_error_on_sync is what LibTorch calls at each
+// synchronizing CUDA call (memcpy_and_sync, stream_synchronize, ...); it only looks at the mode, so
+// it is called here directly. Counted on the thread that enabled the count, and only that warning.
+TEST(DeviceCheck, CudaSyncCountTakesLibTorchsSyncWarningsOfItsThread) {
+  EXPECT_FALSE(kiln::host_sync_count_enabled());
+  c10::cuda::warn_or_error_on_sync();  // the mode is off: nothing said, nothing counted
+  EXPECT_EQ(kiln::host_syncs(), 0);
+  kiln::enable_cuda_sync_count();
+  EXPECT_TRUE(kiln::host_sync_count_enabled());
+  EXPECT_FALSE(kiln::device_check_enabled());  // the CPU's sides stay off
+  c10::cuda::warn_or_error_on_sync();
+  c10::cuda::warn_or_error_on_sync();
+  EXPECT_EQ(kiln::host_syncs(), 2);
+  std::thread([] { c10::cuda::warn_or_error_on_sync(); }).join();  // another thread: LibTorch prints it
+  EXPECT_EQ(kiln::host_syncs(), 2);
+  TORCH_WARN("an unrelated warning");  // passed on to the handler it replaced
+  EXPECT_EQ(kiln::host_syncs(), 2);
+  kiln::enable_cuda_sync_count();  // idempotent: one counter, not two in a chain
+  c10::cuda::warn_or_error_on_sync();
+  EXPECT_EQ(kiln::host_syncs(), 3);
+}
+#endif

@@ -203,7 +203,7 @@ json Trainer::step_record(const Loop& loop, int64_t step, const StepOutcome& s, 
   if (r.ddp) rec["comm_buckets_in_backward"] = r.ddp->launched_in_backward();
   // The device check mode (tests): the host's reads of device memory from the step's start to
   // its queued update -- 0 for a step without offload (distributed/device_check.h).
-  if (device_check_enabled()) rec["host_syncs_before_update"] = s.host_syncs;
+  if (host_sync_count_enabled()) rec["host_syncs_before_update"] = s.host_syncs;
   rec["read_deferred"] = s.read_deferred;  // read after the next step's forward and backward were queued
   if (r.pipe) rec["pp_live_max"] = r.pipe->max_live();  // micro-batches whose activations stage 0 held at once
   if (s.moe) {  // models/moe_stats.h
