@@ -47,7 +47,8 @@ std::function<void(TrainConfig&, const json&)> model_field(T GPTConfig::*member)
 const std::vector<Flag>& train_flags() {
   static const std::vector<Flag> flags = {
       // --model comes first: the preset is the base the other model flags override.
-      {"model", Kind::String, "model preset: tiny, tiny-moe, gpt2-124m, gpt2-124m-moe, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b",
+      {"model", Kind::String, "model preset: tiny, tiny-moe, gpt2-124m, gpt2-124m-moe, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b, "
+       "tiny-llama, llama3-1b, llama3-8b, llama3-70b, mistral-7b, qwen2-0.5b (docs/models.md)",
        [](TrainConfig& c, const json& v) {
          c.model = v.get<std::string>();
          c.gpt = GPTConfig::preset(c.model);
@@ -59,6 +60,18 @@ const std::vector<Flag>& train_flags() {
       {"seq-len", Kind::Int, "context length", model_field(&GPTConfig::seq_len)},
       {"vocab-size", Kind::Int, "vocabulary size (padded to a multiple of 128)", model_field(&GPTConfig::vocab_size)},
       {"dropout", Kind::Float, "dropout probability", model_field(&GPTConfig::dropout)},
+      {"position", Kind::String, "position embedding: learned (GPT-2) | rope (rotary, the Llama family)", model_field(&GPTConfig::position)},
+      {"rope-theta", Kind::Float, "rotary base", model_field(&GPTConfig::rope_theta)},
+      {"rope-factor", Kind::Float, "Llama-3.1's rotary frequency scaling factor (0: none)", model_field(&GPTConfig::rope_factor)},
+      {"rope-low-freq-factor", Kind::Float, "Llama-3.1's scaling: low_freq_factor", model_field(&GPTConfig::rope_low_freq_factor)},
+      {"rope-high-freq-factor", Kind::Float, "Llama-3.1's scaling: high_freq_factor", model_field(&GPTConfig::rope_high_freq_factor)},
+      {"rope-original-context", Kind::Int, "Llama-3.1's scaling: original_max_position_embeddings", model_field(&GPTConfig::rope_original_context)},
+      {"norm", Kind::String, "layernorm | rmsnorm", model_field(&GPTConfig::norm)},
+      {"norm-eps", Kind::Float, "the norms' epsilon", model_field(&GPTConfig::layer_norm_eps)},
+      {"mlp", Kind::String, "feed-forward: gelu (GPT-2) | swiglu (the Llama family)", model_field(&GPTConfig::mlp)},
+      {"ffn-hidden", Kind::Int, "feed-forward width (0: 4 x d-model for gelu, Llama's rule for swiglu)", model_field(&GPTConfig::ffn_hidden)},
+      {"bias", Kind::String, "linear layers' biases: all (GPT-2) | none (Llama, Mistral) | qkv (Qwen2: query, key, value only)", model_field(&GPTConfig::bias)},
+      {"tie-embeddings", Kind::Bool, "the output layer is the token embedding (false: an lm_head of its own)", model_field(&GPTConfig::tie_embeddings)},
       {"n-experts", Kind::Int, "Mixture-of-Experts: experts per MoE layer (0: a dense model; docs/moe.md)", model_field(&GPTConfig::n_experts)},
       {"top-k", Kind::Int, "MoE: experts per token", model_field(&GPTConfig::top_k)},
       {"moe-every", Kind::Int, "MoE: an MoE layer in blocks 0, N, 2N, ... (dense MLP elsewhere)", model_field(&GPTConfig::moe_every)},

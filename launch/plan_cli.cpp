@@ -213,6 +213,10 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
 
   // ---- model
   if (v.has("model")) out.model = GPTConfig::preset(v.text("model"));
+  if (!out.model.gpt2_architecture()) {  // plan/'s formulas are GPT-2's: refused rather than wrong
+    throw ConfigError("kiln plan: --model " + v.text("model") +
+                      " has the Llama family's architecture, which kiln plan does not model yet (issue 35): GPT-2 presets only");
+  }
   if (v.has("n-layer")) out.model.n_layer = v.integer("n-layer");
   if (v.has("n-head")) {
     out.model.n_head = v.integer("n-head");

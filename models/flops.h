@@ -8,6 +8,9 @@
 // backward. Causal attention only needs half of that square (Megatron since 2025 counts 6LdT);
 // kiln keeps the full-square convention so its MFU compares with nanoGPT, torchtitan and PaLM.
 // For gpt2-124m at T = 1024: N = 123,689,472, F = 855.4 MFLOP per token.
+// The Llama family (models/gpt_config.h) is counted alike: N holds SwiGLU's three matrices, GQA's
+// smaller K and V projections and an untied output layer; an untied token embedding is a lookup
+// and is left out, as learned positions are (GPTConfig::num_params_non_embedding_pos).
 // Mixture-of-Experts (models/moe.h): N is the ACTIVE count N_active (GPTConfig::
 // num_active_params: each MoE layer's k experts and its router, not all E), the FLOPs a token
 // really costs; the MoE dispatch's gathers, sorts and scatters are not counted (as the peers).

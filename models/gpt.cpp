@@ -13,34 +13,41 @@
 
 namespace kiln {
 
-LinearImpl::LinearImpl(int64_t in, int64_t out, const at::TensorOptions& opts) {
+LinearImpl::LinearImpl(int64_t in, int64_t out, const at::TensorOptions& opts, bool with_bias) {
   weight = register_parameter("weight", at::empty({out, in}, opts));
-  bias = register_parameter("bias", at::empty({out}, opts));
+  if (with_bias) bias = register_parameter("bias", at::empty({out}, opts));
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
 
-LayerNormImpl::LayerNormImpl(int64_t d, double eps_, const at::TensorOptions& opts) : eps(eps_) {
+LayerNormImpl::LayerNormImpl(int64_t d, double eps_, const at::TensorOptions& opts, bool rms_) : eps(eps_), rms(rms_) {
   weight = register_parameter("weight", at::empty({d}, opts));
-  bias = register_parameter("bias", at::empty({d}, opts));
+  if (!rms) bias = register_parameter("bias", at::empty({d}, opts));
 }
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& x) const {
+  if (rms) {
+    if (fp32_under_autocast && at::autocast::is_autocast_enabled(x.device().type())) {
+      return at::rms_norm(x.to(at::kFloat), {weight.size(0)}, weight.to(at::kFloat), eps);
+    }
+    return at::rms_norm(x, {weight.size(0)}, weight, eps);
+  }
   if (fp32_under_autocast && at::autocast::is_autocast_enabled(x.device().type())) {
     return at::layer_norm(x.to(at::kFloat), {weight.size(0)}, weight.to(at::kFloat), bias.to(at::kFloat), eps);
   }
   return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
 }
 
-AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard)
+AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard,
+                             std::shared_ptr<RotaryEmbedding> rope)
     : n_head_(cfg.n_head / shard.tp),
       n_kv_head_(cfg.n_kv_head >= shard.tp ? cfg.n_kv_head / shard.tp : 1),  // tp > kv heads: one, replicated
       head_dim_(cfg.head_dim()),
-      dropout_(cfg.dropout), ops_(shard.ops) {
+      dropout_(cfg.dropout), ops_(shard.ops), rope_(std::move(rope)) {
   const int64_t d = cfg.d_model;
   // Column-split c_attn: this rank's q heads, then its k and v heads. Row-split c_proj.
-  c_attn = register_module("c_attn", std::make_shared<LinearImpl>(d, (n_head_ + 2 * n_kv_head_) * head_dim_, opts));
-  c_proj = register_module("c_proj", std::make_shared<LinearImpl>(n_head_ * head_dim_, d, opts));
+  c_attn = register_module("c_attn", std::make_shared<LinearImpl>(d, (n_head_ + 2 * n_kv_head_) * head_dim_, opts, cfg.qkv_bias()));
+  c_proj = register_module("c_proj", std::make_shared<LinearImpl>(n_head_ * head_dim_, d, opts, cfg.linear_bias()));
 }
 
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -72,48 +79,76 @@ at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops) 
   return x * whole.index_select(1, ops.seq_rows(T, x.device()));
 }
 
-at::Tensor AttentionImpl::forward(const at::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> AttentionImpl::heads(const at::Tensor& x, const at::Tensor& positions,
+                                                                    const LayerOps* ops_in) {
+  const LayerOps& ops = ops_in ? *ops_in : *ops_;
   const int64_t q_width = n_head_ * head_dim_, kv_width = n_kv_head_ * head_dim_;
-  auto qkv = ops_->qkv      ? ops_->qkv(x, *c_attn)
-             : ops_->column ? ops_->column(x, *c_attn)
-                            : c_attn->forward(x);  // [B, T, (H + 2 KV) h] (sequence parallelism: every row)
+  auto qkv = ops.qkv      ? ops.qkv(x, *c_attn)
+             : ops.column ? ops.column(x, *c_attn)
+                          : c_attn->forward(x);  // [B, T, (H + 2 KV) h] (sequence parallelism: every row)
   const int64_t B = qkv.size(0), T = qkv.size(1);
   auto parts = qkv.split_with_sizes({q_width, kv_width, kv_width}, -1);
   // [B, T, heads, h] -> [B, heads, T, h], the layout SDPA expects.
   auto q = parts[0].view({B, T, n_head_, head_dim_}).transpose(1, 2);
   auto k = parts[1].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
   auto v = parts[2].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
+  if (rope_) std::tie(q, k) = rope_->apply(q, k, positions);
+  return {q, k, v};
+}
+
+at::Tensor AttentionImpl::project(const at::Tensor& y_heads, const LayerOps* ops_in) {
+  const LayerOps& ops = ops_in ? *ops_in : *ops_;
+  const int64_t B = y_heads.size(0), T = y_heads.size(2);
+  const auto y = y_heads.transpose(1, 2).reshape({B, T, n_head_ * head_dim_});
+  return ops.row ? ops.row(y, *c_proj) : c_proj->forward(y);
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x) {
+  auto [q, k, v] = heads(x);
   const double p = is_training() ? dropout_ : 0.0;
   at::Tensor mask;
   if (ops_->gather_kv) std::tie(k, v, mask) = ops_->gather_kv(k, v);  // context parallelism: the whole sequence's
   auto attend = [&] { return core ? core(q, k, v, p, mask) : causal_attention(q, k, v, p, mask); };  // [B, H, T, h]
   auto y = p > 0.0 && ops_->in_tp_region ? ops_->in_tp_region(x.device(), attend) : attend();
-  y = y.transpose(1, 2).reshape({B, T, q_width});
-  return ops_->row ? ops_->row(y, *c_proj) : c_proj->forward(y);
+  return project(y);
 }
 
-MLPImpl::MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard) : ops_(shard.ops) {
+MLPImpl::MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard)
+    : ops_(shard.ops), swiglu_(cfg.swiglu()) {
   const int64_t f = cfg.mlp_hidden() / shard.tp;  // this rank's columns of the hidden layer
-  c_fc = register_module("c_fc", std::make_shared<LinearImpl>(cfg.d_model, f, opts));
-  c_proj = register_module("c_proj", std::make_shared<LinearImpl>(f, cfg.d_model, opts));
+  c_fc = register_module("c_fc", std::make_shared<LinearImpl>(cfg.d_model, swiglu_ ? 2 * f : f, opts, cfg.linear_bias()));
+  c_proj = register_module("c_proj", std::make_shared<LinearImpl>(f, cfg.d_model, opts, cfg.linear_bias()));
+}
+
+at::Tensor MLPImpl::forward_with(const at::Tensor& x, const LayerOps& ops) const {
+  const auto h = ops.column ? ops.column(x, *c_fc) : c_fc->forward(x);  // [B, T, 4d / tp] ([B, T, 2F / tp] SwiGLU)
+  at::Tensor g;
+  if (swiglu_) {
+    const auto gate_up = h.chunk(2, -1);
+    g = at::silu(gate_up[0]) * gate_up[1];
+  } else {
+    g = at::gelu(h, "tanh");
+  }
+  return ops.row ? ops.row(g, *c_proj) : c_proj->forward(g);
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  if (swiglu_ || !gelu_proj) return forward_with(x, *ops_);
   auto h = ops_->column ? ops_->column(x, *c_fc) : c_fc->forward(x);  // [B, T, 4d / tp]
-  if (gelu_proj && ops_->row) {  // the partial products summed over tp, the bias added once after
+  if (ops_->row && !c_proj->bias.defined()) return ops_->reduce(gelu_proj(h, c_proj->weight, at::Tensor()));
+  if (ops_->row) {  // the partial products summed over tp, the bias added once after
     return ops_->reduce(gelu_proj(h, c_proj->weight, at::zeros_like(c_proj->bias, at::MemoryFormat::Contiguous).detach())) +
            c_proj->bias;
   }
-  if (gelu_proj) return gelu_proj(h, c_proj->weight, c_proj->bias);
-  auto g = at::gelu(h, "tanh");
-  return ops_->row ? ops_->row(g, *c_proj) : c_proj->forward(g);
+  return gelu_proj(h, c_proj->weight, c_proj->bias);
 }
 
-BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard, int64_t index)
+BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard, int64_t index,
+                     std::shared_ptr<RotaryEmbedding> rope)
     : dropout_(cfg.dropout), ops_(shard.ops) {
-  ln_1 = register_module("ln_1", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts));
-  attn = register_module("attn", std::make_shared<AttentionImpl>(cfg, opts, shard));
-  ln_2 = register_module("ln_2", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts));
+  ln_1 = register_module("ln_1", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts, cfg.rmsnorm()));
+  attn = register_module("attn", std::make_shared<AttentionImpl>(cfg, opts, shard, std::move(rope)));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts, cfg.rmsnorm()));
   if (cfg.is_moe_layer(index)) {
     if (shard.ops->seq_rows) throw ConfigError("MoE blocks with a split sequence (--sp, --cp) are not built");
     moe = register_module("moe", std::make_shared<MoEImpl>(cfg.d_model, cfg.mlp_hidden(), MoEConfig::of(cfg), opts, shard.ops));
@@ -146,15 +181,21 @@ GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts, ModelShard shard) 
   }
   // Under tensor parallelism wte holds this rank's rows of the padded vocabulary; registered
   // first, as in the whole model, so the parameter order is the whole model's order restricted.
-  if (shard_.embedding || shard_.head)
+  // Under rope the output layer, when untied, is lm_head: wte only where the embedding is.
+  if (shard_.embedding || (shard_.head && cfg_.tie_embeddings))
     wte = register_parameter("wte", at::empty({cfg_.padded_vocab_size() / shard_.tp, cfg_.d_model}, o));
-  if (shard_.embedding) wpe = register_parameter("wpe", at::empty({cfg_.seq_len, cfg_.d_model}, o));
+  if (shard_.embedding && !cfg_.rope()) wpe = register_parameter("wpe", at::empty({cfg_.seq_len, cfg_.d_model}, o));
+  if (cfg_.rope()) rope_ = std::make_shared<RotaryEmbedding>(cfg_);
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg_.n_layer; ++i) {
-    if (i >= shard_.block_begin && i < shard_.block_end) h->push_back(std::make_shared<BlockImpl>(cfg_, o, shard_, i));
+    if (i >= shard_.block_begin && i < shard_.block_end) h->push_back(std::make_shared<BlockImpl>(cfg_, o, shard_, i, rope_));
     else h->push_back(std::make_shared<torch::nn::Module>());  // another stage's block: keeps the numbering
   }
-  if (shard_.head) ln_f = register_module("ln_f", std::make_shared<LayerNormImpl>(cfg_.d_model, cfg_.layer_norm_eps, o));
+  if (shard_.head) {
+    ln_f = register_module("ln_f", std::make_shared<LayerNormImpl>(cfg_.d_model, cfg_.layer_norm_eps, o, cfg_.rmsnorm()));
+    if (!cfg_.tie_embeddings)
+      lm_head = register_parameter("lm_head", at::empty({cfg_.padded_vocab_size() / shard_.tp, cfg_.d_model}, o));
+  }
 }
 
 std::vector<std::shared_ptr<BlockImpl>> GPT::blocks() const {
@@ -195,7 +236,7 @@ void GPT::init_weights(uint64_t seed, const TensorSlicer& slice) {
     } else {
       cpu.normal_(0.0, 0.02, gen);
     }
-    if (name == "wte") {
+    if (name == "wte" || name == "lm_head") {
       // Padding rows of the vocabulary never meet a token or a target: kept at zero, their
       // gradient and AdamW state stay zero too, so exporting only the real rows loses nothing.
       const int64_t V = cfg_.vocab_size, pad = cfg_.padded_vocab_size() - V;
@@ -220,7 +261,8 @@ at::Tensor GPT::embed(const at::Tensor& idx) {
   check_context(T, cfg_);
   const LayerOps& ops = *shard_.ops;
   at::Tensor x = ops.embed ? ops.embed(idx, wte) : at::embedding(wte, idx);  // [B, T_local, d]
-  x = x + (ops.seq_rows ? wpe.index_select(0, ops.seq_rows(x.size(1) * ops.seq_split, x.device())) : wpe.narrow(0, 0, T));
+  if (wpe.defined())
+    x = x + (ops.seq_rows ? wpe.index_select(0, ops.seq_rows(x.size(1) * ops.seq_split, x.device())) : wpe.narrow(0, 0, T));
   if (is_training() && cfg_.dropout > 0.0) x = residual_dropout(x, cfg_.dropout, ops);
   return x;
 }
@@ -239,7 +281,7 @@ at::Tensor GPT::hidden(const at::Tensor& idx) {
   return ln_f->forward(run_blocks(embed(idx)));
 }
 
-at::Tensor GPT::logits(const at::Tensor& idx) { return at::linear(hidden(idx), wte); }
+at::Tensor GPT::logits(const at::Tensor& idx) { return at::linear(hidden(idx), output_weight()); }
 
 at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
   if (!shard_.whole_model()) throw Error("GPT::loss: a pipeline stage runs embed / run_blocks / head_loss");
@@ -253,10 +295,11 @@ at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
 at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets) {
   if (!shard_.head) throw Error("GPT::head_loss: this pipeline stage does not hold the output layer");
   auto x = ln_f->forward(x_in);
-  if (shard_.ops->loss) return shard_.ops->loss(x, wte, targets);
+  const at::Tensor& w = output_weight();
+  if (shard_.ops->loss) return shard_.ops->loss(x, w, targets);
   const auto x2 = x.reshape({-1, x.size(-1)});
-  if (loss_chunk_rows < 0) return plain_linear_cross_entropy(x2, wte, targets.reshape({-1}), cfg_.vocab_size);
-  return linear_cross_entropy(x2, wte, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows);
+  if (loss_chunk_rows < 0) return plain_linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size);
+  return linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows);
 }
 
 int64_t GPT::num_params() const {

@@ -1,13 +1,18 @@
-// models/gpt.h -- the GPT-2 model as a LibTorch module.
+// models/gpt.h -- the decoder (GPT-2 and the Llama family: models/gpt_config.h) as a LibTorch module.
 //
 // Shapes (B batch, T sequence, d = d_model, H heads, KV kv-heads, h = d/H, V' padded vocab):
-//   x   = wte[idx] + wpe[0..T)                                   [B, T, d]
+//   x   = wte[idx] + wpe[0..T)         (learned positions; under rope: wte[idx])   [B, T, d]
 //   per block:  x = x + drop(c_proj(attn(ln_1(x))))              attention, causal
-//               x = x + drop(mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x)))))
-//   logits = ln_f(x) @ wte^T                                     [B, T, V'] (tied output layer)
+//               x = x + drop(mlp(ln_2(x)))
+//                   gelu:   mlp.c_proj(gelu_tanh(mlp.c_fc(.)))
+//                   swiglu: mlp.c_proj(silu(gate) * up), [gate | up] = mlp.c_fc(.)
+//   logits = ln_f(x) @ wte^T          (tied; untied: @ lm_head^T)                 [B, T, V']
 //   loss = mean cross-entropy over the first vocab_size logits (padding never enters the loss)
-// Attention: c_attn produces q [B,T,H,h], k and v [B,T,KV,h]; scaled_dot_product_attention
-// (flash / cuDNN / memory-efficient kernels on GPU) with is_causal and enable_gqa.
+// ln_* are LayerNorms (weight, bias) or RMSNorms (weight: x / sqrt(mean(x^2) + eps) * weight).
+// Attention: c_attn produces q [B,T,H,h], k and v [B,T,KV,h]; under rope q and k are turned by
+// their positions' angles (models/rotary.h); scaled_dot_product_attention (flash / cuDNN /
+// memory-efficient kernels on GPU) with is_causal and enable_gqa. Linear layers have biases as
+// GPTConfig::bias says (all, none, or c_attn's only).
 //
 // Parameter names follow Hugging Face GPT2LMHeadModel's "transformer.*" names (wte, wpe,
 // h.N.ln_1, h.N.attn.c_attn, ...); Linear weights are stored [out, in] as torch.nn.Linear
@@ -49,13 +54,14 @@
 
 #include "models/gpt_config.h"
 #include "models/moe.h"
+#include "models/rotary.h"
 
 namespace kiln {
 
-// y = x W^T + b, W [out, in].
+// y = x W^T + b, W [out, in]; without a bias (bias undefined) y = x W^T.
 class LinearImpl : public torch::nn::Module {
  public:
-  LinearImpl(int64_t in, int64_t out, const at::TensorOptions& opts);
+  LinearImpl(int64_t in, int64_t out, const at::TensorOptions& opts, bool with_bias = true);
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight, bias;
 };
@@ -137,12 +143,14 @@ struct ModelShard {
   bool whole_model() const { return embedding && head; }
 };
 
+// A LayerNorm (weight and bias), or with rms an RMSNorm (weight only; at::rms_norm).
 class LayerNormImpl : public torch::nn::Module {
  public:
-  LayerNormImpl(int64_t d, double eps, const at::TensorOptions& opts);
+  LayerNormImpl(int64_t d, double eps, const at::TensorOptions& opts, bool rms = false);
   at::Tensor forward(const at::Tensor& x) const;
-  at::Tensor weight, bias;
+  at::Tensor weight, bias;  // bias undefined for an RMSNorm
   double eps;
+  bool rms;
   // Tests only: under autocast, compute in fp32 and return fp32, as CUDA's autocast runs
   // layer_norm (the CPU's keeps the input dtype), so a CPU test sees the dtypes a GPU run sees.
   bool fp32_under_autocast = false;
@@ -171,8 +179,17 @@ at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops);
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {});
+  // rope: the model's rotary tables (shared by its blocks), null for learned positions.
+  AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {},
+                std::shared_ptr<RotaryEmbedding> rope = nullptr);
   at::Tensor forward(const at::Tensor& x);  // [B, T, d] -> [B, T, d]
+  // The heads of x [B, T, d] (c_attn through `ops`, the model's when null): q [B, H, T, h], k and
+  // v [B, KV, T, h], q and k turned to `positions` under rope (int64 [T]; undefined: 0 .. T-1).
+  // (The KV cache passes the unsplit ops: runtime/inference/kv_cache.h.)
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> heads(const at::Tensor& x, const at::Tensor& positions = {},
+                                                       const LayerOps* ops = nullptr);
+  // c_proj of the attention's output y [B, H, T, h] -> [B, T, d], through `ops` (null: the model's).
+  at::Tensor project(const at::Tensor& y, const LayerOps* ops = nullptr);
   std::shared_ptr<LinearImpl> c_attn, c_proj;
   // Hook for the attention core, called as core(q, k, v, dropout_p, mask) with causal_attention's
   // arguments; empty: causal_attention. (Set by parallel/activation_checkpoint.h.)
@@ -186,20 +203,26 @@ class AttentionImpl : public torch::nn::Module {
   int64_t n_head_, n_kv_head_, head_dim_;  // this rank's heads
   double dropout_;
   std::shared_ptr<const LayerOps> ops_;
+  std::shared_ptr<RotaryEmbedding> rope_;
 };
 
 class MLPImpl : public torch::nn::Module {
  public:
   MLPImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {});
-  at::Tensor forward(const at::Tensor& x);  // c_proj(gelu_tanh(c_fc(x)))
-  std::shared_ptr<LinearImpl> c_fc, c_proj;
+  at::Tensor forward(const at::Tensor& x);  // c_proj(gelu_tanh(c_fc(x))), or SwiGLU's c_proj(silu(gate) * up)
+  // The same through `ops` (the KV cache's unsplit ones), without the hook.
+  at::Tensor forward_with(const at::Tensor& x, const LayerOps& ops) const;
+  std::shared_ptr<LinearImpl> c_fc, c_proj;  // SwiGLU: c_fc [2F, d] holds gate's rows, then up's
   // Hook for gelu_tanh(h) W^T + b with W, b = c_proj's, called as gelu_proj(h, W, b) with
   // h = c_fc(x) [B, T, 4d / tp]; under tensor parallelism b is zero (the bias is added once,
-  // after LayerOps::reduce). Empty: the plain ops. (Set by parallel/activation_checkpoint.h.)
+  // after LayerOps::reduce). Empty: the plain ops. (Set by parallel/activation_checkpoint.h;
+  // a GELU feed-forward's only.)
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> gelu_proj;
+  bool swiglu() const { return swiglu_; }
 
  private:
   std::shared_ptr<const LayerOps> ops_;
+  bool swiglu_ = false;
 };
 
 // A transformer block. Its feed-forward is the dense MLP, or, in the MoE blocks of an MoE model
@@ -210,7 +233,8 @@ class MLPImpl : public torch::nn::Module {
 // gradients are equal on every tp rank, as a LayerNorm's).
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {}, int64_t index = 0);
+  BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {}, int64_t index = 0,
+            std::shared_ptr<RotaryEmbedding> rope = nullptr);
   at::Tensor forward(const at::Tensor& x);
   std::shared_ptr<LayerNormImpl> ln_1, ln_2;
   std::shared_ptr<AttentionImpl> attn;
@@ -271,7 +295,10 @@ class GPT : public torch::nn::Module {
   // stage's); clears them. Undefined for a dense model.
   at::Tensor take_moe_stats(c10::Device device);
 
-  at::Tensor wte, wpe;  // [V', d], [T, d] (undefined on a pipeline stage that lacks them)
+  at::Tensor wte, wpe;  // [V', d], [T, d] (undefined on a pipeline stage that lacks them; wpe under rope)
+  at::Tensor lm_head;   // [V', d]: the untied output layer (undefined when tied to wte)
+  // The output layer's weight: lm_head, or wte when tied.
+  const at::Tensor& output_weight() const { return lm_head.defined() ? lm_head : wte; }
   torch::nn::ModuleList h;
   std::shared_ptr<LayerNormImpl> ln_f;  // null on a pipeline stage other than the last
   // Hook that runs one block, called as block_runner(block, x) for x [B, T, d]; empty:
@@ -285,6 +312,7 @@ class GPT : public torch::nn::Module {
  private:
   GPTConfig cfg_;
   ModelShard shard_;
+  std::shared_ptr<RotaryEmbedding> rope_;  // rotary positions' tables (null: learned positions)
 };
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 // models/gpt_config.cpp -- presets, validation and parameter count of GPTConfig.
 #include "models/gpt_config.h"
 
+#include <initializer_list>
 #include <sstream>
 
 #include "distributed/error.h"
@@ -19,10 +20,55 @@ GPTConfig gpt2(int64_t layers, int64_t heads, int64_t width) {
   c.vocab_size = 50257;  // padded to 50304
   return c;
 }
+// The Llama family's shared choices: rotary positions, RMSNorm, SwiGLU, no biases, untied output.
+GPTConfig llama(int64_t layers, int64_t heads, int64_t kv_heads, int64_t width, int64_t ffn, int64_t vocab,
+                int64_t context, double theta) {
+  GPTConfig c;
+  c.n_layer = layers;
+  c.n_head = heads;
+  c.n_kv_head = kv_heads;
+  c.d_model = width;
+  c.ffn_hidden = ffn;
+  c.vocab_size = vocab;
+  c.seq_len = context;
+  c.position = "rope";
+  c.rope_theta = theta;
+  c.norm = "rmsnorm";
+  c.layer_norm_eps = 1e-5;
+  c.mlp = "swiglu";
+  c.bias = "none";
+  c.tie_embeddings = false;
+  return c;
+}
+
+// Llama-3.1's rotary scaling (every Llama 3.1 / 3.2 / 3.3 config.json: factor 8 or 32, 1, 4, 8192).
+void llama31_scaling(GPTConfig& c, double factor) {
+  c.rope_factor = factor;
+  c.rope_low_freq_factor = 1.0;
+  c.rope_high_freq_factor = 4.0;
+  c.rope_original_context = 8192;
+}
 }  // namespace
 
+int64_t llama_ffn_hidden(int64_t d_model, double multiplier, int64_t multiple_of) {
+  int64_t f = 2 * (4 * d_model) / 3;
+  f = static_cast<int64_t>(multiplier * static_cast<double>(f));
+  return (f + multiple_of - 1) / multiple_of * multiple_of;
+}
+
+int64_t GPTConfig::mlp_hidden() const {
+  if (ffn_hidden > 0) return ffn_hidden;
+  return swiglu() ? llama_ffn_hidden(d_model, 1.0, 256) : 4 * d_model;
+}
+
+bool GPTConfig::gpt2_architecture() const {
+  return position == "learned" && norm == "layernorm" && mlp == "gelu" && bias == "all" && tie_embeddings &&
+         ffn_hidden <= 0;
+}
+
 std::vector<std::string> GPTConfig::preset_names() {
-  return {"tiny", "tiny-moe", "gpt2-124m", "gpt2-124m-moe", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "gpt3-6.7b"};
+  return {"tiny",      "tiny-moe",  "gpt2-124m",  "gpt2-124m-moe", "gpt2-350m",  "gpt2-774m", "gpt2-1.5b",
+          "gpt3-6.7b", "tiny-llama", "llama3-1b", "llama3-8b",     "llama3-70b", "mistral-7b", "qwen2-0.5b"};
 }
 
 GPTConfig GPTConfig::preset(const std::string& name) {
@@ -48,6 +94,27 @@ GPTConfig GPTConfig::preset(const std::string& name) {
   if (name == "gpt3-6.7b") {  // GPT-3 6.7B (Brown et al. 2020, table 2.1): 2048 tokens of context
     GPTConfig c = gpt2(32, 32, 4096);
     c.seq_len = 2048;
+    return c;
+  }
+  // The Llama family. Contexts are the pretraining ones (Llama 3: 8192; the 3.1 / 3.2 configs'
+  // 131072 is reached through the rotary scaling, and --seq-len sets the context trained at).
+  if (name == "tiny-llama") {  // tiny's shape in the Llama family, GQA 4 over 2: 869,504 parameters
+    return llama(4, 4, 2, 128, llama_ffn_hidden(128, 1.0, 32), 512, 128, 10000.0);
+  }
+  if (name == "llama3-1b") {  // Llama-3.2-1B
+    GPTConfig c = llama(16, 32, 8, 2048, llama_ffn_hidden(2048, 1.5, 256), 128256, 8192, 500000.0);
+    llama31_scaling(c, 32.0);
+    c.tie_embeddings = true;
+    return c;
+  }
+  if (name == "llama3-8b") return llama(32, 32, 8, 4096, llama_ffn_hidden(4096, 1.3, 1024), 128256, 8192, 500000.0);
+  if (name == "llama3-70b") return llama(80, 64, 8, 8192, llama_ffn_hidden(8192, 1.3, 4096), 128256, 8192, 500000.0);
+  if (name == "mistral-7b") return llama(32, 32, 8, 4096, 14336, 32000, 8192, 10000.0);  // Mistral-7B-v0.1
+  if (name == "qwen2-0.5b") {  // Qwen2-0.5B: q, k, v biases, tied, RMSNorm eps 1e-6
+    GPTConfig c = llama(24, 14, 2, 896, 4864, 151936, 8192, 1000000.0);
+    c.bias = "qkv";
+    c.tie_embeddings = true;
+    c.layer_norm_eps = 1e-6;
     return c;
   }
   std::string names;
@@ -78,8 +145,38 @@ void GPTConfig::validate() const {
   if (!(dropout >= 0.0 && dropout < 1.0)) {
     throw ConfigError("--dropout must be in [0, 1) (got " + std::to_string(dropout) + ")");
   }
+  auto one_of = [](const char* flag, const std::string& v, std::initializer_list<const char*> allowed) {
+    std::string list;
+    for (const char* a : allowed) {
+      if (v == a) return;
+      list += (list.empty() ? "" : " | ") + std::string(a);
+    }
+    throw ConfigError(std::string("--") + flag + " must be " + list + " (got '" + v + "')");
+  };
+  one_of("position", position, {"learned", "rope"});
+  one_of("norm", norm, {"layernorm", "rmsnorm"});
+  one_of("mlp", mlp, {"gelu", "swiglu"});
+  one_of("bias", bias, {"all", "none", "qkv"});
+  if (ffn_hidden < 0) throw ConfigError("--ffn-hidden must be positive, or 0 for the feed-forward's rule (got " + std::to_string(ffn_hidden) + ")");
+  if (!(layer_norm_eps > 0.0)) throw ConfigError("--norm-eps must be positive");
+  if (rope()) {
+    if (head_dim() % 2 != 0) {
+      throw ConfigError("--position rope needs an even head width (d-model / n-head = " + std::to_string(head_dim()) + ")");
+    }
+    if (!(rope_theta > 1.0)) throw ConfigError("--rope-theta must be greater than 1 (got " + std::to_string(rope_theta) + ")");
+    if (rope_factor != 0.0) {
+      if (!(rope_factor >= 1.0)) throw ConfigError("--rope-factor must be 0 (no scaling) or at least 1");
+      if (!(rope_low_freq_factor > 0.0 && rope_high_freq_factor > rope_low_freq_factor))
+        throw ConfigError("--rope-high-freq-factor must exceed --rope-low-freq-factor, both positive");
+      positive("rope-original-context", rope_original_context);
+    }
+  }
   if (n_experts < 0) throw ConfigError("--n-experts must be 0 (a dense model) or positive (got " + std::to_string(n_experts) + ")");
   if (is_moe()) {
+    if (swiglu() || !linear_bias()) {
+      throw ConfigError("Mixture-of-Experts blocks have GPT-2's experts only (GELU, with biases): --mlp swiglu and --bias " + bias +
+                        " with --n-experts are not built yet");
+    }
     if (top_k < 1 || top_k > n_experts) {
       throw ConfigError("--top-k must be in [1, --n-experts " + std::to_string(n_experts) + "] (got " + std::to_string(top_k) + ")");
     }
@@ -90,19 +187,26 @@ void GPTConfig::validate() const {
   }
 }
 
+namespace {
+// One feed-forward's parameters (a dense MLP, or one expert).
+int64_t ffn_params(const GPTConfig& c) {
+  const int64_t d = c.d_model, F = c.mlp_hidden(), b = c.linear_bias() ? 1 : 0;
+  return c.swiglu() ? 2 * d * F + b * 2 * F + F * d + b * d : d * F + b * F + F * d + b * d;
+}
+}  // namespace
+
 int64_t GPTConfig::num_params() const {
-  const int64_t d = d_model, F = mlp_hidden(), kv = n_kv_head * head_dim();
-  const int64_t qkv = d + 2 * kv;
-  const int64_t block = 2 * d + (d * qkv + qkv) + (d * d + d) + 2 * d + (d * F + F) + (F * d + d);
-  const int64_t mlp = (d * F + F) + (F * d + d);
-  const int64_t moe_extra = n_moe_layers() * ((n_experts - 1) * mlp + n_experts * d);  // E experts and the router, not one MLP
-  return padded_vocab_size() * d + seq_len * d + n_layer * block + 2 * d + moe_extra;
+  const int64_t d = d_model, kv = n_kv_head * head_dim();
+  const int64_t qkv = d + 2 * kv, norm_params = rmsnorm() ? d : 2 * d;
+  const int64_t attn = d * qkv + (qkv_bias() ? qkv : 0) + d * d + (linear_bias() ? d : 0);
+  const int64_t block = 2 * norm_params + attn + ffn_params(*this);
+  const int64_t moe_extra = n_moe_layers() * ((n_experts - 1) * ffn_params(*this) + n_experts * d);  // E experts and the router, not one MLP
+  const int64_t output = tie_embeddings ? 0 : padded_vocab_size() * d;
+  return padded_vocab_size() * d + position_params() + n_layer * block + norm_params + output + moe_extra;
 }
 
 int64_t GPTConfig::num_active_params() const {
-  const int64_t d = d_model, F = mlp_hidden();
-  const int64_t mlp = (d * F + F) + (F * d + d);
-  return num_params() - n_moe_layers() * (n_experts - top_k) * mlp;
+  return num_params() - n_moe_layers() * (n_experts - top_k) * ffn_params(*this);
 }
 
 }  // namespace kiln

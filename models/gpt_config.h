@@ -1,18 +1,39 @@
 // models/gpt_config.h -- the shape of a GPT model, its presets, and its sizes.
 //
-// GPT-2 architecture (Radford et al., 2019): learned position embeddings, pre-LayerNorm blocks,
-// GELU (tanh approximation), biases everywhere, output layer tied to the token embedding.
+// One decoder, two families, chosen by the architecture fields below:
+//   GPT-2 (Radford et al., 2019; the defaults): learned position embeddings, pre-LayerNorm
+//     blocks, GELU (tanh approximation), biases everywhere, output layer tied to the token
+//     embedding.
+//   Llama (Touvron et al., 2023; Llama 3, Mistral, Qwen2): rotary position embeddings (Su et al.,
+//     2021; position = rope, base rope_theta, Llama-3.1's frequency scaling through rope_factor
+//     and the three after it), RMSNorm (norm = rmsnorm), a SwiGLU feed-forward (mlp = swiglu:
+//     down(silu(gate x) * up x), width F = ffn_hidden), no biases (bias = none; Qwen2: bias = qkv,
+//     on the query, key and value projections only), an output layer of its own
+//     (tie_embeddings = false; Llama-3.2-1B and Qwen2-0.5B tie it).
 // Grouped-query attention (Ainslie et al., 2023) through n_kv_head: n_head query heads share
 // n_kv_head key/value heads (n_kv_head == n_head is ordinary multi-head attention, 1 is
 // multi-query attention).
 //
 // Parameter count, with d = d_model, L = n_layer, V' = padded vocabulary, T = seq_len,
-// h = d / n_head, kv = n_kv_head * h, F = 4d:
-//   embeddings  V'd + Td
-//   per block   2d (ln_1) + d(d + 2kv) + (d + 2kv) (c_attn) + d^2 + d (attn c_proj)
-//               + 2d (ln_2) + dF + F (c_fc) + Fd + d (mlp c_proj)
-//   final norm  2d
-// gpt2-124m (V' = 50304) gives 124,475,904.
+// h = d / n_head, kv = n_kv_head * h, F = mlp_hidden(); n = 2d for a LayerNorm (weight and
+// bias), d for an RMSNorm; [x] = x when the bias pattern gives that layer a bias, else 0:
+//   embeddings  V'd (wte) + Td (wpe; learned positions only)
+//   per block   n (ln_1) + d(d + 2kv) + [d + 2kv] (c_attn: q, k, v) + d^2 + [d] (attn c_proj)
+//               + n (ln_2) + feed-forward:  gelu    dF + [F] (c_fc) + Fd + [d] (c_proj)
+//                                           swiglu  2dF + [2F] (c_fc: gate, up) + Fd + [d] (c_proj: down)
+//   final norm  n
+//   output      V'd when untied (lm_head), nothing when tied to wte
+// Presets (the published counts, which these reproduce exactly; V' = V for all of them):
+//   gpt2-124m    L 12, d 768, H 12, V 50257 (V' 50304)                              124,475,904
+//   llama3-1b    Llama-3.2-1B: L 16, d 2048, H 32, KV 8, F 8192, V 128256, tied   1,235,814,400
+//   llama3-8b    Llama-3-8B: L 32, d 4096, H 32, KV 8, F 14336, V 128256          8,030,261,248
+//   llama3-70b   Llama-3-70B: L 80, d 8192, H 64, KV 8, F 28672, V 128256        70,553,706,496
+//   mistral-7b   Mistral-7B-v0.1: L 32, d 4096, H 32, KV 8, F 14336, V 32000      7,241,732,096
+//   qwen2-0.5b   Qwen2-0.5B: L 24, d 896, H 14, KV 2, F 4864, V 151936, qkv biases,
+//                tied                                                                494,032,768
+// Llama's feed-forward width rule (Meta's reference code): F = 2 (4d) / 3, times
+// ffn_dim_multiplier, rounded up to a multiple of multiple_of (llama_ffn_hidden below): Llama-3-8B
+// 1.3 and 1024 -> 14336, Llama-3-70B 1.3 and 4096 -> 28672, Llama-3.2-1B 1.5 and 256 -> 8192.
 //
 // Mixture-of-Experts (models/moe.h; n_experts > 0): block i's feed-forward is an MoE layer when
 // i % moe_every == 0 (Megatron's moe_layer_freq: with moe_every 2 blocks 0, 2, 4, ... ), a dense
@@ -36,7 +57,23 @@ struct GPTConfig {
   int64_t seq_len = 128;       // context length T (positions learned)
   int64_t vocab_size = 512;    // real vocabulary; token ids are in [0, vocab_size)
   double dropout = 0.0;        // dropout on attention probabilities and residual branches
-  double layer_norm_eps = 1e-5;
+  double layer_norm_eps = 1e-5;  // the norms' epsilon (LayerNorm's or RMSNorm's)
+
+  // ---- the architecture (above): GPT-2's by default
+  std::string position = "learned";  // learned (wpe) | rope (rotary; no position parameters)
+  double rope_theta = 10000.0;       // rotary base
+  // Llama-3.1's rotary frequency scaling (Hugging Face rope_scaling, rope_type "llama3"):
+  // rope_factor 0 is none. Wavelengths past original_context / low_freq_factor are divided by
+  // factor, those under original_context / high_freq_factor kept, those between interpolated.
+  double rope_factor = 0.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_context = 8192;
+  std::string norm = "layernorm";  // layernorm (weight, bias) | rmsnorm (weight)
+  std::string mlp = "gelu";        // gelu (c_fc, c_proj) | swiglu (c_fc holds gate then up; c_proj is down)
+  int64_t ffn_hidden = 0;          // feed-forward width F; 0: 4d for gelu, llama_ffn_hidden(d, 1, 256) for swiglu
+  std::string bias = "all";        // all (every linear) | none | qkv (c_attn only, Qwen2's)
+  bool tie_embeddings = true;      // the output layer is wte; false: a parameter of its own, lm_head
 
   // ---- Mixture-of-Experts (models/moe.h); n_experts 0: every block dense
   int64_t n_experts = 0;              // experts per MoE layer E (0: a dense model)
@@ -50,7 +87,17 @@ struct GPTConfig {
   // past vocab_size exist but never enter the loss.
   int64_t padded_vocab_size() const { return (vocab_size + 127) / 128 * 128; }
   int64_t head_dim() const { return d_model / n_head; }
-  int64_t mlp_hidden() const { return 4 * d_model; }
+  // F: ffn_hidden, or by the feed-forward's rule when 0.
+  int64_t mlp_hidden() const;
+  bool rope() const { return position == "rope"; }
+  bool swiglu() const { return mlp == "swiglu"; }
+  bool rmsnorm() const { return norm == "rmsnorm"; }
+  bool qkv_bias() const { return bias != "none"; }  // c_attn's
+  bool linear_bias() const { return bias == "all"; }  // every other linear layer's
+  // The position embedding's parameters (Td for learned positions, 0 under rope).
+  int64_t position_params() const { return rope() ? 0 : seq_len * d_model; }
+  // Whether this is GPT-2's architecture (every field above at its default).
+  bool gpt2_architecture() const;
   bool is_moe() const { return n_experts > 0; }
   bool is_moe_layer(int64_t block) const { return is_moe() && block % moe_every == 0; }
   int64_t n_moe_layers() const { return is_moe() ? (n_layer + moe_every - 1) / moe_every : 0; }
@@ -60,18 +107,26 @@ struct GPTConfig {
 
   // All parameters (tied output layer counted once).
   int64_t num_params() const;
-  // Parameters less the position embedding: the N of the FLOP formula (see models/flops.h).
-  int64_t num_params_non_embedding_pos() const { return num_params() - seq_len * d_model; }
+  // The parameters a token multiplies by: all less the position embedding and, when the output
+  // layer is untied, the token embedding (a lookup); the N of the FLOP formula (models/flops.h).
+  int64_t num_params_non_embedding_pos() const { return num_params() - non_matmul_embedding_params(); }
   // The parameters one token's forward uses: an MoE layer's k experts and its router, not all E
   // (equal to num_params() for a dense model).
   int64_t num_active_params() const;
-  // The same less the position embedding: the N_active of the FLOP formula.
-  int64_t num_active_params_non_embedding_pos() const { return num_active_params() - seq_len * d_model; }
+  // The same less the embeddings that are lookups: the N_active of the FLOP formula.
+  int64_t num_active_params_non_embedding_pos() const { return num_active_params() - non_matmul_embedding_params(); }
+  // Position embedding, and the token embedding when an untied lm_head is the output layer.
+  int64_t non_matmul_embedding_params() const {
+    return position_params() + (tie_embeddings ? 0 : padded_vocab_size() * d_model);
+  }
 
   // A preset by name: tiny, tiny-moe, gpt2-124m, gpt2-124m-moe, gpt2-350m, gpt2-774m, gpt2-1.5b,
-  // gpt3-6.7b. Throws ConfigError.
+  // gpt3-6.7b; tiny-llama, llama3-1b, llama3-8b, llama3-70b, mistral-7b, qwen2-0.5b. Throws ConfigError.
   static GPTConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 };
+
+// Llama's feed-forward width: multiple_of * ceil(int(int(8d / 3) * multiplier) / multiple_of).
+int64_t llama_ffn_hidden(int64_t d_model, double multiplier, int64_t multiple_of);
 
 }  // namespace kiln

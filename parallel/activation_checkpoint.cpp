@@ -321,7 +321,9 @@ void apply_activation_checkpointing(GPT& model, ActivationCheckpointing mode, Ch
           };
           return checkpoint(std::move(core), {q, k, v}, opts)[0];
         };
-        if (block.mlp) {  // an MoE block keeps its experts' activations (models/moe.h)
+        // An MoE block keeps its experts' activations (models/moe.h); a SwiGLU feed-forward keeps
+        // its gate and up products (its silu(gate) * up is not recomputed: not built).
+        if (block.mlp && !block.mlp->swiglu()) {
           block.mlp->gelu_proj = [](const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) {
             return gelu_linear(h, weight, bias);
           };

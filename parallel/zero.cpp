@@ -36,7 +36,8 @@ void alloc_storage(const at::Tensor& t) {
   s->set_nbytes(nbytes);
 }
 
-// The units of a GPT, in order. The whole model: unit 0 = wte, wpe, ln_f; unit 1 + i = block i.
+// The units of a GPT, in order. The whole model: unit 0 = wte, wpe, ln_f, lm_head (those it has);
+// unit 1 + i = block i.
 // A pipeline stage (parallel/pipeline.h): wte alone first, where the stage holds it (the first and
 // the last stage each hold a copy, whose reduced gradient shards the tied-embedding sync adds
 // element by element, so both copies must be laid out and sharded alike); then wpe and ln_f,
@@ -53,6 +54,7 @@ std::vector<std::vector<at::Tensor>> units_of(GPT& model) {
   if (model.wpe.defined()) outer.push_back(model.wpe);
   if (model.ln_f)
     for (const auto& p : model.ln_f->parameters()) outer.push_back(p);
+  if (model.lm_head.defined()) outer.push_back(model.lm_head);  // the untied output layer
   if (!outer.empty()) units.push_back(std::move(outer));
   for (const auto& b : model.blocks()) units.push_back(b->parameters());
   size_t covered = 0;

@@ -56,6 +56,10 @@ Run run_of(const json& config, const std::string& where) {
   model.seq_len = need<int64_t>(c, "seq_len", where);
   model.vocab_size = need<int64_t>(c, "vocab_size", where);
   model.dropout = c.value("dropout", 0.0);
+  if (c.contains("position")) {  // the Llama family's record (models/gpt_config.h): not modelled yet
+    throw ConfigError(where + ": a run of the Llama family's architecture (position " + c.value("position", std::string()) +
+                      "), which kiln plan does not model yet (issue 35): --compare takes GPT-2 runs only");
+  }
   // Mixture-of-Experts (present only in an MoE run's record; absent: a dense model). The loss
   // coefficients change nothing the plan counts; they are read so that the model is the run's.
   model.n_experts = c.value("n_experts", int64_t{0});

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -87,6 +88,60 @@ TEST(GPTConfig, PresetParameterCountsMatchModuleAndKnownValues) {
   auto tiny = GPTConfig::preset("tiny");
   GPT model(tiny, at::TensorOptions().device(at::kMeta));
   EXPECT_EQ(model.num_params(), tiny.num_params());
+}
+
+// The Llama family's presets (models/gpt_config.h): the counts the model cards publish, by the
+// formula and by the module built on the meta device (shapes only, no memory).
+TEST(GPTConfig, LlamaFamilyPresetsHaveThePublishedParameterCounts) {
+  const std::vector<std::pair<std::string, int64_t>> published = {
+      {"llama3-1b", 1'235'814'400},   {"llama3-8b", 8'030'261'248}, {"llama3-70b", 70'553'706'496},
+      {"mistral-7b", 7'241'732'096},  {"qwen2-0.5b", 494'032'768}};
+  for (const auto& [name, count] : published) {
+    const auto cfg = GPTConfig::preset(name);
+    EXPECT_EQ(cfg.num_params(), count) << name;
+    GPT model(cfg, at::TensorOptions().device(at::kMeta));
+    EXPECT_EQ(model.num_params(), count) << name;
+    auto params = model.named_parameters();
+    EXPECT_FALSE(params.contains("wpe")) << name;  // rotary positions
+    EXPECT_FALSE(params.contains("h.0.ln_1.bias")) << name;  // RMSNorm
+    EXPECT_EQ(params.contains("lm_head"), !cfg.tie_embeddings) << name;
+    EXPECT_EQ(params.contains("h.0.attn.c_attn.bias"), name == "qwen2-0.5b") << name;
+    EXPECT_FALSE(params.contains("h.0.attn.c_proj.bias")) << name;
+    EXPECT_EQ(params["h.0.mlp.c_fc.weight"].size(0), 2 * cfg.mlp_hidden()) << name;  // gate and up
+  }
+  // Llama's width rule (Meta's reference code) gives the published widths.
+  EXPECT_EQ(kiln::llama_ffn_hidden(4096, 1.3, 1024), 14336);
+  EXPECT_EQ(kiln::llama_ffn_hidden(8192, 1.3, 4096), 28672);
+  EXPECT_EQ(kiln::llama_ffn_hidden(2048, 1.5, 256), 8192);
+  EXPECT_EQ(GPTConfig::preset("llama3-8b").mlp_hidden(), 14336);
+  auto tiny = GPTConfig::preset("tiny-llama");
+  EXPECT_EQ(tiny.num_params(), 869'504);
+  EXPECT_EQ(GPT(tiny, at::TensorOptions().device(at::kMeta)).num_params(), 869'504);
+  // FLOPs' N: the untied token embedding is a lookup, not a product; the output layer counts.
+  const auto l8 = GPTConfig::preset("llama3-8b");
+  EXPECT_EQ(l8.num_params_non_embedding_pos(), 8'030'261'248 - 128'256 * 4096);
+  const auto q = GPTConfig::preset("qwen2-0.5b");  // tied: the one matrix counts, as GPT-2's
+  EXPECT_EQ(q.num_params_non_embedding_pos(), q.num_params());
+}
+
+TEST(GPTConfig, ArchitectureFieldsAreValidated) {
+  auto check = [](const std::function<void(GPTConfig&)>& change, const std::string& needle) {
+    auto c = GPTConfig::preset("tiny-llama");
+    change(c);
+    try {
+      c.validate();
+      FAIL() << "accepted; wanted: " << needle;
+    } catch (const kiln::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  check([](GPTConfig& c) { c.position = "alibi"; }, "--position must be learned | rope (got 'alibi')");
+  check([](GPTConfig& c) { c.norm = "batchnorm"; }, "--norm must be layernorm | rmsnorm");
+  check([](GPTConfig& c) { c.mlp = "relu"; }, "--mlp must be gelu | swiglu");
+  check([](GPTConfig& c) { c.bias = "some"; }, "--bias must be all | none | qkv");
+  check([](GPTConfig& c) { c.n_head = 128; c.n_kv_head = 128; }, "even head width");
+  check([](GPTConfig& c) { c.rope_factor = 0.5; }, "--rope-factor must be 0");
+  check([](GPTConfig& c) { c.n_experts = 4; }, "--mlp swiglu and --bias none with --n-experts are not built yet");
 }
 
 TEST(GPTConfig, PresetShapes) {

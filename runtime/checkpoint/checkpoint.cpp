@@ -82,6 +82,10 @@ json model_shape(const GPTConfig& c) {
          {"d_model", c.d_model},   {"seq_len", c.seq_len}, {"vocab_size", c.vocab_size},
          {"padded_vocab_size", c.padded_vocab_size()}};
   if (c.is_moe()) j.update({{"n_experts", c.n_experts}, {"moe_every", c.moe_every}});  // which blocks hold experts
+  if (!c.gpt2_architecture()) {  // which parameters exist, and their shapes
+    j.update({{"position", c.position}, {"norm", c.norm}, {"mlp", c.mlp}, {"ffn_hidden", c.mlp_hidden()},
+              {"bias", c.bias}, {"tie_embeddings", c.tie_embeddings}});
+  }
   return j;
 }
 

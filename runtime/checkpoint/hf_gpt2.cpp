@@ -192,12 +192,18 @@ void load_hf_gpt2(GPT& model, const std::map<std::string, at::Tensor>& given) {
 
 std::map<std::string, std::string> hf_safetensors_metadata() { return {{"format", "pt"}}; }
 
-bool hf_gpt2_compatible(const GPTConfig& cfg) { return cfg.n_kv_head == cfg.n_head && !cfg.is_moe(); }
+bool hf_gpt2_compatible(const GPTConfig& cfg) {
+  return cfg.n_kv_head == cfg.n_head && !cfg.is_moe() && cfg.gpt2_architecture();
+}
 
 nlohmann::json hf_gpt2_config(const GPTConfig& cfg, int64_t eot) {
   if (cfg.is_moe()) {
     throw ConfigError("GPT2LMHeadModel has no Mixture-of-Experts layers (" + std::to_string(cfg.n_experts) +
                       " experts): no config.json for this model (its checkpoint holds the experts under kiln's names)");
+  }
+  if (!cfg.gpt2_architecture()) {
+    throw ConfigError("GPT2LMHeadModel is not the Llama family's architecture (position " + cfg.position + ", norm " + cfg.norm +
+                      ", mlp " + cfg.mlp + ", bias " + cfg.bias + "): no config.json for this model");
   }
   if (!hf_gpt2_compatible(cfg)) {
     throw ConfigError("GPT2LMHeadModel has no grouped-query attention (n_kv_head " + std::to_string(cfg.n_kv_head) +

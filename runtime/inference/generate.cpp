@@ -26,7 +26,7 @@ namespace {
 // The logits over the whole padded vocabulary of hidden [B, d]: [B, V'/t] on each tp rank,
 // gathered into [B, V'] (all_gather concatenates the ranks' [B, V'/t] flat, rank-major).
 at::Tensor vocabulary_logits(const GPT& model, const at::Tensor& hidden, const std::shared_ptr<Communicator>& tp) {
-  auto local = at::linear(hidden, model.wte).contiguous();  // [B, V'/t]
+  auto local = at::linear(hidden, model.output_weight()).contiguous();  // [B, V'/t]
   if (!tp || tp->size() == 1) return local;
   const int64_t t = tp->size(), B = local.size(0), Vt = local.size(1);
   auto all = at::empty({t * B * Vt}, local.options());
@@ -59,7 +59,7 @@ Generation generate(GPT& model, const std::vector<int64_t>& prompt, const Genera
   }
   const auto started = std::chrono::steady_clock::now();
   const int64_t T = mc.seq_len;
-  const c10::Device device = model.wte.device();
+  const c10::Device device = model.output_weight().device();
   const bool was_training = model.is_training();
   model.eval();
   at::NoGradGuard no_grad;

@@ -37,34 +37,26 @@ namespace {
 
 // One block on the new positions (the header's per-block lines); x [B, n, d].
 at::Tensor cached_block(BlockImpl& block, const LayerOps& ops, const at::Tensor& x, size_t layer, KVCache& cache) {
-  const int64_t B = x.size(0), n = x.size(1), P = cache.length();
+  const int64_t n = x.size(1), P = cache.length();
   AttentionImpl& attn = *block.attn;
-  const int64_t H = attn.n_head(), KV = attn.n_kv_head(), h = attn.head_dim();
   const auto a_in = block.ln_1->forward(x);
-  const auto qkv = ops.qkv      ? ops.qkv(a_in, *attn.c_attn)
-                   : ops.column ? ops.column(a_in, *attn.c_attn)
-                                : attn.c_attn->forward(a_in);  // [B, n, (H + 2 KV) h]
-  auto parts = qkv.split_with_sizes({H * h, KV * h, KV * h}, -1);
-  auto q = parts[0].view({B, n, H, h}).transpose(1, 2);  // [B, H, n, h]
-  auto k = parts[1].view({B, n, KV, h}).transpose(1, 2);  // [B, KV, n, h]
-  auto v = parts[2].view({B, n, KV, h}).transpose(1, 2);
+  // q [B, H, n, h], k and v [B, KV, n, h]: under rope turned to positions P .. P + n - 1. The
+  // attention's layer ops are the model's; ops (the unsplit ones) match them for decoding.
+  const auto positions = at::arange(P, P + n, at::TensorOptions().dtype(at::kLong).device(x.device()));
+  const auto [q, k, v] = attn.heads(a_in, positions, &ops);
   const auto [K, V] = cache.write(layer, k, v);  // [B, KV, P + n, h]
   std::optional<at::Tensor> mask;
   if (P > 0 && n > 1) {  // M[i, j]: key j is visible to query i (position P + i)
     const auto opts = at::TensorOptions().dtype(at::kLong).device(x.device());
     mask = at::arange(P + n, opts).unsqueeze(0) <= (at::arange(n, opts) + P).unsqueeze(1);  // [n, P + n]
   }
-  auto y = grouped_attention(q, K, V, mask, /*dropout_p=*/0.0, /*is_causal=*/P == 0 && n > 1);  // [B, H, n, h]
-  y = y.transpose(1, 2).reshape({B, n, H * h});
-  const auto a = ops.row ? ops.row(y, *attn.c_proj) : attn.c_proj->forward(y);
-  const auto x1 = x + a;
+  const auto y = grouped_attention(q, K, V, mask, /*dropout_p=*/0.0, /*is_causal=*/P == 0 && n > 1);  // [B, H, n, h]
+  const auto x1 = x + attn.project(y, &ops);
   const auto m_in = block.ln_2->forward(x1);
   // An MoE block routes the call's tokens of each sequence as one group (models/moe.h): with
   // capacity dropping, what a long prompt drops can differ from the whole-sequence forward's.
   if (block.moe) return x1 + block.moe->forward(m_in);
-  MLPImpl& mlp = *block.mlp;
-  const auto g = at::gelu(ops.column ? ops.column(m_in, *mlp.c_fc) : mlp.c_fc->forward(m_in), "tanh");
-  return x1 + (ops.row ? ops.row(g, *mlp.c_proj) : mlp.c_proj->forward(g));
+  return x1 + block.mlp->forward_with(m_in, ops);  // the GELU or SwiGLU feed-forward
 }
 
 }  // namespace
@@ -80,7 +72,8 @@ at::Tensor forward_cached(GPT& model, const at::Tensor& idx, KVCache& cache) {
                       std::to_string(cache.capacity()) + " (the model's context is " + std::to_string(model.config().seq_len) + ")");
   }
   const LayerOps& ops = model.shard().ops->unsplit ? *model.shard().ops->unsplit : *model.shard().ops;
-  at::Tensor x = (ops.embed ? ops.embed(idx, model.wte) : at::embedding(model.wte, idx)) + model.wpe.narrow(0, P, n);
+  at::Tensor x = ops.embed ? ops.embed(idx, model.wte) : at::embedding(model.wte, idx);
+  if (model.wpe.defined()) x = x + model.wpe.narrow(0, P, n);  // learned positions (rope: in the attention)
   size_t layer = 0;
   for (const auto& block : model.blocks()) x = cached_block(*block, ops, x, layer++, cache);
   cache.advance(n);

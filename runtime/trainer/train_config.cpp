@@ -128,6 +128,14 @@ void TrainConfig::validate_layout() const {
                       "ranks to agree on the capacity): use tp, pp, dp and ZeRO");
   }
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
+  if (!gpt.gpt2_architecture()) {  // the Llama family's options (models/gpt_config.h): one process, DDP and ZeRO so far
+    const char* layout = tp > 1 ? "--tp" : pp > 1 ? "--pp" : cp > 1 ? "--cp" : nullptr;
+    if (layout != nullptr) {
+      throw ConfigError(std::string(layout) + " with the Llama family's architecture (--model " + model +
+                        ": rotary positions, RMSNorm, SwiGLU, its bias pattern or an untied output layer) is not built yet: "
+                        "use dp and ZeRO (docs/models.md)");
+    }
+  }
 
   pipeline_block_counts(gpt.n_layer, pp, pp_split);  // pp above the blocks, or a bad --pp-split
   if (pp > 1 && zero == 3) {
@@ -180,6 +188,20 @@ void TrainConfig::put_model(nlohmann::json& j) const {
   j["vocab_size"] = gpt.vocab_size;
   j["padded_vocab_size"] = gpt.padded_vocab_size();
   j["dropout"] = gpt.dropout;
+  if (!gpt.gpt2_architecture()) {  // a GPT-2 run's record (and checkpoint) stays as it was
+    j["position"] = gpt.position;
+    j["rope_theta"] = gpt.rope_theta;
+    j["rope_factor"] = gpt.rope_factor;
+    j["rope_low_freq_factor"] = gpt.rope_low_freq_factor;
+    j["rope_high_freq_factor"] = gpt.rope_high_freq_factor;
+    j["rope_original_context"] = gpt.rope_original_context;
+    j["norm"] = gpt.norm;
+    j["norm_eps"] = gpt.layer_norm_eps;
+    j["mlp"] = gpt.mlp;
+    j["ffn_hidden"] = gpt.mlp_hidden();
+    j["bias"] = gpt.bias;
+    j["tie_embeddings"] = gpt.tie_embeddings;
+  }
   if (gpt.is_moe()) {  // a dense run's record (and checkpoint) stays as it was
     j["n_experts"] = gpt.n_experts;
     j["top_k"] = gpt.top_k;
