@@ -26,6 +26,7 @@
 #include "models/gpt.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/hf_gpt2.h"
+#include "runtime/checkpoint/hf_llama.h"
 #include "runtime/checkpoint/safetensors.h"
 
 namespace kiln {
@@ -504,7 +505,7 @@ int64_t check_recorded_files(const std::string& dir, const json& files, const st
 bool is_hf_model_dir(const std::string& path) {
   const fs::path p(path);
   return fs::is_directory(p) && !fs::exists(p / "trainer_state.json") && !fs::exists(p / "latest") && fs::exists(p / "config.json") &&
-         fs::exists(p / "model.safetensors");
+         (fs::exists(p / "model.safetensors") || fs::exists(p / "model.safetensors.index.json"));
 }
 
 std::string resolve_checkpoint_dir(const std::string& path, const std::string& command) {
@@ -627,8 +628,49 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   return r;
 }
 
+namespace {
+// A Hugging Face Llama-family directory (runtime/checkpoint/hf_llama.h): each kiln parameter made
+// on rank 0 from its source tensors, then scattered as load_weights does.
+CheckpointIo load_hf_llama_weights(const std::string& dir, WholeModel& state, Communicator* world,
+                                   std::chrono::steady_clock::time_point t0) {
+  const std::string where = "--init-from " + dir;
+  PeakTracker peak;
+  std::unique_ptr<HfWeightFiles> files;
+  CheckpointIo io;
+  decide_on_rank0(world, [&] {
+    files = std::make_unique<HfWeightFiles>(dir);
+    try {
+      match_hf_llama(state.config(), *files);
+    } catch (const ConfigError& e) {
+      throw ConfigError(where + ": " + e.what());
+    }
+    io.bytes = files->bytes();
+  });
+  const auto sources = hf_llama_sources(state.config());
+  for (const auto& [pname, shape] : state.params()) {
+    at::Tensor whole;
+    if (state.writer()) whole = read_hf_llama(*files, pname, sources.at(pname), shape);
+    peak.sample();
+    state.scatter(pname, CheckpointPart::Param, whole);
+  }
+  io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  io.peak_extra_bytes = peak.peak;
+  return io;
+}
+
+bool is_hf_llama_dir(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / "trainer_state.json") || !fs::exists(fs::path(dir) / "config.json")) return false;
+  try {
+    return is_hf_llama_family(json::parse(read_text(dir + "/config.json")));
+  } catch (const json::exception&) {
+    return false;  // the GPT-2 path reports a malformed config.json
+  }
+}
+}  // namespace
+
 CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* world) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (is_hf_llama_dir(dir)) return load_hf_llama_weights(dir, state, world, t0);
   const std::string where = "--init-from " + dir;
   PeakTracker peak;
   std::unique_ptr<SafetensorsReader> file;

@@ -14,6 +14,7 @@
 #include "distributed/error.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/hf_gpt2.h"
+#include "runtime/checkpoint/hf_llama.h"
 #include "runtime/checkpoint/safetensors.h"
 
 namespace kiln {
@@ -38,6 +39,8 @@ std::string resolve_dir(const std::string& dir) {
   const std::string where = "--init-from " + dir;
   if (!fs::is_directory(dir)) throw ConfigError(where + ": no such directory");
   if (fs::exists(fs::path(dir) / "model.safetensors")) return dir;
+  // A sharded Hugging Face model (its index names the shards; runtime/checkpoint/hf_llama.h).
+  if (fs::exists(fs::path(dir) / "model.safetensors.index.json") && fs::exists(fs::path(dir) / "config.json")) return dir;
   if (fs::exists(fs::path(dir) / "latest")) {
     const std::string latest = latest_checkpoint(dir);
     if (latest.empty() || !fs::exists(fs::path(latest) / "model.safetensors")) {
@@ -50,7 +53,7 @@ std::string resolve_dir(const std::string& dir) {
     throw ConfigError(where + ": holds pytorch_model.bin but no model.safetensors; kiln reads safetensors only: "
                       "convert it with transformers (GPT2LMHeadModel.from_pretrained(DIR).save_pretrained(NEW_DIR))");
   }
-  throw ConfigError(where + ": no model.safetensors there (nor a 'latest' naming a kiln checkpoint)");
+  throw ConfigError(where + ": no model.safetensors there (nor model.safetensors.index.json, nor a 'latest' naming a kiln checkpoint)");
 }
 
 // config.json[key] as a positive integer (required).
@@ -153,7 +156,39 @@ GPTConfig from_kiln_state(const json& st, const std::string& where, double* drop
   g.moe_capacity_factor = run_cfg.value("moe_capacity_factor", g.moe_capacity_factor);
   g.moe_aux_loss_coef = run_cfg.value("moe_aux_loss_coef", g.moe_aux_loss_coef);
   g.moe_z_loss_coef = run_cfg.value("moe_z_loss_coef", g.moe_z_loss_coef);
+  // The Llama family's architecture (models/gpt_config.h): which parameters exist from the model
+  // record, the rest from the run's config record (both absent for GPT-2).
+  g.position = m.value("position", g.position);
+  g.norm = m.value("norm", g.norm);
+  g.mlp = m.value("mlp", g.mlp);
+  g.ffn_hidden = m.value("ffn_hidden", g.ffn_hidden);
+  g.bias = m.value("bias", g.bias);
+  g.tie_embeddings = m.value("tie_embeddings", g.tie_embeddings);
+  g.layer_norm_eps = run_cfg.value("norm_eps", g.layer_norm_eps);
+  g.rope_theta = run_cfg.value("rope_theta", g.rope_theta);
+  g.rope_factor = run_cfg.value("rope_factor", g.rope_factor);
+  g.rope_low_freq_factor = run_cfg.value("rope_low_freq_factor", g.rope_low_freq_factor);
+  g.rope_high_freq_factor = run_cfg.value("rope_high_freq_factor", g.rope_high_freq_factor);
+  g.rope_original_context = run_cfg.value("rope_original_context", g.rope_original_context);
   return g;
+}
+
+// A Llama-family directory's weights against its config.json (names, shapes; one file or the
+// shards of its index), before anything is allocated, and the host memory check as for GPT-2.
+void check_llama_weights(const std::string& dir, const GPTConfig& g, int64_t slices, const std::string& where) {
+  try {
+    match_hf_llama(g, HfWeightFiles(dir));
+  } catch (const ConfigError& e) {
+    throw ConfigError(where + ": " + e.what());
+  }
+  const double bytes = 4.0 * static_cast<double>(g.num_params()) / static_cast<double>(std::max<int64_t>(1, slices));
+  const double host = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (host > 0 && bytes > host) {
+    char line[256];
+    std::snprintf(line, sizeof line, ": its %.3g parameters need %.1f GB of host memory to build in fp32; this host has %.1f GB",
+                  static_cast<double>(g.num_params()), bytes / 1e9, host / 1e9);
+    throw ConfigError(where + line + " (its layouts with --tp / --pp are not built yet for this family)");
+  }
 }
 
 // The weights' own header against the shape the directory's config describes, before anything is
@@ -212,15 +247,20 @@ void apply_init_from(const std::map<std::string, json>& given, TrainConfig& conf
   std::string dropout_note;
   GPTConfig file;
   std::string shape_file = "config.json";
+  json hf;  // config.json, when there is one
+  bool llama = false;
   if (fs::exists(fs::path(dir) / "config.json")) {
-    file = from_hf_config(read_json(dir + "/config.json", where), where, &dropout, &dropout_note);
+    hf = read_json(dir + "/config.json", where);
+    llama = is_hf_llama_family(hf);
+    file = llama ? hf_llama_config(hf, where, &dropout) : from_hf_config(hf, where, &dropout, &dropout_note);
   } else if (fs::exists(fs::path(dir) / "trainer_state.json")) {
     file = from_kiln_state(read_json(dir + "/trainer_state.json", where), where, &dropout);
     shape_file = "trainer_state.json";
   } else {
     throw ConfigError(where + ": no config.json there (the model's shape comes from it)");
   }
-  check_weights_header(dir, file, shape_file, int64_t{config.tp} * config.pp, where);
+  if (llama) check_llama_weights(dir, file, int64_t{config.tp} * config.pp, where);
+  else check_weights_header(dir, file, shape_file, int64_t{config.tp} * config.pp, where);
 
   // Settings given for the shape must be the file's. --model gives all of them (its preset).
   const GPTConfig& now = config.gpt;
@@ -230,11 +270,17 @@ void apply_init_from(const std::map<std::string, json>& given, TrainConfig& conf
     const char* key;  // config.json's name
     int64_t want, have;
   };
-  const Field fields[] = {{"n-layer", "n_layer", now.n_layer, file.n_layer},
-                          {"n-head", "n_head", now.n_head, file.n_head},
-                          {"n-kv-head", "n_head (GPT-2 has no grouped-query attention)", now.n_kv_head, file.n_kv_head},
-                          {"d-model", "n_embd", now.d_model, file.d_model},
-                          {"vocab-size", "vocab_size", now.vocab_size, file.vocab_size}};
+  const Field gpt2_fields[] = {{"n-layer", "n_layer", now.n_layer, file.n_layer},
+                               {"n-head", "n_head", now.n_head, file.n_head},
+                               {"n-kv-head", "n_head (GPT-2 has no grouped-query attention)", now.n_kv_head, file.n_kv_head},
+                               {"d-model", "n_embd", now.d_model, file.d_model},
+                               {"vocab-size", "vocab_size", now.vocab_size, file.vocab_size}};
+  const Field llama_fields[] = {{"n-layer", "num_hidden_layers", now.n_layer, file.n_layer},
+                                {"n-head", "num_attention_heads", now.n_head, file.n_head},
+                                {"n-kv-head", "num_key_value_heads", now.n_kv_head, file.n_kv_head},
+                                {"d-model", "hidden_size", now.d_model, file.d_model},
+                                {"vocab-size", "vocab_size", now.vocab_size, file.vocab_size}};
+  const auto& fields = llama ? llama_fields : gpt2_fields;
   for (const auto& f : fields) {
     if ((preset || given.count(f.flag)) && f.want != f.have) {
       const std::string by = given.count(f.flag) ? std::string("--") + f.flag : "--model " + config.model + "'s " + f.flag;
@@ -261,10 +307,19 @@ void apply_init_from(const std::map<std::string, json>& given, TrainConfig& conf
   // Context: the file's n_positions unless a shorter one is asked for.
   if (preset || given.count("seq-len")) {
     if (now.seq_len > file.seq_len) {
-      throw ConfigError(where + ": --seq-len " + std::to_string(now.seq_len) + " is longer than its n_positions " +
-                        std::to_string(file.seq_len) + " (the model has no position embedding beyond)");
+      throw ConfigError(where + ": --seq-len " + std::to_string(now.seq_len) + " is longer than its " +
+                        (llama ? "max_position_embeddings " : "n_positions ") + std::to_string(file.seq_len) +
+                        (llama ? " (the positions it was trained for)" : " (the model has no position embedding beyond)"));
     }
-    file.seq_len = now.seq_len;  // the first seq_len rows of wpe
+    file.seq_len = now.seq_len;  // the first seq_len rows of wpe (rope: the rotary table's)
+  }
+  // Sliding-window attention (Mistral's) acts only past its window: inert when the context trained
+  // at fits in it, refused otherwise (not built).
+  if (llama && hf.contains("sliding_window") && hf.at("sliding_window").is_number() &&
+      hf.at("sliding_window").get<double>() < static_cast<double>(file.seq_len)) {
+    throw ConfigError(where + ": config.json's 'sliding_window' is " + hf.at("sliding_window").dump() +
+                      ", shorter than the context " + std::to_string(file.seq_len) +
+                      ": sliding-window attention is not built (give --seq-len " + hf.at("sliding_window").dump() + " or less)");
   }
   if (given.count("dropout")) {
     file.dropout = now.dropout;

@@ -2,7 +2,8 @@
 // so that the run can start from DIR's weights (fine-tuning).
 //
 // DIR is a Hugging Face GPT-2 directory (`GPT2LMHeadModel.save_pretrained(DIR)`: config.json and
-// model.safetensors) or a kiln checkpoint (a step_N directory, or a save directory whose `latest`
+// model.safetensors), a Llama-family one (runtime/checkpoint/hf_llama.h: its config.json keys and
+// weights, sharded or not) or a kiln checkpoint (a step_N directory, or a save directory whose `latest`
 // names one). This file does the part that comes before the run exists: it reads config.json and
 // sets TrainConfig's model shape from it, before the config is validated. The weights themselves
 // are read later, on every layout, by the checkpoint loader's own path (runtime/checkpoint/checkpoint.h:

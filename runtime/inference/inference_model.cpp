@@ -12,6 +12,7 @@
 #include "parallel/tensor_parallel.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/hf_gpt2.h"
+#include "runtime/checkpoint/hf_llama.h"
 #include "runtime/checkpoint/init_from.h"
 #include "runtime/checkpoint/safetensors.h"
 
@@ -112,8 +113,23 @@ CheckpointModel load_checkpoint_model(const std::string& path, c10::Device devic
   }
   const GPTConfig& cfg = out.config;
   const int64_t t = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
+  if (t > 1 && !cfg.gpt2_architecture()) {
+    throw ConfigError(command + ": --tp " + std::to_string(t) + " with the Llama family's architecture is not built yet (docs/models.md)");
+  }
   // Built on the host, filled from the file one whole tensor at a time, moved to the device.
   out.model = std::make_shared<GPT>(cfg, at::TensorOptions(), t > 1 ? make_tensor_parallel_shard(cfg, tp) : ModelShard{});
+  if (is_hf_model_dir(out.dir) && !cfg.gpt2_architecture()) {  // a Llama-family directory (runtime/checkpoint/hf_llama.h)
+    const HfWeightFiles files(out.dir);
+    match_hf_llama(cfg, files);
+    const auto sources = hf_llama_sources(cfg);
+    at::NoGradGuard no_grad;
+    for (auto& item : out.model->named_parameters(/*recurse=*/true)) {
+      item.value().copy_(read_hf_llama(files, item.key(), sources.at(item.key()), item.value().sizes().vec()));
+    }
+    module_to_device(*out.model, device);
+    out.model->eval();
+    return out;
+  }
   const SafetensorsReader file((dir / "model.safetensors").string());
   const auto names = match_hf_gpt2(cfg, file.specs(), [&](const std::string& name) { return file.read(name); });
   {

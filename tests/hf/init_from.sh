@@ -145,8 +145,12 @@ edit_config() {  # edit_config DIR PYTHON: a copy of hf/ whose config.json `c` t
   "$py" -c "import json; c = json.load(open('hf/config.json')); $2; json.dump(c, open('$1/config.json', 'w'))"
 }
 refuse 1 2 "--init-from nowhere: no such directory" --init-from nowhere
+# A model type kiln reads neither as GPT-2 nor as the Llama family (tests/hf/init_from_llama.sh).
+edit_config neox "c['model_type'] = 'gpt_neox'"
+refuse 1 2 "'model_type' is \"gpt_neox\", not \"gpt2\"" --init-from neox
+# A GPT-2 file under the Llama family's type: its architectures entry does not match.
 edit_config llama "c['model_type'] = 'llama'"
-refuse 1 2 "'model_type' is \"llama\", not \"gpt2\"" --init-from llama
+refuse 1 2 "'architectures' names \"GPT2LMHeadModel\"; kiln reads LlamaForCausalLM weights" --init-from llama
 refuse 1 2 "--n-layer 4 contradicts its config.json \(n_layer 2\)" --init-from hf --n-layer 4
 refuse 1 2 "--model gpt2-124m's n-layer 12 contradicts" --init-from hf --model gpt2-124m
 refuse 1 2 "--seq-len 128 is longer than its n_positions 64" --init-from hf --seq-len 128

@@ -1,0 +1,277 @@
+// runtime/checkpoint/hf_llama.cpp -- Llama-family config.json and weights (the rules in the header).
+#include "runtime/checkpoint/hf_llama.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "distributed/error.h"
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const std::map<std::string, std::string>& architectures() {
+  static const std::map<std::string, std::string> a = {
+      {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}};
+  return a;
+}
+
+int64_t positive(const json& c, const char* key, const std::string& where) {
+  if (!c.contains(key) || !c.at(key).is_number_integer() || c.at(key).get<int64_t>() <= 0) {
+    throw ConfigError(where + ": config.json's '" + key + "' must be a positive integer (got " +
+                      (c.contains(key) ? c.at(key).dump() : std::string("nothing")) + ")");
+  }
+  return c.at(key).get<int64_t>();
+}
+
+double number(const json& c, const char* key, double fallback, const std::string& where) {
+  if (!c.contains(key) || c.at(key).is_null()) return fallback;
+  if (!c.at(key).is_number()) throw ConfigError(where + ": config.json's '" + key + "' must be a number (got " + c.at(key).dump() + ")");
+  return c.at(key).get<double>();
+}
+
+bool flag(const json& c, const char* key, bool fallback, const std::string& where) {
+  if (!c.contains(key) || c.at(key).is_null()) return fallback;
+  if (!c.at(key).is_boolean()) throw ConfigError(where + ": config.json's '" + key + "' must be true or false (got " + c.at(key).dump() + ")");
+  return c.at(key).get<bool>();
+}
+
+// The rotary settings: 5.x's rope_parameters, or 4.x's rope_theta and rope_scaling.
+void read_rope(const json& c, GPTConfig& g, const std::string& where) {
+  json rope = c.contains("rope_parameters") && c.at("rope_parameters").is_object() ? c.at("rope_parameters") : json::object();
+  const char* key = "rope_parameters";
+  if (!c.contains("rope_parameters")) {
+    key = "rope_scaling";
+    if (c.contains("rope_scaling") && c.at("rope_scaling").is_object()) rope = c.at("rope_scaling");
+    else if (c.contains("rope_scaling") && !c.at("rope_scaling").is_null())
+      throw ConfigError(where + ": config.json's 'rope_scaling' must be an object or null (got " + c.at("rope_scaling").dump() + ")");
+  }
+  g.rope_theta = number(rope, "rope_theta", number(c, "rope_theta", 10000.0, where), where);
+  const json type = rope.contains("rope_type") ? rope.at("rope_type") : rope.value("type", json("default"));
+  if (type == "default") return;
+  if (type != "llama3") {
+    throw ConfigError(where + ": config.json's '" + key + "' has rope_type " + type.dump() +
+                      "; kiln implements \"default\" and \"llama3\" (Llama-3.1's scaling) only");
+  }
+  g.rope_factor = number(rope, "factor", 0.0, where);
+  g.rope_low_freq_factor = number(rope, "low_freq_factor", 1.0, where);
+  g.rope_high_freq_factor = number(rope, "high_freq_factor", 4.0, where);
+  g.rope_original_context = positive(rope, "original_max_position_embeddings", where + " (" + key + ")");
+}
+
+}  // namespace
+
+bool is_hf_llama_family(const json& config) {
+  if (!config.is_object() || !config.contains("model_type")) return false;
+  const json& t = config.at("model_type");
+  return t == "llama" || t == "mistral" || t == "qwen2" || t == "mixtral";
+}
+
+GPTConfig hf_llama_config(const json& c, const std::string& where, double* dropout) {
+  const std::string type = c.value("model_type", std::string());
+  if (type == "mixtral") {
+    throw ConfigError(where + ": config.json's 'model_type' is \"mixtral\": Mixtral's SwiGLU experts are not built yet "
+                      "(kiln's MoE blocks have GELU experts with biases; docs/models.md)");
+  }
+  const auto arch = architectures().find(type);
+  if (arch == architectures().end()) {
+    throw ConfigError(where + ": config.json's 'model_type' is \"" + type + "\", not llama, mistral or qwen2");
+  }
+  if (c.contains("architectures") && c.at("architectures").is_array()) {
+    for (const auto& a : c.at("architectures")) {
+      if (a != arch->second) {
+        throw ConfigError(where + ": config.json's 'architectures' names " + a.dump() + "; kiln reads " + arch->second + " weights");
+      }
+    }
+  }
+  GPTConfig g;
+  g.position = "rope";
+  g.norm = "rmsnorm";
+  g.mlp = "swiglu";
+  g.n_layer = positive(c, "num_hidden_layers", where);
+  g.n_head = positive(c, "num_attention_heads", where);
+  g.n_kv_head = c.contains("num_key_value_heads") && !c.at("num_key_value_heads").is_null()
+                    ? positive(c, "num_key_value_heads", where)
+                    : g.n_head;
+  g.d_model = positive(c, "hidden_size", where);
+  g.ffn_hidden = positive(c, "intermediate_size", where);
+  g.vocab_size = positive(c, "vocab_size", where);
+  g.seq_len = positive(c, "max_position_embeddings", where);
+  g.layer_norm_eps = number(c, "rms_norm_eps", 1e-6, where);
+  g.tie_embeddings = flag(c, "tie_word_embeddings", false, where);
+  read_rope(c, g, where);
+  const std::string act = c.value("hidden_act", std::string("silu"));
+  if (act != "silu") {
+    throw ConfigError(where + ": config.json's 'hidden_act' is \"" + act + "\"; kiln's SwiGLU uses silu");
+  }
+  if (c.contains("head_dim") && !c.at("head_dim").is_null() && c.at("head_dim") != json(g.d_model / g.n_head)) {
+    throw ConfigError(where + ": config.json's 'head_dim' is " + c.at("head_dim").dump() + "; kiln's heads are hidden_size / " +
+                      "num_attention_heads = " + std::to_string(g.d_model / g.n_head) + " wide");
+  }
+  if (type == "qwen2") {
+    g.bias = "qkv";
+  } else {
+    const bool attn = flag(c, "attention_bias", false, where), mlp = flag(c, "mlp_bias", false, where);
+    if (attn != mlp) {
+      throw ConfigError(where + ": config.json's 'attention_bias' is " + json(attn).dump() + " and 'mlp_bias' " + json(mlp).dump() +
+                        "; kiln has biases on every linear layer, none, or the query/key/value ones only");
+    }
+    g.bias = attn ? "all" : "none";
+  }
+  // Sliding-window attention acts only past the window; checked against the final context by
+  // check_sliding_window (the caller's --seq-len may make it inert).
+  if (flag(c, "use_sliding_window", false, where)) {
+    throw ConfigError(where + ": config.json's 'use_sliding_window' is true: sliding-window attention is not built");
+  }
+  *dropout = number(c, "attention_dropout", 0.0, where);
+  g.validate();
+  return g;
+}
+
+std::map<std::string, std::vector<std::string>> hf_llama_sources(const GPTConfig& cfg) {
+  std::map<std::string, std::vector<std::string>> s;
+  s["wte"] = {"model.embed_tokens.weight"};
+  s["ln_f.weight"] = {"model.norm.weight"};
+  if (!cfg.tie_embeddings) s["lm_head"] = {"lm_head.weight"};
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    const std::string k = "h." + std::to_string(i) + ".", p = "model.layers." + std::to_string(i) + ".";
+    s[k + "ln_1.weight"] = {p + "input_layernorm.weight"};
+    s[k + "ln_2.weight"] = {p + "post_attention_layernorm.weight"};
+    s[k + "attn.c_attn.weight"] = {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"};
+    s[k + "attn.c_proj.weight"] = {p + "self_attn.o_proj.weight"};
+    s[k + "mlp.c_fc.weight"] = {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"};
+    s[k + "mlp.c_proj.weight"] = {p + "mlp.down_proj.weight"};
+    if (cfg.qkv_bias())
+      s[k + "attn.c_attn.bias"] = {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"};
+    if (cfg.linear_bias()) {
+      s[k + "attn.c_proj.bias"] = {p + "self_attn.o_proj.bias"};
+      s[k + "mlp.c_fc.bias"] = {p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias"};
+      s[k + "mlp.c_proj.bias"] = {p + "mlp.down_proj.bias"};
+    }
+  }
+  return s;
+}
+
+HfWeightFiles::HfWeightFiles(const std::string& dir) {
+  std::vector<std::string> paths;
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    paths.push_back((fs::path(dir) / "model.safetensors").string());
+  } else if (fs::exists(index)) {
+    json j;
+    try {
+      std::ifstream in(index);
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      throw DataError(index.string() + ": malformed JSON (" + e.what() + ")");
+    }
+    if (!j.contains("weight_map") || !j.at("weight_map").is_object()) throw DataError(index.string() + ": no 'weight_map' object");
+    std::set<std::string> shards;
+    for (const auto& [name, file] : j.at("weight_map").items()) {
+      const std::string f = file.is_string() ? file.get<std::string>() : std::string();
+      // A shard is a file of this directory: no path of another.
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
+        throw DataError(index.string() + ": tensor '" + name + "' maps to " + file.dump() + ", not a file name of the directory");
+      }
+      shards.insert(f);
+    }
+    for (const auto& f : shards) paths.push_back((fs::path(dir) / f).string());
+  } else {
+    throw ConfigError(dir + ": no model.safetensors and no model.safetensors.index.json there");
+  }
+  for (const auto& p : paths) {
+    files_.push_back(std::make_unique<SafetensorsReader>(p));
+    bytes_ += static_cast<int64_t>(fs::file_size(p));
+    for (const auto& spec : files_.back()->specs()) {
+      if (!where_.emplace(spec.name, files_.back().get()).second) {
+        throw DataError(p + ": tensor '" + spec.name + "' is in another shard too");
+      }
+    }
+  }
+}
+
+std::vector<TensorSpec> HfWeightFiles::specs() const {
+  std::vector<TensorSpec> out;
+  for (const auto& f : files_) out.insert(out.end(), f->specs().begin(), f->specs().end());
+  return out;
+}
+
+const TensorSpec& HfWeightFiles::spec(const std::string& name) const { return where_.at(name)->spec(name); }
+
+at::Tensor HfWeightFiles::read(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) throw DataError("no tensor '" + name + "' in the model's files");
+  return it->second->read(name);
+}
+
+namespace {
+// The shape each source must have, from the kiln parameter's whole shape: the rows it contributes.
+std::vector<std::vector<int64_t>> source_shapes(const GPTConfig& cfg, const std::string& kiln_name,
+                                                const std::vector<std::string>& sources) {
+  const int64_t d = cfg.d_model, kv = cfg.n_kv_head * cfg.head_dim(), F = cfg.mlp_hidden(), V = cfg.vocab_size;
+  const bool is_bias = kiln_name.size() > 5 && kiln_name.compare(kiln_name.size() - 5, 5, ".bias") == 0;
+  auto rows = [&](std::vector<int64_t> r) {
+    std::vector<std::vector<int64_t>> out;
+    for (int64_t n : r) out.push_back(is_bias ? std::vector<int64_t>{n} : std::vector<int64_t>{n, d});
+    return out;
+  };
+  if (kiln_name == "wte" || kiln_name == "lm_head") return {{V, d}};
+  if (kiln_name.find("attn.c_attn") != std::string::npos) return rows({d, kv, kv});
+  if (kiln_name.find("mlp.c_fc") != std::string::npos) return rows({F, F});
+  if (kiln_name.find("mlp.c_proj.weight") != std::string::npos) return {{d, F}};
+  if (kiln_name.find("attn.c_proj.weight") != std::string::npos) return {{d, d}};
+  return std::vector<std::vector<int64_t>>(sources.size(), std::vector<int64_t>{d});  // norms, c_proj biases
+}
+}  // namespace
+
+void match_hf_llama(const GPTConfig& cfg, const HfWeightFiles& files) {
+  std::set<std::string> used;
+  for (const auto& [kiln_name, sources] : hf_llama_sources(cfg)) {
+    const auto shapes = source_shapes(cfg, kiln_name, sources);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const std::string& s = sources[i];
+      if (!files.contains(s)) throw ConfigError("the model's files have no tensor '" + s + "' (for kiln's " + kiln_name + ")");
+      const TensorSpec& spec = files.spec(s);
+      if (!at::isFloatingType(spec.dtype)) {
+        throw ConfigError("tensor '" + s + "' is " + std::string(c10::toString(spec.dtype)) + ", not a floating-point type");
+      }
+      if (spec.shape != shapes[i]) {
+        throw ConfigError("tensor '" + s + "' has shape " + c10::str(at::IntArrayRef(spec.shape)) + ", this model expects " +
+                          c10::str(at::IntArrayRef(shapes[i])));
+      }
+      used.insert(s);
+    }
+  }
+  for (const auto& spec : files.specs()) {
+    const std::string& n = spec.name;
+    if (used.count(n)) continue;
+    if (n.size() > 8 && n.compare(n.size() - 8, 8, "inv_freq") == 0) continue;  // old files' rotary buffers
+    if (cfg.tie_embeddings && n == "lm_head.weight") {
+      throw ConfigError("tensor 'lm_head.weight' is in the files but config.json ties the output layer to the embedding");
+    }
+    throw ConfigError("unexpected tensor '" + n + "' in the model's files (not part of this " + std::to_string(cfg.n_layer) +
+                      "-layer model)");
+  }
+}
+
+at::Tensor read_hf_llama(const HfWeightFiles& files, const std::string& kiln_name, const std::vector<std::string>& sources,
+                         const std::vector<int64_t>& shape) {
+  at::Tensor whole = at::zeros(shape, at::TensorOptions().dtype(at::kFloat));
+  int64_t row = 0;
+  for (const auto& s : sources) {
+    const at::Tensor t = files.read(s);
+    const int64_t n = t.dim() == 0 ? 1 : t.size(0);
+    whole.narrow(0, row, n).copy_(t);  // the dtype converted; wte / lm_head: the rows past V stay zero
+    row += n;
+  }
+  return whole;
+}
+
+}  // namespace kiln

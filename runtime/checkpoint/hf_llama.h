@@ -1,0 +1,89 @@
+// runtime/checkpoint/hf_llama.h -- Hugging Face Llama-family directories (LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM) as kiln models: their config.json as a GPTConfig, and
+// their weights, one kiln parameter at a time (`kiln train --init-from DIR`, `kiln eval
+// --checkpoint DIR`; docs/models.md).
+//
+// config.json (transformers 4.x or 5.x keys) -> GPTConfig:
+//   model_type llama | mistral | qwen2; architectures, if given, the matching *ForCausalLM
+//   num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
+//   hidden_size, intermediate_size, vocab_size    -> n_layer, n_head, n_kv_head, d_model,
+//                                                    ffn_hidden, vocab_size
+//   max_position_embeddings                       -> seq_len, unless --seq-len gives a shorter one
+//   rms_norm_eps                                  -> norm_eps
+//   rope_theta (4.x) or rope_parameters.rope_theta (5.x)
+//   rope_scaling (4.x) / rope_parameters (5.x): rope_type "default" (or absent) or "llama3"
+//                                                    (factor, low_freq_factor, high_freq_factor,
+//                                                    original_max_position_embeddings)
+//   tie_word_embeddings (default false)           -> tie_embeddings
+//   the bias pattern: llama attention_bias / mlp_bias false -> none; both true -> all;
+//                     qwen2 -> qkv (its q, k, v projections carry biases)
+//   hidden_act "silu"; head_dim, if given, hidden_size / num_attention_heads
+//   attention_dropout                             -> dropout (unless --dropout)
+// Refused with one line naming the key and its value: another model_type (Mixtral: not built
+// yet), a rope type kiln does not implement (linear, dynamic, yarn, longrope...), another hidden_act,
+// a bias pattern kiln has not built (attention biases without MLP ones), sliding-window attention
+// that would act (use_sliding_window true, or a sliding_window shorter than the context trained
+// at: a shorter --seq-len makes it inert, and is then accepted).
+//
+// Weights: model.safetensors, or the shards model.safetensors.index.json's weight_map lists (what
+// save_pretrained writes above its shard size). Each kiln parameter is made of the tensors
+// hf_llama_sources names, their rows concatenated (docs/models.md has the table): c_attn from
+// q_proj, k_proj, v_proj; mlp.c_fc from gate_proj and up_proj; wte / lm_head padded to the
+// padded vocabulary with zero rows. Read one parameter at a time by rank 0, as kiln's own
+// checkpoints are. Every tensor of the files must be used (rotary inv_freq buffers aside), and
+// each one's shape is checked before anything is allocated.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/gpt_config.h"
+#include "runtime/checkpoint/safetensors.h"
+
+namespace kiln {
+
+// Whether config.json's model_type is one of the family's (llama, mistral, qwen2) -- or mixtral,
+// which hf_llama_config refuses with its own line.
+bool is_hf_llama_family(const nlohmann::json& config);
+
+// The model of config.json, checked (above). `where` starts every error line; *dropout is
+// attention_dropout.
+GPTConfig hf_llama_config(const nlohmann::json& config, const std::string& where, double* dropout);
+
+// For each kiln parameter of a model of shape cfg, the Hugging Face tensors it is made of, in row
+// order.
+std::map<std::string, std::vector<std::string>> hf_llama_sources(const GPTConfig& cfg);
+
+// A directory's safetensors, one file or the shards of its index, read one tensor at a time.
+class HfWeightFiles {
+ public:
+  // Throws ConfigError / DataError naming the file for a missing or malformed one.
+  explicit HfWeightFiles(const std::string& dir);
+  std::vector<TensorSpec> specs() const;
+  bool contains(const std::string& name) const { return where_.count(name) > 0; }
+  const TensorSpec& spec(const std::string& name) const;
+  at::Tensor read(const std::string& name) const;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsReader>> files_;
+  std::map<std::string, const SafetensorsReader*> where_;
+  int64_t bytes_ = 0;
+};
+
+// Checks the files' tensors against a model of shape cfg: every source there with the shape it
+// must have (floating dtype), and no tensor left unused. Throws ConfigError naming the first
+// missing, misshapen or unexpected tensor.
+void match_hf_llama(const GPTConfig& cfg, const HfWeightFiles& files);
+
+// Kiln parameter `kiln_name` (whole, `shape`) from its sources: fp32, rows concatenated, the
+// vocabulary's padding rows zero.
+at::Tensor read_hf_llama(const HfWeightFiles& files, const std::string& kiln_name, const std::vector<std::string>& sources,
+                         const std::vector<int64_t>& shape);
+
+}  // namespace kiln
