@@ -1,6 +1,8 @@
 // runtime/checkpoint/hf_llama.cpp -- Llama-family config.json and weights (the rules in the header).
 #include "runtime/checkpoint/hf_llama.h"
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -232,6 +234,23 @@ std::vector<std::vector<int64_t>> source_shapes(const GPTConfig& cfg, const std:
 }  // namespace
 
 void match_hf_llama(const GPTConfig& cfg, const HfWeightFiles& files) {
+  // The layers first, bounded by the files (config.json is untrusted: num_hidden_layers 1e9 over a
+  // file of two layers must not build a billion names).
+  int64_t layers = 0;
+  const std::string prefix = "model.layers.";
+  for (const auto& spec : files.specs()) {
+    if (spec.name.compare(0, prefix.size(), prefix) != 0) continue;
+    int64_t i = 0;
+    size_t k = prefix.size();
+    for (; k < spec.name.size() && std::isdigit(static_cast<unsigned char>(spec.name[k])) && i < (int64_t{1} << 40); ++k)
+      i = 10 * i + (spec.name[k] - '0');
+    if (k > prefix.size() && k < spec.name.size() && spec.name[k] == '.') layers = std::max(layers, i + 1);
+  }
+  if (layers != cfg.n_layer) {
+    throw ConfigError("config.json says num_hidden_layers " + std::to_string(cfg.n_layer) + " but the model's files hold " +
+                      std::to_string(layers) + " layer(s) (model.layers.0 .. " + std::to_string(layers - 1) +
+                      "): the two disagree, nothing was allocated");
+  }
   std::set<std::string> used;
   for (const auto& [kiln_name, sources] : hf_llama_sources(cfg)) {
     const auto shapes = source_shapes(cfg, kiln_name, sources);

@@ -173,6 +173,20 @@ GPTConfig from_kiln_state(const json& st, const std::string& where, double* drop
   return g;
 }
 
+// The model's fp32 weights, built on the host before anything moves to a device, must fit the
+// host's memory (per tp x pp slice). Called once the shape agrees with the files' tensors.
+void check_host_memory(const GPTConfig& g, int64_t slices, const std::string& where) {
+  const double bytes = 4.0 * static_cast<double>(g.num_params()) / static_cast<double>(std::max<int64_t>(1, slices));
+  const double host = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (host > 0 && bytes > host) {
+    char line[256];
+    std::snprintf(line, sizeof line, ": its %.3g parameters need %.1f GB of host memory to build in fp32%s; this host has %.1f GB",
+                  static_cast<double>(g.num_params()), bytes / 1e9, slices > 1 ? " (a tp x pp slice)" : "", host / 1e9);
+    throw ConfigError(where + line + (g.gpt2_architecture() ? " (shard it with --tp / --pp over more hosts)"
+                                                             : " (--tp / --pp for this family are not built yet)"));
+  }
+}
+
 // A Llama-family directory's weights against its config.json (names, shapes; one file or the
 // shards of its index), before anything is allocated, and the host memory check as for GPT-2.
 void check_llama_weights(const std::string& dir, const GPTConfig& g, int64_t slices, const std::string& where) {
@@ -181,14 +195,7 @@ void check_llama_weights(const std::string& dir, const GPTConfig& g, int64_t sli
   } catch (const ConfigError& e) {
     throw ConfigError(where + ": " + e.what());
   }
-  const double bytes = 4.0 * static_cast<double>(g.num_params()) / static_cast<double>(std::max<int64_t>(1, slices));
-  const double host = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
-  if (host > 0 && bytes > host) {
-    char line[256];
-    std::snprintf(line, sizeof line, ": its %.3g parameters need %.1f GB of host memory to build in fp32; this host has %.1f GB",
-                  static_cast<double>(g.num_params()), bytes / 1e9, host / 1e9);
-    throw ConfigError(where + line + " (its layouts with --tp / --pp are not built yet for this family)");
-  }
+  check_host_memory(g, slices, where);
 }
 
 // The weights' own header against the shape the directory's config describes, before anything is
@@ -227,14 +234,7 @@ void check_weights_header(const std::string& dir, const GPTConfig& g, const std:
     throw ConfigError(where + ": " + e.what());
   }
   // The shape now agrees with the file's tensors, so the count is bounded by the file's size.
-  const double bytes = 4.0 * static_cast<double>(g.num_params()) / static_cast<double>(std::max<int64_t>(1, slices));
-  const double host = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
-  if (host > 0 && bytes > host) {
-    char line[256];
-    std::snprintf(line, sizeof line, ": its %.3g parameters need %.1f GB of host memory to build in fp32%s; this host has %.1f GB",
-                  static_cast<double>(g.num_params()), bytes / 1e9, slices > 1 ? " (a tp x pp slice)" : "", host / 1e9);
-    throw ConfigError(where + line + " (shard it with --tp / --pp over more hosts)");
-  }
+  check_host_memory(g, slices, where);
 }
 
 }  // namespace

@@ -11,8 +11,9 @@
 # process for each, under ZeRO-3 on 2 ranks for Qwen2, and for Mistral at --seq-len 32, where its
 # window is inert (at its 64 positions it is refused: sliding-window attention is not built).
 # `kiln eval --checkpoint llama` gives the same loss. Bad input, one line and exit 2 each: Mixtral
-# (not built), a rope type kiln lacks (yarn), attention biases without MLP ones, a missing tensor,
-# an unexpected one, a misshapen one; and an index naming a shard outside the directory (a corrupt
+# (not built), a rope type kiln lacks (yarn), attention biases without MLP ones, a layer count the
+# files do not hold (3, and 1e9: bounded by the files before anything is built), an unexpected
+# tensor, a misshapen one; and an index naming a shard outside the directory (a corrupt
 # file: exit 3, as for kiln's own).
 # Skipped (exit 77) when KILN_PYTHON cannot import transformers and safetensors.
 set -euo pipefail
@@ -71,9 +72,16 @@ refused yarn "rope_type \"yarn\"; kiln implements \"default\" and \"llama3\""
 edit attn_bias llama "c['attention_bias'] = True"
 refused attn_bias "'attention_bias' is true and 'mlp_bias' false"
 edit layers3 llama "c['num_hidden_layers'] = 3"
-refused layers3 "no tensor 'model.layers.2.self_attn.q_proj.weight' \\(for kiln's h.2.attn.c_attn.weight\\)"
-edit layers1 llama "c['num_hidden_layers'] = 1"
-refused layers1 "unexpected tensor 'model.layers.1"
+refused layers3 "says num_hidden_layers 3 but the model's files hold 2 layer\\(s\\)"
+edit huge llama "c['num_hidden_layers'] = 1000000000"  # untrusted: bounded by the files before anything is built
+refused huge "says num_hidden_layers 1000000000 but the model's files hold 2 layer\\(s\\)"
+cp -r llama extra
+"$py" -c "
+from safetensors.torch import load_file, save_file
+import torch
+t = load_file('extra/model.safetensors'); t['model.extra.weight'] = torch.zeros(4)
+save_file(t, 'extra/model.safetensors', metadata={'format': 'pt'})"
+refused extra "unexpected tensor 'model.extra.weight'"
 edit wide llama "c['intermediate_size'] = 192"
 refused wide "tensor 'model.layers.0.mlp.gate_proj.weight' has shape \\[176, 64\\], this model expects \\[192, 64\\]"
 cp -r llama_sharded escape
