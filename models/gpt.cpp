@@ -104,7 +104,11 @@ at::Tensor AttentionImpl::project(const at::Tensor& y_heads, const LayerOps* ops
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
-  auto [q, k, v] = heads(x);
+  // Rotary angles at the positions the heads hold: under context parallelism the rank's rows of
+  // the sequence (its two chunks); otherwise every row (sequence parallelism gathers them for c_attn).
+  at::Tensor positions;
+  if (rope_ && ops_->gather_kv && ops_->seq_rows) positions = ops_->seq_rows(x.size(1) * ops_->seq_split, x.device());
+  auto [q, k, v] = heads(x, positions);
   const double p = is_training() ? dropout_ : 0.0;
   at::Tensor mask;
   if (ops_->gather_kv) std::tie(k, v, mask) = ops_->gather_kv(k, v);  // context parallelism: the whole sequence's

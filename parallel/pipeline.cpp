@@ -150,6 +150,7 @@ at::Tensor PipelineStage::evaluate(int micros, const std::function<Batch(int)>& 
 
 void PipelineStage::sync_tied_embedding(at::Tensor grad) {
   if (stages_ == 1 || !(first() || last())) return;
+  if (!model_.config().tie_embeddings) return;  // an untied lm_head: nothing shared between the stages
   at::NoGradGuard no_grad;
   const int peer = first() ? stages_ - 1 : 0;
   at::Tensor mine = grad.contiguous();
@@ -196,7 +197,7 @@ int pipeline_stage_of(const std::string& name, const std::vector<int64_t>& block
   const auto starts = pipeline_block_starts(block_counts);
   const int pp = static_cast<int>(block_counts.size());
   if (name == "wte" || name == "wpe") return 0;
-  if (name.rfind("ln_f.", 0) == 0) return pp - 1;
+  if (name.rfind("ln_f.", 0) == 0 || name == "lm_head") return pp - 1;
   if (name.rfind("h.", 0) == 0) {
     const int64_t i = std::stoll(name.substr(2));
     for (int s = 0; s < pp; ++s)

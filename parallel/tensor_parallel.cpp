@@ -175,7 +175,7 @@ void check_tensor_parallel(const GPTConfig& cfg, int64_t tp) {
                       std::to_string(cfg.n_kv_head) + ") must divide one another");
   }
   need(cfg.d_model, "--d-model");
-  need(cfg.mlp_hidden(), "the MLP width (4 d_model)");
+  need(cfg.mlp_hidden(), "the feed-forward width (4 d_model, or --ffn-hidden)");
   need(cfg.padded_vocab_size(), "the padded vocabulary");
 }
 
@@ -220,7 +220,10 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
   auto make_ops = [&](ColumnFn column, Fn leave) {
     auto ops = std::make_shared<LayerOps>();
     ops->column = [column](const at::Tensor& x, const LinearImpl& l) { return column(x, l.weight, l.bias); };
-    ops->row = [leave](const at::Tensor& x, const LinearImpl& l) { return leave(at::linear(x, l.weight)) + l.bias; };
+    ops->row = [leave](const at::Tensor& x, const LinearImpl& l) {
+      const at::Tensor y = leave(at::linear(x, l.weight));
+      return l.bias.defined() ? y + l.bias : y;
+    };
     ops->embed = [leave, vocab_start](const at::Tensor& idx, const at::Tensor& wte) {
       return leave(partial_embedding(idx, wte, vocab_start));
     };
@@ -237,6 +240,7 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
       const int64_t head = shard.rank * kv / t;
       ops->qkv = [tp, column, q_rows, head, kv](const at::Tensor& x, const LinearImpl& l) {
         auto tie = [&](const at::Tensor& w) {
+          if (!w.defined()) return w;  // no bias
           const int64_t rest = w.size(0) - q_rows;
           return at::cat({w.narrow(0, 0, q_rows), SumOverKvSharers::apply(w.narrow(0, q_rows, rest), head, kv, capsule(tp))});
         };
@@ -282,20 +286,24 @@ struct Split {
   std::vector<Section> sections;
 };
 std::optional<Split> split_of(const std::string& name, const at::Tensor& whole, const GPTConfig& cfg, int64_t t) {
-  if (name == "wte") return Split{0, {{whole.size(0), t}}};
+  if (name == "wte" || name == "lm_head") return Split{0, {{whole.size(0), t}}};  // vocabulary rows
   if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) {
     const int64_t q = cfg.n_head * cfg.head_dim(), kv = cfg.n_kv_head * cfg.head_dim();
     const int64_t kv_parts = std::min(cfg.n_kv_head, t);
     return Split{0, {{q, t}, {kv, kv_parts}, {kv, kv_parts}}};
   }
-  if (ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias")) return Split{0, {{whole.size(0), t}}};
+  if (ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias")) {
+    // SwiGLU: gate's rows, then up's, each divided (rank r: [gate_r | up_r], as silu(gate) * up pairs them).
+    if (cfg.swiglu()) return Split{0, {{whole.size(0) / 2, t}, {whole.size(0) / 2, t}}};
+    return Split{0, {{whole.size(0), t}}};
+  }
   if (ends_with(name, "c_proj.weight")) return Split{1, {{whole.size(1), t}}};
   return std::nullopt;
 }
 }  // namespace
 
 bool is_tensor_parallel(const std::string& name) {
-  return name == "wte" || ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias") ||
+  return name == "wte" || name == "lm_head" || ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias") ||
          ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias") || ends_with(name, "c_proj.weight");
 }
 

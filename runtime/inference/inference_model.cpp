@@ -113,9 +113,6 @@ CheckpointModel load_checkpoint_model(const std::string& path, c10::Device devic
   }
   const GPTConfig& cfg = out.config;
   const int64_t t = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
-  if (t > 1 && !cfg.gpt2_architecture()) {
-    throw ConfigError(command + ": --tp " + std::to_string(t) + " with the Llama family's architecture is not built yet (docs/models.md)");
-  }
   // Built on the host, filled from the file one whole tensor at a time, moved to the device.
   out.model = std::make_shared<GPT>(cfg, at::TensorOptions(), t > 1 ? make_tensor_parallel_shard(cfg, tp) : ModelShard{});
   if (is_hf_model_dir(out.dir) && !cfg.gpt2_architecture()) {  // a Llama-family directory (runtime/checkpoint/hf_llama.h)

@@ -128,14 +128,6 @@ void TrainConfig::validate_layout() const {
                       "ranks to agree on the capacity): use tp, pp, dp and ZeRO");
   }
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
-  if (!gpt.gpt2_architecture()) {  // the Llama family's options (models/gpt_config.h): one process, DDP and ZeRO so far
-    const char* layout = tp > 1 ? "--tp" : pp > 1 ? "--pp" : cp > 1 ? "--cp" : nullptr;
-    if (layout != nullptr) {
-      throw ConfigError(std::string(layout) + " with the Llama family's architecture (--model " + model +
-                        ": rotary positions, RMSNorm, SwiGLU, its bias pattern or an untied output layer) is not built yet: "
-                        "use dp and ZeRO (docs/models.md)");
-    }
-  }
 
   pipeline_block_counts(gpt.n_layer, pp, pp_split);  // pp above the blocks, or a bad --pp-split
   if (pp > 1 && zero == 3) {

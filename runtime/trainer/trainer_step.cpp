@@ -146,7 +146,7 @@ void Trainer::finish_reductions() {
     }
     r.timer->mark(Phase::Comm);
   }
-  if (r.pipe && (r.pipe->first() || r.pipe->last())) {
+  if (r.pipe && (r.pipe->first() || r.pipe->last()) && r.model->config().tie_embeddings) {
     r.pipe->sync_tied_embedding(r.zero ? r.zero->grad_shard_of(r.model->wte) : grad_of(r.grad_of, r.model->wte));
     r.timer->mark(Phase::Comm);
   }
