@@ -120,8 +120,11 @@ CheckpointModel load_checkpoint_model(const std::string& path, c10::Device devic
     match_hf_llama(cfg, files);
     const auto sources = hf_llama_sources(cfg);
     at::NoGradGuard no_grad;
+    const GPT whole_shapes(cfg, at::TensorOptions().device(at::kMeta));  // the whole parameters' shapes
+    const auto whole = whole_shapes.named_parameters(/*recurse=*/true);
     for (auto& item : out.model->named_parameters(/*recurse=*/true)) {
-      item.value().copy_(read_hf_llama(files, item.key(), sources.at(item.key()), item.value().sizes().vec()));
+      const at::Tensor w = read_hf_llama(files, item.key(), sources.at(item.key()), whole[item.key()].sizes().vec());
+      item.value().copy_(tp_slice_of(item.key(), w, cfg, t, r));  // this rank's part under tp
     }
     module_to_device(*out.model, device);
     out.model->eval();

@@ -10,7 +10,8 @@
 # relative 1e-5 (same arithmetic, other kernels and summation orders; measured 0 to 6.8e-8): on one
 # process for each, under ZeRO-3 on 2 ranks for Qwen2, and for Mistral at --seq-len 32, where its
 # window is inert (at its 64 positions it is refused: sliding-window attention is not built).
-# `kiln eval --checkpoint llama` gives the same loss. Bad input, one line and exit 2 each: Mixtral
+# `kiln eval --checkpoint llama` gives the same loss. One AdamW step equals PyTorch's, and greedy
+# kiln sample equals transformers' generate (with and without the KV cache, tp 2; below). Bad input, one line and exit 2 each: Mixtral
 # (not built), a rope type kiln lacks (yarn), attention biases without MLP ones, a layer count the
 # files do not hold (3, and 1e9: bounded by the files before anything is built), an unexpected
 # tensor, a misshapen one; and an index naming a shard outside the directory (a corrupt
@@ -51,6 +52,56 @@ for name, want in (("llama", "llama"), ("llama_sharded", "llama"), ("qwen2", "qw
 m = re.search(r"val loss ([0-9.]+)", open("eval.txt").read())
 assert m and abs(float(m.group(1)) - ref["llama"]) <= 1e-4 * ref["llama"], (m and m.group(1), ref["llama"])
 print(f"kiln eval --checkpoint llama: val loss {m.group(1)} (printed to 4 decimals)")
+PY
+
+# One optimizer step from the same state equals a plain PyTorch step on the transformers model:
+# kiln's second loss (constant lr, no warm-up, no clipping, AdamW with weight decay on the
+# matrices) against llama_step.py's loss after torch.optim.AdamW's step on the same batch, within
+# the same 1e-5 (measured: equal for Llama, Qwen2 and Llama-3.1's scaling).
+O=(--lr 1e-3 --warmup 0 --lr-schedule constant --grad-clip 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --adam-eps 1e-8)
+for m in llama qwen2 llama31; do
+  "$KILN_BIN" train --device cpu --data data.bin --steps 2 --dropout 0 --init-from "$m" --micro-batch 8 "${O[@]}" \
+    --log-json "step_$m.jsonl" >/dev/null
+  "$py" "$here/llama_step.py" "$m" data.bin 1e-3 0.1 0.9 0.95 1e-8 2>/dev/null | tail -n 1 >"step_$m.ref"
+done
+"$py" - <<'PY'
+import json
+for m in ("llama", "qwen2", "llama31"):
+    steps = [r for r in map(json.loads, open(f"step_{m}.jsonl")) if r["type"] == "step"]
+    ref = json.loads(open(f"step_{m}.ref").read())
+    rel = abs(steps[1]["loss"] - ref["loss_after"]) / ref["loss_after"]
+    print(f"{m}: loss after one AdamW step, kiln {steps[1]['loss']:.7f}, PyTorch {ref['loss_after']:.7f} (relative {rel:.1e})")
+    assert rel <= 1e-5 and steps[1]["loss"] < steps[0]["loss"], (m, steps[1]["loss"], ref)
+PY
+
+# Greedy kiln sample equals transformers' generate(do_sample=False) token for token, with and
+# without the KV cache and at tp 2: kiln starts every prompt with <|endoftext|> (as the
+# text-generation pipeline's prefix does), so generate gets [eot] + kiln's prompt ids.
+G=(sample --device cpu --temperature 0 --max-new-tokens 24 --prompt "the quick" --json)
+for m in llama qwen2; do
+  "$KILN_BIN" "${G[@]}" --checkpoint "$m" 2>/dev/null | tail -n 1 >"gen_$m.json"
+  "$KILN_BIN" "${G[@]}" --checkpoint "$m" --no-kv-cache 2>/dev/null | tail -n 1 >"gen_${m}_nocache.json"
+  mpi 2 "$KILN_BIN" "${G[@]}" --checkpoint "$m" --tp 2 2>/dev/null | tail -n 1 >"gen_${m}_tp2.json"
+done
+"$py" - <<'PY'
+import json, os
+os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+import torch
+from transformers import AutoModelForCausalLM
+for m in ("llama", "qwen2"):
+    k = json.loads(open(f"gen_{m}.json").read())
+    model = AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32).eval()
+    prompt = [0] + k["prompt_ids"]
+    ids = torch.tensor([prompt])  # the attention mask given: else generate takes the leading 0 for padding
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                         pad_token_id=0)
+    want = out[0, len(prompt):].tolist()
+    for variant in ("", "_nocache", "_tp2"):
+        got = json.loads(open(f"gen_{m}{variant}.json").read())["ids"]
+        # kiln ends a sample at <|endoftext|> (id 0), which generate (eos off here) goes past.
+        assert got == want[:len(got)] and (len(got) == len(want) or want[len(got)] == 0), (m, variant, got, want)
+    print(f"{m}: greedy kiln sample = transformers' generate, {len(got)} tokens"
+          f"{'' if len(got) == len(want) else ' up to its end-of-text'} (cache, no cache, tp 2)")
 PY
 
 # Bad input.

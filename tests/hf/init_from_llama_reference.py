@@ -13,6 +13,9 @@ Writes, under OUT_DIR (every model: 2 layers, hidden 64, 4 heads over 2 kv heads
   llama31/        LlamaForCausalLM with Llama-3.1's rope scaling (factor 8, low 1, high 4, an
                   original context of 16: T 64 spans its three bands), base 500000
   mistral_window/ MistralForCausalLM with sliding_window 32 (shorter than its 64 positions)
+  llama/tokenizer.json, qwen2/tokenizer.json: a byte-level BPE of exactly 300 ids (GPT-2's kind,
+                  <|endoftext|> = 0) trained here on a small word list, so kiln sample can read
+                  prompts for these directories
   data.bin        an llm.c shard (256 x int32 header, magic 20240520, version 1, uint16 tokens) of
                   8 x 64 + 1 random tokens in [0, 300)
   reference.json  {name: transformers' loss on the 8 samples of 64 tokens}: kiln's first batch with
@@ -70,5 +73,15 @@ for name, (cls, cfg) in models.items():
     if name == "llama":
         model.save_pretrained(os.path.join(out, "llama_sharded"), max_shard_size="100KB")
         reference["llama_sharded"] = reference["llama"]
+from tokenizers import ByteLevelBPETokenizer  # noqa: E402
+import random  # noqa: E402
+random.seed(3)
+words = "the quick brown fox jumps over a lazy dog while kiln trains models".split()
+tok = ByteLevelBPETokenizer()
+tok.train_from_iterator([" ".join(random.choice(words) for _ in range(2000))], vocab_size=V, min_frequency=2,
+                        special_tokens=["<|endoftext|>"])
+assert tok.get_vocab_size() == V, tok.get_vocab_size()
+for name in ("llama", "qwen2"):
+    tok.save(os.path.join(out, name, "tokenizer.json"))
 json.dump(reference, open(os.path.join(out, "reference.json"), "w"))
 print(json.dumps(reference))
