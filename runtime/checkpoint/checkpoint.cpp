@@ -188,6 +188,7 @@ struct OpenCheckpoint {
   json state;
   std::unique_ptr<SafetensorsReader> model, optimizer;
   std::map<std::string, std::string> model_names;  // kiln parameter -> tensor name in model.safetensors
+  std::unique_ptr<HfWeightFiles> llama;            // the Llama family's weights (instead of model)
   int64_t bytes = 0;
 };
 
@@ -241,9 +242,14 @@ OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, 
       dir, c.state.at("files"), where, [&](const std::string& f) { return !(weights_only && f == "optimizer.safetensors"); },
       [](const std::string&) { return false; }, older_checkpoints(dir));
   // Every tensor there, with its shape, before anything is loaded.
-  c.model = std::make_unique<SafetensorsReader>(dir + "/model.safetensors");
   try {
-    c.model_names = match_hf_gpt2(cfg, c.model->specs(), [&](const std::string& n) { return c.model->read(n); });
+    if (!cfg.gpt2_architecture()) {  // transformers' Llama layout, one file or shards
+      c.llama = std::make_unique<HfWeightFiles>(dir);
+      match_hf_llama(cfg, *c.llama);
+    } else {
+      c.model = std::make_unique<SafetensorsReader>(dir + "/model.safetensors");
+      c.model_names = match_hf_gpt2(cfg, c.model->specs(), [&](const std::string& n) { return c.model->read(n); });
+    }
   } catch (const ConfigError& e) {
     throw ConfigError(where + ": " + e.what());
   }
@@ -313,6 +319,17 @@ void stream_weights(WholeModel& state, const SafetensorsReader* file, const std:
   }
 }
 
+// The same for the Llama family: each kiln parameter made from its Hugging Face tensors.
+void stream_hf_llama(WholeModel& state, const HfWeightFiles* files, PeakTracker& peak) {
+  const auto sources = hf_llama_sources(state.config());
+  for (const auto& [pname, shape] : state.params()) {
+    at::Tensor whole;
+    if (state.writer()) whole = read_hf_llama(*files, pname, sources.at(pname), shape);
+    peak.sample();
+    state.scatter(pname, CheckpointPart::Param, whole);
+  }
+}
+
 }  // namespace
 
 json CheckpointIo::to_json() const {
@@ -348,6 +365,67 @@ void Checkpointer::mark_best(int64_t step) {
   fsync_path(dir_, true);
 }
 
+namespace {
+// Shards of a Llama-family checkpoint: save_pretrained's 5 GB by default (transformers 4.x's
+// max_shard_size); the test-only KILN_TEST_HF_SHARD_BYTES lowers it so that tiny models shard.
+int64_t hf_shard_bytes() {
+  const char* v = std::getenv("KILN_TEST_HF_SHARD_BYTES");
+  return v != nullptr && std::atoll(v) > 0 ? std::atoll(v) : int64_t{5'000'000'000};
+}
+
+// The weights of a Llama-family model as transformers' save_pretrained lays them out
+// (runtime/checkpoint/hf_llama.h): its tensor names, one model.safetensors or, above the shard
+// size, model-0000k-of-0000n.safetensors with model.safetensors.index.json. Each kiln parameter is
+// gathered once and its pieces (q / k / v, gate / up, the vocabulary's real rows) written where
+// the header puts them.
+void write_hf_llama_weights(const std::string& tmp, WholeModel& state, bool writer, json& files, PeakTracker& peak) {
+  const GPTConfig& cfg = state.config();
+  std::vector<std::pair<std::string, HfPiece>> pieces;  // (kiln parameter, piece), in parameter order
+  std::vector<int64_t> bytes;
+  for (const auto& [pname, shape] : state.params()) {
+    for (auto& piece : hf_llama_pieces(cfg, pname)) {
+      int64_t n = 4;
+      for (const int64_t d : piece.shape) n *= d;
+      bytes.push_back(n);
+      pieces.emplace_back(pname, std::move(piece));
+    }
+  }
+  const std::vector<int> shard = hf_shard_of(bytes, hf_shard_bytes());
+  const int shards = pieces.empty() ? 1 : shard.back() + 1;
+  auto file_of = [&](int s) { return shards == 1 ? std::string("model.safetensors") : hf_shard_name(s, shards); };
+  std::vector<std::unique_ptr<SafetensorsWriter>> w(static_cast<size_t>(shards));
+  if (writer) {
+    std::vector<std::vector<TensorSpec>> specs(static_cast<size_t>(shards));
+    for (size_t i = 0; i < pieces.size(); ++i) specs[static_cast<size_t>(shard[i])].push_back({pieces[i].second.name, at::kFloat, pieces[i].second.shape});
+    for (int s = 0; s < shards; ++s)
+      w[static_cast<size_t>(s)] = std::make_unique<SafetensorsWriter>(tmp + "/" + file_of(s), specs[static_cast<size_t>(s)], hf_safetensors_metadata());
+  }
+  size_t i = 0;
+  for (const auto& [pname, shape] : state.params()) {
+    const at::Tensor whole = state.gather(pname, CheckpointPart::Param);
+    peak.sample();
+    for (; i < pieces.size() && pieces[i].first == pname; ++i) {
+      const HfPiece& p = pieces[i].second;
+      const int64_t rows = p.shape.empty() ? 1 : p.shape[0];
+      if (writer) w[static_cast<size_t>(shard[i])]->write(p.name, whole.narrow(0, p.row, rows).contiguous());
+    }
+  }
+  if (!writer) return;
+  json weight_map = json::object();
+  int64_t total = 0;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    weight_map[pieces[k].second.name] = file_of(shard[k]);
+    total += bytes[k];
+  }
+  for (int s = 0; s < shards; ++s) files[file_of(s)] = w[static_cast<size_t>(s)]->finish();
+  if (shards > 1) {
+    const json index{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_synced(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
+    files["model.safetensors.index.json"] = crc32_file(tmp + "/model.safetensors.index.json");
+  }
+}
+}  // namespace
+
 std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress, const json& run, CheckpointIo* io) {
   const auto t0 = std::chrono::steady_clock::now();
   ++saves_;
@@ -369,7 +447,9 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
 
   // 1. every file into the temporary directory, each fsynced; tensors in file order.
   json files = json::object();
-  {
+  if (!cfg.gpt2_architecture()) {
+    write_hf_llama_weights(tmp, state, writer_, files, peak);  // the Llama family: transformers' layout
+  } else {
     std::vector<TensorSpec> specs;
     std::map<std::string, std::string> kiln_of;  // HF name -> kiln name
     for (const auto& [pname, shape] : state.params()) {
@@ -388,6 +468,12 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
     if (w) files["model.safetensors"] = w->finish();
   }
   if (writer_) maybe_crash_in_save(saves_, "weights");
+  if (writer_ && !cfg.gpt2_architecture()) {
+    write_synced(tmp + "/config.json", hf_llama_config_json(cfg, eot_).dump(2) + "\n");
+    files["config.json"] = crc32_file(tmp + "/config.json");
+    write_synced(tmp + "/generation_config.json", hf_generation_config(cfg, eot_).dump(2) + "\n");
+    files["generation_config.json"] = crc32_file(tmp + "/generation_config.json");
+  }
   if (writer_ && hf_gpt2_compatible(cfg)) {
     write_synced(tmp + "/config.json", hf_gpt2_config(cfg, eot_).dump(2) + "\n");
     files["config.json"] = crc32_file(tmp + "/config.json");
@@ -596,7 +682,8 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   json st = multi ? json::parse(broadcast_string(*world, root ? c.state.dump() : std::string())) : c.state;
 
   // The tensors, one at a time: rank 0 reads each and every rank keeps its part.
-  stream_weights(state, c.model.get(), c.model_names, peak);
+  if (!state.config().gpt2_architecture()) stream_hf_llama(state, c.llama.get(), peak);
+  else stream_weights(state, c.model.get(), c.model_names, peak);
   for (const auto& [pname, shape] : state.params()) {
     if (weights_only) break;  // kiln eval: AdamW's state is not needed
     for (const auto& [prefix, part] : kOptimizerParts) {
@@ -638,6 +725,16 @@ CheckpointIo load_hf_llama_weights(const std::string& dir, WholeModel& state, Co
   std::unique_ptr<HfWeightFiles> files;
   CheckpointIo io;
   decide_on_rank0(world, [&] {
+    if (fs::exists(dir + "/trainer_state.json")) {  // a kiln checkpoint: its weights' recorded CRC-32s first
+      json st;
+      try {
+        st = json::parse(read_text(dir + "/trainer_state.json"));
+      } catch (const json::exception& e) {
+        throw DataError(where + ": trainer_state.json is not valid JSON (" + std::string(e.what()) + ")");
+      }
+      check_recorded_files(dir, st.value("files", json::object()), where,
+                           [](const std::string& f) { return f.rfind("model", 0) == 0; }, [](const std::string&) { return false; });
+    }
     files = std::make_unique<HfWeightFiles>(dir);
     try {
       match_hf_llama(state.config(), *files);
@@ -646,31 +743,18 @@ CheckpointIo load_hf_llama_weights(const std::string& dir, WholeModel& state, Co
     }
     io.bytes = files->bytes();
   });
-  const auto sources = hf_llama_sources(state.config());
-  for (const auto& [pname, shape] : state.params()) {
-    at::Tensor whole;
-    if (state.writer()) whole = read_hf_llama(*files, pname, sources.at(pname), shape);
-    peak.sample();
-    state.scatter(pname, CheckpointPart::Param, whole);
-  }
+  stream_hf_llama(state, files.get(), peak);
   io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   io.peak_extra_bytes = peak.peak;
   return io;
 }
 
-bool is_hf_llama_dir(const std::string& dir) {
-  if (fs::exists(fs::path(dir) / "trainer_state.json") || !fs::exists(fs::path(dir) / "config.json")) return false;
-  try {
-    return is_hf_llama_family(json::parse(read_text(dir + "/config.json")));
-  } catch (const json::exception&) {
-    return false;  // the GPT-2 path reports a malformed config.json
-  }
-}
 }  // namespace
 
 CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* world) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (is_hf_llama_dir(dir)) return load_hf_llama_weights(dir, state, world, t0);
+  // The Llama family's weights are in transformers' layout, in its directories and kiln's alike.
+  if (!state.config().gpt2_architecture()) return load_hf_llama_weights(dir, state, world, t0);
   const std::string where = "--init-from " + dir;
   PeakTracker peak;
   std::unique_ptr<SafetensorsReader> file;

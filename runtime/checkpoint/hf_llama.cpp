@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -278,6 +279,83 @@ void match_hf_llama(const GPTConfig& cfg, const HfWeightFiles& files) {
     throw ConfigError("unexpected tensor '" + n + "' in the model's files (not part of this " + std::to_string(cfg.n_layer) +
                       "-layer model)");
   }
+}
+
+std::vector<HfPiece> hf_llama_pieces(const GPTConfig& cfg, const std::string& kiln_name) {
+  const auto sources = hf_llama_sources(cfg).at(kiln_name);
+  const auto shapes = source_shapes(cfg, kiln_name, sources);
+  std::vector<HfPiece> out;
+  int64_t row = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    out.push_back({sources[i], shapes[i], row});
+    row += shapes[i].empty() ? 1 : shapes[i][0];
+  }
+  return out;
+}
+
+json hf_llama_config_json(const GPTConfig& cfg, int64_t eot) {
+  const bool qwen2 = cfg.bias == "qkv";
+  json rope{{"rope_type", cfg.rope_factor != 0.0 ? "llama3" : "default"}, {"rope_theta", cfg.rope_theta}};
+  json scaling = nullptr;
+  if (cfg.rope_factor != 0.0) {
+    scaling = json{{"rope_type", "llama3"},
+                   {"factor", cfg.rope_factor},
+                   {"low_freq_factor", cfg.rope_low_freq_factor},
+                   {"high_freq_factor", cfg.rope_high_freq_factor},
+                   {"original_max_position_embeddings", cfg.rope_original_context}};
+    rope.update(scaling);
+    rope["rope_theta"] = cfg.rope_theta;
+  }
+  json c{{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", qwen2 ? "qwen2" : "llama"},
+         {"hidden_size", cfg.d_model},
+         {"intermediate_size", cfg.mlp_hidden()},
+         {"num_hidden_layers", cfg.n_layer},
+         {"num_attention_heads", cfg.n_head},
+         {"num_key_value_heads", cfg.n_kv_head},
+         {"head_dim", cfg.head_dim()},
+         {"vocab_size", cfg.vocab_size},
+         {"max_position_embeddings", cfg.seq_len},
+         {"rms_norm_eps", cfg.layer_norm_eps},
+         {"hidden_act", "silu"},
+         {"rope_parameters", rope},
+         {"rope_theta", cfg.rope_theta},
+         {"rope_scaling", scaling},
+         {"tie_word_embeddings", cfg.tie_embeddings},
+         {"attention_dropout", 0.0},
+         {"bos_token_id", eot >= 0 ? json(eot) : json(nullptr)},
+         {"eos_token_id", eot >= 0 ? json(eot) : json(nullptr)},
+         {"dtype", "float32"},
+         {"torch_dtype", "float32"}};
+  if (qwen2) {
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+  } else {
+    c["attention_bias"] = cfg.linear_bias();
+    c["mlp_bias"] = cfg.linear_bias();
+  }
+  return c;
+}
+
+std::vector<int> hf_shard_of(const std::vector<int64_t>& bytes, int64_t max_bytes) {
+  std::vector<int> out;
+  int shard = 0;
+  int64_t in_shard = 0;
+  for (const int64_t b : bytes) {
+    if (in_shard > 0 && in_shard + b > max_bytes) {
+      ++shard;
+      in_shard = 0;
+    }
+    out.push_back(shard);
+    in_shard += b;
+  }
+  return out;
+}
+
+std::string hf_shard_name(int shard, int shards) {
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", shard + 1, shards);
+  return name;
 }
 
 at::Tensor read_hf_llama(const HfWeightFiles& files, const std::string& kiln_name, const std::vector<std::string>& sources,

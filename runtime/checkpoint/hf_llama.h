@@ -1,7 +1,8 @@
 // runtime/checkpoint/hf_llama.h -- Hugging Face Llama-family directories (LlamaForCausalLM,
 // MistralForCausalLM, Qwen2ForCausalLM) as kiln models: their config.json as a GPTConfig, and
 // their weights, one kiln parameter at a time (`kiln train --init-from DIR`, `kiln eval
-// --checkpoint DIR`; docs/models.md).
+// --checkpoint DIR`; docs/models.md); and kiln's own checkpoints of the family written in the
+// same layout (runtime/checkpoint/checkpoint.cpp), so that from_pretrained loads them.
 //
 // config.json (transformers 4.x or 5.x keys) -> GPTConfig:
 //   model_type llama | mistral | qwen2; architectures, if given, the matching *ForCausalLM
@@ -85,5 +86,29 @@ void match_hf_llama(const GPTConfig& cfg, const HfWeightFiles& files);
 // vocabulary's padding rows zero.
 at::Tensor read_hf_llama(const HfWeightFiles& files, const std::string& kiln_name, const std::vector<std::string>& sources,
                          const std::vector<int64_t>& shape);
+
+// ---- out: kiln's checkpoints of the family, in the same layout (runtime/checkpoint/checkpoint.h)
+// One Hugging Face tensor of a kiln parameter: its name and shape, and the rows [row, row + rows)
+// of the whole kiln parameter it holds (the vocabulary's padding rows are in none).
+struct HfPiece {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t row = 0;
+};
+std::vector<HfPiece> hf_llama_pieces(const GPTConfig& cfg, const std::string& kiln_name);
+
+// The config.json transformers loads a kiln model of the family with: Qwen2ForCausalLM for the
+// q/k/v-bias pattern, LlamaForCausalLM otherwise (Mistral's architecture is Llama's without a
+// sliding window); the shape, rms_norm_eps, the rotary settings under both transformers 5.x's key
+// (rope_parameters) and 4.x's (rope_theta, rope_scaling), tie_word_embeddings, the biases, bos =
+// eos = `eot` (-1: none), dtype float32.
+nlohmann::json hf_llama_config_json(const GPTConfig& cfg, int64_t eot);
+
+// Tensors of these byte sizes (in order) into shards as save_pretrained makes them: a new shard
+// when the next tensor would take the current one past max_bytes (a tensor larger than that has a
+// shard of its own). Returns each tensor's shard index (0-based).
+std::vector<int> hf_shard_of(const std::vector<int64_t>& bytes, int64_t max_bytes);
+// "model-00002-of-00005.safetensors" (shard 1 of 5).
+std::string hf_shard_name(int shard, int shards);
 
 }  // namespace kiln

@@ -259,7 +259,7 @@ void apply_init_from(const std::map<std::string, json>& given, TrainConfig& conf
   } else {
     throw ConfigError(where + ": no config.json there (the model's shape comes from it)");
   }
-  if (llama) check_llama_weights(dir, file, int64_t{config.tp} * config.pp, where);
+  if (llama || !file.gpt2_architecture()) check_llama_weights(dir, file, int64_t{config.tp} * config.pp, where);
   else check_weights_header(dir, file, shape_file, int64_t{config.tp} * config.pp, where);
 
   // Settings given for the shape must be the file's. --model gives all of them (its preset).

@@ -87,7 +87,7 @@ void read_kiln_state(CheckpointModel& out, const fs::path& dir, const std::strin
   check_recorded_files(
       out.dir, state.value("files", json::object()), command + ": " + out.dir,
       [](const std::string& f) { return f.rfind("optimizer", 0) != 0 && f != "config.json"; },
-      [](const std::string& f) { return f != "model.safetensors"; });
+      [](const std::string& f) { return f.rfind("model", 0) != 0; });  // the weights, one file or shards and index
   out.step = state.value("step", int64_t{0});
   out.config = model_config(dir, state, command);
 }
@@ -115,7 +115,7 @@ CheckpointModel load_checkpoint_model(const std::string& path, c10::Device devic
   const int64_t t = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
   // Built on the host, filled from the file one whole tensor at a time, moved to the device.
   out.model = std::make_shared<GPT>(cfg, at::TensorOptions(), t > 1 ? make_tensor_parallel_shard(cfg, tp) : ModelShard{});
-  if (is_hf_model_dir(out.dir) && !cfg.gpt2_architecture()) {  // a Llama-family directory (runtime/checkpoint/hf_llama.h)
+  if (!cfg.gpt2_architecture()) {  // the Llama family's layout, its directories' and kiln's (runtime/checkpoint/hf_llama.h)
     const HfWeightFiles files(out.dir);
     match_hf_llama(cfg, files);
     const auto sources = hf_llama_sources(cfg);

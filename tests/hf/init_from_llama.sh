@@ -11,7 +11,8 @@
 # process for each, under ZeRO-3 on 2 ranks for Qwen2, and for Mistral at --seq-len 32, where its
 # window is inert (at its 64 positions it is refused: sliding-window attention is not built).
 # `kiln eval --checkpoint llama` gives the same loss. One AdamW step equals PyTorch's, and greedy
-# kiln sample equals transformers' generate (with and without the KV cache, tp 2; below). Bad input, one line and exit 2 each: Mixtral
+# kiln sample equals transformers' generate (with and without the KV cache, tp 2); kiln's own
+# checkpoints of the family load in transformers (one file, and sharded with an index). Bad input, one line and exit 2 each: Mixtral
 # (not built), a rope type kiln lacks (yarn), attention biases without MLP ones, a layer count the
 # files do not hold (3, and 1e9: bounded by the files before anything is built), an unexpected
 # tensor, a misshapen one; and an index naming a shard outside the directory (a corrupt
@@ -72,6 +73,52 @@ for m in ("llama", "qwen2", "llama31"):
     rel = abs(steps[1]["loss"] - ref["loss_after"]) / ref["loss_after"]
     print(f"{m}: loss after one AdamW step, kiln {steps[1]['loss']:.7f}, PyTorch {ref['loss_after']:.7f} (relative {rel:.1e})")
     assert rel <= 1e-5 and steps[1]["loss"] < steps[0]["loss"], (m, steps[1]["loss"], ref)
+PY
+
+# Out: kiln's checkpoints of the family are transformers' layout. Two steps from Llama (written in
+# shards: KILN_TEST_HF_SHARD_BYTES=100000 makes the 0.5 MB model a several-file one with its index)
+# and from Qwen2 (one file, tied) and Llama-3.1's scaling (its rope keys), saved; transformers loads each step directory with
+# from_pretrained (no missing or unexpected key) and its loss on the 8 samples equals kiln's first
+# loss starting from that checkpoint (--init-from), within the same 1e-5.
+KILN_TEST_HF_SHARD_BYTES=100000 "$KILN_BIN" train --device cpu --data data.bin --steps 2 --dropout 0 --init-from llama \
+  --micro-batch 8 "${O[@]}" --save-dir out_llama >/dev/null
+for m in qwen2 llama31; do
+  "$KILN_BIN" train --device cpu --data data.bin --steps 2 --dropout 0 --init-from "$m" --micro-batch 8 "${O[@]}" \
+    --save-dir "out_$m" >/dev/null
+done
+for m in llama qwen2 llama31; do
+  ck="out_$m/$(cat "out_$m/latest")"
+  echo "$ck" >"ck_$m.path"
+  "$KILN_BIN" train --device cpu --data data.bin --steps 1 --dropout 0 --init-from "$ck" --micro-batch 8 \
+    --log-json "back_$m.jsonl" >/dev/null
+done
+"$py" - <<'PY'
+import json, os, struct
+os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+import torch
+from transformers import AutoModelForCausalLM
+raw = open("data.bin", "rb").read()
+n = struct.unpack("<256i", raw[:1024])[2]
+tokens = torch.tensor(struct.unpack(f"<{n}H", raw[1024:1024 + 2 * n]), dtype=torch.long)
+x = torch.stack([tokens[i * 64:i * 64 + 65] for i in range(8)])
+for m in ("llama", "qwen2", "llama31"):
+    ck = open(f"ck_{m}.path").read().strip()
+    files = sorted(os.listdir(ck))
+    if m == "llama":
+        assert "model.safetensors.index.json" in files and sum(f.startswith("model-0") for f in files) > 1, files
+    else:
+        assert "model.safetensors" in files and "model.safetensors.index.json" not in files, files
+    model, info = AutoModelForCausalLM.from_pretrained(ck, dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=x[:, :64]).logits.float()
+    hf = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)).item()
+    kiln = next(r for r in map(json.loads, open(f"back_{m}.jsonl")) if r["type"] == "step")["loss"]
+    rel = abs(hf - kiln) / hf
+    shards = sum(f.startswith("model") and f.endswith(".safetensors") for f in files)
+    print(f"{m}: kiln's checkpoint ({shards} safetensors file(s)) loaded by transformers: loss {hf:.7f}, kiln's {kiln:.7f} ({rel:.1e})")
+    assert rel <= 1e-5, (m, hf, kiln)
 PY
 
 # Greedy kiln sample equals transformers' generate(do_sample=False) token for token, with and
