@@ -96,12 +96,20 @@ BpeTokenizer::BpeTokenizer(std::string path, std::string json_text) : path_(std:
   const json decoder = j.is_object() ? j.value("decoder", json()) : json();
   const std::string model_type = model.is_object() ? model.value("type", std::string("none")) : "none";
   const std::string decoder_type = decoder.is_object() ? decoder.value("type", std::string("none")) : "none";
+  // SentencePiece's kind (Llama 2, Mistral): Metaspace instead of byte-level, bytes by fallback.
+  const std::string text_of_pre = j.is_object() ? j.value("pre_tokenizer", json()).dump() : "";
+  if (decoder_type == "Metaspace" || decoder.dump().find("Metaspace") != std::string::npos ||
+      text_of_pre.find("Metaspace") != std::string::npos || (model.is_object() && model.value("byte_fallback", false))) {
+    throw ConfigError(where + ": a SentencePiece-based tokenizer (Metaspace, byte fallback: Llama 2's and Mistral's kind), which "
+                      "kiln cannot run; kiln reads byte-level BPE tokenizers (GPT-2's, Qwen2's, Llama 3's)");
+  }
   if (model_type != "BPE" || decoder_type != "ByteLevel" || !model.contains("vocab") || !model["vocab"].is_object()) {
     throw ConfigError(where + ": kiln reads byte-level BPE tokenizers (GPT-2's kind: model BPE, decoder ByteLevel); this one is model " +
                       model_type + ", decoder " + decoder_type);
   }
   // id -> (string, special?) from the vocabulary, then the added tokens (which may repeat or extend it).
   std::map<int64_t, std::pair<std::string, bool>> tokens;
+  std::map<std::string, int64_t> special_ids;  // the added tokens by content
   for (const auto& [token, id] : model["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0) throw ConfigError(where + ": vocabulary entry '" + token + "' has no id");
     tokens[id.get<int64_t>()] = {bytes_of_token(token), false};
@@ -112,11 +120,19 @@ BpeTokenizer::BpeTokenizer(std::string path, std::string json_text) : path_(std:
     const std::string content = added.value("content", std::string());
     tokens[id] = {content, added.value("special", false)};
     if (content == kEotToken) eot_ = id;
+    special_ids[content] = id;
   }
   if (eot_ < 0) {
     if (auto it = model["vocab"].find(kEotToken); it != model["vocab"].end()) eot_ = it->get<int64_t>();
   }
-  if (eot_ < 0) throw ConfigError(where + ": the tokenizer has no " + std::string(kEotToken) + " token (kiln puts it before every document)");
+  if (eot_ < 0 && special_ids.count("<|begin_of_text|>")) eot_ = special_ids["<|begin_of_text|>"];  // Llama 3's BOS
+  if (eot_ < 0) {
+    throw ConfigError(where + ": the tokenizer has no " + std::string(kEotToken) +
+                      " token (nor Llama 3's <|begin_of_text|>; kiln puts it before every document)");
+  }
+  ends_ = {eot_};
+  for (const char* end : {"<|end_of_text|>", "<|eot_id|>"})
+    if (special_ids.count(end) && special_ids[end] != eot_) ends_.push_back(special_ids[end]);
   const int64_t n = tokens.empty() ? 0 : tokens.rbegin()->first + 1;
   bytes_.assign(static_cast<size_t>(n), std::string());
   known_.assign(static_cast<size_t>(n), 0);

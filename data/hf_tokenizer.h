@@ -1,8 +1,11 @@
 // data/hf_tokenizer.h -- Hugging Face tokenizer.json: byte-level BPE tokenizers read and written.
 //
 // The format is the `tokenizers` library's (what transformers' fast tokenizers load). kiln takes
-// byte-level BPE tokenizers, GPT-2's kind: model BPE, decoder ByteLevel, with an `<|endoftext|>`
-// token that precedes every document. In such a tokenizer every token's string spells bytes
+// byte-level BPE tokenizers, GPT-2's kind: model BPE, decoder ByteLevel (GPT-2's, Qwen2's and
+// Llama 3's tokenizer.json), with a token that precedes every document: `<|endoftext|>` (GPT-2,
+// Qwen2), or Llama 3's `<|begin_of_text|>` where there is no `<|endoftext|>`; then a sample also
+// ends at `<|end_of_text|>` and `<|eot_id|>`. SentencePiece-based tokenizers (Llama 2's,
+// Mistral's: a Metaspace pre-tokenizer or decoder, byte fallback) are refused with one line. In such a tokenizer every token's string spells bytes
 // through GPT-2's byte <-> unicode table (bytes_to_unicode in GPT-2's encoder.py: the 188
 // printable bytes '!'..'~', U+00A1..U+00AC, U+00AE..U+00FF stand for themselves, the other 68
 // bytes for U+0100, U+0101, ... in byte order), so:
@@ -45,9 +48,11 @@ class BpeTokenizer : public Tokenizer {
   std::vector<int64_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int64_t>& ids) const override;
   std::string hf_json() const override { return text_; }
+  std::vector<int64_t> end_tokens() const override { return ends_; }
 
  private:
   std::string path_, text_;
+  std::vector<int64_t> ends_;       // eot, and Llama 3's end tokens where present
   std::vector<std::string> bytes_;  // id -> its bytes ("" for a special token)
   std::vector<char> known_;         // id -> 1 if the vocabulary holds it
   int64_t eot_ = -1;

@@ -23,6 +23,9 @@ class Tokenizer {
   // Ids are in [0, vocab_size()); a model's vocabulary must hold them all.
   virtual int64_t vocab_size() const = 0;
   virtual int64_t eot() const = 0;  // end-of-text: precedes every document in the training data
+  // The ids that end a sampled text: eot, and a tokenizer's own ends where its documents are
+  // opened by another token (Llama 3: <|end_of_text|>, <|eot_id|>).
+  virtual std::vector<int64_t> end_tokens() const { return {eot()}; }
   // The ids of `text` (no end-of-text added).
   virtual std::vector<int64_t> encode(const std::string& text) const = 0;
   // The bytes of `ids` (end-of-text decodes to nothing). Throws Error for an id outside the

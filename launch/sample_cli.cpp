@@ -132,6 +132,7 @@ int run_sample(const SampleArgs& args, const ProcessInfo& proc) {
   const GPTConfig& mc = loaded.config;
   GenerateConfig gen = args.gen;
   gen.stop_token = tokenizer->eot();
+  gen.stop_tokens = tokenizer->end_tokens();
   gen.candidates = tokenizer->vocab_size();  // the model's other ids decode to nothing (generate() checks they fit)
   std::vector<int64_t> prompt{tokenizer->eot()};
   for (const int64_t id : tokenizer->encode(args.prompt)) prompt.push_back(id);

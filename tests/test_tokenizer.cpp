@@ -105,6 +105,23 @@ TEST(Tokenizer, ByteLevelFileIsTheByteTokenizer) {
   fs::remove_all(d);
 }
 
+// Llama 3's tokenizer.json has no <|endoftext|>: its documents open with <|begin_of_text|> (kiln's
+// document token then), and a sample ends at <|end_of_text|> or <|eot_id|> too.
+TEST(Tokenizer, Llama3DocumentAndEndTokens) {
+  const fs::path d = temp_dir("llama3");
+  json t = small_bpe();
+  t["added_tokens"] = json::array({json{{"id", 258}, {"content", "<|begin_of_text|>"}, {"special", true}},
+                                   json{{"id", 259}, {"content", "<|end_of_text|>"}, {"special", true}},
+                                   json{{"id", 260}, {"content", "<|eot_id|>"}, {"special", true}}});
+  const auto tok = kiln::load_tokenizer(write(d / "tokenizer.json", t.dump()));
+  EXPECT_EQ(tok->eot(), 258);
+  EXPECT_EQ(tok->end_tokens(), (std::vector<int64_t>{258, 259, 260}));
+  EXPECT_EQ(tok->decode({258, 256, 104, 259}), " th");  // special tokens decode to nothing
+  // GPT-2's kind keeps its one end-of-text token.
+  EXPECT_EQ(kiln::load_tokenizer(write(d / "gpt2.json", small_bpe().dump()))->end_tokens(), (std::vector<int64_t>{258}));
+  fs::remove_all(d);
+}
+
 TEST(Tokenizer, RefusesWhatItCannotRead) {
   const fs::path d = temp_dir("refuse");
   auto refused = [&](const std::string& name, const std::string& text, const std::string& says) {
@@ -122,7 +139,11 @@ TEST(Tokenizer, RefusesWhatItCannotRead) {
   refused("wordpiece.json", wordpiece.dump(), "byte-level BPE");
   json metaspace = small_bpe();
   metaspace["decoder"]["type"] = "Metaspace";  // SentencePiece-style: not bytes
-  refused("metaspace.json", metaspace.dump(), "decoder Metaspace");
+  // Issue 35: SentencePiece's kind is named as such (Llama 2's, Mistral's tokenizers).
+  refused("metaspace.json", metaspace.dump(), "a SentencePiece-based tokenizer (Metaspace, byte fallback");
+  json fallback = small_bpe();
+  fallback["model"]["byte_fallback"] = true;
+  refused("fallback.json", fallback.dump(), "a SentencePiece-based tokenizer");
   json no_eot = small_bpe();
   no_eot["added_tokens"].erase(0);
   refused("noeot.json", no_eot.dump(), "no <|endoftext|>");

@@ -93,7 +93,7 @@ Generation generate(GPT& model, const std::vector<int64_t>& prompt, const Genera
     out.positions += static_cast<int64_t>(run.size());
     const auto logits = vocabulary_logits(model, hidden.select(1, hidden.size(1) - 1), tp);  // [1, V']
     const int64_t token = agree(sample_token(logits[0].narrow(0, 0, candidates), cfg.sampling, gen, context), tp, device);
-    if (token == cfg.stop_token) {
+    if (token == cfg.stop_token || std::find(cfg.stop_tokens.begin(), cfg.stop_tokens.end(), token) != cfg.stop_tokens.end()) {
       out.stopped = true;
       break;
     }
@@ -117,6 +117,7 @@ std::string training_sample(GPT& model, const Tokenizer& tokenizer, int64_t toke
   cfg.max_new_tokens = tokens;
   cfg.seed = seed;
   cfg.stop_token = tokenizer.eot();
+  cfg.stop_tokens = tokenizer.end_tokens();
   cfg.candidates = std::min(tokenizer.vocab_size(), model.config().vocab_size);
   return valid_utf8(tokenizer.decode(generate(model, {tokenizer.eot()}, cfg, tp).tokens));
 }

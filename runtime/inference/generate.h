@@ -39,6 +39,7 @@ struct GenerateConfig {
   int64_t max_new_tokens = 64;   // tokens to generate at most
   uint64_t seed = 1337;          // the sampler's CPU generator (unused when greedy)
   int64_t stop_token = -1;       // generation ends when this id is drawn (not returned); -1: never
+  std::vector<int64_t> stop_tokens;  // more such ids (a tokenizer's end tokens)
   int64_t candidates = 0;        // ids [0, candidates) may be drawn (the tokenizer's); 0: the model's vocab_size
   bool kv_cache = true;          // false: the whole window through GPT::hidden for every token
   // Called with the new tokens so far after each one (and on_token): true ends the generation
