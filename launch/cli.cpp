@@ -48,7 +48,7 @@ const std::vector<Flag>& train_flags() {
   static const std::vector<Flag> flags = {
       // --model comes first: the preset is the base the other model flags override.
       {"model", Kind::String, "model preset: tiny, tiny-moe, gpt2-124m, gpt2-124m-moe, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b, "
-       "tiny-llama, llama3-1b, llama3-8b, llama3-70b, mistral-7b, qwen2-0.5b (docs/models.md)",
+       "tiny-llama, llama3-1b, llama3-8b, llama3-70b, mistral-7b, qwen2-0.5b, tiny-mixtral, mixtral-8x7b (docs/models.md)",
        [](TrainConfig& c, const json& v) {
          c.model = v.get<std::string>();
          c.gpt = GPTConfig::preset(c.model);

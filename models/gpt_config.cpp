@@ -68,7 +68,8 @@ bool GPTConfig::gpt2_architecture() const {
 
 std::vector<std::string> GPTConfig::preset_names() {
   return {"tiny",      "tiny-moe",  "gpt2-124m",  "gpt2-124m-moe", "gpt2-350m",  "gpt2-774m", "gpt2-1.5b",
-          "gpt3-6.7b", "tiny-llama", "llama3-1b", "llama3-8b",     "llama3-70b", "mistral-7b", "qwen2-0.5b"};
+          "gpt3-6.7b", "tiny-llama", "llama3-1b", "llama3-8b",     "llama3-70b", "mistral-7b", "qwen2-0.5b",
+          "tiny-mixtral", "mixtral-8x7b"};
 }
 
 GPTConfig GPTConfig::preset(const std::string& name) {
@@ -115,6 +116,22 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     c.bias = "qkv";
     c.tie_embeddings = true;
     c.layer_norm_eps = 1e-6;
+    return c;
+  }
+  // Mixtral: Mistral's blocks with a dropless top-2 MoE of SwiGLU experts in every one (its router's
+  // auxiliary loss at 0.02, no z-loss, as its config.json).
+  auto mixtral = [](GPTConfig c, int64_t experts) {
+    c.n_experts = experts;
+    c.top_k = 2;
+    c.moe_every = 1;
+    c.moe_capacity_factor = 0.0;
+    c.moe_aux_loss_coef = 0.02;
+    c.moe_z_loss_coef = 0.0;
+    return c;
+  };
+  if (name == "tiny-mixtral") return mixtral(preset("tiny-llama"), 4);  // 4 experts: 2,493,568 parameters, 1,412,224 active
+  if (name == "mixtral-8x7b") {  // Mixtral-8x7B-v0.1
+    GPTConfig c = mixtral(llama(32, 32, 8, 4096, 14336, 32000, 8192, 1000000.0), 8);
     return c;
   }
   std::string names;
@@ -173,9 +190,8 @@ void GPTConfig::validate() const {
   }
   if (n_experts < 0) throw ConfigError("--n-experts must be 0 (a dense model) or positive (got " + std::to_string(n_experts) + ")");
   if (is_moe()) {
-    if (swiglu() || !linear_bias()) {
-      throw ConfigError("Mixture-of-Experts blocks have GPT-2's experts only (GELU, with biases): --mlp swiglu and --bias " + bias +
-                        " with --n-experts are not built yet");
+    if (bias == "qkv") {
+      throw ConfigError("--bias qkv with --n-experts: an MoE model's experts have biases on both layers or none (--bias all | none)");
     }
     if (top_k < 1 || top_k > n_experts) {
       throw ConfigError("--top-k must be in [1, --n-experts " + std::to_string(n_experts) + "] (got " + std::to_string(top_k) + ")");

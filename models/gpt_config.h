@@ -31,6 +31,8 @@
 //   mistral-7b   Mistral-7B-v0.1: L 32, d 4096, H 32, KV 8, F 14336, V 32000      7,241,732,096
 //   qwen2-0.5b   Qwen2-0.5B: L 24, d 896, H 14, KV 2, F 4864, V 151936, qkv biases,
 //                tied                                                                494,032,768
+//   mixtral-8x7b Mixtral-8x7B-v0.1: mistral-7b's shape with 8 SwiGLU experts (top-2,
+//                dropless) in every block, base 1e6                               46,702,792,704
 // Llama's feed-forward width rule (Meta's reference code): F = 2 (4d) / 3, times
 // ffn_dim_multiplier, rounded up to a multiple of multiple_of (llama_ffn_hidden below): Llama-3-8B
 // 1.3 and 1024 -> 14336, Llama-3-70B 1.3 and 4096 -> 28672, Llama-3.2-1B 1.5 and 256 -> 8192.
@@ -121,7 +123,8 @@ struct GPTConfig {
   }
 
   // A preset by name: tiny, tiny-moe, gpt2-124m, gpt2-124m-moe, gpt2-350m, gpt2-774m, gpt2-1.5b,
-  // gpt3-6.7b; tiny-llama, llama3-1b, llama3-8b, llama3-70b, mistral-7b, qwen2-0.5b. Throws ConfigError.
+  // gpt3-6.7b; tiny-llama, llama3-1b, llama3-8b, llama3-70b, mistral-7b, qwen2-0.5b, tiny-mixtral,
+  // mixtral-8x7b. Throws ConfigError.
   static GPTConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 };

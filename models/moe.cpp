@@ -57,6 +57,8 @@ MoEConfig MoEConfig::of(const GPTConfig& c) {
   m.capacity_factor = c.moe_capacity_factor;
   m.aux_loss_coef = c.moe_aux_loss_coef;
   m.z_loss_coef = c.moe_z_loss_coef;
+  m.swiglu = c.swiglu();
+  m.bias = c.linear_bias();
   return m;
 }
 
@@ -75,29 +77,37 @@ MoEImpl::MoEImpl(int64_t d, int64_t hidden, const MoEConfig& cfg, const at::Tens
   }
   const int64_t local = E / split;
   router = register_parameter("router", at::empty({E, d}, opts));
-  fc_w = register_parameter("fc_w", at::empty({local, hidden, d}, opts));
-  fc_b = register_parameter("fc_b", at::empty({local, hidden}, opts));
+  const int64_t fc = cfg_.swiglu ? 2 * hidden : hidden;  // SwiGLU: gate's rows, then up's
+  fc_w = register_parameter("fc_w", at::empty({local, fc, d}, opts));
+  if (cfg_.bias) fc_b = register_parameter("fc_b", at::empty({local, fc}, opts));
   proj_w = register_parameter("proj_w", at::empty({local, d, hidden}, opts));
-  proj_b = register_parameter("proj_b", at::empty({local, d}, opts));
+  if (cfg_.bias) proj_b = register_parameter("proj_b", at::empty({local, d}, opts));
 }
 
 at::Tensor MoEImpl::run_experts(const at::Tensor& rows, const std::vector<int64_t>& counts) const {
   // One unbind per weight, not E selects: each select's backward would make a whole [E, ...]
   // gradient (E^2 the traffic); unbind's stacks the experts' gradients once.
-  const std::vector<at::Tensor> fw = fc_w.unbind(0), fb = fc_b.unbind(0), pw = proj_w.unbind(0), pb = proj_b.unbind(0);
+  const std::vector<at::Tensor> fw = fc_w.unbind(0), pw = proj_w.unbind(0);
+  const std::vector<at::Tensor> fb = fc_b.defined() ? fc_b.unbind(0) : std::vector<at::Tensor>(fw.size());
+  const std::vector<at::Tensor> pb = proj_b.defined() ? proj_b.unbind(0) : std::vector<at::Tensor>(pw.size());
+  auto expert = [&](size_t e, const at::Tensor& r) {
+    const at::Tensor u = at::linear(r, fw[e], fb[e]);
+    if (!cfg_.swiglu) return at::linear(at::gelu(u, "tanh"), pw[e], pb[e]);
+    const auto gate_up = u.chunk(2, -1);
+    return at::linear(at::silu(gate_up[0]) * gate_up[1], pw[e], pb[e]);
+  };
   std::vector<at::Tensor> outs;
   int64_t offset = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     if (counts[e] == 0) continue;
-    const at::Tensor h = at::gelu(at::linear(rows.narrow(0, offset, counts[e]), fw[e], fb[e]), "tanh");
-    outs.push_back(at::linear(h, pw[e], pb[e]));
+    outs.push_back(expert(e, rows.narrow(0, offset, counts[e])));
     offset += counts[e];
   }
   if (offset != rows.size(0)) throw Error("MoE: the expert counts do not add up to the rows given");
   // No rows for any local expert: still an output in the autograd graph (zero rows through the
   // first expert), so that under ep the combine's and the dispatch's backward all-to-alls run on
   // this rank too. A tensor outside the graph left it out of them, and its peers hung.
-  if (outs.empty()) return at::linear(at::gelu(at::linear(rows.narrow(0, 0, 0), fw[0], fb[0]), "tanh"), pw[0], pb[0]);
+  if (outs.empty()) return expert(0, rows.narrow(0, 0, 0));
   return at::cat(outs);
 }
 

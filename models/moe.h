@@ -7,7 +7,9 @@
 //
 // Input x [G, S, d]: G groups of S tokens (GPT passes [B, T, d]: a group is one sequence, GShard's
 // "group"); a 2-D x [N, d] is one group of N tokens. E experts (each the dense block's MLP: c_fc
-// [F, d] + b, GELU-tanh, c_proj [d, F] + b, F = 4d), k of them per token:
+// [F, d] + b, GELU-tanh, c_proj [d, F] + b, F = 4d; or, SwiGLU's (Mixtral's), fc [2F, d] holding
+// gate's rows then up's, down(silu(gate x) * up x), biases only if the model has them), k of them
+// per token:
 //   router      z = x W_g^T                  [N, E], fp32 (or x's wider dtype), W_g [E, d], no bias
 //               p = softmax(z)               over the E experts (softmax, then top-k)
 //               (e_1..e_k), (p_1..p_k) = top-k of p; gates g_j = p_j / sum_j p_j (k > 1: the
@@ -49,6 +51,7 @@
 // `step_stats` by every forward that runs with grad on (so a checkpointed block's recomputation
 // counts once, and evaluation not at all); the trainer sums and clears it each step.
 // FLOPs per token: 2 d E (router) + k x the dense MLP's; parameters: E x the MLP's + d E.
+// Mixtral (MixtralSparseMoeBlock) routes the same way: softmax, top-k, the k renormalised.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +71,8 @@ struct MoEConfig {
   double capacity_factor = 1.25;  // per group; 0: dropless
   double aux_loss_coef = 0.0;     // weight of L_aux in the gradient (GPT: --moe-aux-loss-coef)
   double z_loss_coef = 0.0;       // weight of L_z (GPT: --moe-z-loss-coef)
+  bool swiglu = false;            // the experts are SwiGLU feed-forwards (GPTConfig::mlp)
+  bool bias = true;               // the experts' linear layers have biases (GPTConfig::bias all)
   // Throws ConfigError, one line, for top_k outside [1, n_experts], n_experts < 1 or a negative
   // capacity factor or coefficient.
   void validate() const;
@@ -99,8 +104,8 @@ class MoEImpl : public torch::nn::Module {
   at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& counts) const;
 
   at::Tensor router;          // [E, d]
-  at::Tensor fc_w, fc_b;      // [E_local, F, d], [E_local, F]   (E_local = E / ep: this rank's experts)
-  at::Tensor proj_w, proj_b;  // [E_local, d, F], [E_local, d]
+  at::Tensor fc_w, fc_b;      // [E_local, F, d], [E_local, F]   (E_local = E / ep: this rank's experts; SwiGLU: 2F)
+  at::Tensor proj_w, proj_b;  // [E_local, d, F], [E_local, d]   (biases undefined without them)
   at::Tensor aux_loss, z_loss;  // the last call's
   MoEStats stats;               // the last call's
   at::Tensor step_stats;        // [moe_stats_width(E)] float, summed over grad-mode calls; undefined: none yet

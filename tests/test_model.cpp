@@ -95,7 +95,7 @@ TEST(GPTConfig, PresetParameterCountsMatchModuleAndKnownValues) {
 TEST(GPTConfig, LlamaFamilyPresetsHaveThePublishedParameterCounts) {
   const std::vector<std::pair<std::string, int64_t>> published = {
       {"llama3-1b", 1'235'814'400},   {"llama3-8b", 8'030'261'248}, {"llama3-70b", 70'553'706'496},
-      {"mistral-7b", 7'241'732'096},  {"qwen2-0.5b", 494'032'768}};
+      {"mistral-7b", 7'241'732'096},  {"qwen2-0.5b", 494'032'768}, {"mixtral-8x7b", 46'702'792'704}};
   for (const auto& [name, count] : published) {
     const auto cfg = GPTConfig::preset(name);
     EXPECT_EQ(cfg.num_params(), count) << name;
@@ -107,6 +107,11 @@ TEST(GPTConfig, LlamaFamilyPresetsHaveThePublishedParameterCounts) {
     EXPECT_EQ(params.contains("lm_head"), !cfg.tie_embeddings) << name;
     EXPECT_EQ(params.contains("h.0.attn.c_attn.bias"), name == "qwen2-0.5b") << name;
     EXPECT_FALSE(params.contains("h.0.attn.c_proj.bias")) << name;
+    if (cfg.is_moe()) {
+      EXPECT_EQ(params["h.0.moe.fc_w"].sizes(), (std::vector<int64_t>{8, 2 * 14336, 4096})) << name;  // gate and up
+      EXPECT_FALSE(params.contains("h.0.moe.fc_b")) << name;
+      continue;
+    }
     EXPECT_EQ(params["h.0.mlp.c_fc.weight"].size(0), 2 * cfg.mlp_hidden()) << name;  // gate and up
   }
   // Llama's width rule (Meta's reference code) gives the published widths.
@@ -141,7 +146,7 @@ TEST(GPTConfig, ArchitectureFieldsAreValidated) {
   check([](GPTConfig& c) { c.bias = "some"; }, "--bias must be all | none | qkv");
   check([](GPTConfig& c) { c.n_head = 128; c.n_kv_head = 128; }, "even head width");
   check([](GPTConfig& c) { c.rope_factor = 0.5; }, "--rope-factor must be 0");
-  check([](GPTConfig& c) { c.n_experts = 4; }, "--mlp swiglu and --bias none with --n-experts are not built yet");
+  check([](GPTConfig& c) { c.n_experts = 4; c.bias = "qkv"; }, "--bias qkv with --n-experts");
 }
 
 TEST(GPTConfig, PresetShapes) {

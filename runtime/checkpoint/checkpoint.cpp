@@ -407,7 +407,7 @@ void write_hf_llama_weights(const std::string& tmp, WholeModel& state, bool writ
     for (; i < pieces.size() && pieces[i].first == pname; ++i) {
       const HfPiece& p = pieces[i].second;
       const int64_t rows = p.shape.empty() ? 1 : p.shape[0];
-      if (writer) w[static_cast<size_t>(shard[i])]->write(p.name, whole.narrow(0, p.row, rows).contiguous());
+      if (writer) w[static_cast<size_t>(shard[i])]->write(p.name, hf_rows_view(whole).narrow(0, p.row, rows).contiguous());
     }
   }
   if (!writer) return;

@@ -21,8 +21,10 @@ using json = nlohmann::json;
 namespace {
 
 const std::map<std::string, std::string>& architectures() {
-  static const std::map<std::string, std::string> a = {
-      {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}};
+  static const std::map<std::string, std::string> a = {{"llama", "LlamaForCausalLM"},
+                                                       {"mistral", "MistralForCausalLM"},
+                                                       {"qwen2", "Qwen2ForCausalLM"},
+                                                       {"mixtral", "MixtralForCausalLM"}};
   return a;
 }
 
@@ -79,13 +81,9 @@ bool is_hf_llama_family(const json& config) {
 
 GPTConfig hf_llama_config(const json& c, const std::string& where, double* dropout) {
   const std::string type = c.value("model_type", std::string());
-  if (type == "mixtral") {
-    throw ConfigError(where + ": config.json's 'model_type' is \"mixtral\": Mixtral's SwiGLU experts are not built yet "
-                      "(kiln's MoE blocks have GELU experts with biases; docs/models.md)");
-  }
   const auto arch = architectures().find(type);
   if (arch == architectures().end()) {
-    throw ConfigError(where + ": config.json's 'model_type' is \"" + type + "\", not llama, mistral or qwen2");
+    throw ConfigError(where + ": config.json's 'model_type' is \"" + type + "\", not llama, mistral, qwen2 or mixtral");
   }
   if (c.contains("architectures") && c.at("architectures").is_array()) {
     for (const auto& a : c.at("architectures")) {
@@ -133,6 +131,18 @@ GPTConfig hf_llama_config(const json& c, const std::string& where, double* dropo
   if (flag(c, "use_sliding_window", false, where)) {
     throw ConfigError(where + ": config.json's 'use_sliding_window' is true: sliding-window attention is not built");
   }
+  if (type == "mixtral") {  // a dropless top-k MoE of SwiGLU experts in every block
+    g.n_experts = positive(c, "num_local_experts", where);
+    g.top_k = positive(c, "num_experts_per_tok", where);
+    g.moe_every = 1;
+    g.moe_capacity_factor = 0.0;
+    g.moe_aux_loss_coef = number(c, "router_aux_loss_coef", 0.02, where);
+    g.moe_z_loss_coef = 0.0;
+    if (number(c, "router_jitter_noise", 0.0, where) != 0.0) {
+      throw ConfigError(where + ": config.json's 'router_jitter_noise' is " + c.at("router_jitter_noise").dump() +
+                        "; kiln's router has no jitter (0)");
+    }
+  }
   *dropout = number(c, "attention_dropout", 0.0, where);
   g.validate();
   return g;
@@ -149,6 +159,20 @@ std::map<std::string, std::vector<std::string>> hf_llama_sources(const GPTConfig
     s[k + "ln_2.weight"] = {p + "post_attention_layernorm.weight"};
     s[k + "attn.c_attn.weight"] = {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"};
     s[k + "attn.c_proj.weight"] = {p + "self_attn.o_proj.weight"};
+    if (cfg.is_moe_layer(i)) {
+      // Mixtral's files (save_pretrained writes the experts one by one): the experts' [gate; up]
+      // and down stacked along the kiln tensor's rows (fc_w [E, 2F, d] as [E 2F, d]).
+      s[k + "moe.router"] = {p + "block_sparse_moe.gate.weight"};
+      auto& fc = s[k + "moe.fc_w"];
+      auto& proj = s[k + "moe.proj_w"];
+      for (int64_t e = 0; e < cfg.n_experts; ++e) {
+        const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        fc.push_back(x + "w1.weight");
+        fc.push_back(x + "w3.weight");
+        proj.push_back(x + "w2.weight");
+      }
+      continue;
+    }
     s[k + "mlp.c_fc.weight"] = {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"};
     s[k + "mlp.c_proj.weight"] = {p + "mlp.down_proj.weight"};
     if (cfg.qkv_bias())
@@ -226,6 +250,9 @@ std::vector<std::vector<int64_t>> source_shapes(const GPTConfig& cfg, const std:
     return out;
   };
   if (kiln_name == "wte" || kiln_name == "lm_head") return {{V, d}};
+  if (kiln_name.find("moe.router") != std::string::npos) return {{cfg.n_experts, d}};
+  if (kiln_name.find("moe.fc_w") != std::string::npos) return std::vector<std::vector<int64_t>>(sources.size(), {F, d});
+  if (kiln_name.find("moe.proj_w") != std::string::npos) return std::vector<std::vector<int64_t>>(sources.size(), {d, F});
   if (kiln_name.find("attn.c_attn") != std::string::npos) return rows({d, kv, kv});
   if (kiln_name.find("mlp.c_fc") != std::string::npos) return rows({F, F});
   if (kiln_name.find("mlp.c_proj.weight") != std::string::npos) return {{d, F}};
@@ -281,6 +308,10 @@ void match_hf_llama(const GPTConfig& cfg, const HfWeightFiles& files) {
   }
 }
 
+at::Tensor hf_rows_view(const at::Tensor& whole) {
+  return whole.dim() > 2 ? whole.view({-1, whole.size(-1)}) : whole;  // an MoE [E, R, C] as [E R, C]
+}
+
 std::vector<HfPiece> hf_llama_pieces(const GPTConfig& cfg, const std::string& kiln_name) {
   const auto sources = hf_llama_sources(cfg).at(kiln_name);
   const auto shapes = source_shapes(cfg, kiln_name, sources);
@@ -306,8 +337,9 @@ json hf_llama_config_json(const GPTConfig& cfg, int64_t eot) {
     rope.update(scaling);
     rope["rope_theta"] = cfg.rope_theta;
   }
-  json c{{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-         {"model_type", qwen2 ? "qwen2" : "llama"},
+  const bool mixtral = cfg.is_moe();
+  json c{{"architectures", {mixtral ? "MixtralForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", mixtral ? "mixtral" : qwen2 ? "qwen2" : "llama"},
          {"hidden_size", cfg.d_model},
          {"intermediate_size", cfg.mlp_hidden()},
          {"num_hidden_layers", cfg.n_layer},
@@ -327,7 +359,13 @@ json hf_llama_config_json(const GPTConfig& cfg, int64_t eot) {
          {"eos_token_id", eot >= 0 ? json(eot) : json(nullptr)},
          {"dtype", "float32"},
          {"torch_dtype", "float32"}};
-  if (qwen2) {
+  if (mixtral) {
+    c["num_local_experts"] = cfg.n_experts;
+    c["num_experts_per_tok"] = cfg.top_k;
+    c["router_aux_loss_coef"] = cfg.moe_aux_loss_coef;
+    c["router_jitter_noise"] = 0.0;
+    c["sliding_window"] = nullptr;
+  } else if (qwen2) {
     c["use_sliding_window"] = false;
     c["sliding_window"] = nullptr;
   } else {
@@ -361,11 +399,12 @@ std::string hf_shard_name(int shard, int shards) {
 at::Tensor read_hf_llama(const HfWeightFiles& files, const std::string& kiln_name, const std::vector<std::string>& sources,
                          const std::vector<int64_t>& shape) {
   at::Tensor whole = at::zeros(shape, at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor rows = hf_rows_view(whole);
   int64_t row = 0;
   for (const auto& s : sources) {
     const at::Tensor t = files.read(s);
     const int64_t n = t.dim() == 0 ? 1 : t.size(0);
-    whole.narrow(0, row, n).copy_(t);  // the dtype converted; wte / lm_head: the rows past V stay zero
+    rows.narrow(0, row, n).copy_(t);  // the dtype converted; wte / lm_head: the rows past V stay zero
     row += n;
   }
   return whole;

@@ -5,7 +5,9 @@
 // same layout (runtime/checkpoint/checkpoint.cpp), so that from_pretrained loads them.
 //
 // config.json (transformers 4.x or 5.x keys) -> GPTConfig:
-//   model_type llama | mistral | qwen2; architectures, if given, the matching *ForCausalLM
+//   model_type llama | mistral | qwen2 | mixtral; architectures, if given, the matching *ForCausalLM
+//   mixtral: num_local_experts, num_experts_per_tok, router_aux_loss_coef -> a dropless MoE of
+//            SwiGLU experts in every block (router_jitter_noise must be 0)
 //   num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
 //   hidden_size, intermediate_size, vocab_size    -> n_layer, n_head, n_kv_head, d_model,
 //                                                    ffn_hidden, vocab_size
@@ -20,8 +22,7 @@
 //                     qwen2 -> qkv (its q, k, v projections carry biases)
 //   hidden_act "silu"; head_dim, if given, hidden_size / num_attention_heads
 //   attention_dropout                             -> dropout (unless --dropout)
-// Refused with one line naming the key and its value: another model_type (Mixtral: not built
-// yet), a rope type kiln does not implement (linear, dynamic, yarn, longrope...), another hidden_act,
+// Refused with one line naming the key and its value: another model_type, a rope type kiln does not implement (linear, dynamic, yarn, longrope...), another hidden_act,
 // a bias pattern kiln has not built (attention biases without MLP ones), sliding-window attention
 // that would act (use_sliding_window true, or a sliding_window shorter than the context trained
 // at: a shorter --seq-len makes it inert, and is then accepted).
@@ -96,6 +97,8 @@ struct HfPiece {
   int64_t row = 0;
 };
 std::vector<HfPiece> hf_llama_pieces(const GPTConfig& cfg, const std::string& kiln_name);
+// The kiln tensor as the rows its pieces index: itself, or an MoE expert tensor [E, R, C] as [E R, C].
+at::Tensor hf_rows_view(const at::Tensor& whole);
 
 // The config.json transformers loads a kiln model of the family with: Qwen2ForCausalLM for the
 // q/k/v-bias pattern, LlamaForCausalLM otherwise (Mistral's architecture is Llama's without a

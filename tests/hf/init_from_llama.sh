@@ -4,7 +4,8 @@
 #
 # init_from_llama_reference.py saves LlamaForCausalLM (untied), the same sharded (an index and six
 # shards), Qwen2ForCausalLM (q/k/v biases, tied), LlamaForCausalLM with Llama-3.1's rope scaling,
-# and MistralForCausalLM with a 32-token sliding window, with transformers' loss on kiln's first
+# MistralForCausalLM with a 32-token sliding window and MixtralForCausalLM (4 SwiGLU experts, top-2;
+# also at ep 2 on 2 ranks), with transformers' loss on kiln's first
 # batch (--micro-batch 8: the shard's 8 samples, tests/hf/init_from.sh says why the order does not
 # matter). kiln's first loss (dropout 0, before any update) must equal transformers' within a
 # relative 1e-5 (same arithmetic, other kernels and summation orders; measured 0 to 6.8e-8): on one
@@ -12,8 +13,9 @@
 # window is inert (at its 64 positions it is refused: sliding-window attention is not built).
 # `kiln eval --checkpoint llama` gives the same loss. One AdamW step equals PyTorch's, and greedy
 # kiln sample equals transformers' generate (with and without the KV cache, tp 2); kiln's own
-# checkpoints of the family load in transformers (one file, and sharded with an index). Bad input, one line and exit 2 each: Mixtral
-# (not built), a rope type kiln lacks (yarn), attention biases without MLP ones, a layer count the
+# checkpoints of the family load in transformers (one file, and sharded with an index; Mixtral's
+# experts one by one, as save_pretrained writes them). Bad input, one line and exit 2 each:
+# Mixtral's router jitter, a rope type kiln lacks (yarn), attention biases without MLP ones, a layer count the
 # files do not hold (3, and 1e9: bounded by the files before anything is built), an unexpected
 # tensor, a misshapen one; and an index naming a shard outside the directory (a corrupt
 # file: exit 3, as for kiln's own).
@@ -34,9 +36,10 @@ cd "$work"
 "$py" "$here/init_from_llama_reference.py" . >/dev/null 2>ref.err || { cat ref.err; fail "init_from_llama_reference.py"; }
 
 train=("$KILN_BIN" train --device cpu --data data.bin --steps 1 --dropout 0)
-for m in llama llama_sharded qwen2 llama31; do
+for m in llama llama_sharded qwen2 llama31 mixtral; do
   "${train[@]}" --init-from "$m" --micro-batch 8 --log-json "$m.jsonl" >/dev/null
 done
+mpi 2 "${train[@]}" --init-from mixtral --micro-batch 4 --ep 2 --log-json mixtral_ep2.jsonl >/dev/null
 "${train[@]}" --init-from mistral_window --seq-len 32 --micro-batch 16 --log-json mistral_window.jsonl >/dev/null
 mpi 2 "${train[@]}" --init-from qwen2 --micro-batch 4 --zero 3 --log-json qwen2_z3.jsonl >/dev/null
 "$KILN_BIN" eval --checkpoint llama --val-data data.bin --micro-batch 8 --eval-batches 1 --device cpu >eval.txt 2>&1 || { cat eval.txt; fail "kiln eval"; }
@@ -45,7 +48,8 @@ import json, re
 ref = json.load(open("reference.json"))
 first = lambda n: next(json.loads(l) for l in open(f"{n}.jsonl") if json.loads(l)["type"] == "step")["loss"]
 for name, want in (("llama", "llama"), ("llama_sharded", "llama"), ("qwen2", "qwen2"), ("llama31", "llama31"),
-                   ("mistral_window", "mistral_window"), ("qwen2_z3", "qwen2")):
+                   ("mistral_window", "mistral_window"), ("qwen2_z3", "qwen2"), ("mixtral", "mixtral"),
+                   ("mixtral_ep2", "mixtral")):
     got = first(name)
     rel = abs(got - ref[want]) / ref[want]
     print(f"{name}: kiln's first loss {got:.7f}, transformers' {ref[want]:.7f} (relative {rel:.1e})")
@@ -60,14 +64,15 @@ PY
 # matrices) against llama_step.py's loss after torch.optim.AdamW's step on the same batch, within
 # the same 1e-5 (measured: equal for Llama, Qwen2 and Llama-3.1's scaling).
 O=(--lr 1e-3 --warmup 0 --lr-schedule constant --grad-clip 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --adam-eps 1e-8)
-for m in llama qwen2 llama31; do
+for m in llama qwen2 llama31 mixtral; do
+  # Mixtral: the router's auxiliary loss off, as the plain PyTorch step has none.
   "$KILN_BIN" train --device cpu --data data.bin --steps 2 --dropout 0 --init-from "$m" --micro-batch 8 "${O[@]}" \
-    --log-json "step_$m.jsonl" >/dev/null
+    $([ "$m" = mixtral ] && echo --moe-aux-loss-coef 0) --log-json "step_$m.jsonl" >/dev/null
   "$py" "$here/llama_step.py" "$m" data.bin 1e-3 0.1 0.9 0.95 1e-8 2>/dev/null | tail -n 1 >"step_$m.ref"
 done
 "$py" - <<'PY'
 import json
-for m in ("llama", "qwen2", "llama31"):
+for m in ("llama", "qwen2", "llama31", "mixtral"):
     steps = [r for r in map(json.loads, open(f"step_{m}.jsonl")) if r["type"] == "step"]
     ref = json.loads(open(f"step_{m}.ref").read())
     rel = abs(steps[1]["loss"] - ref["loss_after"]) / ref["loss_after"]
@@ -82,11 +87,11 @@ PY
 # loss starting from that checkpoint (--init-from), within the same 1e-5.
 KILN_TEST_HF_SHARD_BYTES=100000 "$KILN_BIN" train --device cpu --data data.bin --steps 2 --dropout 0 --init-from llama \
   --micro-batch 8 "${O[@]}" --save-dir out_llama >/dev/null
-for m in qwen2 llama31; do
+for m in qwen2 llama31 mixtral; do
   "$KILN_BIN" train --device cpu --data data.bin --steps 2 --dropout 0 --init-from "$m" --micro-batch 8 "${O[@]}" \
     --save-dir "out_$m" >/dev/null
 done
-for m in llama qwen2 llama31; do
+for m in llama qwen2 llama31 mixtral; do
   ck="out_$m/$(cat "out_$m/latest")"
   echo "$ck" >"ck_$m.path"
   "$KILN_BIN" train --device cpu --data data.bin --steps 1 --dropout 0 --init-from "$ck" --micro-batch 8 \
@@ -101,7 +106,7 @@ raw = open("data.bin", "rb").read()
 n = struct.unpack("<256i", raw[:1024])[2]
 tokens = torch.tensor(struct.unpack(f"<{n}H", raw[1024:1024 + 2 * n]), dtype=torch.long)
 x = torch.stack([tokens[i * 64:i * 64 + 65] for i in range(8)])
-for m in ("llama", "qwen2", "llama31"):
+for m in ("llama", "qwen2", "llama31", "mixtral"):
     ck = open(f"ck_{m}.path").read().strip()
     files = sorted(os.listdir(ck))
     if m == "llama":
@@ -163,8 +168,8 @@ edit() {  # edit NAME FROM PYTHON: a copy of model FROM with config.json changed
   cp -r "$2" "$1"
   "$py" -c "import json; c = json.load(open('$1/config.json')); $3; json.dump(c, open('$1/config.json', 'w'))"
 }
-edit mixtral llama "c['model_type'] = 'mixtral'; c['architectures'] = ['MixtralForCausalLM']"
-refused mixtral "\"mixtral\": Mixtral's SwiGLU experts are not built yet"
+edit jitter mixtral "c['router_jitter_noise'] = 0.1"
+refused jitter "'router_jitter_noise' is 0.1; kiln's router has no jitter"
 edit yarn llama "c['rope_parameters'] = {'rope_type': 'yarn', 'rope_theta': 10000.0, 'factor': 4.0}"
 refused yarn "rope_type \"yarn\"; kiln implements \"default\" and \"llama3\""
 edit attn_bias llama "c['attention_bias'] = True"

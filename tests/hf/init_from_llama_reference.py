@@ -13,6 +13,7 @@ Writes, under OUT_DIR (every model: 2 layers, hidden 64, 4 heads over 2 kv heads
   llama31/        LlamaForCausalLM with Llama-3.1's rope scaling (factor 8, low 1, high 4, an
                   original context of 16: T 64 spans its three bands), base 500000
   mistral_window/ MistralForCausalLM with sliding_window 32 (shorter than its 64 positions)
+  mixtral/        MixtralForCausalLM: 4 SwiGLU experts, top-2, in both blocks
   llama/tokenizer.json, qwen2/tokenizer.json: a byte-level BPE of exactly 300 ids (GPT-2's kind,
                   <|endoftext|> = 0) trained here on a small word list, so kiln sample can read
                   prompts for these directories
@@ -33,7 +34,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,  # noqa: E402
-                          Qwen2Config, Qwen2ForCausalLM)
+                          MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 out = sys.argv[1]
 V, T, N = 300, 64, 8
@@ -63,6 +64,8 @@ models = {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16})),
     "mistral_window": (MistralForCausalLM, MistralConfig(**common, sliding_window=32, tie_word_embeddings=False)),
+    "mixtral": (MixtralForCausalLM, MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6,
+                                                  router_aux_loss_coef=0.02, sliding_window=None, tie_word_embeddings=False)),
 }
 reference = {}
 for name, (cls, cfg) in models.items():
