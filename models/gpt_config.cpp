@@ -4,6 +4,8 @@
 #include <initializer_list>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "distributed/error.h"
 #include "distributed/suggest.h"
 
@@ -64,6 +66,38 @@ int64_t GPTConfig::mlp_hidden() const {
 bool GPTConfig::gpt2_architecture() const {
   return position == "learned" && norm == "layernorm" && mlp == "gelu" && bias == "all" && tie_embeddings &&
          ffn_hidden <= 0;
+}
+
+void GPTConfig::put_architecture(nlohmann::json& j) const {
+  if (gpt2_architecture()) return;
+  j["position"] = position;
+  j["rope_theta"] = rope_theta;
+  j["rope_factor"] = rope_factor;
+  j["rope_low_freq_factor"] = rope_low_freq_factor;
+  j["rope_high_freq_factor"] = rope_high_freq_factor;
+  j["rope_original_context"] = rope_original_context;
+  j["norm"] = norm;
+  j["norm_eps"] = layer_norm_eps;
+  j["mlp"] = mlp;
+  j["ffn_hidden"] = mlp_hidden();
+  j["bias"] = bias;
+  j["tie_embeddings"] = tie_embeddings;
+}
+
+void GPTConfig::take_architecture(const nlohmann::json& j) {
+  if (!j.is_object()) return;
+  position = j.value("position", position);
+  rope_theta = j.value("rope_theta", rope_theta);
+  rope_factor = j.value("rope_factor", rope_factor);
+  rope_low_freq_factor = j.value("rope_low_freq_factor", rope_low_freq_factor);
+  rope_high_freq_factor = j.value("rope_high_freq_factor", rope_high_freq_factor);
+  rope_original_context = j.value("rope_original_context", rope_original_context);
+  norm = j.value("norm", norm);
+  layer_norm_eps = j.value("norm_eps", layer_norm_eps);
+  mlp = j.value("mlp", mlp);
+  ffn_hidden = j.value("ffn_hidden", ffn_hidden);
+  bias = j.value("bias", bias);
+  tie_embeddings = j.value("tie_embeddings", tie_embeddings);
 }
 
 std::vector<std::string> GPTConfig::preset_names() {

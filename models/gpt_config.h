@@ -49,6 +49,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace kiln {
 
 struct GPTConfig {
@@ -100,6 +102,13 @@ struct GPTConfig {
   int64_t position_params() const { return rope() ? 0 : seq_len * d_model; }
   // Whether this is GPT-2's architecture (every field above at its default).
   bool gpt2_architecture() const;
+  // The architecture fields in a run's config record (and so its checkpoints), by their record
+  // names: position, rope_theta, rope_factor, rope_low_freq_factor, rope_high_freq_factor,
+  // rope_original_context, norm, norm_eps, mlp, ffn_hidden (F itself), bias, tie_embeddings.
+  // Written only for a model that is not GPT-2's (a GPT-2 record stays as it was); read back key by
+  // key, an absent key leaving the field as it is (GPT-2's default).
+  void put_architecture(nlohmann::json& record) const;
+  void take_architecture(const nlohmann::json& record);
   bool is_moe() const { return n_experts > 0; }
   bool is_moe_layer(int64_t block) const { return is_moe() && block % moe_every == 0; }
   int64_t n_moe_layers() const { return is_moe() ? (n_layer + moe_every - 1) / moe_every : 0; }

@@ -156,20 +156,10 @@ GPTConfig from_kiln_state(const json& st, const std::string& where, double* drop
   g.moe_capacity_factor = run_cfg.value("moe_capacity_factor", g.moe_capacity_factor);
   g.moe_aux_loss_coef = run_cfg.value("moe_aux_loss_coef", g.moe_aux_loss_coef);
   g.moe_z_loss_coef = run_cfg.value("moe_z_loss_coef", g.moe_z_loss_coef);
-  // The Llama family's architecture (models/gpt_config.h): which parameters exist from the model
-  // record, the rest from the run's config record (both absent for GPT-2).
-  g.position = m.value("position", g.position);
-  g.norm = m.value("norm", g.norm);
-  g.mlp = m.value("mlp", g.mlp);
-  g.ffn_hidden = m.value("ffn_hidden", g.ffn_hidden);
-  g.bias = m.value("bias", g.bias);
-  g.tie_embeddings = m.value("tie_embeddings", g.tie_embeddings);
-  g.layer_norm_eps = run_cfg.value("norm_eps", g.layer_norm_eps);
-  g.rope_theta = run_cfg.value("rope_theta", g.rope_theta);
-  g.rope_factor = run_cfg.value("rope_factor", g.rope_factor);
-  g.rope_low_freq_factor = run_cfg.value("rope_low_freq_factor", g.rope_low_freq_factor);
-  g.rope_high_freq_factor = run_cfg.value("rope_high_freq_factor", g.rope_high_freq_factor);
-  g.rope_original_context = run_cfg.value("rope_original_context", g.rope_original_context);
+  // The Llama family's architecture (models/gpt_config.h): the run's config record, then the model
+  // record's (which parameters exist; both absent for GPT-2).
+  g.take_architecture(run_cfg);
+  g.take_architecture(m);
   return g;
 }
 

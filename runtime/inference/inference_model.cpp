@@ -50,19 +50,7 @@ GPTConfig model_config(const fs::path& dir, const json& state, const std::string
     cfg.top_k = saved.value("top_k", cfg.top_k);
     cfg.moe_every = saved.value("moe_every", cfg.moe_every);
     cfg.moe_capacity_factor = saved.value("moe_capacity_factor", cfg.moe_capacity_factor);
-    // The Llama family's architecture (absent from a GPT-2 run's record: GPT-2's defaults).
-    cfg.position = saved.value("position", cfg.position);
-    cfg.rope_theta = saved.value("rope_theta", cfg.rope_theta);
-    cfg.rope_factor = saved.value("rope_factor", cfg.rope_factor);
-    cfg.rope_low_freq_factor = saved.value("rope_low_freq_factor", cfg.rope_low_freq_factor);
-    cfg.rope_high_freq_factor = saved.value("rope_high_freq_factor", cfg.rope_high_freq_factor);
-    cfg.rope_original_context = saved.value("rope_original_context", cfg.rope_original_context);
-    cfg.norm = saved.value("norm", cfg.norm);
-    cfg.layer_norm_eps = saved.value("norm_eps", cfg.layer_norm_eps);
-    cfg.mlp = saved.value("mlp", cfg.mlp);
-    cfg.ffn_hidden = saved.value("ffn_hidden", cfg.ffn_hidden);
-    cfg.bias = saved.value("bias", cfg.bias);
-    cfg.tie_embeddings = saved.value("tie_embeddings", cfg.tie_embeddings);
+    cfg.take_architecture(saved);  // the Llama family's fields (absent from a GPT-2 run's record)
   } catch (const json::exception& e) {
     throw ConfigError(command + ": " + (dir / "trainer_state.json").string() + ": run.config lacks the model's shape (" +
                       e.what() + ")");

@@ -180,20 +180,7 @@ void TrainConfig::put_model(nlohmann::json& j) const {
   j["vocab_size"] = gpt.vocab_size;
   j["padded_vocab_size"] = gpt.padded_vocab_size();
   j["dropout"] = gpt.dropout;
-  if (!gpt.gpt2_architecture()) {  // a GPT-2 run's record (and checkpoint) stays as it was
-    j["position"] = gpt.position;
-    j["rope_theta"] = gpt.rope_theta;
-    j["rope_factor"] = gpt.rope_factor;
-    j["rope_low_freq_factor"] = gpt.rope_low_freq_factor;
-    j["rope_high_freq_factor"] = gpt.rope_high_freq_factor;
-    j["rope_original_context"] = gpt.rope_original_context;
-    j["norm"] = gpt.norm;
-    j["norm_eps"] = gpt.layer_norm_eps;
-    j["mlp"] = gpt.mlp;
-    j["ffn_hidden"] = gpt.mlp_hidden();
-    j["bias"] = gpt.bias;
-    j["tie_embeddings"] = gpt.tie_embeddings;
-  }
+  gpt.put_architecture(j);  // the Llama family's fields (a GPT-2 run's record stays as it was)
   if (gpt.is_moe()) {  // a dense run's record (and checkpoint) stays as it was
     j["n_experts"] = gpt.n_experts;
     j["top_k"] = gpt.top_k;
