@@ -161,10 +161,24 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
 
 // ---- the model ---------------------------------------------------------------------------
 
+namespace {
+// Whether tp ranks can split the model (the rules below), without a message.
+bool tp_fits(const GPTConfig& cfg, int64_t tp) {
+  return cfg.n_head % tp == 0 && (cfg.n_kv_head % tp == 0 || tp % cfg.n_kv_head == 0) && cfg.d_model % tp == 0 &&
+         cfg.mlp_hidden() % tp == 0 && cfg.padded_vocab_size() % tp == 0;
+}
+}  // namespace
+
 void check_tensor_parallel(const GPTConfig& cfg, int64_t tp) {
+  if (tp_fits(cfg, tp)) return;
+  // The sizes that would work, for the message (every split layer divides by them).
+  std::string fits;
+  for (int64_t t = 1; t <= cfg.n_head; ++t)
+    if (tp_fits(cfg, t)) fits += (fits.empty() ? "" : ", ") + std::to_string(t);
+  const std::string hint = "; --tp values this model splits into: " + fits;
   auto need = [&](int64_t n, const char* what) {
     if (n % tp != 0) {
-      throw ConfigError("--tp " + std::to_string(tp) + " does not divide " + what + " (" + std::to_string(n) + ")");
+      throw ConfigError("--tp " + std::to_string(tp) + " does not divide " + what + " (" + std::to_string(n) + ")" + hint);
     }
   };
   need(cfg.n_head, "the attention heads (--n-head)");
@@ -172,7 +186,7 @@ void check_tensor_parallel(const GPTConfig& cfg, int64_t tp) {
   // heads use) when they divide tp.
   if (cfg.n_kv_head % tp != 0 && tp % cfg.n_kv_head != 0) {
     throw ConfigError("--tp " + std::to_string(tp) + " and the key/value heads (--n-kv-head " +
-                      std::to_string(cfg.n_kv_head) + ") must divide one another");
+                      std::to_string(cfg.n_kv_head) + ") must divide one another" + hint);
   }
   need(cfg.d_model, "--d-model");
   need(cfg.mlp_hidden(), "the feed-forward width (4 d_model, or --ffn-hidden)");

@@ -111,7 +111,11 @@ void TrainConfig::validate_layout() const {
   if (ep > 1) {
     if (!gpt.is_moe()) throw ConfigError("--ep " + std::to_string(ep) + " divides the experts of an MoE model: give --n-experts (or --model tiny-moe)");
     if (gpt.n_experts % ep != 0) {
-      throw ConfigError("--ep " + std::to_string(ep) + " does not divide the experts (--n-experts " + std::to_string(gpt.n_experts) + ")");
+      std::string fits;  // the sizes that divide the experts (dp must take them too)
+      for (int64_t e = 1; e <= gpt.n_experts; ++e)
+        if (gpt.n_experts % e == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(e);
+      throw ConfigError("--ep " + std::to_string(ep) + " does not divide the experts (--n-experts " + std::to_string(gpt.n_experts) +
+                        "); --ep values that do: " + fits);
     }
     if (zero == 3) {
       throw ConfigError("--ep with --zero 3 is not built (ZeRO-3 gathers whole blocks over dp; the experts are sharded "

@@ -283,7 +283,7 @@ expect_refused 2 "--n-experts with --sp is not built" train --device cpu --model
 expect_refused 2 "--n-experts with --cp is not built" train --device cpu --model tiny-moe --steps 1 --cp 2
 expect_refused 2 "--ep with --zero 3 is not built" train --device cpu --model tiny-moe --steps 1 --ep 2 --zero 3
 expect_refused 2 "--ep with --sample-every is not built yet" train --device cpu --model tiny-moe --steps 1 --ep 2 --sample-every 1
-expect_refused 2 "--ep 3 does not divide the experts" train --device cpu --model tiny-moe --steps 1 --ep 3
+expect_refused 2 "--ep 3 does not divide the experts \(--n-experts 8\); --ep values that do: 1, 2, 4, 8" train --device cpu --model tiny-moe --steps 1 --ep 3
 expect_refused 2 "--ep 2 divides the experts of an MoE model" train --device cpu --model tiny --steps 1 --ep 2
 expect_refused 2 "--ep 4 must divide the data-parallel size \(dp 2" train --device cpu --model tiny-moe --steps 1 --ep 4
 expect_refused 1 "--top-k must be in \[1, --n-experts 8\]" train --device cpu --model tiny-moe --steps 1 --top-k 9

@@ -109,7 +109,7 @@ for name in ("to_tp2", "to_tp1"):
     print(f"{name}: resumed, steps 11-20 within {worst:.1e}; step-20 weights within {w:.1e}")
 PY
 
-expect_refused 2 "--tp 2 does not divide the attention heads" "${T[@]}" --tp 2 --n-head 3 --n-kv-head 3 --d-model 96
+expect_refused 2 "--tp 2 does not divide the attention heads \(--n-head\) \(3\); --tp values this model splits into: 1$" "${T[@]}" --tp 2 --n-head 3 --n-kv-head 3 --d-model 96
 expect_refused 2 "does not divide|not divisible" "${T[@]}" --tp 4
 expect_refused 2 "--tp 2 and the key/value heads \(--n-kv-head 3\) must divide one another" "${T[@]}" --tp 2 --n-head 6 --n-kv-head 3 --d-model 96
 echo "PASS"
