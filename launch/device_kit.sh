@@ -361,10 +361,11 @@ gpu_test_cmd() {
     gpu.paths) echo "bash $root/tests/cli/gpu_paths.sh" ;;
     gpu.mpi_share) echo "bash $root/tests/cli/gpu_mpi_share.sh" ;;
     gpu.sync_moe) echo "bash $root/tests/cli/gpu_sync_moe.sh" ;;
+    gpu.llama) echo "bash $root/tests/cli/gpu_llama.sh" ;;
     *) die "no gpu test $1" ;;
   esac
 }
-gpu_test_names=(gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share gpu.sync_moe)
+gpu_test_names=(gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share gpu.sync_moe gpu.llama)
 
 gpu_tests() {   # LOGDIR
   local logdir=$1 name; mkdir -p "$logdir"

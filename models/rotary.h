@@ -47,6 +47,7 @@ class RotaryEmbedding {
   // The tables [context, h] on `device` (made on first use there; one device per run).
   void ensure_tables(const c10::Device& device);
 
+  GPTConfig cfg_;
   at::Tensor inv_freq_;  // fp32, CPU
   int64_t context_;
   at::Tensor cos_, sin_;
