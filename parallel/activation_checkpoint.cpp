@@ -210,16 +210,20 @@ struct AutocastHolder : torch::CustomClassHolder {
 };
 
 struct GeluLinearFunction : public torch::autograd::Function<GeluLinearFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) {
+  // The bias is optional (a model without biases, --bias none): autograd's custom functions take an
+  // absent tensor input as std::optional, an undefined at::Tensor not at all.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias) {
     const auto autocast = AutocastState::capture(h.device().type());
     at::Tensor y;
     {
       NoCastCache no_cache;
-      y = at::linear(at::gelu(h, "tanh"), weight, bias);  // autocast, if on, casts as usual
+      y = at::linear(at::gelu(h, "tanh"), weight, bias.value_or(at::Tensor()));  // autocast, if on, casts as usual
     }
     ctx->save_for_backward({h, weight});
     ctx->saved_data["autocast"] = at::IValue::make_capsule(c10::make_intrusive<AutocastHolder>(autocast));
     ctx->saved_data["compute_dtype"] = static_cast<int64_t>(y.scalar_type());  // the GEMM's dtype
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     return y;
   }
 
@@ -246,7 +250,7 @@ struct GeluLinearFunction : public torch::autograd::Function<GeluLinearFunction>
       dh = at::gelu_backward(dg, h, "tanh");
     }
     if (ctx->needs_input_grad(1)) dw = at::mm(dy.t(), g.reshape({-1, K}).to(ct));
-    if (ctx->needs_input_grad(2)) db = at::sum_to(dy, weight.sizes().slice(0, 1));  // [N]
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = at::sum_to(dy, weight.sizes().slice(0, 1));  // [N]
     return {dh, dw, db};
   }
 };
@@ -275,7 +279,7 @@ at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at:
 }
 
 at::Tensor gelu_linear(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& bias) {
-  return GeluLinearFunction::apply(h, weight, bias);
+  return GeluLinearFunction::apply(h, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
 }
 
 ActivationCheckpointing parse_activation_checkpointing(const std::string& name) {
