@@ -33,26 +33,34 @@ RotaryEmbedding::RotaryEmbedding(const GPTConfig& cfg) : cfg_(cfg), context_(cfg
   inv_freq_ = frequencies(cfg, at::TensorOptions().dtype(at::kFloat));
 }
 
-void RotaryEmbedding::ensure_tables(const c10::Device& device) {
-  if (cos_.defined() && cos_.device() == device) return;
-  // Made on the device itself (a copy from pageable host memory would make the host wait for the
-  // GPU, in the first step), by the same ops as inv_freq().
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-  // transformers: inv_freq[:, None] @ position[None, :] in fp32 (a product of one term: exact).
-  const at::Tensor angles = at::outer(at::arange(context_, f32), frequencies(cfg_, f32));  // [T, h/2]
-  const at::Tensor emb = at::cat({angles, angles}, -1);                                   // [T, h]
-  cos_ = emb.cos();
-  sin_ = emb.sin();
+void RotaryEmbedding::ensure_tables(const c10::Device& device, at::ScalarType dtype) {
+  if (!cos_.defined() || cos_.device() != device) {
+    // Made on the device itself (a copy from pageable host memory would make the host wait for the
+    // GPU, in the first step), by the same ops as inv_freq().
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    // transformers: inv_freq[:, None] @ position[None, :] in fp32 (a product of one term: exact).
+    const at::Tensor angles = at::outer(at::arange(context_, f32), frequencies(cfg_, f32));  // [T, h/2]
+    const at::Tensor emb = at::cat({angles, angles}, -1);                                   // [T, h]
+    cos_ = emb.cos();
+    sin_ = emb.sin();
+    cos_cast_ = sin_cast_ = at::Tensor();
+  }
+  if (dtype == at::kFloat) return;
+  if (!cos_cast_.defined() || cos_cast_.scalar_type() != dtype) {
+    cos_cast_ = cos_.to(dtype);  // rounded as transformers' cos.to(q.dtype) is
+    sin_cast_ = sin_.to(dtype);
+  }
 }
 
 std::pair<at::Tensor, at::Tensor> RotaryEmbedding::apply(const at::Tensor& q, const at::Tensor& k,
                                                          const at::Tensor& positions) {
-  ensure_tables(q.device());
+  ensure_tables(q.device(), q.scalar_type());
+  const bool cast = q.scalar_type() != at::kFloat;
+  const at::Tensor& cos = cast ? cos_cast_ : cos_;
+  const at::Tensor& sin = cast ? sin_cast_ : sin_;
   const int64_t T = q.size(2);
-  at::Tensor c = positions.defined() ? cos_.index_select(0, positions) : cos_.narrow(0, 0, T);
-  at::Tensor s = positions.defined() ? sin_.index_select(0, positions) : sin_.narrow(0, 0, T);
-  c = c.to(q.scalar_type());
-  s = s.to(q.scalar_type());
+  const at::Tensor c = positions.defined() ? cos.index_select(0, positions) : cos.narrow(0, 0, T);
+  const at::Tensor s = positions.defined() ? sin.index_select(0, positions) : sin.narrow(0, 0, T);
   auto turn = [&](const at::Tensor& x) {
     const auto halves = x.chunk(2, -1);
     return x * c + at::cat({-halves[1], halves[0]}, -1) * s;

@@ -17,9 +17,10 @@
 //   between:             (1 - a) inv_freq / s + a inv_freq,  a = (C / w - l) / (u - l)
 // computed as transformers' _compute_llama3_parameters does, in fp32.
 //
-// Cost: the tables are made once per run and device (fp32, [seq_len, h] each); applying them is
-// elementwise work on q and k, no host work per step. Under autocast the tables are cast to q's
-// dtype first, as transformers does.
+// Cost: the tables are made once per run and device (fp32, [seq_len, h] each), and their copy in
+// q's dtype once per dtype (under autocast q is 16-bit: transformers casts cos and sin to it on
+// every call, kiln keeps the cast); applying them is elementwise work on q and k, no host work
+// and no table-sized allocation per step.
 #pragma once
 
 #include <cstdint>
@@ -44,13 +45,14 @@ class RotaryEmbedding {
   const at::Tensor& inv_freq() const { return inv_freq_; }
 
  private:
-  // The tables [context, h] on `device` (made on first use there; one device per run).
-  void ensure_tables(const c10::Device& device);
+  // The tables [context, h] on `device` in `dtype` (made on first use there; one device per run).
+  void ensure_tables(const c10::Device& device, at::ScalarType dtype);
 
   GPTConfig cfg_;
   at::Tensor inv_freq_;  // fp32, CPU
   int64_t context_;
-  at::Tensor cos_, sin_;
+  at::Tensor cos_, sin_;            // fp32
+  at::Tensor cos_cast_, sin_cast_;  // the same in the dtype q last had (undefined: fp32, use cos_)
 };
 
 }  // namespace kiln
