@@ -25,7 +25,8 @@ struct FlagHelp {
 
 // Grouped so that each mode can refuse the flags that do not belong to it.
 const std::vector<FlagHelp> kModelFlags = {
-    {"model", "model preset: tiny, tiny-moe, gpt2-124m, gpt2-124m-moe, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b"},
+    {"model", "model preset: tiny, tiny-moe, gpt2-124m, gpt2-124m-moe, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b; "
+              "tiny-llama, llama3-1b, llama3-8b, llama3-70b, mistral-7b, qwen2-0.5b, tiny-mixtral, mixtral-8x7b"},
     {"n-layer", "transformer blocks (overrides the preset)"},
     {"n-head", "attention heads"},
     {"n-kv-head", "key/value heads (default: n-head)"},
@@ -33,6 +34,12 @@ const std::vector<FlagHelp> kModelFlags = {
     {"seq-len", "context length"},
     {"vocab-size", "vocabulary size (padded to a multiple of 128)"},
     {"dropout", "dropout probability (masks are kept when > 0)"},
+    {"position", "learned (GPT-2: wpe) | rope (the Llama family: no position parameters)"},
+    {"norm", "layernorm | rmsnorm"},
+    {"mlp", "gelu | swiglu (three matrices)"},
+    {"ffn-hidden", "feed-forward width (0: 4 x d-model for gelu, Llama's rule for swiglu)"},
+    {"bias", "all | none | qkv (c_attn's only)"},
+    {"tie-embeddings", "the output layer is the token embedding; =false: an lm_head of its own (default: the preset's)"},
     {"n-experts", "Mixture-of-Experts: experts per MoE layer (0: a dense model; every rank holds every expert, or E/ep with --ep)"},
     {"top-k", "MoE: experts per token (default 2)"},
     {"moe-every", "MoE: an MoE layer in blocks 0, N, 2N, ... (default 1)"},
@@ -158,7 +165,11 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
                                                                   cxxopts::value<std::string>())(
       "json", "print JSON with every figure")("attention-flops", "add the attention term 12 L d T per token to T = 6 P D");
   auto add = [&](const char* group, const std::vector<FlagHelp>& flags) {
-    for (const auto& f : flags) opts.add_options(group)(f.name, f.help, cxxopts::value<std::string>());
+    for (const auto& f : flags) {
+      auto value = cxxopts::value<std::string>();
+      if (std::string(f.name) == "tie-embeddings") value->implicit_value("true");  // bare, as kiln train's
+      opts.add_options(group)(f.name, f.help, value);
+    }
   };
   add("model", kModelFlags);
   add("cluster", kClusterFlags);
@@ -213,10 +224,6 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
 
   // ---- model
   if (v.has("model")) out.model = GPTConfig::preset(v.text("model"));
-  if (!out.model.gpt2_architecture()) {  // plan/'s formulas are GPT-2's: refused rather than wrong
-    throw ConfigError("kiln plan: --model " + v.text("model") +
-                      " has the Llama family's architecture, which kiln plan does not model yet (issue 35): GPT-2 presets only");
-  }
   if (v.has("n-layer")) out.model.n_layer = v.integer("n-layer");
   if (v.has("n-head")) {
     out.model.n_head = v.integer("n-head");
@@ -227,6 +234,16 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   if (v.has("seq-len")) out.model.seq_len = v.integer("seq-len");
   if (v.has("vocab-size")) out.model.vocab_size = v.integer("vocab-size");
   if (v.has("dropout")) out.model.dropout = v.number("dropout");
+  if (v.has("position")) out.model.position = v.text("position");
+  if (v.has("norm")) out.model.norm = v.text("norm");
+  if (v.has("mlp")) out.model.mlp = v.text("mlp");
+  if (v.has("ffn-hidden")) out.model.ffn_hidden = v.integer("ffn-hidden");
+  if (v.has("bias")) out.model.bias = v.text("bias");
+  if (v.has("tie-embeddings")) {
+    const std::string t = v.text("tie-embeddings");
+    if (t != "true" && t != "false") throw ConfigError("--tie-embeddings takes true or false (got '" + t + "')");
+    out.model.tie_embeddings = t == "true";
+  }
   if (v.has("n-experts")) out.model.n_experts = v.integer("n-experts");
   if (v.has("top-k")) out.model.top_k = v.integer("top-k");
   if (v.has("moe-every")) out.model.moe_every = v.integer("moe-every");

@@ -46,7 +46,9 @@ AutocastScope::~AutocastScope() {
   at::autocast::set_autocast_dtype(device_, prev_dtype_);
 }
 
-int64_t autocast_cached_numel(const std::vector<std::pair<std::string, int64_t>>& named_numels, bool tensor_parallel) {
+int64_t autocast_cached_numel(const std::vector<std::pair<std::string, int64_t>>& named_numels, bool tensor_parallel,
+                              bool blocks_recomputed, bool gelu_proj_recomputed) {
+  if (blocks_recomputed) return 0;
   auto ends_with = [](const std::string& s, const std::string& tail) {
     return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
   };
@@ -55,7 +57,8 @@ int64_t autocast_cached_numel(const std::vector<std::pair<std::string, int64_t>>
     const bool product = ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias") ||
                          ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias") || ends_with(name, "c_proj.weight") ||
                          (!tensor_parallel && ends_with(name, "c_proj.bias"));
-    if (product) n += numel;
+    const bool recast = gelu_proj_recomputed && (ends_with(name, "mlp.c_proj.weight") || ends_with(name, "mlp.c_proj.bias"));
+    if (product && !recast) n += numel;
   }
   return n;
 }

@@ -39,7 +39,12 @@ at::ScalarType dtype_named(const std::string& name);
 // this count leaves out. `named_numels`: the parameters' names (GPT::named_parameters) and sizes.
 // Bytes: 2 x this, when fp32 working weights run under bf16 / fp16 autocast (kiln plan's
 // cast_copies, plan/cost_model.h).
-int64_t autocast_cached_numel(const std::vector<std::pair<std::string, int64_t>>& named_numels, bool tensor_parallel);
+// Recomputation runs without the cast cache (parallel/activation_checkpoint.h): under full
+// recomputation (blocks_recomputed) no block's cast outlives its forward, so the count is 0;
+// under selective, the GELU feed-forward's c_proj goes through gelu_linear, which casts its
+// weight (and bias) afresh (gelu_proj_recomputed): those are left out.
+int64_t autocast_cached_numel(const std::vector<std::pair<std::string, int64_t>>& named_numels, bool tensor_parallel,
+                              bool blocks_recomputed = false, bool gelu_proj_recomputed = false);
 
 // Autocast on `device` with the precision's dtype while alive (nothing for fp32). The casts
 // cached during the scope are dropped when the outermost scope ends.

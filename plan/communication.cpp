@@ -198,9 +198,12 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     if (edge > 0) out.push_back(collective("tp", what, l.tp, Kd * edge, k.tp_bw, k.tp, Window::Serial, K));
     if (l.sp) {
       // the gradients of the parameters tp replicates, summed over tp by a hook in every backward
-      // (each rank saw only its rows), in the parameters' dtype: the LayerNorms and the two
-      // row-parallel biases of each block (6 d), wpe [T, d] on the first stage, ln_f on the last
-      const double replicated = blocks * 6 * d + (first ? static_cast<double>(m.seq_len) * d : 0.0) + (last ? 2 * d : 0.0);
+      // (each rank saw only its rows), in the parameters' dtype: the norms and the two
+      // row-parallel biases of each block (6 d for GPT-2; 2 d RMSNorm weights and no bias for
+      // Llama), wpe [T, d] on the first stage (learned positions only), ln_f on the last
+      const double norm = static_cast<double>(norm_numel(m));
+      const double per_block = 2 * norm + (m.linear_bias() ? 2 * d : 0.0);
+      const double replicated = blocks * per_block + (first ? static_cast<double>(m.position_params()) : 0.0) + (last ? norm : 0.0);
       out.push_back(collective("tp", "replicated parameters' gradient all-reduces (every backward)", l.tp,
                                Kd * 2 * l.param_bytes * replicated, k.tp_bw, k.tp, Window::Serial, K));
     }
@@ -256,7 +259,7 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     const double rows = l.sp ? tok / static_cast<double>(l.tp) : tok;  // --sp: the rank's rows of the sequence
     out.push_back(collective("pp", what, 2, Kd * directions * rows * d * l.param_bytes, k.pp_bw, k.pp, Window::Serial, K,
                              /*ring_factor=*/false));
-    if (first || last) {
+    if ((first || last) && m.tie_embeddings) {  // an untied lm_head shares nothing between the stages
       const int64_t wte = m.padded_vocab_size() * m.d_model / l.tp;
       const double sent = l.zero > 0 ? 4.0 * static_cast<double>(padded_numel(wte, N) / N) : 4.0 * static_cast<double>(wte);
       out.push_back(collective("pp", std::string("tied wte gradient sent to the ") + (first ? "last" : "first") + " stage" +

@@ -56,10 +56,7 @@ Run run_of(const json& config, const std::string& where) {
   model.seq_len = need<int64_t>(c, "seq_len", where);
   model.vocab_size = need<int64_t>(c, "vocab_size", where);
   model.dropout = c.value("dropout", 0.0);
-  if (c.contains("position")) {  // the Llama family's record (models/gpt_config.h): not modelled yet
-    throw ConfigError(where + ": a run of the Llama family's architecture (position " + c.value("position", std::string()) +
-                      "), which kiln plan does not model yet (issue 35): --compare takes GPT-2 runs only");
-  }
+  model.take_architecture(c);  // the Llama family's fields (absent from a GPT-2 run's record: GPT-2's)
   // Mixture-of-Experts (present only in an MoE run's record; absent: a dense model). The loss
   // coefficients change nothing the plan counts; they are read so that the model is the run's.
   model.n_experts = c.value("n_experts", int64_t{0});
@@ -95,8 +92,9 @@ Run run_of(const json& config, const std::string& where) {
   l.reduce_bytes = c.value("reduce_dtype", std::string("fp32")) == "fp32" ? 4 : 2;
   l.dropout = model.dropout > 0;
   l.cpu = cpu;
-  // CPU SDPA runs its flash kernel only without dropout and with as many kv heads as heads.
-  l.attention = (!cpu || (!l.dropout && model.n_kv_head == model.n_head)) ? Attention::Flash : Attention::Math;
+  // CPU SDPA runs its flash kernel only without dropout (grouped kv heads included: LibTorch
+  // 2.11's CPU flash kernel takes enable_gqa; measured, tests/test_activation_checkpoint.cpp).
+  l.attention = (!cpu || !l.dropout) ? Attention::Flash : Attention::Math;
   // kiln's rule (runtime/trainer/trainer.cpp): with dp x cp = 1 the DDP wrapper exists only when a
   // backend was named (mpirun -np 1 --backend mpi|nccl); ZeRO always has its communicator.
   l.comm_in_world_of_one = world.value("backend", std::string("none")) != "none" &&

@@ -164,7 +164,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   // output layer and ln_f (2 x their parameters); the whole F/3 without pipelining.
   // a rank's share: the tp slice of its b T / cp positions (cp's mirrored chunks even out attention)
   const double per_device = tok / static_cast<double>(l.tp * l.cp) / cluster.sustained_flops();
-  const double head_fwd = 2 * (static_cast<double>(model.padded_vocab_size()) * d + 2 * d);
+  const double head_fwd = 2 * (static_cast<double>(model.padded_vocab_size()) * d + static_cast<double>(norm_numel(model)));
   auto stage_times = [&](StagePlan& st) {
     const bool pipelined = l.pp > 1;
     double f = 0, re = 0;
@@ -225,7 +225,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     // (the head keeps its rows under sp) on the residual stream's rows; log-probs and targets of
     // every position the rank's loss covers
     if (first) per_micro_batch += 8.0 * local + (l.dropout ? (l.cpu ? 4.0 : 1.0) * d * rows : 0.0);
-    if (last) per_micro_batch += (r * d + 8.0 + a * d) * rows + (logp + 8.0) * local;
+    if (last) per_micro_batch += (norm_kept_bytes(model, l, r) + a * d) * rows + (logp + 8.0) * local;
     st.activation_bytes = per_micro_batch * in_flight;
     // context parallelism's causal mask: one additive [2C, T] bias in the compute dtype for the
     // run, shared by every layer and micro-batch (parallel/context_parallel.h)
@@ -239,7 +239,8 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     // one more full fc_w-sized gradient, in the weights' dtype
     if (st.moe_blocks > 0) {
       const double E = static_cast<double>(model.n_experts / l.ep), F = static_cast<double>(model.mlp_hidden());
-      transient += static_cast<double>(l.param_bytes) * E * (static_cast<double>(mlp_numel(model, 1)) + F * d);
+      const double fc_w = (model.swiglu() ? 2.0 : 1.0) * F * d;  // one expert's c_fc weight (SwiGLU: gate and up)
+      transient += static_cast<double>(l.param_bytes) * E * (static_cast<double>(mlp_numel(model, 1)) + fc_w);
     }
     if (l.recompute == Recompute::Full) {  // one layer recomputed: the larger kind the stage holds
       transient += std::max(st.blocks > st.moe_blocks ? none.layer_bytes(tok, l.tp, l.sp, l.cp) : 0.0,

@@ -332,6 +332,8 @@ std::vector<int64_t> stage_blocks(const GPTConfig& model, const Layout& layout);
 int64_t block_numel(const GPTConfig& model, int64_t tp, int64_t index, int64_t ep = 1);
 // One expert's parameters, or a dense block's MLP half at tp = t.
 int64_t mlp_numel(const GPTConfig& model, int64_t tp);
+// One norm's parameters: 2d (LayerNorm: weight, bias) or d (RMSNorm: weight).
+int64_t norm_numel(const GPTConfig& model);
 // Of block_numel, the experts' parameters on an ep rank: (E/ep) x one expert (0 for a dense block).
 int64_t block_expert_numel(const GPTConfig& model, int64_t index, int64_t ep = 1);
 // The parameters one token's forward multiplies by in block `index` (tp 1): a dense block's all,
@@ -381,6 +383,9 @@ struct ActivationBytes {
     return tokens / static_cast<double>(cp) * per_token(tp, sp) + tokens * kv_whole + per_layer;
   }
 };
+// What one norm keeps per token between forward and backward, its input included, when that
+// input has r bytes (section 3).
+double norm_kept_bytes(const GPTConfig& model, const Layout& layout, double r);
 // Kept between forward and backward, per token per layer, for `mode` (the layout's tp and cp set
 // kv_whole and the mask; per_token / layer_bytes divide). moe: an MoE block's (section 3, MoE;
 // an estimate), else a dense block's.

@@ -18,23 +18,28 @@ constexpr int64_t kAlign = 64;  // ZeRO shard alignment, elements
 // CPU generator's, and a CUDA device generator's.
 constexpr double kCpuGeneratorState = 5056, kCudaGeneratorState = 16;
 
-// The attention half of a block at tp = t, with both LayerNorms (section 2).
+// The attention half of a block at tp = t, with both norms (section 2): c_attn's bias where the
+// bias pattern gives it one (all, qkv), attn c_proj's only under all.
 int64_t attention_numel(const GPTConfig& m, int64_t t) {
   const int64_t d = m.d_model, hd = m.head_dim();
   const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;  // replicated when t exceeds them
   const int64_t qkv = d / t + 2 * kv_heads * hd;
-  return 2 * d + (d * qkv + qkv)       // ln_1, c_attn (column-parallel: weight and bias split)
-         + (d / t) * d + d             // attn c_proj (row-parallel: bias whole)
-         + 2 * d;                      // ln_2
+  return norm_numel(m)                                       // ln_1
+         + d * qkv + (m.qkv_bias() ? qkv : 0)                // c_attn (column-parallel: weight and bias split)
+         + (d / t) * d + (m.linear_bias() ? d : 0)           // attn c_proj (row-parallel: bias whole)
+         + norm_numel(m);                                    // ln_2
 }
 
 }  // namespace
 
-// One expert, or the dense MLP at tp = t: c_fc [F, d] + b (column-parallel), c_proj [d, F] + b
-// (row-parallel: bias whole).
+int64_t norm_numel(const GPTConfig& m) { return m.rmsnorm() ? m.d_model : 2 * m.d_model; }
+
+// One expert, or the dense MLP at tp = t: c_fc [F, d] + b (column-parallel; SwiGLU [2F, d] + b,
+// gate and up), c_proj [d, F] + b (row-parallel: bias whole); the biases only under bias = all.
 int64_t mlp_numel(const GPTConfig& m, int64_t t) {
-  const int64_t d = m.d_model, F = m.mlp_hidden();
-  return d * (F / t) + F / t + (F / t) * d + d;
+  const int64_t d = m.d_model, f = m.mlp_hidden() / t, fc = m.swiglu() ? 2 * f : f;
+  const bool b = m.linear_bias();
+  return d * fc + (b ? fc : 0) + f * d + (b ? d : 0);
 }
 
 int64_t block_numel(const GPTConfig& m, int64_t t, int64_t index, int64_t ep) {
@@ -57,23 +62,25 @@ std::vector<int64_t> stage_blocks(const GPTConfig& m, const Layout& l) {
   return pipeline_block_counts(m.n_layer, l.pp, l.pp_split);
 }
 
-// kiln's units (parallel/zero.cpp units_of). The whole model (pp 1): [wte, wpe, ln_f], then the
+// kiln's units (parallel/zero.cpp units_of). The whole model (pp 1): [wte, wpe, ln_f, lm_head]
+// (those it has: wpe with learned positions, lm_head when the output layer is untied), then the
 // blocks. A pipeline stage: [wte] where it holds it (the first stage's, or the last stage's tied
-// copy: laid out alike, so the tied-embedding sync adds shard to shard), then [wpe, ln_f] as far
-// as it holds them, then its blocks.
+// copy: laid out alike, so the tied-embedding sync adds shard to shard), then [wpe, ln_f,
+// lm_head] as far as it holds them, then its blocks.
 std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int64_t stage, const std::string& pp_split,
                                 int64_t ep) {
   const int64_t d = m.d_model;
-  const int64_t wte = m.padded_vocab_size() * d / tp, wpe = m.seq_len * d, ln_f = 2 * d;
+  const int64_t wte = m.padded_vocab_size() * d / tp, wpe = m.position_params(), ln_f = norm_numel(m);
+  const int64_t lm_head = m.tie_embeddings ? 0 : wte;  // vocabulary-parallel rows, as wte's
   const auto blocks = pipeline_block_counts(m.n_layer, pp, pp_split);
   if (stage < 0 || stage >= pp) throw ConfigError("pipeline stage " + std::to_string(stage) + " of " + std::to_string(pp));
   const bool first = stage == 0, last = stage == pp - 1;
   std::vector<int64_t> units;
   if (pp == 1) {
-    units.push_back(wte + wpe + ln_f);
+    units.push_back(wte + wpe + ln_f + lm_head);
   } else {
-    if (first || last) units.push_back(wte);
-    const int64_t outer = (first ? wpe : 0) + (last ? ln_f : 0);
+    if (first || (last && m.tie_embeddings)) units.push_back(wte);
+    const int64_t outer = (first ? wpe : 0) + (last ? ln_f + lm_head : 0);
     if (outer > 0) units.push_back(outer);
   }
   const int64_t begin = pipeline_block_starts(blocks)[static_cast<size_t>(stage)];
@@ -132,15 +139,21 @@ ModelState model_state(const std::vector<int64_t>& units, const Layout& l, int64
 
 // The matrix products' weights of one block at tp = t (c_attn weight and bias, attn c_proj weight,
 // c_fc weight and bias, mlp c_proj weight; the two row-parallel biases only at t = 1, where the
-// product adds them), as block_numel splits them. An MoE block: the attention's only (the
+// product adds them; each bias only where the bias pattern has it), as block_numel splits them. An MoE block: the attention's only (the
 // experts' slices are not leaves, which autocast does not cache; optim/precision.cpp).
 int64_t cast_copy_bytes(const GPTConfig& m, const Layout& l, int64_t blocks, int64_t first_block) {
   if (l.param_bytes == 2 || l.compute_bytes == 4) return 0;
-  const int64_t t = l.tp, d = m.d_model, F = m.mlp_hidden(), hd = m.head_dim();
+  // recomputation runs without the cast cache (parallel/activation_checkpoint.h): under full no
+  // block's cast outlives its forward; under selective a GELU feed-forward's c_proj is cast
+  // afresh inside gelu_linear (optim/precision.h autocast_cached_numel, the trainer's count)
+  if (l.recompute == Recompute::Full) return 0;
+  const bool gelu_linear = l.recompute == Recompute::Selective && !m.swiglu();
+  const int64_t t = l.tp, d = m.d_model, f = m.mlp_hidden() / t, hd = m.head_dim();
   const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;
-  const int64_t qkv = d / t + 2 * kv_heads * hd;
-  const int64_t attention = (d * qkv + qkv) + (d / t) * d + (t == 1 ? d : 0);
-  const int64_t mlp = (d * (F / t) + F / t) + (F / t) * d + (t == 1 ? d : 0);
+  const int64_t qkv = d / t + 2 * kv_heads * hd, fc = m.swiglu() ? 2 * f : f;
+  const bool b = m.linear_bias(), row_bias = b && t == 1;
+  const int64_t attention = (d * qkv + (m.qkv_bias() ? qkv : 0)) + (d / t) * d + (row_bias ? d : 0);
+  const int64_t mlp = (d * fc + (b ? fc : 0)) + (gelu_linear ? 0 : f * d + (row_bias ? d : 0));
   int64_t total = 0;
   for (int64_t i = first_block; i < first_block + blocks; ++i) total += attention + (m.is_moe_layer(i) ? 0 : mlp);
   return 2 * total;
@@ -148,11 +161,21 @@ int64_t cast_copy_bytes(const GPTConfig& m, const Layout& l, int64_t blocks, int
 
 // ---- 3. activations -------------------------------------------------------------------------
 
+double norm_kept_bytes(const GPTConfig& m, const Layout& l, double r) {
+  if (!m.rmsnorm()) return r * static_cast<double>(m.d_model) + 8.0;  // its input, fp32 mean and rstd
+  // RMSNorm. On a GPU at::rms_norm is LibTorch's fused kernel: it keeps its input and the fp32
+  // rstd. On the CPU it is the composite (no CPU kernel in 2.11): the input upcast to fp32 (the
+  // input itself when it is fp32, else a copy, and then the 16-bit input is not kept), the fp32
+  // rstd, and x * rstd in fp32 (kept by the weight's product). Measured, tests/test_plan_memory.cpp.
+  const double d = static_cast<double>(m.d_model);
+  return l.cpu ? 8.0 * d + 4.0 : r * d + 4.0;
+}
+
 ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Recompute mode, bool moe) {
   // r: the residual stream's bytes, the parameters' dtype (fp32, or 16-bit working weights).
   const double a = l.compute_bytes, r = l.param_bytes, mk = l.cpu ? 4.0 : 1.0;
   const double d = static_cast<double>(m.d_model), H = static_cast<double>(m.n_head);
-  const double T = static_cast<double>(m.seq_len);
+  const double T = static_cast<double>(m.seq_len), F = static_cast<double>(m.mlp_hidden());
   const double kv = static_cast<double>(m.n_kv_head * m.head_dim());
   ActivationBytes out;
   if (mode != Recompute::None) out.per_layer = kCpuGeneratorState + (l.cpu ? 0.0 : kCudaGeneratorState);
@@ -160,43 +183,53 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
     out.replicated = r * d;  // the block's input (its rank's rows under sp or cp)
     return out;
   }
-  // x, ln stats, ln_1 out, y, ln_2 out, residual-dropout masks (under sp the rank's T/t rows of
-  // each: c_attn and c_fc keep their input's rows and gather them again in backward)
-  out.replicated = r * d + 16.0 + a * d + r * d + a * d + (l.dropout ? 2.0 * mk * d : 0.0);
+  // the two norms (each: its input -- x, then y = x + attention --, and its statistics; RMSNorm
+  // on the CPU more, norm_kept_bytes), their outputs in the compute dtype (c_attn's and c_fc's
+  // inputs), the residual-dropout masks (under sp the rank's T/t rows of each: c_attn and c_fc
+  // keep their input's rows and gather them again in backward)
+  // (the two masks in the dtype of the branch outputs they scale: the compute dtype; a GPU's are bool)
+  out.replicated = 2.0 * norm_kept_bytes(m, l, r) + 2.0 * a * d + (l.dropout ? 2.0 * (l.cpu ? a : 1.0) * d : 0.0);
   if (moe) {
     // An MoE layer (models/moe.cpp's ops; section 3 MoE), replicated over tp: ln_2's output in
     // fp32 (the router's input) in place of c_fc's a d copy; the router's logits and
     // probabilities, the logsumexp; the top-k indices, probabilities and their sum; per
-    // assignment the expert's input, h, gelu(h), its output, the gated output in ln_2's dtype
-    // (index_add keeps its source), the gate and two int64 indices. ln_2's dtype: fp32 but on
-    // the CPU with 16-bit weights (as tp's ln, section 4).
+    // assignment the expert's input, its hidden layer (GELU: h, gelu(h); SwiGLU: [gate | up],
+    // silu(gate), the product), its output, the gated output in ln_2's dtype (index_add keeps
+    // its source), the gate and two int64 indices. ln_2's dtype: fp32 but on the CPU with
+    // 16-bit weights (as tp's ln, section 4).
     const double E = static_cast<double>(m.n_experts), k = static_cast<double>(m.top_k);
     const double ln = l.cpu && l.param_bytes == 2 ? 2.0 : 4.0;
     const double topk = m.top_k > 1 ? 12.0 * k + 4.0 : 8.0;  // k = 1: the gate is the probability, only the index is kept
     // --ep: the arrived rows' (l, j) order, an int64 per row this rank's experts run (kept by
     // index_select and index_copy, one tensor), k per token at a balanced load
     const double ep_order = l.ep > 1 ? 8.0 : 0.0;
-    out.replicated += (4.0 - a) * d + 8.0 * E + 4.0 + topk + k * (10.0 * a * d + ln * d + a + 16.0 + ep_order);
+    const double hidden = (m.swiglu() ? 4.0 : 2.0) * a * F;
+    out.replicated += (4.0 - a) * d + 8.0 * E + 4.0 + topk + k * (2.0 * a * d + hidden + ln * d + a + 16.0 + ep_order);
     // Per layer and micro-batch: the 16-bit casts of the experts' fp32 weights, saved by their
     // linears (not autocast's cache: the slices fc_w[e] are not leaves), every expert (the rank's
     // E/ep under --ep) assumed to receive tokens; with 16-bit weights the router's fp32 copy.
-    const double F = static_cast<double>(m.mlp_hidden());
+    const double matrices = (m.swiglu() ? 3.0 : 2.0) * F * d;  // c_fc (SwiGLU: gate and up) and c_proj
     const double local_experts = static_cast<double>(m.n_experts / std::max<int64_t>(1, l.ep));
-    if (a == 2 && r == 4) out.per_layer += a * 2.0 * F * d * local_experts;
+    if (a == 2 && r == 4) out.per_layer += a * matrices * local_experts;
     if (r == 2) out.per_layer += 4.0 * E * d;
   }
   const double qkv_views = a * (d + 2.0 * kv);
+  // rotary positions: the rotated q and k are new tensors, kept beside c_attn's output (v still
+  // views it); the math path copies q, k, v anyway (measured: the same 3 a d with or without)
+  const double rotated = m.rope() ? a * (d + kv) : 0.0;
   double core = 0.0;
   if (mode == Recompute::Selective) {
-    core = qkv_views;  // the attention checkpoint's inputs only
+    core = qkv_views + rotated;  // the attention checkpoint's inputs only
   } else if (l.attention == Attention::Flash) {
-    core = qkv_views + 4.0 * H;  // q, k, v + fp32 logsumexp
+    core = qkv_views + rotated + 4.0 * H;  // q, k, v (+ rotated q, k) + fp32 logsumexp
   } else {
     core = 3.0 * a * d + a * H * T + (l.dropout ? (mk + a) * H * T : 0.0);
   }
-  const double gelu_out = mode == Recompute::Selective ? 0.0 : 4.0 * a * d;
+  // the feed-forward: GELU keeps h and gelu(h) (selective recomputes gelu(h)); SwiGLU keeps
+  // h = [gate | up], silu(gate) and the product (all of them under selective too: not recomputed)
+  const double mlp_kept = m.swiglu() ? 4.0 * a * F : a * F + (mode == Recompute::Selective ? 0.0 : a * F);
   // an MoE block has no split MLP (its experts are in `replicated`, kept under selective too)
-  out.split = core + a * d /* attention out */ + (moe ? 0.0 : 4.0 * a * d /* h */ + gelu_out);
+  out.split = core + a * d /* attention out */ + (moe ? 0.0 : mlp_kept);
   if (l.cp > 1) {
     // Context parallelism: attention's K and V gathered whole over cp, [b, KV_t, T, h] each, on
     // top of the rank's own positions' (c_attn's output, which q views, keeps them); the math

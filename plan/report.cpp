@@ -59,13 +59,22 @@ json state_json(const StateBytes& s, bool device) {
 // shape), and every setting that differs from `kiln train`'s defaults (dp follows from the
 // world: dp = ranks / (cp x tp x pp)). 16-bit compute is written --precision bf16 (the plan does not
 // tell bf16 from fp16; both cost 2 bytes).
+// Whether a preset has the model's architecture (the fields that change its shape or its math).
+bool same_architecture(const GPTConfig& p, const GPTConfig& m) {
+  return p.position == m.position && p.norm == m.norm && p.mlp == m.mlp && p.mlp_hidden() == m.mlp_hidden() && p.bias == m.bias &&
+         p.tie_embeddings == m.tie_embeddings && p.layer_norm_eps == m.layer_norm_eps &&
+         (!m.rope() || (p.rope_theta == m.rope_theta && p.rope_factor == m.rope_factor &&
+                        p.rope_low_freq_factor == m.rope_low_freq_factor && p.rope_high_freq_factor == m.rope_high_freq_factor &&
+                        p.rope_original_context == m.rope_original_context));
+}
+
 std::string train_command(const GPTConfig& m, const Layout& l) {
   std::string out = strprintf("mpirun -np %lld kiln train", static_cast<long long>(l.devices()));
   std::string preset;
   for (const auto& name : GPTConfig::preset_names()) {
     const GPTConfig p = GPTConfig::preset(name);
     if (p.n_layer == m.n_layer && p.n_head == m.n_head && p.n_kv_head == m.n_kv_head && p.d_model == m.d_model &&
-        p.seq_len == m.seq_len && p.vocab_size == m.vocab_size && p.n_experts == m.n_experts &&
+        p.seq_len == m.seq_len && p.vocab_size == m.vocab_size && p.n_experts == m.n_experts && same_architecture(p, m) &&
         (!m.is_moe() || (p.top_k == m.top_k && p.moe_every == m.moe_every))) {
       preset = name;
       break;
@@ -80,6 +89,19 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   }
   const GPTConfig base = preset.empty() ? GPTConfig{} : GPTConfig::preset(preset);
   if (m.dropout != base.dropout) out += strprintf(" --dropout %g", m.dropout);
+  // the architecture (models/gpt_config.h), where it is not the preset's (or GPT-2's)
+  if (m.position != base.position) out += " --position " + m.position;
+  if (m.rope() && m.rope_theta != base.rope_theta) out += strprintf(" --rope-theta %.17g", m.rope_theta);
+  if (m.rope() && m.rope_factor != base.rope_factor) {
+    out += strprintf(" --rope-factor %.17g --rope-low-freq-factor %.17g --rope-high-freq-factor %.17g --rope-original-context %lld",
+                     m.rope_factor, m.rope_low_freq_factor, m.rope_high_freq_factor, static_cast<long long>(m.rope_original_context));
+  }
+  if (m.norm != base.norm) out += " --norm " + m.norm;
+  if (m.layer_norm_eps != base.layer_norm_eps) out += strprintf(" --norm-eps %.17g", m.layer_norm_eps);
+  if (m.mlp != base.mlp) out += " --mlp " + m.mlp;
+  if (m.ffn_hidden > 0 && m.ffn_hidden != base.ffn_hidden) out += strprintf(" --ffn-hidden %lld", static_cast<long long>(m.ffn_hidden));
+  if (m.bias != base.bias) out += " --bias " + m.bias;
+  if (m.tie_embeddings != base.tie_embeddings) out += m.tie_embeddings ? " --tie-embeddings" : " --tie-embeddings=false";
   if (m.is_moe()) {  // a shape given by flags, or a preset's MoE settings changed (%.17g: the value itself)
     if (m.n_experts != base.n_experts) out += strprintf(" --n-experts %lld", static_cast<long long>(m.n_experts));
     if (m.top_k != base.top_k) out += strprintf(" --top-k %lld", static_cast<long long>(m.top_k));
@@ -182,15 +204,16 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
     act_json["moe"] = {{"replicated", moe.replicated}, {"split", moe.split}, {"per_rank", moe.per_token(l.tp, l.sp)},
                        {"per_layer_constant", moe.per_layer}};
   }
-  return {
-      {"type", "plan"},
-      {"model",
-       {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_kv_head", m.n_kv_head}, {"d_model", m.d_model},
+  json model_json = {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_kv_head", m.n_kv_head}, {"d_model", m.d_model},
         {"seq_len", m.seq_len}, {"vocab_size", m.vocab_size}, {"padded_vocab_size", m.padded_vocab_size()},
         {"params", m.num_params()}, {"params_non_embedding_pos", m.num_params_non_embedding_pos()},
         {"params_active", m.num_active_params()}, {"params_active_non_embedding_pos", m.num_active_params_non_embedding_pos()},
         {"n_experts", m.n_experts}, {"top_k", m.is_moe() ? json(m.top_k) : json(nullptr)},
-        {"moe_every", m.is_moe() ? json(m.moe_every) : json(nullptr)}, {"n_moe_layers", m.n_moe_layers()}}},
+        {"moe_every", m.is_moe() ? json(m.moe_every) : json(nullptr)}, {"n_moe_layers", m.n_moe_layers()}};
+  m.put_architecture(model_json);  // the Llama family's fields, by kiln train's record names (none for GPT-2)
+  return {
+      {"type", "plan"},
+      {"model", model_json},
       {"cluster", cluster_json(p.cluster)},
       {"layout",
        {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"sp", l.sp}, {"ep", l.ep}, {"zero", l.zero}, {"offload", to_string(l.offload)},
@@ -290,6 +313,12 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
               static_cast<long long>(m.n_layer), static_cast<long long>(m.d_model), static_cast<long long>(m.n_head),
               static_cast<long long>(m.n_kv_head), static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size),
               static_cast<long long>(m.padded_vocab_size()), static_cast<long long>(m.num_params()));
+  if (!m.gpt2_architecture()) {
+    o += strprintf("          %s positions%s, %s, %s feed-forward (F %lld), biases %s, output layer %s\n", m.position.c_str(),
+                   m.rope() ? strprintf(" (theta %g%s)", m.rope_theta, m.rope_factor != 0.0 ? ", Llama-3.1 scaling" : "").c_str() : "",
+                   m.norm.c_str(), m.mlp.c_str(), static_cast<long long>(m.mlp_hidden()), m.bias.c_str(),
+                   m.tie_embeddings ? "tied to wte" : "untied (lm_head)");
+  }
   if (m.is_moe()) {
     o += strprintf("          MoE in %lld of %lld blocks: %lld experts, top-%lld, %lld parameters active per token (the P of 6 P D)\n",
                    static_cast<long long>(m.n_moe_layers()), static_cast<long long>(m.n_layer), static_cast<long long>(m.n_experts),

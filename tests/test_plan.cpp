@@ -1837,3 +1837,155 @@ TEST(PlanExpertParallel, CompareChecksTheNonEpTrafficExactlyAndBoundsTheRest) {
 
 }  // namespace
 }  // namespace kiln::plan
+
+// ---- the Llama family (models/gpt_config.h; plan/cost_model.h sections 2-5) ----------------------
+namespace kiln::plan {
+namespace {
+
+// tiny-llama: L 4, d 128, H 4 (kv 2, head 32), T 128, V 512, F 352 (Llama's rule, multiple of 32);
+// rotary positions (no wpe), RMSNorm (d weights), SwiGLU, no biases, an untied lm_head.
+//   outer unit: wte 65,536 + ln_f 128 + lm_head 65,536                       -> 131,200
+//   block: ln_1 128, c_attn 128 x (128 + 2 x 64) = 32,768, attn c_proj 16,384, ln_2 128,
+//          c_fc [gate | up] 128 x 704 = 90,112, c_proj (down) 352 x 128 = 45,056 -> 184,576
+//   Psi = 131,200 + 4 x 184,576 = 869,504 (the preset's count)
+constexpr int64_t kLlamaOuter = 131200, kLlamaBlock = 184576, kLlamaPsi = 869504;
+GPTConfig tiny_llama() { return GPTConfig::preset("tiny-llama"); }
+
+TEST(PlanLlama, UnitsAreTheFamilysShapes) {
+  const GPTConfig m = tiny_llama();
+  ASSERT_EQ(m.num_params(), kLlamaPsi);
+  EXPECT_EQ(rank_units(m, 1, 1, 0), (std::vector<int64_t>{kLlamaOuter, kLlamaBlock, kLlamaBlock, kLlamaBlock, kLlamaBlock}));
+  // tp 2: 2 heads and 1 kv head a rank: c_attn 128 x (64 + 2 x 32) = 16,384, c_proj 64 x 128 = 8,192,
+  // c_fc 128 x 352 = 45,056 (its [gate_r | up_r] rows), c_proj 176 x 128 = 22,528, the norms whole
+  EXPECT_EQ(rank_units(m, 2, 1, 0)[1], 256 + 16384 + 8192 + 45056 + 22528);
+  EXPECT_EQ(rank_units(m, 2, 1, 0)[0], 32768 + 128 + 32768);  // wte and lm_head rows, ln_f whole
+  // pp 2, untied: stage 0 [wte] and 2 blocks (no position unit); stage 1 [ln_f, lm_head], 2 blocks
+  EXPECT_EQ(rank_units(m, 1, 2, 0), (std::vector<int64_t>{65536, kLlamaBlock, kLlamaBlock}));
+  EXPECT_EQ(rank_units(m, 1, 2, 1), (std::vector<int64_t>{128 + 65536, kLlamaBlock, kLlamaBlock}));
+  // tied (Llama-3.2-1B, Qwen2-0.5B): the last stage holds wte's copy, as GPT-2's
+  GPTConfig tied = m;
+  tied.tie_embeddings = true;
+  EXPECT_EQ(rank_units(tied, 1, 2, 1), (std::vector<int64_t>{65536, 128, kLlamaBlock, kLlamaBlock}));
+  // Qwen2's q/k/v biases (bias = qkv): c_attn's 256 more, split over tp with it
+  GPTConfig qwen = m;
+  qwen.bias = "qkv";
+  EXPECT_EQ(block_numel(qwen, 1, 0), kLlamaBlock + 256);
+  EXPECT_EQ(block_numel(qwen, 2, 0), rank_units(m, 2, 1, 0)[1] + 128);
+  // the presets' published counts, from the units
+  for (const char* name : {"llama3-1b", "llama3-8b", "llama3-70b", "mistral-7b", "qwen2-0.5b", "mixtral-8x7b", "tiny-mixtral"}) {
+    const GPTConfig p = GPTConfig::preset(name);
+    EXPECT_EQ(sum_units(rank_units(p, 1, 1, 0)), p.num_params()) << name;
+  }
+  EXPECT_EQ(sum_units(rank_units(GPTConfig::preset("llama3-8b"), 1, 1, 0)), 8030261248);
+}
+
+TEST(PlanLlama, FlopsCountSwiGLUGqaAndTheUntiedHead) {
+  // F = 6 N + 12 L d T, N = 869,504 - 65,536 (the untied wte is a lookup) = 803,968:
+  //   4,823,808 + 786,432 = 5,610,240
+  const GPTConfig m = tiny_llama();
+  Layout l = layout(1, 0);
+  l.compute_bytes = 4;
+  EXPECT_EQ(make_plan(m, toy_cluster(1), l).flops_per_token, 5610240);
+  // pp 2: per block 2 x 184,576 + 4 d T = 434,688; the last stage adds lm_head and ln_f,
+  // 2 (V' d + d) = 131,328; the stages sum to F/3 = 1,870,080
+  Layout pp2 = l;
+  pp2.pp = 2;
+  const Plan piped = make_plan(m, toy_cluster(2), pp2);
+  const double tok = 128, R = 1e12;
+  EXPECT_DOUBLE_EQ(piped.stages[0].forward_s, 2 * 434688 * tok / R);
+  EXPECT_DOUBLE_EQ(piped.stages[1].forward_s, (2 * 434688 + 131328) * tok / R);
+  EXPECT_NEAR((piped.stages[0].forward_s + piped.stages[1].forward_s) * R / tok, 5610240 / 3.0, 1e-6);
+}
+
+TEST(PlanLlama, ActivationsOfTheFamilysBlock) {
+  // llama3-8b on a GPU, bf16 over fp32 weights, no dropout: d 4096, kv 1024, H 32, F 14336.
+  //   replicated: two RMSNorms (input 4d + fp32 rstd 4, the fused kernel) + their outputs 2 x 2d
+  //               = 12d + 8 = 49,160
+  //   split: q, k, v views 2 (d + 2 kv) = 12,288 + the rotated q, k 2 (d + kv) = 10,240 + the
+  //          logsumexp 4H = 128 + attention out 2d = 8,192 + SwiGLU's [gate | up], silu(gate) and
+  //          product 4 x 2 F = 114,688 -> 145,536
+  const GPTConfig m = GPTConfig::preset("llama3-8b");
+  Layout l;
+  l.compute_bytes = 2;
+  const auto none = layer_activation_bytes(m, l, Recompute::None);
+  EXPECT_DOUBLE_EQ(none.replicated, 49160);
+  EXPECT_DOUBLE_EQ(none.split, 145536);
+  // selective: the core's inputs (views and rotated q, k) instead of the core; SwiGLU is kept whole
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, l, Recompute::Selective).split, 145536 - 128);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, l, Recompute::Full).per_token(1), 4 * 4096);
+  // on the CPU LibTorch's RMSNorm is the composite: x * rstd in fp32 too, 8d + 4 a norm
+  l.cpu = true;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, l, Recompute::None).replicated, 2 * (8 * 4096 + 4) + 4 * 4096);
+  // the same block with GPT-2's choices costs what GPT-2's formula says (LayerNorm, GELU at F = 4d, no rope)
+  GPTConfig g = m;
+  g.position = "learned", g.norm = "layernorm", g.mlp = "gelu", g.ffn_hidden = 0, g.bias = "all", g.tie_embeddings = true;
+  l.cpu = false;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(g, l, Recompute::None).split, 2 * (4096 + 2 * 1024) + 4 * 32 + 2 * 4096 + 16 * 4096);
+}
+
+TEST(PlanLlama, CastCopiesHeldAndRecomputation) {
+  // bf16 autocast over fp32 weights: per tiny-llama block c_attn 32,768 + attn c_proj 16,384 +
+  // c_fc 90,112 + c_proj 45,056 = 184,320 weights (no biases), 2 bytes each
+  Layout l = layout(1, 0);
+  l.compute_bytes = 2;
+  EXPECT_EQ(cast_copy_bytes(tiny_llama(), l, 4), 2 * 4 * 184320);
+  l.recompute = Recompute::Selective;  // SwiGLU is not recomputed: all held
+  EXPECT_EQ(cast_copy_bytes(tiny_llama(), l, 4), 2 * 4 * 184320);
+  // GPT-2 under selective: gelu_linear casts mlp c_proj afresh (weight 65,536 and bias 128 left out)
+  EXPECT_EQ(cast_copy_bytes(tiny(), l, 4), 2 * 4 * (49536 + 16384 + 128 + 66048));
+  l.recompute = Recompute::Full;  // the checkpointed forward runs without the cast cache
+  EXPECT_EQ(cast_copy_bytes(tiny_llama(), l, 4), 0);
+  EXPECT_EQ(cast_copy_bytes(tiny(), l, 4), 0);
+}
+
+TEST(PlanLlama, PipelineAndSequenceParallelTraffic) {
+  const GPTConfig m = tiny_llama();
+  auto bytes_of = [](const Plan& p, const std::string& what_prefix) {
+    double total = 0;
+    for (const auto& it : p.stages[0].comm)
+      if (it.what.rfind(what_prefix, 0) == 0) total += it.comm_bytes;
+    return total;
+  };
+  // pp 2, untied: no tied-wte gradient between the ends; tied: wte's 65,536 fp32 values
+  Layout pp2 = layout(1, 0, 2);
+  pp2.pp = 2;
+  pp2.compute_bytes = 4;
+  EXPECT_EQ(bytes_of(make_plan(m, toy_cluster(2), pp2), "tied wte"), 0);
+  GPTConfig tied = m;
+  tied.tie_embeddings = true;
+  EXPECT_EQ(bytes_of(make_plan(tied, toy_cluster(2), pp2), "tied wte"), 4 * 65536);
+  // tp 2 + sp: the replicated parameters are the norms' weights only (no biases, no wpe):
+  // 4 blocks x 2 x 128 + ln_f 128 = 1,152 fp32 gradients, all-reduced in each of K = 2 backwards
+  Layout sp = layout(1, 0, 2);
+  sp.tp = 2;
+  sp.sp = true;
+  sp.compute_bytes = 4;
+  EXPECT_EQ(bytes_of(make_plan(m, toy_cluster(2), sp), "replicated parameters"), 2 * 2 * 4 * 1152);
+}
+
+TEST(PlanLlama, FlagsAndTheSuggestedCommand) {
+  // a Llama shape by flags plans and writes its architecture into the command
+  const PlanArgs a = parse_plan_args({"--n-layer", "2", "--d-model", "64", "--n-head", "4", "--n-kv-head", "2", "--position", "rope",
+                                      "--norm", "rmsnorm", "--mlp", "swiglu", "--ffn-hidden", "160", "--bias", "qkv",
+                                      "--tie-embeddings=false", "--gpu", "h100", "--gpus-per-node", "1"});
+  EXPECT_EQ(a.model.position, "rope");
+  EXPECT_FALSE(a.model.tie_embeddings);
+  EXPECT_EQ(a.model.mlp_hidden(), 160);
+  const std::string text = plan_text(make_plan(a.model, a.cluster, a.layout), training_totals(1, 1, 0, a.cluster),
+                                     LayoutTotals{});
+  EXPECT_NE(text.find("--position rope --norm rmsnorm --mlp swiglu --ffn-hidden 160 --bias qkv --tie-embeddings=false"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rope positions (theta 10000), rmsnorm, swiglu feed-forward (F 160), biases qkv, output layer untied"),
+            std::string::npos)
+      << text;
+  // a preset keeps its name
+  const PlanArgs p = parse_plan_args({"--model", "llama3-8b", "--gpu", "h100", "--gpus-per-node", "8", "--tp", "8"});
+  EXPECT_NE(plan_text(make_plan(p.model, p.cluster, p.layout), training_totals(1, 1, 0, p.cluster), LayoutTotals{})
+                .find("kiln train --model llama3-8b --precision"),
+            std::string::npos);
+  EXPECT_THROW(parse_plan_args({"--model", "tiny-llama", "--tie-embeddings=maybe"}), ConfigError);
+}
+
+}  // namespace
+}  // namespace kiln::plan

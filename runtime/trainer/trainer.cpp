@@ -344,7 +344,9 @@ void Trainer::build_step_parts() {
   if (cfg_.resolved_param_dtype() == "fp32" && r.precision != Precision::FP32) {
     std::vector<std::pair<std::string, int64_t>> named;
     for (const auto& item : r.model->named_parameters()) named.emplace_back(item.key(), item.value().numel());
-    r.cast_copy_bytes = 2 * autocast_cached_numel(named, r.shape.tp > 1);
+    const auto mode = parse_activation_checkpointing(cfg_.activation_checkpointing);
+    r.cast_copy_bytes = 2 * autocast_cached_numel(named, r.shape.tp > 1, mode == ActivationCheckpointing::Full,
+                                                  mode == ActivationCheckpointing::Selective && !r.model->config().swiglu());
   }
   if (r.shape.pp > 1) {
     r.pipe = std::make_unique<PipelineStage>(*r.model, r.mesh->pp(), device, cfg_.micro_batch, r.precision);

@@ -326,13 +326,13 @@ PY
 # are at most k b T (a token's k choices), those its experts ran at most the capacity, 1.25 k b T,
 # so rows / estimate is at most (1 + 1.25) / 2.
 echo "--compare, expert parallel:"
-check_compare_ep() {  # check_compare_ep LOG NON_EP MOE_LAYERS_ON_RANK_0 NORM_BYTES
+check_compare_ep() {  # check_compare_ep LOG NON_EP MOE_LAYERS_ON_RANK_0 NORM_BYTES [EXPERTS, default 8]
   "$KILN_BIN" plan --compare "$1" >"$1.txt" & local text=$!  # the text and the JSON side by side: each is mostly LibTorch's start-up
   "$KILN_BIN" plan --compare "$1" --json >"$1.cmp.json"
   wait "$text" || fail "kiln plan --compare $1 (the text) exited non-zero"
-  python3 - "$1" "$2" "$3" "$4" <<'PY'
+  python3 - "$1" "$2" "$3" "$4" "${5:-8}" <<'PY'
 import json, sys
-log, non_ep, layers, norm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+log, non_ep, layers, norm, experts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 c = json.load(open(log + ".cmp.json"))
 rows = {r["name"]: r for r in c["rows"]}
 assert c["exact_ok"], [r for r in c["rows"] if r["exact"] and r["equal"] is False or r.get("holds") is False]
@@ -342,7 +342,7 @@ for name in ("params", "params_active", "params_local", "flops_per_token", "toke
     assert rows[name]["exact"] and rows[name]["equal"] and rows[name]["measured"] is not None, rows[name]
 assert rows["comm_bytes - ep_comm_bytes"]["measured"] == non_ep, rows["comm_bytes - ep_comm_bytes"]
 b = rows["ep_comm_bytes >= counts+norm"]
-assert b["lower_bound"] and b["holds"] and b["predicted"] == layers * 2 * 64 + norm, b
+assert b["lower_bound"] and b["holds"] and b["predicted"] == layers * 2 * 8 * experts + norm, b
 est = rows["ep_comm_bytes: all-to-all rows"]
 assert est["estimate"] and est["predicted"] == layers * 2 * 2 * 512 * 128 * 8, est
 ratio = est["measured"] / est["predicted"]
@@ -366,11 +366,56 @@ check_compare_ep "$work/ep2z1dp4.jsonl" $((8 * 2459904 + 376)) 4 0
 check_compare_ep "$work/ep2pp2z1.jsonl" 2130296 2 0
 grep -q "layout: dp 2 (ep 2) tp 2 pp 1" "$work/ep2tp2.jsonl.txt" || { cat "$work/ep2tp2.jsonl.txt"; fail "ep compare text"; }
 
+# ---- --compare against the Llama family's runs ----------------------------------------------------
+# tiny-llama (rotary positions: no wpe; RMSNorm: d weights; SwiGLU: three matrices; no biases; an
+# untied lm_head; GQA 4 over 2) and tiny-mixtral (SwiGLU experts): the units, the model state and
+# comm_bytes exact on every layout kind -- DDP with bf16 autocast's cast copies under selective,
+# ZeRO-3 with everything offloaded, ZeRO-2 with the optimizer offloaded at tp 2 with Qwen2's q/k/v
+# biases, tp 2 + sp (the norms' weights all-reduced), cp 2, pp 2 untied and tied, ep 2.
+echo "--compare, the Llama family:"
+LL=(train --device cpu --model tiny-llama --steps 2 --log-every 100 --micro-batch 2 --grad-accum 2)
+mpi 2 "$KILN_BIN" "${LL[@]}" --precision bf16 --param-dtype fp32 --activation-checkpointing selective --dropout 0.1 \
+  --log-json "$work/llama_ddp2_sel.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${LL[@]}" --zero 3 --offload all --log-json "$work/llama_z3_off.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${LL[@]}" --tp 2 --bias qkv --zero 2 --offload optimizer --log-json "$work/qwen_tp2dp2_z2_off.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${LL[@]}" --tp 2 --sp --log-json "$work/llama_sp2.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${LL[@]}" --cp 2 --log-json "$work/llama_cp2.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${LL[@]}" --pp 2 --log-json "$work/llama_pp2.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${LL[@]}" --pp 2 --tie-embeddings --log-json "$work/llama_pp2_tied.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" train --device cpu --model tiny-mixtral --steps 2 --log-every 100 --micro-batch 2 --grad-accum 2 --ep 2 \
+  --log-json "$work/mixtral_ep2.jsonl" >/dev/null
+for log in llama_ddp2_sel llama_z3_off qwen_tp2dp2_z2_off llama_sp2 llama_cp2 llama_pp2 llama_pp2_tied; do check_compare "$work/$log.jsonl"; done
+# tiny-mixtral at dp 2, ep 2: its dense 330,880 parameters (2,493,568 less 4 layers x 4 SwiGLU
+# experts of 3 x 352 x 128) all-reduced over dp, the verdict with 4 x (4 + 3) routing floats
+check_compare_ep "$work/mixtral_ep2.jsonl" $((2 * 4 * 330880 + 2 * 4 * (2 + 28))) 4 16 4
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+rows = lambda n: {r["name"]: r for r in json.load(open(f"{d}/{n}.jsonl.cmp.json"))["rows"]}
+meas = lambda n, row: rows(n)[row]["measured"]
+# tiny-llama: 869,504 parameters (the preset's published-style count, models/gpt_config.h)
+assert meas("llama_ddp2_sel", "params") == 869504
+# pp 2, stage 0, K 2, fp32: 2 boundary sends of b T d 4 (A = 131,072) and the verdict; tied, also
+# wte's gradient to the last stage (512 x 128 x 4); untied, nothing shared
+A, wte = 131072, 262144
+assert meas("llama_pp2", "comm_bytes") == 2 * A + 24, meas("llama_pp2", "comm_bytes")
+assert meas("llama_pp2_tied", "comm_bytes") == 2 * A + wte + 24
+# DDP bf16 over fp32 weights, selective: autocast holds c_attn, both c_proj and SwiGLU's [gate | up]
+# weights (no biases): per block 128 x 256 + 128 x 128 + 2 x 352 x 128 + 128 x 352 = 184,320 -- the
+# SwiGLU feed-forward is not recomputed under selective, so its c_proj's copy is held too
+assert meas("llama_ddp2_sel", "model_state.device.cast_copies") == 2 * 4 * 184320
+print("Llama family: tied / untied pipeline traffic, cast copies, by hand")
+PY
+
 # ---- the suggested command runs the planned layout as pasted (here on the CPU, 2 steps)
 plan --model tiny --gpu h100 --gpus-per-node 4 --tp 2 --zero 1 --micro-batch 4 --grad-accum 2 --json >"$work/cmd1.json"
 plan --n-layer 3 --d-model 64 --n-head 2 --gpu h100 --gpus-per-node 2 --pp 2 --micro-batch 2 --grad-accum 2 --json >"$work/cmd2.json"
 plan --model tiny --gpu h100 --gpus-per-node 4 --cp 2 --tp 2 --precision fp32 --micro-batch 2 --grad-accum 2 --json >"$work/cmd3.json"
-for k in 1 2 3; do
+# the Llama family: a preset, and a shape given by flags (its architecture written into the command)
+plan --model tiny-llama --gpu h100 --gpus-per-node 2 --tp 2 --micro-batch 2 --grad-accum 2 --json >"$work/cmd4.json"
+plan --n-layer 2 --d-model 64 --n-head 4 --n-kv-head 2 --position rope --norm rmsnorm --mlp swiglu --ffn-hidden 160 --bias qkv \
+  --tie-embeddings=false --gpu h100 --gpus-per-node 2 --pp 2 --micro-batch 2 --grad-accum 2 --json >"$work/cmd5.json"
+for k in 1 2 3 4 5; do
   cmd=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['layout']['command'])" "$work/cmd$k.json")
   echo "plan: $cmd"
   read -r -a words <<<"$cmd"
@@ -386,9 +431,12 @@ assert (w.get("cp", 1), w.get("sp", False)) == (l["cp"], l["sp"]), (w, l)
 assert (c["zero"], c["offload"], c["activation_checkpointing"]) == (l["zero"], l["offload"], l["activation_checkpointing"]), c
 assert (c["micro_batch"], c["grad_accum"]) == (l["micro_batch"], l["grad_accum"]), c
 assert run["params"] == plan["model"]["params"], (run["params"], plan["model"]["params"])
+for key in ("position", "norm", "mlp", "ffn_hidden", "bias", "tie_embeddings", "rope_theta"):  # absent for GPT-2 in both
+    assert plan["model"].get(key) == c.get(key), (key, plan["model"].get(key), c.get(key))
 assert run["compute_dtype"] == ("BFloat16" if l["compute_bytes"] == 2 else "Float"), run["compute_dtype"]
 print("  ran: the layout, the model and the precision the plan planned")
 PY
 done
 check_compare "$work/cmd3.jsonl"  # cp 2 x tp 2, as the plan wrote it: comm_bytes exact
+check_compare "$work/cmd5.jsonl"  # a Llama shape by flags, pp 2, as the plan wrote it
 echo "PASS"
