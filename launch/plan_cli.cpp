@@ -287,6 +287,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     throw ConfigError("--precision must be fp32, bf16 or fp16 (got '" + precision + "')");
   }
   base.compute_bytes = precision == "fp32" ? 4 : 2;
+  base.plain_loss = precision == "fp16";  // fp16's loss keeps whole logits (models/linear_cross_entropy.h)
   // Working weights (kiln train's --param-dtype): auto, the default, is the compute precision.
   base.param_bytes = base.compute_bytes;
   for (const char* flag : {"param-dtype", "reduce-dtype"}) {

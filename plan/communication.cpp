@@ -152,10 +152,11 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
   if (l.tp > 1) {
     // kiln (parallel/tensor_parallel.h): forward, the row-parallel outputs in the compute dtype
     // (a bytes; again in full recomputation); backward, the column-parallel inputs' gradients, in
-    // the dtype of the LayerNorm outputs they flow into: fp32 under CUDA autocast (layer_norm is on
-    // its fp32 list) and with fp32 weights; 16-bit on the CPU with 16-bit weights (CPU autocast
-    // runs layer_norm in its input's dtype, the residual stream's).
-    const double ln = l.cpu && l.param_bytes == 2 ? 2.0 : 4.0;
+    // the dtype of the norm outputs they flow into (norm_output_bytes): fp32 under CUDA autocast
+    // for layer_norm (on its fp32 list) and with fp32 weights; the residual stream's 16 bits on
+    // the CPU with 16-bit weights (CPU autocast runs layer_norm in its input's dtype), and for
+    // rms_norm, on no autocast list, on a GPU too.
+    const double ln = norm_output_bytes(m, l);
     const bool full = l.recompute == Recompute::Full;
     const double blocks = static_cast<double>(st.blocks);
     // an MoE block (replicated over tp) has attention's collectives only: half a dense block's

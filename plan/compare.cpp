@@ -88,6 +88,8 @@ Run run_of(const json& config, const std::string& where) {
   l.micro_batch = need<int64_t>(c, "micro_batch", where);
   l.grad_accum = need<int64_t>(c, "grad_accum", where);
   l.compute_bytes = need<std::string>(c, "precision", where) == "fp32" ? 4 : 2;
+  // the loss's way (models/linear_cross_entropy.h): whole logits under fp16 or --loss-chunk-rows -1
+  l.plain_loss = need<std::string>(c, "precision", where) == "fp16" || c.value("loss_chunk_rows", int64_t{0}) < 0;
   l.param_bytes = c.value("param_dtype", std::string("fp32")) == "fp32" ? 4 : 2;  // absent: a log from before the flag
   l.reduce_bytes = c.value("reduce_dtype", std::string("fp32")) == "fp32" ? 4 : 2;
   l.dropout = model.dropout > 0;

@@ -225,14 +225,24 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     // (the head keeps its rows under sp) on the residual stream's rows; log-probs and targets of
     // every position the rank's loss covers
     if (first) per_micro_batch += 8.0 * local + (l.dropout ? (l.cpu ? 4.0 : 1.0) * d * rows : 0.0);
-    if (last) per_micro_batch += (norm_kept_bytes(model, l, r) + a * d) * rows + (logp + 8.0) * local;
+    // the loss (section 3): the plain way (tp's vocabulary-parallel logits, fp16, --loss-chunk-rows
+    // -1) keeps the fp32 log-probabilities and the targets; the chunked one (models/
+    // linear_cross_entropy.h) computes its gradients in the forward and keeps dloss/dx and dloss/dW, fp32
+    const bool chunked = l.tp == 1 && !l.plain_loss;
+    const double loss_kept = chunked ? 4.0 * d * local + 4.0 * Vp * d : (logp + 8.0) * local;
+    if (last) per_micro_batch += (norm_kept_bytes(model, l, r) + a * d) * rows + loss_kept;
     st.activation_bytes = per_micro_batch * in_flight;
     // context parallelism's causal mask: one additive [2C, T] bias in the compute dtype for the
     // run, shared by every layer and micro-batch (parallel/context_parallel.h)
     if (l.cp > 1) st.activation_bytes += a * (static_cast<double>(model.seq_len) / static_cast<double>(l.cp)) * static_cast<double>(model.seq_len);
 
     double transient = 0;
-    if (last) transient += local * (a * Vp / static_cast<double>(l.tp) + logp);  // logits and the log-probs' gradient
+    // plain: the logits and the log-probabilities' gradient; chunked: G = dloss/dz in the compute
+    // dtype, one chunk's fp32 logits (at most 256 MiB), on the CPU under 16-bit autocast W's fp32 copy
+    if (last && !chunked) transient += local * (a * Vp / static_cast<double>(l.tp) + logp);
+    if (last && chunked) {
+      transient += a * local * Vp + std::min(256.0 * 1024 * 1024, 4.0 * local * Vp) + (l.cpu && a == 2 ? 4.0 * Vp * d : 0.0);
+    }
     // MoE backward (models/moe.cpp runs expert e on the slices fc_w[e], ...): each slice's
     // gradient is a full-size [E, ...] tensor (select_backward), summed into one buffer per
     // stacked weight: while a layer's backward runs, the four buffers (E x the expert's numel) and

@@ -41,6 +41,9 @@
 //    outlives the released gather, so every rank holds 16-bit copies of its whole stage:
 //      cast_copies = 2 x L_s (c_attn weight + bias, attn c_proj weight, c_fc weight + bias,
 //                    mlp c_proj weight [+ the two c_proj biases when t = 1])
+//    (each bias where the model has one). Recomputation runs without the cast cache: under full
+//    no block's copy outlives its forward (cast_copies = 0); under selective a GELU feed-forward's
+//    c_proj is cast afresh inside gelu_linear (its weight and bias left out; SwiGLU's kept).
 //    the rank's tp slices of them (under tp the row-parallel bias is added after the all-reduce,
 //    outside the product, so it is not cast); 0 with 16-bit weights or fp32 compute. wte is left
 //    out: the output layer's cast of it is a transient of the chunked loss (models/
@@ -54,6 +57,12 @@
 //    and wpe on the first stage, ln_f and a tied copy of wte on the last. A stage's units (p > 1):
 //    wte alone (first and last stage), then wpe and ln_f, those it holds, as one unit, then its
 //    blocks; a middle stage has only its blocks. With p = 1, unit 0 = wte, wpe, ln_f as above.
+//
+// The Llama family (models/gpt_config.h; docs/plan.md section 10): a norm is n = d (RMSNorm) or 2d;
+//    c_attn's bias only where the pattern has it (all, qkv), the other linears' only under all;
+//    SwiGLU's c_fc is [gate | up], 2 F x d (column-parallel: [gate_r | up_r]); no wpe with rotary
+//    positions; an untied lm_head [V', d] (vocabulary-parallel) joins the outer unit (pp 1) or the
+//    last stage's [ln_f, lm_head] unit, and the last stage then holds no copy of wte.
 //
 // 3. Activation bytes per token per layer: kiln's saved-tensor lists (docs/activation_
 //    checkpointing.md, measured on the CPU within 1%), written as Korthikanti et al. 2022 do
@@ -72,11 +81,25 @@
 //      selective and full also keep, per layer and micro-batch, the RNG state the recomputation
 //      replays: the CPU generator's 5056 bytes (and the CUDA generator's 16 on a GPU).
 //    GPU bf16 flash with dropout: none 34d + 4kv + 4H + 16, selective 26d + 4kv + 16, full 4d.
+//    m: a GPU's masks are bool (1); the CPU's are the masked tensor's dtype (the residual
+//    branches': a). The Llama family, measured on the CPU (tests/test_activation_checkpoint.cpp,
+//    LlamaFamilyMemoryKeptIsThePlans: every mode, fp32 and bf16, within 1.7%):
+//      RMSNorm, each norm's r d + 8:  GPU (LibTorch's fused kernel) r d + 4 (input, fp32 rstd);
+//                                     CPU (the composite) 8 d + 4 (input in fp32, x rstd in fp32, rstd)
+//      rotary positions:   + a (d + kv) split (the rotated q and k beside c_attn's output, which v
+//                          views), flash and selective; the math path's copies are the same 3 a d
+//      SwiGLU:             h, gelu(h) (a F + a F; F = 4d for GPT-2) -> 4 a F: [gate | up],
+//                          silu(gate), the product -- kept under selective too (not recomputed)
 //    Per rank: layers on the stage x b T x bytes, times the micro-batches in flight: 1F1B keeps
 //    min(p - s, K) of them on stage s, so the first stage holds min(p, K) (Narayanan et al.
 //    2021; kiln's parallel/pipeline.h).
-//    Outside the blocks: embedding indices (8 B/token), ln_f (r d + 8 + a d) and the fp32
-//    log-probabilities of the loss (4 V/token; 4 V'/t vocabulary-parallel), plus transients.
+//    Outside the blocks: embedding indices (8 B/token), ln_f (its norm's bytes + a d) and the loss:
+//    the chunked loss (models/linear_cross_entropy.h; tp 1, not fp16) computes its gradients in
+//    the forward and keeps dloss/dx and dloss/dW in fp32, 4 d per token + 4 V' d per micro-batch,
+//    with transients G (a V' per token) and one chunk's fp32 logits (at most 256 MiB; on the CPU
+//    under 16-bit autocast also W's fp32 copy, 4 V' d); the plain loss (fp16, --loss-chunk-rows -1,
+//    and tp's vocabulary-parallel logits) keeps the fp32 log-probabilities (4 V/token; 4 V'/t
+//    vocabulary-parallel) and the targets, with the logits and their gradient as transients.
 //    Sequence parallelism (--sp; Korthikanti s4.2.2, their 34 s b h / t): the replicated terms
 //    live on the rank's T/t rows, so they divide by t -- the LayerNorm outputs too: c_attn, c_fc
 //    and the head keep their input's rows (in the compute dtype) and gather them again in
@@ -205,7 +228,7 @@
 //    first stage sends its output b T d r (the residual stream) forward, the last stage its input's gradient
 //    backward, a middle stage both; once per step the first and the last stage each send their
 //    tied wte gradient to the other, 4 V' d / t (under ZeRO only its dp shard of the wte unit,
-//    4 n_wte' / N). The step's verdict [loss, non-finite, grad norm^2] is one all-reduce over the
+//    4 n_wte' / N) -- not with an untied lm_head, which shares nothing between the stages. The step's verdict [loss, non-finite, grad norm^2] is one all-reduce over the
 //    whole world (2 x 12), with or without ZeRO, and replaces DDP's 16-byte one and tp's norm.
 //    sp (parallel/sequence_parallel.h): each tp all-reduce of [b, T, d] becomes an all-gather
 //    (1x the output) plus a reduce-scatter (1x the input), and each column-parallel layer
@@ -222,7 +245,8 @@
 //    gradient reduce-scattered, 2 b T d a + b T d ln (plain: 2 b T d ln). NEW: every parameter
 //    tp replicates is all-reduced over tp in each backward, in its own dtype: per micro-batch
 //    2 pb (6 L_s d [+ T d wpe, first stage] [+ 2 d ln_f, last stage]) (the LayerNorms and the
-//    two row-parallel biases of each block). (sp with pp is refused: kiln's
+//    two row-parallel biases of each block; the Llama family: 2 n per block, the biases only
+//    under bias = all, wpe only with learned positions, ln_f's n). (sp with pp is refused: kiln's
 //    pipeline exchanges whole sequences.)
 //    cp (parallel/context_parallel.h): per layer and micro-batch one all-gather of the stacked K
 //    and V, output [2, b, KV_t, T, h], 2 b KV_t T h a bytes (again per recomputed forward under
@@ -233,7 +257,7 @@
 // 5. Time per optimizer step (per rank; the slowest stage sets it):
 //      t_f = F_s b T / (t c R),  t_b = (2 F_s + F_re,s) b T / (t c R)   per micro-batch on stage s
 //      (cp's mirrored chunks give every cp rank the same attention work: an even 1/c share):
-//      F_s = sum over its blocks (2 n_block + 4 d T) [+ 2 (V' d + 2 d) on the last stage: the
+//      F_s = sum over its blocks (2 n_block + 4 d T) [+ 2 (V' d + n) on the last stage: the
 //      output layer and ln_f], n_block the block's active parameters (MoE: k experts and the
 //      router), summing to F/3 over the stages (F/3 itself at p = 1); F_re,s = the sum over its
 //      blocks of the recomputed FLOPs per token: full 2 n_block + 4 d T, selective 4 d T
@@ -294,6 +318,7 @@ struct Layout {
   bool dropout = false;                 // dropout > 0 (masks kept)
   bool cpu = false;                     // runs on the CPU: 4-byte dropout masks, no CUDA generator
   bool comm_in_world_of_one = false;    // a communicator exists even with dp = 1 (mpirun + --backend)
+  bool plain_loss = false;              // the whole-logits loss (fp16, --loss-chunk-rows -1); else chunked but under tp
   double base_bytes = 0;                // resident bytes outside the model (CPU runs: LibTorch, ~0.4 GB)
 
   int64_t devices() const { return dp * cp * tp * pp; }
@@ -383,6 +408,9 @@ struct ActivationBytes {
     return tokens / static_cast<double>(cp) * per_token(tp, sp) + tokens * kv_whole + per_layer;
   }
 };
+// The bytes of a norm's output element: fp32 for LayerNorm under CUDA autocast (its fp32 list),
+// else the residual stream's (the parameters' dtype).
+double norm_output_bytes(const GPTConfig& model, const Layout& layout);
 // What one norm keeps per token between forward and backward, its input included, when that
 // input has r bytes (section 3).
 double norm_kept_bytes(const GPTConfig& model, const Layout& layout, double r);

@@ -161,8 +161,17 @@ int64_t cast_copy_bytes(const GPTConfig& m, const Layout& l, int64_t blocks, int
 
 // ---- 3. activations -------------------------------------------------------------------------
 
+double norm_output_bytes(const GPTConfig& m, const Layout& l) {
+  // CUDA autocast runs layer_norm on its fp32 list (LibTorch 2.11's AT_FORALL_FP32; rms_norm is
+  // not on it); the CPU's runs both in their input's dtype, the residual stream's
+  if (l.cpu || m.rmsnorm()) return static_cast<double>(l.param_bytes);
+  return 4.0;
+}
+
 double norm_kept_bytes(const GPTConfig& m, const Layout& l, double r) {
-  if (!m.rmsnorm()) return r * static_cast<double>(m.d_model) + 8.0;  // its input, fp32 mean and rstd
+  // LayerNorm: its input (on a GPU the fp32 copy autocast's fp32 policy makes of a 16-bit one),
+  // fp32 mean and rstd
+  if (!m.rmsnorm()) return (l.cpu ? r : std::max(r, 4.0)) * static_cast<double>(m.d_model) + 8.0;
   // RMSNorm. On a GPU at::rms_norm is LibTorch's fused kernel: it keeps its input and the fp32
   // rstd. On the CPU it is the composite (no CPU kernel in 2.11): the input upcast to fp32 (the
   // input itself when it is fp32, else a copy, and then the 16-bit input is not kept), the fp32
@@ -195,10 +204,10 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
     // probabilities, the logsumexp; the top-k indices, probabilities and their sum; per
     // assignment the expert's input, its hidden layer (GELU: h, gelu(h); SwiGLU: [gate | up],
     // silu(gate), the product), its output, the gated output in ln_2's dtype (index_add keeps
-    // its source), the gate and two int64 indices. ln_2's dtype: fp32 but on the CPU with
-    // 16-bit weights (as tp's ln, section 4).
+    // its source), the gate and two int64 indices. ln_2's dtype: norm_output_bytes (as tp's
+    // ln, section 4).
     const double E = static_cast<double>(m.n_experts), k = static_cast<double>(m.top_k);
-    const double ln = l.cpu && l.param_bytes == 2 ? 2.0 : 4.0;
+    const double ln = norm_output_bytes(m, l);
     const double topk = m.top_k > 1 ? 12.0 * k + 4.0 : 8.0;  // k = 1: the gate is the probability, only the index is kept
     // --ep: the arrived rows' (l, j) order, an int64 per row this rank's experts run (kept by
     // index_select and index_copy, one tensor), k per token at a balanced load

@@ -328,8 +328,16 @@ TEST(PlanActivations, PipelineFirstStageHoldsPpMicroBatches) {
   const double tok = 128;  // micro-batch 1 x T 128
   // stage 0: 2 blocks + token ids (8 B/token), twice
   EXPECT_DOUBLE_EQ(p.stages[0].activation_bytes, 2 * (2 * act.layer_bytes(tok, 1) + 8 * tok));
-  // stage 1: 2 blocks + ln_f (4d + 8 + 2d) + log-probs (4 V) + targets (8), once
-  EXPECT_DOUBLE_EQ(p.stages[1].activation_bytes, 2 * act.layer_bytes(tok, 1) + (4 * 128 + 8 + 2 * 128 + 4 * 512 + 8) * tok);
+  // stage 1: 2 blocks + ln_f (4d + 8 + 2d) + the chunked loss's fp32 dloss/dx (4d a token) and
+  // dloss/dW (4 V' d), once
+  EXPECT_DOUBLE_EQ(p.stages[1].activation_bytes,
+                   2 * act.layer_bytes(tok, 1) + (4 * 128 + 8 + 2 * 128 + 4 * 128) * tok + 4 * 512 * 128);
+  // the plain loss (fp16, --loss-chunk-rows -1; tp's vocabulary-parallel one too) keeps the
+  // log-probs (4 V) and the targets (8) instead
+  Layout plain = l;
+  plain.plain_loss = true;
+  EXPECT_DOUBLE_EQ(make_plan(tiny(), toy_cluster(2), plain).stages[1].activation_bytes,
+                   2 * act.layer_bytes(tok, 1) + (4 * 128 + 8 + 2 * 128 + 4 * 512 + 8) * tok);
 }
 
 // ---- 1. training totals -----------------------------------------------------------------------
@@ -1383,15 +1391,15 @@ TEST(PlanMoE, ActivationsOfAnMoEBlockByHand) {
   EXPECT_DOUBLE_EQ(c.replicated - (dense.replicated - 4 * 128), 92 * 128 + 136);
   EXPECT_DOUBLE_EQ(c.per_layer, 0);
   // A stage holds each kind with its own figure: gpt2-124m-moe, b 1, T 1,024, one device: 6 MoE
-  // and 6 dense blocks, token ids, ln_f and the loss
+  // and 6 dense blocks, token ids, ln_f and the chunked loss's dloss/dx, dloss/dW (V' 50,304)
   Layout one;
   one.compute_bytes = 2;
   one.micro_batch = 1;
   const Plan p = make_plan(m, toy_cluster(1), one);
   const auto dn = layer_activation_bytes(m, one, Recompute::None);
-  const double T = 1024, V = 50257;
+  const double T = 1024, Vp = 50304;
   EXPECT_DOUBLE_EQ(p.stages[0].activation_bytes, 6 * dn.layer_bytes(T, 1) + 6 * moe.layer_bytes(T, 1) + 8 * T +
-                                                     (4 * 768 + 8 + 2 * 768) * T + (4 * V + 8) * T);
+                                                     (4 * 768 + 8 + 2 * 768) * T + 4 * 768 * T + 4 * Vp * 768);
 }
 
 TEST(PlanMoE, RefusedWithSpOrCpAsKilnRefusesIt) {
@@ -1661,7 +1669,9 @@ TEST(PlanExpertParallel, AllToAllsAreSerialOnTheEpGroupsLink) {
   int crossing = 0;
   for (const auto& it : w.stages[0].comm) {
     if (it.group == "ep") crossing += it.link == "inter-node" ? 1 : -100;
-    if (it.group == "tp") EXPECT_EQ(it.link, "intra-node");
+    if (it.group == "tp") {
+      EXPECT_EQ(it.link, "intra-node");
+    }
   }
   EXPECT_EQ(crossing, 3);  // counts, rows, norm
   // the rows' time is in the exposed communication: 8,388,608 x 1/2 at 1 GB/s at least
@@ -1916,6 +1926,21 @@ TEST(PlanLlama, ActivationsOfTheFamilysBlock) {
   // on the CPU LibTorch's RMSNorm is the composite: x * rstd in fp32 too, 8d + 4 a norm
   l.cpu = true;
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, l, Recompute::None).replicated, 2 * (8 * 4096 + 4) + 4 * 4096);
+  // 16-bit weights on a GPU (r = 2): rms_norm is on no autocast list, so it keeps the 16-bit input
+  // (2d + 4 a norm), and its output -- the tp backward's gradients -- is 16-bit; layer_norm is on
+  // CUDA autocast's fp32 list: it keeps the fp32 copy of its input (4d + 8) and answers in fp32
+  l.cpu = false;
+  l.param_bytes = 2;
+  EXPECT_DOUBLE_EQ(norm_kept_bytes(m, l, 2), 2 * 4096 + 4);
+  EXPECT_DOUBLE_EQ(norm_output_bytes(m, l), 2);
+  GPTConfig ln = m;
+  ln.norm = "layernorm";
+  EXPECT_DOUBLE_EQ(norm_kept_bytes(ln, l, 2), 4 * 4096 + 8);
+  EXPECT_DOUBLE_EQ(norm_output_bytes(ln, l), 4);
+  l.cpu = true;  // the CPU's autocast leaves both in the input's dtype
+  EXPECT_DOUBLE_EQ(norm_kept_bytes(ln, l, 2), 2 * 4096 + 8);
+  EXPECT_DOUBLE_EQ(norm_output_bytes(ln, l), 2);
+  l.param_bytes = 4;
   // the same block with GPT-2's choices costs what GPT-2's formula says (LayerNorm, GELU at F = 4d, no rope)
   GPTConfig g = m;
   g.position = "learned", g.norm = "layernorm", g.mlp = "gelu", g.ffn_hidden = 0, g.bias = "all", g.tie_embeddings = true;
