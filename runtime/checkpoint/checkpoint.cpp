@@ -26,7 +26,9 @@
 #include "models/gpt.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/hf_gpt2.h"
+#include "runtime/checkpoint/checkpoint_files.h"
 #include "runtime/checkpoint/hf_llama.h"
+#include "runtime/checkpoint/hf_llama_weights.h"
 #include "runtime/checkpoint/safetensors.h"
 
 namespace kiln {
@@ -43,39 +45,6 @@ std::string step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
   return buf;
-}
-
-[[noreturn]] void io_error(const std::string& what, const std::string& path) {
-  throw Error("checkpoint: " + what + " " + path + ": " + std::strerror(errno));
-}
-
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) io_error("cannot open", path);
-  if (::fsync(fd) != 0) {
-    ::close(fd);
-    io_error("cannot fsync", path);
-  }
-  ::close(fd);
-}
-
-void write_synced(const std::string& path, const std::string& text) {
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    if (!out) io_error("cannot create", path);
-    out << text;
-    out.flush();
-    if (!out) io_error("cannot write", path);
-  }
-  fsync_path(path, false);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 json model_shape(const GPTConfig& c) {
@@ -111,22 +80,6 @@ void maybe_slow_save() {
   std::fflush(stderr);
   std::this_thread::sleep_for(std::chrono::duration<double>(s));
 }
-
-// Resident memory of this process now (VmRSS), in bytes: the samples of CheckpointIo.
-double resident_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) * 1024.0;
-  }
-  return 0.0;
-}
-
-// The highest resident memory above a baseline, over the samples taken.
-struct PeakTracker {
-  double base = resident_bytes(), peak = 0.0;
-  void sample() { peak = std::max(peak, resident_bytes() - base); }
-};
 
 bool complete(const fs::path& dir) { return fs::is_directory(dir) && fs::exists(dir / "trainer_state.json"); }
 
@@ -319,17 +272,6 @@ void stream_weights(WholeModel& state, const SafetensorsReader* file, const std:
   }
 }
 
-// The same for the Llama family: each kiln parameter made from its Hugging Face tensors.
-void stream_hf_llama(WholeModel& state, const HfWeightFiles* files, PeakTracker& peak) {
-  const auto sources = hf_llama_sources(state.config());
-  for (const auto& [pname, shape] : state.params()) {
-    at::Tensor whole;
-    if (state.writer()) whole = read_hf_llama(*files, pname, sources.at(pname), shape);
-    peak.sample();
-    state.scatter(pname, CheckpointPart::Param, whole);
-  }
-}
-
 }  // namespace
 
 json CheckpointIo::to_json() const {
@@ -361,70 +303,9 @@ void Checkpointer::mark_best(int64_t step) {
   best_step_ = step;
   if (!writer_) return;
   write_synced(dir_ + "/best.tmp", step_name(step) + "\n");
-  if (std::rename((dir_ + "/best.tmp").c_str(), (dir_ + "/best").c_str()) != 0) io_error("cannot rename", dir_ + "/best.tmp");
+  if (std::rename((dir_ + "/best.tmp").c_str(), (dir_ + "/best").c_str()) != 0) checkpoint_io_error("cannot rename", dir_ + "/best.tmp");
   fsync_path(dir_, true);
 }
-
-namespace {
-// Shards of a Llama-family checkpoint: save_pretrained's 5 GB by default (transformers 4.x's
-// max_shard_size); the test-only KILN_TEST_HF_SHARD_BYTES lowers it so that tiny models shard.
-int64_t hf_shard_bytes() {
-  const char* v = std::getenv("KILN_TEST_HF_SHARD_BYTES");
-  return v != nullptr && std::atoll(v) > 0 ? std::atoll(v) : int64_t{5'000'000'000};
-}
-
-// The weights of a Llama-family model as transformers' save_pretrained lays them out
-// (runtime/checkpoint/hf_llama.h): its tensor names, one model.safetensors or, above the shard
-// size, model-0000k-of-0000n.safetensors with model.safetensors.index.json. Each kiln parameter is
-// gathered once and its pieces (q / k / v, gate / up, the vocabulary's real rows) written where
-// the header puts them.
-void write_hf_llama_weights(const std::string& tmp, WholeModel& state, bool writer, json& files, PeakTracker& peak) {
-  const GPTConfig& cfg = state.config();
-  std::vector<std::pair<std::string, HfPiece>> pieces;  // (kiln parameter, piece), in parameter order
-  std::vector<int64_t> bytes;
-  for (const auto& [pname, shape] : state.params()) {
-    for (auto& piece : hf_llama_pieces(cfg, pname)) {
-      int64_t n = 4;
-      for (const int64_t d : piece.shape) n *= d;
-      bytes.push_back(n);
-      pieces.emplace_back(pname, std::move(piece));
-    }
-  }
-  const std::vector<int> shard = hf_shard_of(bytes, hf_shard_bytes());
-  const int shards = pieces.empty() ? 1 : shard.back() + 1;
-  auto file_of = [&](int s) { return shards == 1 ? std::string("model.safetensors") : hf_shard_name(s, shards); };
-  std::vector<std::unique_ptr<SafetensorsWriter>> w(static_cast<size_t>(shards));
-  if (writer) {
-    std::vector<std::vector<TensorSpec>> specs(static_cast<size_t>(shards));
-    for (size_t i = 0; i < pieces.size(); ++i) specs[static_cast<size_t>(shard[i])].push_back({pieces[i].second.name, at::kFloat, pieces[i].second.shape});
-    for (int s = 0; s < shards; ++s)
-      w[static_cast<size_t>(s)] = std::make_unique<SafetensorsWriter>(tmp + "/" + file_of(s), specs[static_cast<size_t>(s)], hf_safetensors_metadata());
-  }
-  size_t i = 0;
-  for (const auto& [pname, shape] : state.params()) {
-    const at::Tensor whole = state.gather(pname, CheckpointPart::Param);
-    peak.sample();
-    for (; i < pieces.size() && pieces[i].first == pname; ++i) {
-      const HfPiece& p = pieces[i].second;
-      const int64_t rows = p.shape.empty() ? 1 : p.shape[0];
-      if (writer) w[static_cast<size_t>(shard[i])]->write(p.name, hf_rows_view(whole).narrow(0, p.row, rows).contiguous());
-    }
-  }
-  if (!writer) return;
-  json weight_map = json::object();
-  int64_t total = 0;
-  for (size_t k = 0; k < pieces.size(); ++k) {
-    weight_map[pieces[k].second.name] = file_of(shard[k]);
-    total += bytes[k];
-  }
-  for (int s = 0; s < shards; ++s) files[file_of(s)] = w[static_cast<size_t>(s)]->finish();
-  if (shards > 1) {
-    const json index{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_synced(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
-    files["model.safetensors.index.json"] = crc32_file(tmp + "/model.safetensors.index.json");
-  }
-}
-}  // namespace
 
 std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress, const json& run, CheckpointIo* io) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -469,9 +350,9 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
   }
   if (writer_) maybe_crash_in_save(saves_, "weights");
   if (writer_ && !cfg.gpt2_architecture()) {
-    write_synced(tmp + "/config.json", hf_llama_config_json(cfg, eot_).dump(2) + "\n");
+    write_synced(tmp + "/config.json", hf_llama_config_json(cfg, eot_, ends_).dump(2) + "\n");
     files["config.json"] = crc32_file(tmp + "/config.json");
-    write_synced(tmp + "/generation_config.json", hf_generation_config(cfg, eot_).dump(2) + "\n");
+    write_synced(tmp + "/generation_config.json", hf_llama_generation_config(cfg, eot_, ends_).dump(2) + "\n");
     files["generation_config.json"] = crc32_file(tmp + "/generation_config.json");
   }
   if (writer_ && hf_gpt2_compatible(cfg)) {
@@ -537,7 +418,7 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
 
   // 3. the pointer, last.
   write_synced(dir_ + "/latest.tmp", name + "\n");
-  if (std::rename((dir_ + "/latest.tmp").c_str(), (dir_ + "/latest").c_str()) != 0) io_error("cannot rename", dir_ + "/latest.tmp");
+  if (std::rename((dir_ + "/latest.tmp").c_str(), (dir_ + "/latest").c_str()) != 0) checkpoint_io_error("cannot rename", dir_ + "/latest.tmp");
   fsync_path(dir_, true);
   if (!aside.empty()) fs::remove_all(aside, ec);
 
@@ -626,7 +507,7 @@ std::string recovered_latest(const std::string& save_dir, std::string* notice) {
   }
   const std::string newest = save_dir + "/" + step_name(steps.back());
   write_synced(save_dir + "/latest.tmp", step_name(steps.back()) + "\n");
-  if (std::rename((save_dir + "/latest.tmp").c_str(), (save_dir + "/latest").c_str()) != 0) io_error("cannot rename", save_dir + "/latest.tmp");
+  if (std::rename((save_dir + "/latest.tmp").c_str(), (save_dir + "/latest").c_str()) != 0) checkpoint_io_error("cannot rename", save_dir + "/latest.tmp");
   fsync_path(save_dir, true);
   if (notice) *notice = "latest named " + name + ", which is gone; resuming from the newest complete checkpoint, " + newest;
   return newest;
@@ -715,46 +596,10 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   return r;
 }
 
-namespace {
-// A Hugging Face Llama-family directory (runtime/checkpoint/hf_llama.h): each kiln parameter made
-// on rank 0 from its source tensors, then scattered as load_weights does.
-CheckpointIo load_hf_llama_weights(const std::string& dir, WholeModel& state, Communicator* world,
-                                   std::chrono::steady_clock::time_point t0) {
-  const std::string where = "--init-from " + dir;
-  PeakTracker peak;
-  std::unique_ptr<HfWeightFiles> files;
-  CheckpointIo io;
-  decide_on_rank0(world, [&] {
-    if (fs::exists(dir + "/trainer_state.json")) {  // a kiln checkpoint: its weights' recorded CRC-32s first
-      json st;
-      try {
-        st = json::parse(read_text(dir + "/trainer_state.json"));
-      } catch (const json::exception& e) {
-        throw DataError(where + ": trainer_state.json is not valid JSON (" + std::string(e.what()) + ")");
-      }
-      check_recorded_files(dir, st.value("files", json::object()), where,
-                           [](const std::string& f) { return f.rfind("model", 0) == 0; }, [](const std::string&) { return false; });
-    }
-    files = std::make_unique<HfWeightFiles>(dir);
-    try {
-      match_hf_llama(state.config(), *files);
-    } catch (const ConfigError& e) {
-      throw ConfigError(where + ": " + e.what());
-    }
-    io.bytes = files->bytes();
-  });
-  stream_hf_llama(state, files.get(), peak);
-  io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  io.peak_extra_bytes = peak.peak;
-  return io;
-}
-
-}  // namespace
-
 CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* world) {
   const auto t0 = std::chrono::steady_clock::now();
   // The Llama family's weights are in transformers' layout, in its directories and kiln's alike.
-  if (!state.config().gpt2_architecture()) return load_hf_llama_weights(dir, state, world, t0);
+  if (!state.config().gpt2_architecture()) return load_hf_llama_weights(dir, state, world);
   const std::string where = "--init-from " + dir;
   PeakTracker peak;
   std::unique_ptr<SafetensorsReader> file;

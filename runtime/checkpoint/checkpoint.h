@@ -92,16 +92,20 @@ class Checkpointer {
   std::string save(WholeModel& state, const TrainProgress& progress, const nlohmann::json& run, CheckpointIo* io = nullptr);
   // The run's tokenizer, saved with every checkpoint: `files` (name -> contents: tokenizer.json
   // and tokenizer_config.json, data/hf_tokenizer.h's tokenizer_files, what AutoTokenizer loads)
-  // and its end-of-text id `eot`, config.json's bos/eos. Not called: no such files, and bos = eos
-  // = vocab_size - 1.
-  void set_tokenizer(std::map<std::string, std::string> files, int64_t eot) {
+  // and its end-of-text id `eot`, config.json's bos/eos; `ends`, the ids a sample ends at where
+  // they are not eot (Llama 3's: <|end_of_text|>, <|eot_id|>, after documents opened by
+  // <|begin_of_text|>), the Llama family's eos. Not called: no such files, and bos = eos =
+  // vocab_size - 1.
+  void set_tokenizer(std::map<std::string, std::string> files, int64_t eot, std::vector<int64_t> ends = {}) {
     tokenizer_files_ = std::move(files);
     eot_ = eot;
+    ends_ = std::move(ends);
   }
 
  private:
   std::map<std::string, std::string> tokenizer_files_;
   int64_t eot_ = -1;
+  std::vector<int64_t> ends_;  // empty: eot
   std::string dir_;
   int64_t keep_last_;
   int64_t best_step_ = -1;  // kept by retention

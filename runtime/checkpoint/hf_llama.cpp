@@ -324,7 +324,26 @@ std::vector<HfPiece> hf_llama_pieces(const GPTConfig& cfg, const std::string& ki
   return out;
 }
 
-json hf_llama_config_json(const GPTConfig& cfg, int64_t eot) {
+namespace {
+// config.json's eos_token_id: the tokenizer's end tokens but the document token (one id, or the
+// list transformers' generate stops at: Llama 3's <|end_of_text|> and <|eot_id|>), eot where it
+// has no other.
+json eos_ids(int64_t eot, const std::vector<int64_t>& ends) {
+  if (eot < 0) return nullptr;
+  std::vector<int64_t> e;  // the end tokens but the document token (bos), where there are others
+  for (const int64_t id : ends)
+    if (id != eot) e.push_back(id);
+  if (e.empty()) return eot;
+  return e.size() == 1 ? json(e[0]) : json(e);
+}
+}  // namespace
+
+json hf_llama_generation_config(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends) {
+  return json{{"bos_token_id", eot >= 0 ? json(eot) : json(nullptr)}, {"eos_token_id", eos_ids(eot, ends)},
+              {"max_length", cfg.seq_len}};
+}
+
+json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends) {
   const bool qwen2 = cfg.bias == "qkv";
   json rope{{"rope_type", cfg.rope_factor != 0.0 ? "llama3" : "default"}, {"rope_theta", cfg.rope_theta}};
   json scaling = nullptr;
@@ -356,7 +375,7 @@ json hf_llama_config_json(const GPTConfig& cfg, int64_t eot) {
          {"tie_word_embeddings", cfg.tie_embeddings},
          {"attention_dropout", 0.0},
          {"bos_token_id", eot >= 0 ? json(eot) : json(nullptr)},
-         {"eos_token_id", eot >= 0 ? json(eot) : json(nullptr)},
+         {"eos_token_id", eos_ids(eot, ends)},
          {"dtype", "float32"},
          {"torch_dtype", "float32"}};
   if (mixtral) {

@@ -104,8 +104,12 @@ at::Tensor hf_rows_view(const at::Tensor& whole);
 // q/k/v-bias pattern, LlamaForCausalLM otherwise (Mistral's architecture is Llama's without a
 // sliding window); the shape, rms_norm_eps, the rotary settings under both transformers 5.x's key
 // (rope_parameters) and 4.x's (rope_theta, rope_scaling), tie_word_embeddings, the biases, bos =
-// eos = `eot` (-1: none), dtype float32.
-nlohmann::json hf_llama_config_json(const GPTConfig& cfg, int64_t eot);
+// `eot` (the token that opens documents; -1: none) and eos = `ends` (the ids kiln sample ends at:
+// Llama 3's <|end_of_text|> and <|eot_id|>, a list where there are several; empty: eot), dtype
+// float32.
+nlohmann::json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends = {});
+// Its generation_config.json: bos, eos (as config.json's) and max_length = the context.
+nlohmann::json hf_llama_generation_config(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends = {});
 
 // Tensors of these byte sizes (in order) into shards as save_pretrained makes them: a new shard
 // when the next tensor would take the current one past max_bytes (a tensor larger than that has a

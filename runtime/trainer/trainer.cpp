@@ -401,7 +401,8 @@ void Trainer::load_checkpoint() {
     r.loader->resume_at(r.progress.step, r.progress.samples);
   }
   if (!cfg_.save_dir.empty()) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last, proc_.rank == 0);
-  if (r.checkpointer && r.tokenizer) r.checkpointer->set_tokenizer(tokenizer_files(*r.tokenizer, cfg_.gpt.seq_len), r.tokenizer->eot());
+  if (r.checkpointer && r.tokenizer) r.checkpointer->set_tokenizer(tokenizer_files(*r.tokenizer, cfg_.gpt.seq_len), r.tokenizer->eot(),
+                                                                  r.tokenizer->end_tokens());
 }
 
 // FLOPs, the peak, the phase timer, energy, the job's devices, the log and TensorBoard.

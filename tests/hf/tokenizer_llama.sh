@@ -5,7 +5,8 @@
 #     <|begin_of_text|>, <|end_of_text|>, <|eot_id|> and no <|endoftext|>. kiln prep encodes the
 #     documents through the library and opens each with <|begin_of_text|>: the shards' ids are the
 #     library's, document by document. tiny-llama trains on them; its checkpoint carries the
-#     tokenizer.json as it was, config.json's bos/eos name it, and kiln sample encodes a prompt
+#     tokenizer.json as it was, config.json's bos (<|begin_of_text|>) and eos (<|end_of_text|>,
+#     <|eot_id|>) name its tokens, and kiln sample encodes a prompt
 #     to the library's ids.
 #   - SentencePiece's kind (Metaspace; Llama 2's and Mistral's): refused with one line, exit 2, by
 #     kiln prep (the library's path) and kiln train --tokenizer (kiln's own reader).
@@ -67,11 +68,17 @@ cmp "$ck/tokenizer.json" llama3.json || fail "the checkpoint's tokenizer.json is
 import json, sys
 from tokenizers import Tokenizer
 c = json.load(open(f"{sys.argv[1]}/config.json"))
-assert (c["bos_token_id"], c["eos_token_id"], c["model_type"]) == (0, 0, "llama"), c
+g = json.load(open(f"{sys.argv[1]}/generation_config.json"))
+tok = Tokenizer.from_file("llama3.json")
+bos, ends = tok.token_to_id("<|begin_of_text|>"), [tok.token_to_id("<|end_of_text|>"), tok.token_to_id("<|eot_id|>")]
+# documents open with <|begin_of_text|>; generate stops at <|end_of_text|> or <|eot_id|>, as kiln sample does
+assert (c["bos_token_id"], c["eos_token_id"], c["model_type"]) == (bos, ends, "llama"), c
+assert (g["bos_token_id"], g["eos_token_id"]) == (bos, ends), g
 s = json.loads(open("sample.json").read().strip().splitlines()[-1])
 want = Tokenizer.from_file("llama3.json").encode("the quick").ids
 assert s["prompt_ids"] == want, (s["prompt_ids"], want)
-print(f"checkpoint: tokenizer.json as given, bos = eos = 0; kiln sample's prompt ids {want} are the library's")
+print(f"checkpoint: tokenizer.json as given, bos {bos} and eos {ends} in config.json and generation_config.json; "
+      f"kiln sample's prompt ids {want} are the library's")
 PY
 code=0
 "$KILN_BIN" prep --input "doc*.txt" --out sp_shards --tokenizer sp.json >/dev/null 2>err.txt || code=$?
