@@ -3,9 +3,10 @@
 # runtime (labels cli, mpi); that its forward is transformers' is tests/hf/llama_parity.sh.
 #   - tiny-llama (rotary positions, RMSNorm, SwiGLU, GQA 4 over 2, no biases, untied lm_head)
 #     trains: the config record names the architecture, the loss falls over 20 steps.
-#   - DDP (2 ranks) and ZeRO-3 (2 ranks) against one process on the same global batch: loss and
-#     gradient norm every step and the final weights' fingerprint within a relative 1e-5 (the
-#     tolerance of tests/cli/ddp_parity.sh, for the same reason: only the order of fp32 sums
+#   - DDP, ZeRO-3 and ZeRO-3 with everything offloaded to the host's AdamW (2 ranks each) against
+#     one process on the same global batch: loss and gradient norm every step and the final
+#     weights' fingerprint within a relative 1e-5 (the tolerance of tests/cli/ddp_parity.sh, for
+#     the same reason: only the order of fp32 sums
 #     differs; lm_head is in ZeRO's outer unit, an rmsnorm weight has no bias beside it).
 #   - Saved at step 5 and resumed: steps 6-10 and the weights `==` (replay).
 #   - kiln eval of the checkpoint gives a finite loss on a token file; kiln
@@ -23,6 +24,7 @@ T=(train --device cpu --model tiny-llama --steps 10 --log-every 100 --micro-batc
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --log-json ref.jsonl >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --log-json ddp.jsonl >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --zero 3 --log-json z3.jsonl >/dev/null
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --zero 3 --offload all --log-json z3_off.jsonl >/dev/null
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --stop-at-step 5 --save-dir ck >/dev/null
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir ck --log-json resumed.jsonl >/dev/null
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --bias qkv --tie-embeddings --save-dir ckq --log-json qwen.jsonl >/dev/null
@@ -42,7 +44,7 @@ assert rs[-1]["loss"] < rs[0]["loss"] - 1.0, (rs[0]["loss"], rs[-1]["loss"])
 # device, not copied from pageable host memory in step 1 (it counted 2 syncs before).
 if "host_syncs_before_update" in rs[0]:
     assert all(r["host_syncs_before_update"] == 0 for r in rs), [r["host_syncs_before_update"] for r in rs]
-for name in ("ddp", "z3"):
+for name in ("ddp", "z3", "z3_off"):
     run = load(name)
     worst = max(rel(a[k], b[k]) for a, b in zip(rs, steps(run)) for k in ("loss", "grad_norm"))
     worst = max(worst, rel(ref[-1]["param_sq"], run[-1]["param_sq"]), rel(ref[-1]["param_sum"], run[-1]["param_sum"]))
