@@ -6,8 +6,8 @@
 #   - DDP, ZeRO-3 and ZeRO-3 with everything offloaded to the host's AdamW (2 ranks each) against
 #     one process on the same global batch: loss and gradient norm every step and the final
 #     weights' fingerprint within a relative 1e-5 (the tolerance of tests/cli/ddp_parity.sh, for
-#     the same reason: only the order of fp32 sums
-#     differs; lm_head is in ZeRO's outer unit, an rmsnorm weight has no bias beside it).
+#     the same reason: only the order of fp32 sums differs; lm_head is in ZeRO's outer unit, an
+#     rmsnorm weight has no bias beside it).
 #   - Saved at step 5 and resumed: steps 6-10 and the weights `==` (replay).
 #   - kiln eval of the checkpoint gives a finite loss on a token file; kiln
 #     sample continues a prompt greedily to the same tokens with and without the KV cache (the
