@@ -66,15 +66,20 @@ std::vector<std::vector<at::Tensor>> units_of(GPT& model) {
   return units;
 }
 
-// The units with each one's expert parameters (is_expert) split off into a unit after it.
-std::vector<std::pair<std::vector<at::Tensor>, bool>> split_experts(std::vector<std::vector<at::Tensor>> units,
-                                                                    const std::function<bool(const at::Tensor&)>& is_expert) {
-  std::vector<std::pair<std::vector<at::Tensor>, bool>> out;
-  for (auto& params : units) {
+// The units with each one's expert parameters (is_expert) split off into a unit after it; each
+// with the index of the unit of units_of it came from.
+struct SplitUnit {
+  std::vector<at::Tensor> params;
+  bool expert = false;
+  size_t origin = 0;
+};
+std::vector<SplitUnit> split_experts(std::vector<std::vector<at::Tensor>> units, const std::function<bool(const at::Tensor&)>& is_expert) {
+  std::vector<SplitUnit> out;
+  for (size_t i = 0; i < units.size(); ++i) {
     std::vector<at::Tensor> dense, experts;
-    for (auto& p : params) (is_expert && is_expert(p) ? experts : dense).push_back(std::move(p));
-    if (!dense.empty()) out.emplace_back(std::move(dense), false);
-    if (!experts.empty()) out.emplace_back(std::move(experts), true);
+    for (auto& p : units[i]) (is_expert && is_expert(p) ? experts : dense).push_back(std::move(p));
+    if (!dense.empty()) out.push_back({std::move(dense), false, i});
+    if (!experts.empty()) out.push_back({std::move(experts), true, i});
   }
   return out;
 }
@@ -90,9 +95,8 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     throw ConfigError("--zero 3 with --pp > 1 is not supported yet (its per-block gathers assume one forward and "
                       "one backward per micro-batch in turn, not 1F1B's interleaving): use --zero 1 or 2");
   }
-  if (cfg_.is_expert) {
-    if (!cfg_.expert_dp || !cfg_.ep) throw Error("zero: expert parallelism needs the expert-data-parallel and ep groups");
-    if (cfg_.stage == 3) throw ConfigError("--zero 3 with --ep is not built (its per-block gathers take whole blocks): use --zero 1 or 2");
+  if (cfg_.is_expert && (!cfg_.expert_dp || !cfg_.ep)) {
+    throw Error("zero: expert parallelism needs the expert-data-parallel and ep groups");
   }
   const bool pin = pin_for(device_);
   if (cfg_.param_dtype != at::kFloat && cfg_.param_dtype != at::kBFloat16 && cfg_.param_dtype != at::kHalf)
@@ -103,7 +107,11 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
   const auto pdev = dev.dtype(cfg_.param_dtype);
   at::NoGradGuard no_grad;
 
-  for (auto& [params, expert] : split_experts(units_of(model_), cfg_.is_expert)) {
+  std::vector<std::vector<at::Tensor>> whole_units = units_of(model_);
+  const size_t first_block_unit = whole_units.size() - model_.blocks().size();
+  block_units_.assign(model_.blocks().size(), {});
+  for (auto& [params, expert, origin] : split_experts(std::move(whole_units), cfg_.is_expert)) {
+    if (origin >= first_block_unit) block_units_[origin - first_block_unit].push_back(units_.size());
     auto u = std::make_unique<Unit>();
     u->params = std::move(params);
     u->expert = expert;
@@ -214,26 +222,29 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
 
   if (cfg_.stage == 3) {
     // Gather each block just before its forward (prefetching the next), free it after; gather
-    // it again when backward reaches its output (prefetching the previous one).
-    std::unordered_map<const BlockImpl*, size_t> unit_of;
+    // it again when backward reaches its output (prefetching the previous one). A block is its
+    // units: one, or under --ep its dense part (over dp) and its experts (over expert-dp).
+    std::unordered_map<const BlockImpl*, size_t> block_of;
     const auto blocks = model_.blocks();
-    for (size_t i = 0; i < blocks.size(); ++i) unit_of[blocks[i].get()] = units_.size() - blocks.size() + i;
+    for (size_t i = 0; i < blocks.size(); ++i) block_of[blocks[i].get()] = i;
     inner_runner_ = model_.block_runner;
     auto inner = inner_runner_;
-    model_.block_runner = [this, inner, unit_of](BlockImpl& block, const at::Tensor& x) {
-      const size_t i = unit_of.at(&block);
-      Unit& u = *units_[i];
-      wait_gathered(u);
-      if (i + 1 < units_.size()) gather_async(*units_[i + 1]);
+    model_.block_runner = [this, inner, block_of](BlockImpl& block, const at::Tensor& x) {
+      const size_t i = block_of.at(&block), n = block_units_.size();
+      for (const size_t u : block_units_[i]) wait_gathered(*units_[u]);
+      if (i + 1 < n)
+        for (const size_t u : block_units_[i + 1]) gather_async(*units_[u]);
       at::Tensor y = inner ? inner(block, x) : block.forward(x);
       // The last block's backward comes right after its forward: it stays gathered (FSDP's
       // reshard_after_forward=False for the root's last module) instead of being released and
       // gathered again with nothing to hide it. Without autograd (evaluation) it is released.
-      if (!(i + 1 == units_.size() && at::GradMode::is_enabled())) release(u);
+      if (!(i + 1 == n && at::GradMode::is_enabled()))
+        for (const size_t u : block_units_[i]) release(*units_[u]);
       if (y.requires_grad()) {
         y.register_hook([this, i](const at::Tensor&) {
-          wait_gathered(*units_[i]);
-          if (i > 1) gather_async(*units_[i - 1]);
+          for (const size_t u : block_units_[i]) wait_gathered(*units_[u]);
+          if (i > 0)
+            for (const size_t u : block_units_[i - 1]) gather_async(*units_[u]);
         });
       }
       return y;
@@ -309,8 +320,9 @@ void ZeroEngine::begin_micro(int64_t micro) {
     u->reduced = false;
   }
   if (cfg_.stage == 3) {
-    wait_gathered(*units_[0]);
-    if (units_.size() > 1) gather_async(*units_[1]);
+    wait_gathered(*units_[0]);  // the outer unit (the model's embedding, ln_f, head)
+    if (!block_units_.empty())
+      for (const size_t u : block_units_[0]) gather_async(*units_[u]);
   }
 }
 

@@ -48,9 +48,12 @@
 // backward follows at once (as FSDP keeps its root's last module). A hook on the block's output
 // gathers it again when backward reaches the block (and prefetches block i-1); once all its
 // gradients have landed its storage is freed again. Unit 0 is gathered at the start of each
-// micro-step and freed when its gradients have landed. Storage is freed by releasing the
-// flat buffer's allocation; the parameters stay views of it, so the autograd graph, activation
-// checkpointing's recomputation and the optimizer see ordinary tensors.
+// micro-step and freed when its gradients have landed. Under --ep an MoE block is two units,
+// its dense part sharded over dp and its experts over the expert-data-parallel group (as
+// ZeRO-1/2 shard them): both are gathered, prefetched and freed together, each over its group.
+// Storage is freed by releasing the flat buffer's allocation; the parameters stay views of it, so
+// the autograd graph, activation checkpointing's recomputation and the optimizer see ordinary
+// tensors.
 //
 // Offload (ZeroConfig::offload):
 //   optimizer  the fp32 master copy of the shard, its moments and the optimizer step live on the
@@ -212,6 +215,7 @@ class ZeroEngine {
   ZeroConfig cfg_;
   AdamWConfig adam_;
   std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<std::vector<size_t>> block_units_;  // block i's units (its dense part, then its experts under --ep)
   std::vector<Unit*> in_flight_;  // reductions launched and not yet finished, oldest first
   std::unique_ptr<HostAccumulator> host_adds_;  // offload all: reduced shards into the host shards
   GradReadyHooks hooks_;

@@ -112,15 +112,33 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
       }
       case 3: {
         // the outer units stay gathered from the forward to the backward of a micro-step, and so
-        // does the last block (parallel/zero.h)
+        // does the last block (parallel/zero.h). Under --ep an MoE block's experts are a unit of
+        // their own over the expert-data-parallel group (M = dp / ep ranks; a group of one still
+        // counts its gathers, comm_self.h, but skips its reduction, parallel/zero.h).
         int64_t outer = 0;
         for (size_t i = 0; i + static_cast<size_t>(st.blocks) < st.units.size(); ++i) outer += padded_numel(st.units[i], N);
         const double n0 = static_cast<double>(outer);
         const double n_last = st.blocks > 0 ? static_cast<double>(padded_numel(st.units.back(), N)) : 0.0;
-        dp("forward parameter all-gathers", Kd * pb * psi_p, Window::Forward, K);
-        dp("backward parameter all-gathers (outer unit and last block kept)", Kd * pb * (psi_p - n0 - n_last), Window::Backward, K);
-        if (reduce_each) dp("gradient reduce-scatter (every micro-step)", Kd * rb * psi_p, Window::Backward, K);
-        else dp("gradient reduce-scatter (last micro-step)", rb * psi_p, Window::LastBackward, 1);
+        const double experts_p = static_cast<double>(st.psi_experts_padded), dense_p = psi_p - experts_p;
+        const int64_t M = l.ep > 1 ? l.dp / l.ep : 1;
+        const bool last_moe = st.blocks > 0 && m.is_moe_layer(st.first_block + st.blocks - 1) && !st.expert_units.empty();
+        const double e_last = last_moe ? static_cast<double>(padded_numel(st.expert_units.back(), M)) : 0.0;
+        const std::string tail = l.ep > 1 ? " (dense units)" : "";
+        dp("forward parameter all-gathers" + tail, Kd * pb * dense_p, Window::Forward, K);
+        dp("backward parameter all-gathers (outer unit and last block kept)" + tail, Kd * pb * (dense_p - n0 - n_last),
+           Window::Backward, K);
+        if (reduce_each) dp("gradient reduce-scatter (every micro-step)" + tail, Kd * rb * dense_p, Window::Backward, K);
+        else dp("gradient reduce-scatter (last micro-step)" + tail, rb * dense_p, Window::LastBackward, 1);
+        if (experts_p > 0) {
+          const std::string copies = ", " + std::to_string(M) + " copies";
+          auto edp = [&](std::string what, double bytes, Window w, int64_t occ) {
+            out.push_back(collective("edp", std::move(what) + copies, M, bytes, k.dp_bw, k.dp, w, occ));
+          };
+          edp("expert forward parameter all-gathers", Kd * pb * experts_p, Window::Forward, K);
+          edp("expert backward parameter all-gathers (the last block's kept)", Kd * pb * (experts_p - e_last), Window::Backward, K);
+          if (M > 1 && reduce_each) edp("expert gradient reduce-scatter (every micro-step)", Kd * rb * experts_p, Window::Backward, K);
+          else if (M > 1) edp("expert gradient reduce-scatter (last micro-step)", rb * experts_p, Window::LastBackward, 1);
+        }
         break;
       }
     }

@@ -65,10 +65,6 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
   if (ep > 1) {
     if (!m.is_moe()) throw ConfigError("--ep " + s(ep) + " divides the experts of an MoE model: give --n-experts (or --model tiny-moe)");
     if (m.n_experts % ep != 0) throw ConfigError("--ep " + s(ep) + " does not divide the experts (--n-experts " + s(m.n_experts) + ")");
-    if (zero == 3) {
-      throw ConfigError("--ep with --zero 3 is not built (ZeRO-3 gathers whole blocks over dp; the experts are sharded "
-                        "over the ranks holding the same ones): use --zero 1 or 2");
-    }
     if (dp % ep != 0) {
       throw ConfigError("--ep " + s(ep) + " must divide the data-parallel size (dp " + s(dp) + " of " + s(devices()) +
                         " ranks): the expert-parallel groups are carved out of dp");
@@ -269,9 +265,11 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     for (int64_t n : st.expert_units) biggest = std::max(biggest, padded_numel(n, M));
     const bool full_buffer = l.zero == 1 || (l.zero_accum == ZeroAccum::Local && l.grad_accum > 1);
     if (l.zero >= 2 && !full_buffer) transient += 2 * 4 * static_cast<double>(biggest);
-    if (l.zero == 3) {  // gathered in the working weights' dtype
+    if (l.zero == 3) {  // gathered in the working weights' dtype; under --ep a block is its dense and expert units
       const double pb = l.param_bytes;
-      transient += pb * static_cast<double>(outer_units) + 2 * pb * static_cast<double>(max_block);
+      int64_t max_experts = 0;
+      for (int64_t n : st.expert_units) max_experts = std::max(max_experts, padded_numel(n, M));
+      transient += pb * static_cast<double>(outer_units) + 2 * pb * static_cast<double>(max_block + max_experts);
     }
     st.transient_bytes = transient;
     st.peak_device_bytes = static_cast<double>(st.state.device.total()) + st.activation_bytes + transient + l.base_bytes;

@@ -172,7 +172,7 @@
 // Expert parallelism (--ep e; parallel/expert_parallel.h): the dp ranks of a tp position are cut
 // into dp / e groups of e consecutive dp indices; rank r of a group holds experts [r E/e,
 // (r + 1) E/e) of every MoE layer, the router and everything else whole as before. e divides dp
-// and E; kiln builds it with DDP and tp on one pipeline stage (ZeRO and pp refused, as here).
+// and E; kiln builds it with DDP, ZeRO-1/2/3, tp and pp.
 //    Parameters: an MoE block's unit on a rank is attention + (E/e) mlp + E d; params_local and
 //      the model-state bytes (ZeRO-0's table, section 2) count them. psi_experts = the rank's
 //      expert parameters ((E/e) mlp per MoE block), psi_dense = Psi - psi_experts.
@@ -198,6 +198,12 @@
 //      ring's busbw. The experts' FLOPs per rank are unchanged at a balanced load.
 //    Memory: the experts' weight casts and the backward's expert-gradient buffers count E/e
 //      experts; per assignment one more int64 (the arrived rows' order, kept by index_select).
+//    ZeRO (parallel/zero.h): each MoE block's experts a unit of their own, sharded, reduced and
+//      (ZeRO-1/2) all-gathered after the step over the expert-dp group (M = dp / e; no reduction
+//      when M = 1); under ZeRO-3 both of a block's units are gathered for its forward and again
+//      for its backward (the last block's kept), each over its group -- a group of one still
+//      counts its gathers' bytes (distributed/comm_self.h) -- and its transient is the largest
+//      dense unit plus the largest expert unit, twice (gathered and prefetched).
 //
 // 4. Communication per rank per optimizer step, in kiln's comm_bytes convention (each
 //    collective counts its full buffer times its ring factor: all_reduce 2x, reduce_scatter 1x

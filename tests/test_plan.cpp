@@ -1697,6 +1697,29 @@ TEST(PlanExpertParallel, ActivationsAndTransientsCountTheRanksExperts) {
   EXPECT_DOUBLE_EQ(at1 - at2, 4.0 * 4 * (kExpert + 512 * 128));
 }
 
+TEST(PlanExpertParallel, Zero3GathersTheExpertsOverTheirCopies) {
+  // tiny-moe, dp 4, ep 2, ZeRO-3, K 1, fp32 on the CPU: dense units (outer 82,176; a block's attention and
+  // router 67,584) over dp 4, each MoE block's 4 experts (4 x 131,712 = 526,848) over their 2 copies
+  Layout l = ep_layout(4, 2);
+  l.zero = 3;
+  l.grad_accum = 1;
+  const Plan p = make_plan(tiny_moe(), toy_cluster(4), l);
+  const StagePlan& st = p.stages[0];
+  EXPECT_EQ(st.units, (std::vector<int64_t>{82176, 67584, 67584, 67584, 67584}));
+  EXPECT_EQ(st.expert_units, (std::vector<int64_t>{526848, 526848, 526848, 526848}));
+  // the model state: dense shards over 4, expert shards over 2 (params, grads, m, v: 16 bytes each)
+  EXPECT_EQ(st.state.device.total(), 16 * (82176 + 4 * 67584) / 4 + 16 * 4 * 526848 / 2);
+  double dense = 0, experts = 0;  // the dp group's (and the verdict's, over the world) and the expert copies'
+  for (const auto& it : st.comm) {
+    if (it.group == "edp") experts += it.comm_bytes;
+    else if (it.group != "ep") dense += it.comm_bytes;
+  }
+  const double D = 82176 + 4 * 67584, X = 4 * 526848;
+  // forward gathers, backward gathers (but the outer unit and the last block), the reduce-scatter
+  EXPECT_EQ(experts, 4 * (X + (X - 526848) + X));
+  EXPECT_EQ(dense, 4 * (D + (D - 82176 - 67584) + D) + 2 * 4 * (3 + 44));
+}
+
 TEST(PlanExpertParallel, RefusedAsKilnTrainRefusesIt) {
   auto message = [](const GPTConfig& m, const ClusterSpec& c, const Layout& l) -> std::string {
     try {
@@ -1707,8 +1730,8 @@ TEST(PlanExpertParallel, RefusedAsKilnTrainRefusesIt) {
     return "";
   };
   Layout z = ep_layout(2, 2);
-  z.zero = 3;
-  EXPECT_NE(message(tiny_moe(), toy_cluster(2), z).find("--ep with --zero 3 is not built"), std::string::npos);
+  z.zero = 3;  // ZeRO-3 composes with ep too (the experts' units over their copies)
+  EXPECT_EQ(message(tiny_moe(), toy_cluster(2), z), "");
   z.zero = 1;  // ZeRO-1/2 and pp compose with ep
   EXPECT_EQ(message(tiny_moe(), toy_cluster(2), z), "");
   Layout pp = ep_layout(2, 2);
@@ -1730,31 +1753,33 @@ TEST(PlanExpertParallel, RefusedAsKilnTrainRefusesIt) {
   EXPECT_EQ(j["layout"]["ep"], 2);
   EXPECT_NE(j["layout"]["command"].get<std::string>().find("--ep 2"), std::string::npos) << j["layout"]["command"];
   EXPECT_EQ(describe(a.layout).rfind("dp 4 (ep 2) tp 1 pp 1", 0), 0u) << describe(a.layout);
-  EXPECT_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--ep", "2", "--zero", "3"}), ConfigError);
+  EXPECT_NO_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--ep", "2", "--zero", "3"}));
   EXPECT_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--ep", "4"}), ConfigError);
 }
 
 TEST(PlanExpertParallel, SearchConsidersEpWithDdpZeroAndPipelines) {
   // Every fitting layout of tiny-moe on 4 devices: some with ep 2 or 4 (divisors of dp that
-  // divide 8), with DDP, ZeRO-1/2 and pp, never ZeRO-3; a dense model is never given ep.
+  // divide 8), with DDP, ZeRO-1/2/3 and pp (never ZeRO-3 with pp); a dense model is never given ep.
   SearchSpace space;
   space.global_batch = 8;
   space.top = 100000;
   const SearchResult r = search(tiny_moe(), toy_cluster(4), space);
   std::map<int64_t, int> by_ep;
-  int ep_zero = 0, ep_pp = 0;
+  int ep_zero = 0, ep_zero3 = 0, ep_pp = 0;
   for (const auto& b : r.best) {
     const Layout& l = b.plan.layout;
     ++by_ep[l.ep];
     if (l.ep > 1) {
-      EXPECT_TRUE(l.zero < 3 && l.dp % l.ep == 0) << describe(l);
+      EXPECT_TRUE(l.dp % l.ep == 0 && !(l.zero == 3 && l.pp > 1)) << describe(l);
       ep_zero += l.zero > 0 ? 1 : 0;
+      ep_zero3 += l.zero == 3 ? 1 : 0;
       ep_pp += l.pp > 1 ? 1 : 0;
     }
   }
   EXPECT_GT(by_ep[2], 0);
   EXPECT_GT(by_ep[4], 0);
   EXPECT_GT(ep_zero, 0);
+  EXPECT_GT(ep_zero3, 0);
   EXPECT_GT(ep_pp, 0);
   const SearchResult d = search(tiny(), toy_cluster(4), space);
   for (const auto& b : d.best) EXPECT_EQ(b.plan.layout.ep, 1);

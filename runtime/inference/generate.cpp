@@ -34,18 +34,20 @@ at::Tensor vocabulary_logits(const GPT& model, const at::Tensor& hidden, const s
   return all.view({t, B, Vt}).permute({1, 0, 2}).reshape({B, t * Vt});
 }
 
-// Rank 0's token on every rank of tp (they drew the same one; this keeps them from drifting).
-int64_t agree(int64_t token, const std::shared_ptr<Communicator>& tp, c10::Device device) {
-  if (!tp || tp->size() == 1) return token;
+// The group's rank 0's token on every rank of it (they drew the same one, or one from logits a
+// last bit apart; this keeps them from drifting).
+int64_t agree(int64_t token, const std::shared_ptr<Communicator>& group, c10::Device device) {
+  if (!group || group->size() == 1) return token;
   auto t = at::full({1}, token, at::TensorOptions().dtype(at::kLong).device(device));
-  tp->broadcast(t, 0)->wait();
+  group->broadcast(t, 0)->wait();
   return t.item<int64_t>();
 }
 
 }  // namespace
 
 Generation generate(GPT& model, const std::vector<int64_t>& prompt, const GenerateConfig& cfg,
-                    const std::shared_ptr<Communicator>& tp, const std::function<void(int64_t)>& on_token) {
+                    const std::shared_ptr<Communicator>& tp, const std::function<void(int64_t)>& on_token,
+                    const std::shared_ptr<Communicator>& ep) {
   cfg.validate();
   const GPTConfig& mc = model.config();
   if (prompt.empty()) throw ConfigError("generate: the prompt holds no token (start it with end-of-text)");
@@ -92,7 +94,9 @@ Generation generate(GPT& model, const std::vector<int64_t>& prompt, const Genera
     const auto hidden = cache ? forward_cached(model, idx, *cache) : model.hidden(idx);  // [1, n, d]
     out.positions += static_cast<int64_t>(run.size());
     const auto logits = vocabulary_logits(model, hidden.select(1, hidden.size(1) - 1), tp);  // [1, V']
-    const int64_t token = agree(sample_token(logits[0].narrow(0, 0, candidates), cfg.sampling, gen, context), tp, device);
+    // tp's rank 0 decides, then the ep group's (each of its ranks holds tp's rank-0 token by then)
+    const int64_t drawn = sample_token(logits[0].narrow(0, 0, candidates), cfg.sampling, gen, context);
+    const int64_t token = agree(agree(drawn, tp, device), ep, device);
     if (token == cfg.stop_token || std::find(cfg.stop_tokens.begin(), cfg.stop_tokens.end(), token) != cfg.stop_tokens.end()) {
       out.stopped = true;
       break;
@@ -111,7 +115,7 @@ Generation generate(GPT& model, const std::vector<int64_t>& prompt, const Genera
 }
 
 std::string training_sample(GPT& model, const Tokenizer& tokenizer, int64_t tokens, const std::shared_ptr<Communicator>& tp,
-                            double temperature, uint64_t seed) {
+                            double temperature, uint64_t seed, const std::shared_ptr<Communicator>& ep) {
   GenerateConfig cfg;
   cfg.sampling.temperature = temperature;
   cfg.max_new_tokens = tokens;
@@ -119,7 +123,7 @@ std::string training_sample(GPT& model, const Tokenizer& tokenizer, int64_t toke
   cfg.stop_token = tokenizer.eot();
   cfg.stop_tokens = tokenizer.end_tokens();
   cfg.candidates = std::min(tokenizer.vocab_size(), model.config().vocab_size);
-  return valid_utf8(tokenizer.decode(generate(model, {tokenizer.eot()}, cfg, tp).tokens));
+  return valid_utf8(tokenizer.decode(generate(model, {tokenizer.eot()}, cfg, tp, nullptr, ep).tokens));
 }
 
 }  // namespace kiln

@@ -64,15 +64,22 @@ struct Generation {
 // (a whole model or a tp shard, on any device; put in eval mode for the call and back after).
 // on_token(id), when given, sees each new token as it is drawn (streaming). Throws ConfigError for
 // a bad config, an empty prompt or candidates above the model's vocabulary.
+// With expert parallelism (`ep`: the rank's ep group, whose MoE layers exchange rows in every
+// forward) every rank of the group generates alike, each from the same prompt: the group's rank 0
+// decides each token (after tp's rank 0 has), so that no rank stops or runs a forward the others
+// do not (a token drawn apart on one rank from logits a last bit apart would leave the group's
+// all-to-alls unmatched).
 Generation generate(GPT& model, const std::vector<int64_t>& prompt, const GenerateConfig& cfg,
                     const std::shared_ptr<Communicator>& tp = nullptr,
-                    const std::function<void(int64_t)>& on_token = nullptr);
+                    const std::function<void(int64_t)>& on_token = nullptr,
+                    const std::shared_ptr<Communicator>& ep = nullptr);
 
 // `kiln train --sample-every`: a short sample as llm.c prints during training -- from end-of-text
 // alone, `tokens` new tokens, greedy when temperature is 0, else drawn with `seed` -- decoded by
 // `tokenizer`, invalid UTF-8 replaced (valid_utf8), so it can be printed and logged. Collective
-// over tp (the ranks of one model replica call it); the text is the same on each of them.
+// over tp (the ranks of one model replica call it) and, with expert parallelism, over `ep` (the
+// replicas of the first ep group call it); the text is the same on each of them.
 std::string training_sample(GPT& model, const Tokenizer& tokenizer, int64_t tokens, const std::shared_ptr<Communicator>& tp,
-                            double temperature = 0.0, uint64_t seed = 1337);
+                            double temperature = 0.0, uint64_t seed = 1337, const std::shared_ptr<Communicator>& ep = nullptr);
 
 }  // namespace kiln

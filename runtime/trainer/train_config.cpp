@@ -117,14 +117,6 @@ void TrainConfig::validate_layout() const {
       throw ConfigError("--ep " + std::to_string(ep) + " does not divide the experts (--n-experts " + std::to_string(gpt.n_experts) +
                         "); --ep values that do: " + fits);
     }
-    if (zero == 3) {
-      throw ConfigError("--ep with --zero 3 is not built (ZeRO-3 gathers whole blocks over dp; the experts are sharded "
-                        "over the ranks holding the same ones): use --zero 1 or 2");
-    }
-    if (sample_every > 0) {
-      throw ConfigError("--ep with --sample-every is not built yet: the sampler runs on dp rank 0 alone, which holds only "
-                        "its experts (sample from a checkpoint with kiln sample)");
-    }
   }
   if (gpt.is_moe() && (sp || cp > 1)) {
     throw ConfigError(std::string("--n-experts with ") + (sp ? "--sp" : "--cp") +

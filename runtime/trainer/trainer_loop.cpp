@@ -268,7 +268,9 @@ bool Trainer::after_step(Loop& loop, int64_t step, double step_s) {
     loop.last_eval = evaluate(step + 1);
     new_best = note_evaluation(loop, step, &save_now);
   }
-  if (sample_now && (!r.mesh || r.mesh->coord().dp == 0)) write_sample(step);
+  // the first replica samples (with --ep the first ep group's replicas, whose MoE layers hold
+  // the experts between them)
+  if (sample_now && (!r.mesh || r.mesh->coord().dp < r.shape.ep)) write_sample(step);
   if (save_now) save_checkpoint(loop, step);
   if (new_best && cfg_.keep_best) r.checkpointer->mark_best(step + 1);
   if (stopping) {
@@ -311,7 +313,8 @@ bool Trainer::note_evaluation(Loop& loop, int64_t step, bool* save_now) {
 void Trainer::write_sample(int64_t step) {
   Run& r = *run_;
   const std::string text = training_sample(*r.model, *r.tokenizer, 64, r.shape.tp > 1 ? r.mesh->tp() : nullptr,
-                                           /*temperature=*/1.0, cfg_.seed + static_cast<uint64_t>(step + 1));
+                                           /*temperature=*/1.0, cfg_.seed + static_cast<uint64_t>(step + 1),
+                                           r.shape.ep > 1 ? r.mesh->ep() : nullptr);
   r.log.write({{"type", "sample"}, {"step", step + 1}, {"text", text}});
   if (proc_.rank == 0) {
     std::printf("sample at step %lld:\n---\n%s\n---\n", static_cast<long long>(step + 1), text.c_str());

@@ -8,7 +8,7 @@
 #   dropless    --moe-capacity-factor 0: 1 process against dp 2
 #   ep          expert parallelism (parallel/expert_parallel.h): ep 2 over dp 2, ep 2 with dp 4,
 #               ep 4 with dp 4, dropless ep 4, ep 2 x tp 2 (4 ranks); with ZeRO-1 at dp 2 and
-#               dp 4, ZeRO-2 offloaded at dp 4, ZeRO-1 x tp 2; with pp 2 (DDP and ZeRO-1); with
+#               dp 4, ZeRO-2 offloaded at dp 4, ZeRO-1 x tp 2, ZeRO-3 at dp 2 and dp 4; with pp 2 (DDP and ZeRO-1); with
 #               full recomputation, and ZeRO-2 with selective
 # Checked over 10 steps: loss and gradient norm per step and the final weights' fingerprint within
 # a relative 1e-5 (the DDP parity tolerance, tests/cli/ddp_parity.sh: the same products summed in
@@ -27,10 +27,14 @@
 # resumed on dp 2 x ZeRO-1 and from a tp 2 checkpoint on 1 process, within 1e-5; an ep 2
 # checkpoint (every expert saved once, whole) replayed exactly on ep 2 and resumed within 1e-5 on
 # one process and on ep 4; an ep 2 x ZeRO-2 one replayed exactly and resumed on one process; the
-# single process's resumed on ep 2 x ZeRO-1; an ep 2 x pp 2 one resumed on one process.
+# single process's resumed on ep 2 x ZeRO-1; an ep 2 x pp 2 one and an ep 2 x ZeRO-3 (dp 4) one
+# resumed on one process.
 # comm_bytes - ep_comm_bytes of ep 2 x ZeRO-1 (dp 2, dp 4) exactly (the ZeRO traffic of both kinds
 # of unit and the verdict); one host read per MoE layer and forward under ep (device-check mode).
-# Bad input: --sp / --cp with experts, --ep with ZeRO-3 or --sample-every, not dividing the experts or dp, on a dense
+# --sample-every under ep 2 and ep 2 x tp 2: the first ep group's ranks sample together (their
+# MoE layers exchange rows), and the text is the single process's (the same seed, weights within
+# 1e-5: no draw falls between them).
+# Bad input: --sp / --cp with experts, --ep not dividing the experts or dp, on a dense
 # model, top-k above the experts, a negative capacity factor,
 # --moe-every 0, --init-from a dense checkpoint into an MoE model.
 source "$(dirname "$0")/common.sh"
@@ -43,7 +47,7 @@ mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversub
 T=(train --device cpu --model tiny-moe --steps 10 --log-every 100 --micro-batch 2)
 bg=()
 
-"$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/ref" --save-every 5 --keep-last 0 --log-json "$work/ref.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/ref" --save-every 5 --keep-last 0 --sample-every 10 --log-json "$work/ref.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --log-json "$work/dp2.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --zero 1 --log-json "$work/z1.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --zero 3 --log-json "$work/z3.jsonl" >/dev/null
@@ -54,17 +58,21 @@ mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --pp 2 --log-json "$work/pp2.jsonl" >
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --moe-capacity-factor 0 --log-json "$work/dp2_0.jsonl" >/dev/null
 # Expert parallelism: ep 2 over dp 2, ep 2 with dp 4 (two ep groups; the experts reduced over
 # the pairs holding the same ones), ep 4 with dp 4 (one expert pair per rank), dropless ep 4.
-mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --save-dir "$work/ep2" --save-every 5 --log-json "$work/ep2.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --save-dir "$work/ep2" --save-every 5 --sample-every 10 --log-json "$work/ep2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --log-json "$work/ep2dp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 4 --log-json "$work/ep4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 4 --moe-capacity-factor 0 --log-json "$work/ep4_0.jsonl" >/dev/null
-mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --ep 2 --log-json "$work/ep2tp2.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --ep 2 --sample-every 10 --log-json "$work/ep2tp2.jsonl" >/dev/null
 # ... with ZeRO (the experts sharded over the ranks holding the same ones, parallel/zero.h): ZeRO-1
 # at ep = dp 2 (the experts' group of one reduces nothing) and at dp 4; ZeRO-2 with the optimizer
 # offloaded, saved at step 5; ZeRO-1 with tp 2. With pp 2 (ep groups per stage): DDP and ZeRO-1.
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --zero 1 --log-json "$work/ep2z1.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 1 --log-json "$work/ep2z1dp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --offload optimizer --save-dir "$work/ep2z2" --save-every 5 --log-json "$work/ep2z2.jsonl" >/dev/null
+# ZeRO-3 with ep: each MoE block's dense part gathered over dp, its experts over their copies
+# (dp 2: a group of one; dp 4: two), prefetched and freed together; the dp 4 one saved at step 5
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --zero 3 --log-json "$work/ep2z3.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 3 --save-dir "$work/ep2z3dp4" --save-every 5 --log-json "$work/ep2z3dp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --ep 2 --zero 1 --log-json "$work/ep2tp2z1.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --save-dir "$work/ep2pp2" --save-every 5 --log-json "$work/ep2pp2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --zero 1 --log-json "$work/ep2pp2z1.jsonl" >/dev/null
@@ -97,6 +105,7 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 4 --resume "$work/ep2/step_00000
 # single process's resumed on ep 2 x ZeRO-1 (dp 4); the ep 2 x pp 2 one on one process.
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --offload optimizer --resume "$work/ep2z2/step_00000005" --log-json "$work/ep2z2_replay.jsonl" >/dev/null
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --resume "$work/ep2z2/step_00000005" --log-json "$work/from_ep2z2.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --resume "$work/ep2z3dp4/step_00000005" --log-json "$work/from_ep2z3dp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 1 --resume "$work/ref/step_00000005" --log-json "$work/to_ep2z1.jsonl" >/dev/null
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --resume "$work/ep2pp2/step_00000005" --log-json "$work/from_ep2pp2.jsonl" >/dev/null
 for pid in "${bg[@]}"; do wait "$pid" || fail "a background run"; done
@@ -159,6 +168,13 @@ c0 = ref[0]
 assert c0["params"] == 4567296 and c0["params_active"] == 1406208, (c0["params"], c0["params_active"])
 L, E = c0["config"]["n_layer"], c0["config"]["n_experts"]
 assert all(0 < r["moe_dropped"] < 0.5 for r in steps(ref).values()), "capacity 1.25 drops some assignments"
+# --sample-every under expert parallelism: the sample the first ep group draws together is the
+# single process's (64 tokens drawn at temperature 1 with the same seed)
+sample = lambda rs: [r["text"] for r in rs if r["type"] == "sample"]
+assert len(sample(ref)) == 1 and sample(ref)[0], sample(ref)
+for name in ("ep2", "ep2tp2"):
+    assert sample(load(f"{d}/{name}.jsonl")) == sample(ref), (name, sample(load(f"{d}/{name}.jsonl")), sample(ref))
+print(f"--sample-every at ep 2 and ep 2 x tp 2: the single process's sample ({len(sample(ref)[0])} characters)")
 for name, world in (("dp2", (2, 1, 1)), ("z1", (2, 1, 1)), ("z3", (2, 1, 1)), ("tp2", (1, 2, 1)), ("pp2", (1, 1, 2)),
                     ("ac", (1, 1, 1))):
     run = load(f"{d}/{name}.jsonl")
@@ -170,7 +186,7 @@ for name, world in (("dp2", (2, 1, 1)), ("z1", (2, 1, 1)), ("z3", (2, 1, 1)), ("
 for name, ep, dp, r in (("ep2", 2, 2, ref), ("ep2dp4", 2, 4, ref), ("ep4", 4, 4, ref), ("ep4_0", 4, 4, load(f"{d}/ref0.jsonl")),
                         ("ep2tp2", 2, 2, ref), ("ep2z1", 2, 2, ref), ("ep2z1dp4", 2, 4, ref), ("ep2z2", 2, 4, ref),
                         ("ep2tp2z1", 2, 2, ref), ("ep2pp2", 2, 2, ref), ("ep2pp2z1", 2, 2, ref), ("ep2ac", 2, 2, ref),
-                        ("ep2z2sel", 2, 2, ref)):
+                        ("ep2z2sel", 2, 2, ref), ("ep2z3", 2, 2, ref), ("ep2z3dp4", 2, 4, ref)):
     run = load(f"{d}/{name}.jsonl")
     assert (run[0]["world"]["dp"], run[0]["config"]["ep"]) == (dp, ep), (name, run[0]["world"])
     # Each rank holds E / ep experts of every MoE layer.
@@ -272,7 +288,7 @@ for a, b in (("ep2", "ep2_replay"), ("ep2z2", "ep2z2_replay")):
         for key in ("loss", "grad_norm") + ROUTING:
             assert se[s][key] == sr2[s][key], (b, s, key, se[s][key], sr2[s][key])
     print(f"{a} replay from step 5: steps 6-10 equal (==)")
-for name in ("to_z1", "from_tp2", "from_ep2", "ep2_to_ep4", "from_ep2z2", "to_ep2z1", "from_ep2pp2"):
+for name in ("to_z1", "from_tp2", "from_ep2", "ep2_to_ep4", "from_ep2z2", "from_ep2z3dp4", "to_ep2z1", "from_ep2pp2"):
     worst = compare(ref, load(f"{d}/{name}.jsonl"), name, 1e-5, first=6)
     same_routing(ref, load(f"{d}/{name}.jsonl"), name, first=6)
     print(f"{name}: steps 6-10 within {worst:.1e}, routing identical")
@@ -281,8 +297,6 @@ PY
 # Bad input: one line, exit 2.
 expect_refused 2 "--n-experts with --sp is not built" train --device cpu --model tiny-moe --steps 1 --tp 2 --sp
 expect_refused 2 "--n-experts with --cp is not built" train --device cpu --model tiny-moe --steps 1 --cp 2
-expect_refused 2 "--ep with --zero 3 is not built" train --device cpu --model tiny-moe --steps 1 --ep 2 --zero 3
-expect_refused 2 "--ep with --sample-every is not built yet" train --device cpu --model tiny-moe --steps 1 --ep 2 --sample-every 1
 expect_refused 2 "--ep 3 does not divide the experts \(--n-experts 8\); --ep values that do: 1, 2, 4, 8" train --device cpu --model tiny-moe --steps 1 --ep 3
 expect_refused 2 "--ep 2 divides the experts of an MoE model" train --device cpu --model tiny --steps 1 --ep 2
 expect_refused 2 "--ep 4 must divide the data-parallel size \(dp 2" train --device cpu --model tiny-moe --steps 1 --ep 4

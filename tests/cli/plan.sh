@@ -133,7 +133,6 @@ expect_fail "--cp with --sp is not built" --model tiny --gpus-per-node 4 --cp 2 
 expect_fail "--sp does not go with --search" --model tiny --search --sp
 expect_fail "--n-experts with --sp is not built" --model tiny-moe --gpus-per-node 2 --tp 2 --sp
 expect_fail "--top-k must be in \[1, --n-experts 2\]" --model tiny --n-experts 2 --top-k 3
-expect_fail "--ep with --zero 3 is not built" --model tiny-moe --gpus-per-node 2 --ep 2 --zero 3
 expect_fail "--ep 4 must divide the data-parallel size \(dp 2 of 2 ranks\)" --model tiny-moe --gpus-per-node 2 --ep 4
 expect_fail "--ep 2 divides the experts of an MoE model" --model tiny --gpus-per-node 2 --ep 2
 
@@ -356,6 +355,7 @@ mpi 2 "$KILN_BIN" "${E[@]}" --ep 2 --log-json "$work/ep2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${E[@]}" --ep 2 --tp 2 --log-json "$work/ep2tp2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${E[@]}" --ep 2 --zero 1 --log-json "$work/ep2z1dp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${E[@]}" --ep 2 --pp 2 --zero 1 --log-json "$work/ep2pp2z1.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${E[@]}" --ep 2 --zero 3 --log-json "$work/ep2z3dp4.jsonl" >/dev/null
 # dp 2, ep 2: 2 x 4 x 352,512 dense + the verdict 2 x 4 x (2 + 44); tp 2 x ep 2: 2 x 4 x 187,904
 # dense + 368 + tiny-moe's tp traffic at tp 2 (5,255,184); ZeRO-1 at dp 4: (4 + 4) x 2,459,904
 # (the dense units over dp 4, the experts over their 2 copies) + the verdict with the norm
@@ -364,6 +364,13 @@ check_compare_ep "$work/ep2.jsonl" $((2 * 4 * 352512 + 368)) 4 16
 check_compare_ep "$work/ep2tp2.jsonl" $((2 * 4 * 187904 + 368 + 5255184)) 4 16
 check_compare_ep "$work/ep2z1dp4.jsonl" $((8 * 2459904 + 376)) 4 0
 check_compare_ep "$work/ep2pp2z1.jsonl" 2130296 2 0
+# ZeRO-3 at dp 4, ep 2, K 2, fp32: the dense units (the outer unit 82,176 and 4 blocks' attention
+# 66,560 + the router 8 x 128 = 67,584, both multiples of 4 x 64) gathered
+# for each forward and, but the outer unit and the last block, each backward, and reduce-scattered
+# each micro-step; the experts (4 x 4 x 131,712 = 2,107,392 a rank, over their 2 copies) alike;
+# the verdict with the norm and the routing rows
+dense=$((82176 + 4 * 67584)) experts=$((4 * 4 * 131712))
+check_compare_ep "$work/ep2z3dp4.jsonl" $((2 * 4 * (dense + dense - 82176 - 67584 + dense) + 2 * 4 * (experts + experts - 4 * 131712 + experts) + 2 * 4 * (3 + 44))) 4 0
 grep -q "layout: dp 2 (ep 2) tp 2 pp 1" "$work/ep2tp2.jsonl.txt" || { cat "$work/ep2tp2.jsonl.txt"; fail "ep compare text"; }
 
 # ---- --compare against the Llama family's runs ----------------------------------------------------
