@@ -48,6 +48,11 @@ PipelineStage::PipelineStage(GPT& model, std::shared_ptr<Communicator> pp, c10::
   }
 }
 
+at::Tensor PipelineStage::local(const at::Tensor& ids) const {
+  const LayerOps& ops = *model_.shard().ops;
+  return ops.local_tokens ? ops.local_tokens(ids) : ids;  // --cp: the rank's two chunks of each sequence
+}
+
 at::ScalarType PipelineStage::residual_dtype() const {
   const auto params = model_.parameters();
   return params.empty() ? at::kFloat : params.front().scalar_type();
@@ -89,9 +94,9 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
           b.targets = to_device(b.targets, device_, /*non_blocking=*/true);
         }
         AutocastScope autocast(precision_, device_.type());
-        at::Tensor y = model_.run_blocks(first() ? model_.embed(b.inputs) : s.input);
+        at::Tensor y = model_.run_blocks(first() ? model_.embed(local(b.inputs)) : s.input);
         if (last()) {
-          s.output = model_.head_loss(y, b.targets);
+          s.output = model_.head_loss(y, local(b.targets));
           loss_sum += s.output.detach().to(at::kFloat);
         } else {
           s.output = y;
@@ -140,9 +145,9 @@ at::Tensor PipelineStage::evaluate(int micros, const std::function<Batch(int)>& 
       b.targets = to_device(b.targets, device_);
     }
     AutocastScope autocast(precision_, device_.type());
-    at::Tensor y = model_.run_blocks(first() ? model_.embed(b.inputs) : inputs.at(a.micro));
+    at::Tensor y = model_.run_blocks(first() ? model_.embed(local(b.inputs)) : inputs.at(a.micro));
     inputs.erase(a.micro);
-    if (last()) loss_sum += model_.head_loss(y, b.targets).to(at::kFloat);
+    if (last()) loss_sum += model_.head_loss(y, local(b.targets)).to(at::kFloat);
     else outputs[a.micro] = y.to(residual_dtype());
   }
   return loss_sum;
@@ -169,7 +174,7 @@ std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, c
   return runs;
 }
 
-at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp, const GradOf& grad_at) {
+at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t replicas, const GradOf& grad_at) {
   at::NoGradGuard no_grad;
   std::vector<std::pair<at::Tensor, double>> pieces;
   const double ep = static_cast<double>(model.shard().ops->expert_split);
@@ -190,7 +195,7 @@ at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp, const GradOf& gra
     const auto params = model.parameters();
     total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(params.empty() ? at::kCPU : params[0].device()));
   }
-  return total / static_cast<double>(dp);
+  return total / static_cast<double>(replicas);
 }
 
 int pipeline_stage_of(const std::string& name, const std::vector<int64_t>& block_counts) {

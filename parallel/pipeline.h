@@ -73,6 +73,8 @@ class PipelineStage {
 
   int stage() const { return stage_; }
   at::ScalarType residual_dtype() const;
+  // The ids the stage's embedding and loss take: all of them, or under --cp the rank's chunks.
+  at::Tensor local(const at::Tensor& ids) const;
   int stages() const { return stages_; }
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ + 1 == stages_; }
@@ -115,10 +117,11 @@ class PipelineStage {
 std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, const at::Tensor& local, const GPT& model);
 
 // The share of this rank's gradients in the squared global norm, for a sum over the whole
-// dp x tp x pp world (fp64 scalar on the gradients' device): count_weights' weights, divided by
-// dp (every dp rank holds the same reduced gradients; under expert parallelism an expert's are on
-// dp / ep ranks, so its share is times ep). grads: as clip_grad_norm_tp's.
-at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t dp, const GradOf& grads = {});
+// dp x cp x tp x pp world (fp64 scalar on the gradients' device): count_weights' weights, divided
+// by `replicas` = dp x cp (every rank of the dp x cp group holds the same reduced gradients; under
+// expert parallelism an expert's are on dp / ep ranks, so its share is times ep). grads: as
+// clip_grad_norm_tp's.
+at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t replicas, const GradOf& grads = {});
 
 // The stage whose copy of whole-model parameter `name` a checkpoint takes: the first for wte
 // and wpe (the last stage's wte is the tied copy), the last for ln_f, the stage of its block.

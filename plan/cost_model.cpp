@@ -56,9 +56,6 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
     throw ConfigError("--cp " + s(cp) + " needs the sequence length (" + s(m.seq_len) + ") to divide into 2 x cp = " +
                       s(2 * cp) + " chunks (each rank holds two)");
   }
-  if (cp > 1 && pp > 1) {
-    throw ConfigError("--cp with --pp is not built (context parallelism runs the whole model on each rank): use --cp with --tp, dp and ZeRO");
-  }
   if (cp > 1 && sp) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
   // expert parallelism: kiln's refusals (runtime/trainer/train_config.cpp, runtime/trainer/trainer.cpp), word for word
   if (ep < 1) throw ConfigError("--ep must be at least 1 (got " + s(ep) + ")");

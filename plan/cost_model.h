@@ -252,8 +252,8 @@
 //    tp replicates is all-reduced over tp in each backward, in its own dtype: per micro-batch
 //    2 pb (6 L_s d [+ T d wpe, first stage] [+ 2 d ln_f, last stage]) (the LayerNorms and the
 //    two row-parallel biases of each block; the Llama family: 2 n per block, the biases only
-//    under bias = all, wpe only with learned positions, ln_f's n). (sp with pp is refused: kiln's
-//    pipeline exchanges whole sequences.)
+//    under bias = all, wpe only with learned positions, ln_f's n). With pp the stages exchange
+//    the rank's rows (T / t under sp, T / c under cp; section 4's pp).
 //    cp (parallel/context_parallel.h): per layer and micro-batch one all-gather of the stacked K
 //    and V, output [2, b, KV_t, T, h], 2 b KV_t T h a bytes (again per recomputed forward under
 //    full; selective keeps the gathered K, V), and one reduce-scatter of their gradient, the same

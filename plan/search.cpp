@@ -131,7 +131,7 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
   bool any_dp = false;
   // The mesh shapes: dp x cp x tp x pp = devices; cp where 2 cp divides the sequence; sp on and
   // off wherever tp > 1 (kiln builds it without cp); for an MoE model ep over the divisors of dp
-  // that divide the experts. Layouts kiln refuses (cp with pp, tp not dividing the heads, MoE
+  // that divide the experts. Layouts kiln refuses (cp with sp, tp not dividing the heads, MoE
   // with sp or cp...) are counted by the validation below.
   struct Shape {
     int64_t dp, cp, tp, pp;

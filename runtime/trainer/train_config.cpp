@@ -105,7 +105,6 @@ void TrainConfig::validate_layout() const {
     throw ConfigError("--cp " + std::to_string(cp) + " needs the sequence length (" + std::to_string(gpt.seq_len) +
                       ") to divide into 2 x cp = " + std::to_string(2 * cp) + " chunks (each rank holds two)");
   }
-  if (cp > 1 && pp > 1) throw ConfigError("--cp with --pp is not built (context parallelism runs the whole model on each rank): use --cp with --tp, dp and ZeRO");
   if (cp > 1 && sp) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
   at_least("ep", ep, int64_t{1});
   if (ep > 1) {

@@ -164,7 +164,7 @@ at::Tensor Trainer::gradient_norm(double loss_scale) {
   // Expert parallelism: ZeRO's shards and the pipeline's shares count each expert once as they
   // are; DDP's replicated gradients sum the experts' squares over ep (clip_grad_norm_ep).
   return r.zero             ? r.zero->local_grad_sq_norm()
-         : r.pipe           ? pipeline_grad_sq_norm_share(*r.model, r.shape.dp, r.grad_of)
+         : r.pipe           ? pipeline_grad_sq_norm_share(*r.model, r.shape.grad_ranks(), r.grad_of)
          : r.shape.ep > 1   ? clip_grad_norm_ep(*r.model, cfg_.grad_clip, loss_scale, r.mesh->ep(),
                                                 r.shape.tp > 1 ? r.mesh->tp() : nullptr, r.grad_of)
          : r.shape.tp > 1   ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, loss_scale, r.mesh->tp(), r.grad_of)
@@ -203,7 +203,9 @@ void Trainer::queue_verdict(QueuedStep& out, const at::Tensor& loss_sum, const a
   }
 
   out.verdict = verdict;
-  out.loss_copies = r.pipe ? r.shape.dp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
+  // the last stage's dp x cp x tp ranks each put their loss in the world's sum (cp: the mean over
+  // its own positions; their mean is the whole mean, as cp's verdict over dp x cp makes it)
+  out.loss_copies = r.pipe ? r.shape.dp * r.shape.cp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
   // Each MoE row summed over the dp ranks' tokens, and over tp copies of the same when the
   // verdict went over the world.
   out.moe_copies = reduce_verdict && over_world ? r.shape.tp : 1;

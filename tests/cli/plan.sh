@@ -128,7 +128,6 @@ expect_fail "--pp 8 is larger than the model's 4 blocks" --model tiny --pp 8
 expect_fail "--pp-split does not go with --compare" --compare "$work/junk.jsonl" --pp-split 2,2
 expect_fail "--sp splits the sequence over the tensor-parallel group: it needs --tp 2 or more" --model tiny --sp
 expect_fail "--cp 3 needs the sequence length \(128\) to divide into 2 x cp = 6 chunks" --model tiny --gpus-per-node 3 --cp 3
-expect_fail "--cp with --pp is not built" --model tiny --gpus-per-node 4 --cp 2 --pp 2
 expect_fail "--cp with --sp is not built" --model tiny --gpus-per-node 4 --cp 2 --tp 2 --sp
 expect_fail "--sp does not go with --search" --model tiny --search --sp
 expect_fail "--n-experts with --sp is not built" --model tiny-moe --gpus-per-node 2 --tp 2 --sp
@@ -256,8 +255,9 @@ mpi 2 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --tp 2 --sp --log-json "$work/sp2.jso
 mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --tp 2 --sp --zero 1 --precision bf16 --param-dtype fp32 \
   --activation-checkpointing full --log-json "$work/sp2dp2_z1_full.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --cp 2 --zero 3 --precision bf16 --log-json "$work/cp2_z3_bf16.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 2 --cp 2 --pp 2 --log-json "$work/cp2_pp2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${Z[@]}" --grad-accum 1 --cp 4 --seq-len 256 --log-json "$work/cp4.jsonl" >/dev/null
-for log in sp2 sp2dp2_z1_full cp2_z3_bf16 cp4; do check_compare "$work/$log.jsonl"; done
+for log in sp2 sp2dp2_z1_full cp2_z3_bf16 cp4 cp2_pp2; do check_compare "$work/$log.jsonl"; done
 python3 - "$work" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -273,7 +273,13 @@ assert rows("sp2")["comm_bytes"]["measured"] == rows("tp2")["comm_bytes"]["measu
 # layer the stacked K, V gathered ([2, 2, 4, 256, 32] x 4 B) and their gradient reduce-scattered
 kv = 2 * 2 * 4 * 256 * 32 * 4
 assert rows("cp4")["comm_bytes"]["measured"] == 2 * 4 * 891648 + 16 + L * 2 * kv
-print("sp: tp's traffic + the backward's re-gathers + the replicated gradients; cp 4: DDP + K/V gathers, by hand")
+# cp 2 x pp 2, stage 0 (2 blocks; wte, wpe), K 2, fp32: DDP over dp x cp = 2 of its 478,464
+# parameters; per block and micro-batch the K/V gather and its reduce-scatter ([2, 2, 4, 128, 32]
+# x 4 B each); its 2 x 128 / 2 = 128 positions a micro-batch sent to stage 1 (128 x 128 x 4); the
+# tied wte's gradient (65,536 x 4); the world's verdict (24)
+kv2 = 2 * 2 * 4 * 128 * 32 * 4
+assert rows("cp2_pp2")["comm_bytes"]["measured"] == 2 * 4 * 478464 + 2 * 2 * 2 * kv2 + 2 * 128 * 128 * 4 + 4 * 65536 + 24
+print("sp: tp's traffic + the backward's re-gathers + the replicated gradients; cp 4: DDP + K/V gathers; cp 2 x pp 2, by hand")
 PY
 
 # ---- --compare against Mixture-of-Experts runs ----------------------------------------------------

@@ -5,7 +5,8 @@
 #   tp 2 with and without --sp; tp 2 + sp with full and selective recomputation, with ZeRO-1
 #   and ZeRO-3 over dp 2, with pp 2, with one kv head (replicated over tp); cp 2, cp 2 x tp 2,
 #   cp 2 x dp 2 (DDP), cp 2 x dp 2 under ZeRO-1, cp 2 under ZeRO-3, cp 2 x tp 2 x dp 2 under
-#   ZeRO-1 (8 ranks); cp 4 at seq 256 against its own single process.
+#   ZeRO-1 (8 ranks), cp 2 x pp 2, cp 2 x tp 2 x pp 2 (8 ranks, steps 1-10); cp 4 at seq 256
+#   against its own single process.
 # Tolerance: relative 1e-5 on every step's loss and gradient norm and the final weights'
 # fingerprint, tp's (tests/cli/tp_parity.sh): the split layers and the gathered attention sum
 # the same products in another order (measured ~1e-7). A missing reduction over tp or cp, a bias
@@ -26,10 +27,10 @@
 #               with tp the tp collectives move the rank's T / n positions
 # Memory: the config record's activation estimate (kiln plan's) falls with --sp and --cp, and with
 # --cp the measured peak (VmHWM) by at least half as much.
-# Checkpoints: cp 2 x tp 2 stops at 10 and resumes on one process; the single process's step-10
+# Checkpoints: cp 2 x tp 2 and cp 2 x tp 2 x pp 2 stop at 10 and resume on one process; the single process's step-10
 # checkpoint resumes at tp 2 + sp: steps 11-20 and the step-20 weights within 1e-5 of the reference.
 # Bad input: --sp without --tp, --sp with tp not dividing the sequence, 2 cp not dividing it, cp
-# with pp, cp with sp, cp not dividing the world.
+# with sp, cp not dividing the world.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -58,12 +59,17 @@ mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --zero 3 --log-json "$work/cp2
 mpi 8 "$KILN_BIN" "${T[@]}" --grad-accum 2 --cp 2 --tp 2 --zero 1 --log-json "$work/cp2_tp2_dp2_z1.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --precision bf16 --log-json "$work/cp2_bf16.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 4 --seq-len 256 --log-json "$work/cp4_256.jsonl" >/dev/null
+# cp with pp: each stage runs its blocks on the rank's two chunks; the stages exchange them
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --pp 2 --log-json "$work/cp2_pp2.jsonl" >/dev/null
 for run in a b; do
   mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --dropout 0.1 --log-json "$work/cp2_drop_$run.jsonl" >/dev/null
 done
 # Checkpoints: consolidated whatever the layout.
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --tp 2 --stop-at-step 10 --save-dir "$work/from_cp" >/dev/null
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/from_cp" --log-json "$work/from_cp.jsonl" >/dev/null
+mpi 8 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --tp 2 --pp 2 --stop-at-step 10 --save-dir "$work/from_cp_pp" \
+  --log-json "$work/cp2_tp2_pp2.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/from_cp_pp" --log-json "$work/from_cp_pp.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --resume "$work/ref/step_00000010" --save-dir "$work/to_sp" \
   --log-json "$work/to_sp.jsonl" >/dev/null
 
@@ -96,7 +102,7 @@ for name, ref_name, layout in (("sp", "fp32", (1, 2, 1, True)), ("sp_full", "fp3
                                ("sp_kv1", "kv1", (1, 2, 1, True)), ("cp2", "fp32", (1, 1, 2, False)),
                                ("cp2_tp2", "fp32", (1, 2, 2, False)), ("cp2_dp2", "fp32", (2, 1, 2, False)),
                                ("cp2_dp2_z1", "fp32", (2, 1, 2, False)), ("cp2_z3", "fp32", (1, 1, 2, False)),
-                               ("cp2_tp2_dp2_z1", "fp32", (2, 2, 2, False)),
+                               ("cp2_tp2_dp2_z1", "fp32", (2, 2, 2, False)), ("cp2_pp2", "fp32", (1, 1, 2, False)),
                                ("cp4_256", "256", (1, 1, 4, False))):
     run = load(f"{d}/{name}.jsonl")
     assert tuple(world(run).values()) == layout, (name, world(run))
@@ -157,7 +163,14 @@ assert one / 2 < cp2 < one / 1.8, (one, cp2)  # / cp, but for the whole K and V 
 assert pb - ps >= 0.5 * (one - cp2), (one, cp2, pb, ps)
 print(f"cp 2: activations estimated {one / 1e6:.1f} -> {cp2 / 1e6:.1f} MB, measured peak {pb / 1e6:.0f} -> {ps / 1e6:.0f} MB")
 
-for name in ("from_cp", "to_sp"):
+assert all(load(f"{d}/{n}.jsonl")[0]["world"]["pp"] == 2 for n in ("cp2_pp2", "cp2_tp2_pp2"))
+# cp 2 x tp 2 x pp 2 ran steps 1-10 (then saved): each step's loss and norm within 1e-5
+run, sr = load(f"{d}/cp2_tp2_pp2.jsonl"), steps(ref["fp32"])
+assert world(run) == {"dp": 1, "tp": 2, "cp": 2, "sp": False} and sorted(steps(run)) == list(range(1, 11)), world(run)
+worst = max(abs(sr[s][k] - r[k]) / abs(sr[s][k]) for s, r in steps(run).items() for k in ("loss", "grad_norm"))
+assert worst <= 1e-5, worst
+print(f"cp2_tp2_pp2: steps 1-10 within {worst:.1e} of the single process")
+for name in ("from_cp", "from_cp_pp", "to_sp"):
     run = load(f"{d}/{name}.jsonl")
     assert sorted(steps(run)) == list(range(11, 21)) and run[0]["resumed_from"], name
     worst = compare(ref["fp32"], run, name, 1e-5, first=11)
@@ -169,7 +182,6 @@ PY
 expect_refused 1 "--sp .*needs --tp 2 or more" "${T[@]}" --sp
 expect_refused 2 "--sp needs --tp 2 to divide the sequence length \(127\)" "${T[@]}" --tp 2 --sp --seq-len 127
 expect_refused 2 "--cp 3 needs the sequence length \(128\) to divide into 2 x cp = 6 chunks" "${T[@]}" --cp 3
-expect_refused 2 "--cp with --pp is not built" "${T[@]}" --cp 2 --pp 2
 expect_refused 2 "--cp with --sp is not built" "${T[@]}" --cp 2 --tp 2 --sp
 expect_refused 2 "layout does not divide the world" "${T[@]}" --cp 4
 echo "PASS"
