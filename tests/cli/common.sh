@@ -40,3 +40,10 @@ need_python() {
     exit 77
   fi
 }
+# need_cuda: exits 77 (skipped) when kiln finds no CUDA device, saying why.
+need_cuda() {
+  if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
+    echo "SKIP: no CUDA device: $(cat "$work/err")"
+    exit 77
+  fi
+}

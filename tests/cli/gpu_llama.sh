@@ -9,10 +9,7 @@
 #     5 steps within moe.sh's 16-bit tolerances (loss 5e-4, gradient norm 2e-2 relative).
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
-if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
-  echo "SKIP: no CUDA device: $(cat "$work/err")"
-  exit 77
-fi
+need_cuda
 export KILN_DEVICE_CHECK=1
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe --bind-to none -np "$np" "$KILN_BIN" "$@"; }
 "$KILN_BIN" train --device cuda --model tiny-llama --precision bf16 --micro-batch 8 --steps 30 --log-every 100 \

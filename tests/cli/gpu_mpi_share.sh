@@ -7,10 +7,7 @@
 # CUDA tensors). Exits 77 (CTest skip) with the reason when no GPU is visible.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
-if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
-  echo "SKIP: no CUDA device: $(cat "$work/err")"
-  exit 77
-fi
+need_cuda
 # 10 steps: enough for parity (every step is compared) and for a resume in the middle; the
 # test fits the 60 s per test of the kit's quick visit (launch/device_kit.sh).
 T=(train --device cuda --steps 10 --log-every 10)

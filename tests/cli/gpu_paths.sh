@@ -17,10 +17,7 @@
 #     bf16 with dropout, 10 steps straight against 5 + a resume, steps 6-10 and the weights `==`.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
-if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
-  echo "SKIP: no CUDA device: $(cat "$work/err")"
-  exit 77
-fi
+need_cuda
 T=(train --device cuda --model tiny --micro-batch 8 --steps 30 --log-every 30)
 "$KILN_BIN" "${T[@]}" --log-json "$work/plain.jsonl" >/dev/null
 timeout 300 "$MPIEXEC" --allow-run-as-root -np 1 "$KILN_BIN" "${T[@]}" --backend nccl --log-json "$work/nccl.jsonl" >/dev/null

@@ -2,10 +2,7 @@
 # tests/cli/gpu_smoke.sh -- the training step on a CUDA device (label: gpu). Exits 77 (CTest
 # skip) with the reason when no GPU is visible.
 source "$(dirname "$0")/common.sh"
-if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
-  echo "SKIP: no CUDA device: $(cat "$work/err")"
-  exit 77
-fi
+need_cuda
 # Same seed, same data: the first loss on the GPU equals the CPU's to fp32 kernel differences.
 "$KILN_BIN" train --device cpu --steps 1 --log-json "$work/cpu.jsonl" >/dev/null
 "$KILN_BIN" train --device cuda --steps 100 --log-every 25 --log-json "$work/gpu.jsonl"

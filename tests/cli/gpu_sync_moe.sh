@@ -20,10 +20,7 @@
 #     (a world of one: near 0 by nature) and positive for the MPI runs (staged through the host).
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
-if ! "$KILN_BIN" train --device cuda --steps 0 >/dev/null 2>"$work/err"; then
-  echo "SKIP: no CUDA device: $(cat "$work/err")"
-  exit 77
-fi
+need_cuda
 export KILN_DEVICE_CHECK=1
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe --bind-to none -np "$np" "$KILN_BIN" "$@"; }
 T=(train --device cuda --model tiny --micro-batch 4 --grad-accum 2 --steps 4 --log-every 100)
