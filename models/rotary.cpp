@@ -29,7 +29,7 @@ at::Tensor frequencies(const GPTConfig& cfg, const at::TensorOptions& opts) {
 }
 }  // namespace
 
-RotaryEmbedding::RotaryEmbedding(const GPTConfig& cfg) : cfg_(cfg), context_(cfg.seq_len) {
+RotaryEmbedding::RotaryEmbedding(const GPTConfig& cfg) : cfg_(cfg) {
   inv_freq_ = frequencies(cfg, at::TensorOptions().dtype(at::kFloat));
 }
 
@@ -39,7 +39,7 @@ void RotaryEmbedding::ensure_tables(const c10::Device& device, at::ScalarType dt
     // GPU, in the first step), by the same ops as inv_freq().
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
     // transformers: inv_freq[:, None] @ position[None, :] in fp32 (a product of one term: exact).
-    const at::Tensor angles = at::outer(at::arange(context_, f32), frequencies(cfg_, f32));  // [T, h/2]
+    const at::Tensor angles = at::outer(at::arange(cfg_.seq_len, f32), frequencies(cfg_, f32));  // [T, h/2]
     const at::Tensor emb = at::cat({angles, angles}, -1);                                   // [T, h]
     cos_ = emb.cos();
     sin_ = emb.sin();

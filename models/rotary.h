@@ -48,9 +48,8 @@ class RotaryEmbedding {
   // The tables [context, h] on `device` in `dtype` (made on first use there; one device per run).
   void ensure_tables(const c10::Device& device, at::ScalarType dtype);
 
-  GPTConfig cfg_;
+  GPTConfig cfg_;         // its rotary settings and context (the tables' rows)
   at::Tensor inv_freq_;  // fp32, CPU
-  int64_t context_;
   at::Tensor cos_, sin_;            // fp32
   at::Tensor cos_cast_, sin_cast_;  // the same in the dtype q last had (undefined: fp32, use cos_)
 };

@@ -175,7 +175,8 @@ double norm_kept_bytes(const GPTConfig& m, const Layout& l, double r) {
   // RMSNorm. On a GPU at::rms_norm is LibTorch's fused kernel: it keeps its input and the fp32
   // rstd. On the CPU it is the composite (no CPU kernel in 2.11): the input upcast to fp32 (the
   // input itself when it is fp32, else a copy, and then the 16-bit input is not kept), the fp32
-  // rstd, and x * rstd in fp32 (kept by the weight's product). Measured, tests/test_plan_memory.cpp.
+  // rstd, and x * rstd in fp32 (kept by the weight's product). Measured:
+  // tests/test_activation_checkpoint.cpp, LlamaFamilyMemoryKeptIsThePlans.
   const double d = static_cast<double>(m.d_model);
   return l.cpu ? 8.0 * d + 4.0 : r * d + 4.0;
 }

@@ -59,13 +59,13 @@ json state_json(const StateBytes& s, bool device) {
 // shape), and every setting that differs from `kiln train`'s defaults (dp follows from the
 // world: dp = ranks / (cp x tp x pp)). 16-bit compute is written --precision bf16 (the plan does not
 // tell bf16 from fp16; both cost 2 bytes).
-// Whether a preset has the model's architecture (the fields that change its shape or its math).
+// Whether a preset has the model's architecture: the same fields in a run's record
+// (GPTConfig::put_architecture; none for GPT-2's).
 bool same_architecture(const GPTConfig& p, const GPTConfig& m) {
-  return p.position == m.position && p.norm == m.norm && p.mlp == m.mlp && p.mlp_hidden() == m.mlp_hidden() && p.bias == m.bias &&
-         p.tie_embeddings == m.tie_embeddings && p.layer_norm_eps == m.layer_norm_eps &&
-         (!m.rope() || (p.rope_theta == m.rope_theta && p.rope_factor == m.rope_factor &&
-                        p.rope_low_freq_factor == m.rope_low_freq_factor && p.rope_high_freq_factor == m.rope_high_freq_factor &&
-                        p.rope_original_context == m.rope_original_context));
+  json a = json::object(), b = json::object();
+  p.put_architecture(a);
+  m.put_architecture(b);
+  return a == b;
 }
 
 std::string train_command(const GPTConfig& m, const Layout& l) {
