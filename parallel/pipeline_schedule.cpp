@@ -120,9 +120,11 @@ std::string to_string(const std::vector<PipeAction>& actions) {
     switch (a.type) {
       case PipeAction::Type::Forward:
         s += 'F' + std::to_string(a.micro);
+        if (a.chunk) s += ':' + std::to_string(a.chunk);
         break;
       case PipeAction::Type::Backward:
         s += 'B' + std::to_string(a.micro);
+        if (a.chunk) s += ':' + std::to_string(a.chunk);
         break;
       case PipeAction::Type::Exchange:
         s += '[';
@@ -134,6 +136,7 @@ std::string to_string(const std::vector<PipeAction>& actions) {
           s += send ? '>' : '<';
           s += act ? 'A' : 'G';
           s += std::to_string(t.micro);
+          if (t.chunk) s += ':' + std::to_string(t.chunk);
         }
         s += ']';
         break;

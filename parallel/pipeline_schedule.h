@@ -49,8 +49,10 @@ namespace kiln {
 struct PipeTransfer {
   enum class Kind { SendActivation, RecvActivation, SendGrad, RecvGrad };
   Kind kind;
-  int micro;  // the micro-batch the tensor belongs to
-  bool operator==(const PipeTransfer& o) const { return kind == o.kind && micro == o.micro; }
+  int micro;      // the micro-batch the tensor belongs to
+  int chunk = 0;  // this rank's model chunk that sends it or takes it (interleaved schedules;
+                  // parallel/pipeline_interleaved.h); 0 with one chunk a rank
+  bool operator==(const PipeTransfer& o) const { return kind == o.kind && micro == o.micro && chunk == o.chunk; }
   bool operator!=(const PipeTransfer& o) const { return !(*this == o); }
 };
 
@@ -65,6 +67,7 @@ struct PipeAction {
   Type type;
   int micro = -1;                       // Forward / Backward
   std::vector<PipeTransfer> transfers;  // Exchange (never empty)
+  int chunk = 0;                        // Forward / Backward: the rank's model chunk (0 with one)
 };
 
 // The 1F1B schedule of `stage` in [0, pp) for `micros` >= 1 micro-batches (Narayanan et al.,
@@ -83,7 +86,8 @@ double bubble_fraction(int pp, int micros);
 
 // "F0 [>A0] [<A1] F1 [>A1 <G0] B0 ..." -- a readable one-line rendering for test failure
 // messages and docs: F/B a forward/backward, [..] an Exchange, > send, < receive, A an
-// activation, G a gradient, each followed by its micro-batch.
+// activation, G a gradient, each followed by its micro-batch, and by ":c" when its model chunk
+// c is not 0 (interleaved schedules: "F3:1" is micro-batch 3's forward on chunk 1).
 std::string to_string(const std::vector<PipeAction>& actions);
 
 }  // namespace kiln

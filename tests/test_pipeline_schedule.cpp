@@ -5,8 +5,9 @@
 //   - For every pp in 1..6, m in 1..10 and stage: the compute against the 1F1B definition
 //     (F^w (F B)^r B^w, micro-batches in order, at most min(pp - s, m) in flight), each transfer
 //     on the right side of its compute, and neighbours agreeing on the order of their messages.
-//   - simulate(): all stages run together with sends that never buffer -- a transfer completes
-//     only once the peer has posted its counterpart, matched in posting order per channel -- so
+//   - simulate() (tests/pipeline_sim.h): all stages run together with sends that never buffer --
+//     a transfer completes only once the peer has posted its counterpart, matched in posting
+//     order per pair of stages -- so
 //     a schedule that can deadlock on NCCL or MPI does deadlock here. Forward takes 1 time unit,
 //     backward 2, transfers 0; the makespan is then exactly (m + pp - 1) x 3 and the idle share
 //     is bubble_fraction() (Narayanan et al. 2021, s2.2). The simulator is shown to catch a
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "parallel/pipeline_schedule.h"
+#include "pipeline_sim.h"
 
 namespace kiln {
 namespace {
@@ -42,106 +44,12 @@ std::vector<Schedule> all_stages(int pp, int m, Schedule (*make)(int, int, int))
   return stages;
 }
 
-// ---- the simulator ---------------------------------------------------------------------------
+// ---- the simulator: tests/pipeline_sim.h ------------------------------------------------------
 
-// Outcome of running every stage's schedule together.
-struct SimResult {
-  bool finished = false;  // every stage ran its last action
-  std::string error;      // otherwise: where each stage is stuck, or the mismatched message
-  int makespan = 0;       // time the last stage finished (forward 1, backward 2, transfers 0)
-};
-
-// The stage at the other end of a transfer, and the directed channel it travels on: activations
-// s -> s + 1, gradients s -> s - 1, keyed (sender, receiver, is-activation).
-using Channel = std::tuple<int, int, bool>;
-bool is_send(Kind k) { return k == Kind::SendActivation || k == Kind::SendGrad; }
-bool is_activation(Kind k) { return k == Kind::SendActivation || k == Kind::RecvActivation; }
-int peer_of(int stage, Kind k) { return (k == Kind::SendActivation || k == Kind::RecvGrad) ? stage + 1 : stage - 1; }
-Channel channel_of(int stage, Kind k) {
-  const int peer = peer_of(stage, k);
-  return is_send(k) ? Channel{stage, peer, is_activation(k)} : Channel{peer, stage, is_activation(k)};
-}
-
-SimResult simulate(const std::vector<Schedule>& stages) {
-  const int pp = int(stages.size());
-  struct Posted {
-    int micro, time;
-  };
-  struct Sides {
-    std::vector<Posted> sends, recvs;  // in posting order; the k-th send matches the k-th recv
-  };
-  std::map<Channel, Sides> channels;
-  std::vector<size_t> pc(pp, 0);
-  std::vector<int> clock(pp, 0);
-  // Where each stage's current Exchange posted its transfers: (channel, is send, index).
-  std::vector<std::vector<std::tuple<Channel, bool, size_t>>> posted(pp);
-
-  SimResult r;
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int s = 0; s < pp; ++s) {
-      while (pc[s] < stages[s].size()) {
-        const PipeAction& a = stages[s][pc[s]];
-        if (a.type != Type::Exchange) {
-          clock[s] += a.type == Type::Forward ? 1 : 2;
-          ++pc[s];
-          progress = true;
-          continue;
-        }
-        if (posted[s].empty()) {  // reached this Exchange: post all of its transfers at once
-          for (const PipeTransfer& t : a.transfers) {
-            const int peer = peer_of(s, t.kind);
-            if (peer < 0 || peer >= pp) {
-              r.error = "stage " + std::to_string(s) + " has a transfer to stage " + std::to_string(peer) +
-                        ", which does not exist";
-              return r;
-            }
-            const Channel c = channel_of(s, t.kind);
-            std::vector<Posted>& side = is_send(t.kind) ? channels[c].sends : channels[c].recvs;
-            posted[s].emplace_back(c, is_send(t.kind), side.size());
-            side.push_back({t.micro, clock[s]});
-          }
-          progress = true;
-        }
-        // Complete when every transfer's counterpart has been posted; at the latest post time.
-        bool done = true;
-        int end = clock[s];
-        for (const auto& [c, send, k] : posted[s]) {
-          const Sides& sides = channels[c];
-          const std::vector<Posted>& other = send ? sides.recvs : sides.sends;
-          if (other.size() <= k) {
-            done = false;
-            break;
-          }
-          const std::vector<Posted>& mine = send ? sides.sends : sides.recvs;
-          if (other[k].micro != mine[k].micro) {
-            r.error = "message " + std::to_string(k) + " from stage " + std::to_string(std::get<0>(c)) + " to " +
-                      std::to_string(std::get<1>(c)) + " is micro-batch " + std::to_string(sides.sends[k].micro) +
-                      " on the sender and " + std::to_string(sides.recvs[k].micro) + " on the receiver";
-            return r;
-          }
-          end = std::max(end, other[k].time);
-        }
-        if (!done) break;
-        clock[s] = end;
-        posted[s].clear();
-        ++pc[s];
-        progress = true;
-      }
-    }
-  }
-  for (int s = 0; s < pp; ++s)
-    if (pc[s] < stages[s].size())
-      r.error += "stage " + std::to_string(s) + " waits at action " + std::to_string(pc[s]) + " " +
-                 to_string({stages[s][pc[s]]}) + "; ";
-  if (!r.error.empty()) {
-    r.error = "deadlock: " + r.error;
-    return r;
-  }
-  r.finished = true;
-  r.makespan = *std::max_element(clock.begin(), clock.end());
-  return r;
-}
+using sim::is_send;
+using sim::SimResult;
+int peer_of(int stage, Kind k) { return sim::peer_of(stage, k, 0, /*ring=*/false); }
+SimResult simulate(const std::vector<Schedule>& stages) { return sim::simulate(stages); }
 
 // Each Exchange split into one Exchange per transfer, sends first (or receives first): what an
 // executor does with blocking send and recv calls.
