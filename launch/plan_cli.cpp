@@ -69,6 +69,7 @@ const std::vector<FlagHelp> kLayoutFlags = {
     {"ep", "expert-parallel size: each MoE layer's experts divided over ep dp ranks, tokens moved by all-to-all; divides dp and "
            "--n-experts; with DDP and tp, not ZeRO or pp (default 1)"},
     {"pp-split", "blocks per pipeline stage, e.g. 4,4,3 (default: balanced by count, extras to the middle stages; as kiln train)"},
+    {"pp-virtual", "model chunks a pipeline stage holds: the interleaved 1F1B schedule, bubble / V (default 1; as kiln train)"},
     {"zero", "ZeRO stage 0-3 (default 0)"},
     {"offload", "none | optimizer | all (default none)"},
     {"zero-accum", "ZeRO-2/3 gradient accumulation: reduce (every micro-step) | local (default reduce)"},
@@ -310,6 +311,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (v.has("tp")) l.tp = v.integer("tp");
     if (v.has("pp")) l.pp = v.integer("pp");
     if (v.has("pp-split")) l.pp_split = v.text("pp-split");
+    if (v.has("pp-virtual")) l.pp_virtual = v.integer("pp-virtual");
     if (v.has("cp")) l.cp = v.integer("cp");
     if (v.has("ep")) l.ep = v.integer("ep");
     l.sp = v.has("sp");

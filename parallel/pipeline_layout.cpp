@@ -1,14 +1,20 @@
 // parallel/pipeline_layout.cpp -- the stage split of the blocks.
 #include "parallel/pipeline_layout.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "distributed/error.h"
 
 namespace kiln {
 
-std::vector<int64_t> pipeline_block_counts(int64_t n_layer, int64_t pp, const std::string& split) {
-  if (pp < 1) throw ConfigError("--pp must be at least 1 (got " + std::to_string(pp) + ")");
+std::vector<int64_t> pipeline_block_counts(int64_t n_layer, int64_t stages, const std::string& split, int64_t chunks) {
+  if (stages < 1) throw ConfigError("--pp must be at least 1 (got " + std::to_string(stages) + ")");
+  if (chunks < 1) throw ConfigError("--pp-virtual must be at least 1 (got " + std::to_string(chunks) + ")");
+  const int64_t pp = stages * chunks;  // virtual stages
+  const std::string want = chunks == 1 ? "--pp " + std::to_string(pp) + " stages"
+                                       : "--pp " + std::to_string(stages) + " x --pp-virtual " + std::to_string(chunks) +
+                                             " = " + std::to_string(pp) + " virtual stages";
   if (!split.empty()) {
     std::vector<int64_t> counts;
     std::stringstream in(split);
@@ -31,12 +37,17 @@ std::vector<int64_t> pipeline_block_counts(int64_t n_layer, int64_t pp, const st
     for (int64_t c : counts) sum += c;
     if (static_cast<int64_t>(counts.size()) != pp || sum != n_layer) {
       throw ConfigError("--pp-split '" + split + "' gives " + std::to_string(counts.size()) + " stage(s) holding " +
-                        std::to_string(sum) + " block(s); want --pp " + std::to_string(pp) + " stages holding the model's " +
+                        std::to_string(sum) + " block(s); want " + want + " holding the model's " +
                         std::to_string(n_layer) + " blocks");
     }
     return counts;
   }
   if (pp > n_layer) {
+    if (chunks > 1) {
+      throw ConfigError(want + " are more than the model's " + std::to_string(n_layer) +
+                        " blocks: every virtual stage needs at least one block (--pp-virtual " +
+                        std::to_string(std::max<int64_t>(1, n_layer / stages)) + " fits)");
+    }
     throw ConfigError("--pp " + std::to_string(pp) + " is larger than the model's " + std::to_string(n_layer) +
                       " blocks: every pipeline stage needs at least one block");
   }

@@ -22,7 +22,9 @@ namespace kiln {
 // Blocks per stage. `split`: empty for the default, else a comma-separated count per stage
 // ("4,4,3"). Throws ConfigError (one line) when pp exceeds the blocks, or an explicit split has
 // the wrong length, a count below 1, or does not sum to n_layer.
-std::vector<int64_t> pipeline_block_counts(int64_t n_layer, int64_t pp, const std::string& split = "");
+// With `chunks` > 1 (the interleaved schedule, --pp-virtual: parallel/pipeline_interleaved.h)
+// the counts are per virtual stage, pp x chunks of them, by the same rule.
+std::vector<int64_t> pipeline_block_counts(int64_t n_layer, int64_t pp, const std::string& split = "", int64_t chunks = 1);
 
 // The first block of each stage (prefix sums of the counts), plus n_layer at the end.
 std::vector<int64_t> pipeline_block_starts(const std::vector<int64_t>& counts);

@@ -121,7 +121,7 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
         const double n_last = st.blocks > 0 ? static_cast<double>(padded_numel(st.units.back(), N)) : 0.0;
         const double experts_p = static_cast<double>(st.psi_experts_padded), dense_p = psi_p - experts_p;
         const int64_t M = l.ep > 1 ? l.dp / l.ep : 1;
-        const bool last_moe = st.blocks > 0 && m.is_moe_layer(st.first_block + st.blocks - 1) && !st.expert_units.empty();
+        const bool last_moe = st.blocks > 0 && m.is_moe_layer(st.chunks.back().back()) && !st.expert_units.empty();
         const double e_last = last_moe ? static_cast<double>(padded_numel(st.expert_units.back(), M)) : 0.0;
         const std::string tail = l.ep > 1 ? " (dense units)" : "";
         dp("forward parameter all-gathers" + tail, Kd * pb * dense_p, Window::Forward, K);
@@ -269,12 +269,18 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
   // the residual stream's dtype (the parameters'); once per step the tied wte's gradient (fp32,
   // the main grad for 16-bit weights) to the other end (first <-> last stage): the whole V'/t x d
   // slice, or under ZeRO this rank's shard of the wte unit.
+  // Interleaved (--pp-virtual V, parallel/pipeline_interleaved.h): each chunk sends its output
+  // on and its input's gradient back -- V activations (V - 1 on the last stage, whose last chunk
+  // takes the loss) and V gradients (V - 1 on the first) per micro-batch.
   if (pipelined) {
-    const double directions = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
+    const double V = static_cast<double>(l.pp_virtual);
+    const double directions = (first ? V - 1.0 : V) + (last ? V - 1.0 : V);
     const std::string dt = l.param_bytes == 4 ? " (fp32)" : " (16-bit)";
-    const std::string what = first ? "boundary activations sent forward" + dt
-                             : last ? "boundary gradients sent backward" + dt
-                                    : "boundary activations forward and gradients backward" + dt;
+    const std::string what = l.pp_virtual > 1 ? "chunk boundary activations forward and gradients backward (" +
+                                                    std::to_string(l.pp_virtual) + " chunks)" + dt
+                             : first ? "boundary activations sent forward" + dt
+                             : last  ? "boundary gradients sent backward" + dt
+                                     : "boundary activations forward and gradients backward" + dt;
     const double rows = l.sp ? tok / static_cast<double>(l.tp) : tok;  // --sp: the rank's rows of the sequence
     out.push_back(collective("pp", what, 2, Kd * directions * rows * d * l.param_bytes, k.pp_bw, k.pp, Window::Serial, K,
                              /*ring_factor=*/false));

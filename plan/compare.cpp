@@ -80,6 +80,7 @@ Run run_of(const json& config, const std::string& where) {
   l.sp = world.is_object() && world.contains("sp") ? world.at("sp").get<bool>() : c.value("sp", false);
   l.cp = world.is_object() && world.contains("cp") ? world.at("cp").get<int64_t>() : c.value("cp", int64_t{1});
   l.pp_split = c.value("pp_split", std::string());
+  l.pp_virtual = c.value("pp_virtual", int64_t{1});  // the interleaved schedule's chunks (absent: 1)
   l.ep = c.value("ep", int64_t{1});  // expert parallelism (absent: 1, as kiln writes it)
   l.zero = static_cast<int>(need<int64_t>(c, "zero", where));
   l.offload = parse_offload(need<std::string>(c, "offload", where));
@@ -201,7 +202,8 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
   add("flops_per_token", "FLOP", p.flops_per_token, logged("flops_per_token"), true);
   add("tokens_per_step", "count", static_cast<double>(p.tokens_per_step), logged("tokens_per_step"), true);
 
-  // the pipeline's split of the blocks (the config record's pipeline.blocks), every stage
+  // the pipeline's split of the blocks (the config record's pipeline.blocks, per virtual stage:
+  // a stage's are those of virtual stages s, s + pp, ..), every stage
   if (l.pp > 1) {
     const json* blocks = config.contains("pipeline") && config.at("pipeline").is_object() &&
                                  config.at("pipeline").contains("blocks") && config.at("pipeline").at("blocks").is_array()
@@ -210,7 +212,12 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
     for (const auto& stage : p.stages) {
       std::optional<double> meas;
       const auto i = static_cast<size_t>(stage.stage);
-      if (blocks && i < blocks->size() && blocks->at(i).is_number()) meas = blocks->at(i).get<double>();
+      if (blocks && blocks->size() == static_cast<size_t>(l.pp * l.pp_virtual)) {
+        double n = 0;
+        for (size_t v = i; v < blocks->size(); v += static_cast<size_t>(l.pp))
+          if (blocks->at(v).is_number()) n += blocks->at(v).get<double>();
+        meas = n;
+      }
       add("pipeline.stage_" + std::to_string(stage.stage) + ".blocks", "count", static_cast<double>(stage.blocks), meas, true,
           meas ? "" : "not in this log");
     }

@@ -8,6 +8,7 @@
 
 #include "distributed/error.h"
 #include "models/flops.h"
+#include "parallel/pipeline_interleaved.h"
 #include "parallel/pipeline_layout.h"
 #include "plan/communication.h"
 
@@ -98,7 +99,11 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
                         ": one must divide the other (kv heads are split, or replicated when tp exceeds them)");
     }
   }
-  pipeline_block_counts(m.n_layer, pp, pp_split);  // pp above the blocks, or a bad --pp-split: kiln's messages
+  if (pp_virtual != 1) {  // kiln's refusals (runtime/trainer/train_config.cpp)
+    const std::string rule = interleaved_rule(static_cast<int>(pp), static_cast<int>(pp_virtual), static_cast<int>(grad_accum));
+    if (!rule.empty()) throw ConfigError(rule);
+  }
+  pipeline_block_counts(m.n_layer, pp, pp_split, pp_virtual);  // pp x V above the blocks, or a bad --pp-split: kiln's messages
 }
 
 // ---- 1. training totals -------------------------------------------------------------------
@@ -151,8 +156,9 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   };
   for (int64_t i = 0; i < model.n_layer; ++i) p.recompute_flops_per_token += block_re(i);
   const double Kd = static_cast<double>(l.grad_accum);
-  const std::vector<int64_t> blocks = stage_blocks(model, l);
-  const std::vector<int64_t> starts = pipeline_block_starts(blocks);
+  // idle micro-batch slots of a step: 1F1B's p - 1, the interleaved schedule's (p - 1) / V
+  // (parallel/pipeline_interleaved.h; Narayanan et al. 2021, s2.2)
+  const double bubble_slots = static_cast<double>(l.pp - 1) / static_cast<double>(l.pp_virtual);
   // Each stage's forward FLOPs per token (section 5): its blocks, and on the last stage the
   // output layer and ln_f (2 x their parameters); the whole F/3 without pipelining.
   // a rank's share: the tp slice of its b T / cp positions (cp's mirrored chunks even out attention)
@@ -161,7 +167,8 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   auto stage_times = [&](StagePlan& st) {
     const bool pipelined = l.pp > 1;
     double f = 0, re = 0;
-    for (int64_t i = st.first_block; i < st.first_block + st.blocks; ++i) f += block_fwd(i), re += block_re(i);
+    for (const auto& chunk : st.chunks)
+      for (int64_t i : chunk) f += block_fwd(i), re += block_re(i);
     if (!pipelined) f = p.flops_per_token / 3.0, re = p.recompute_flops_per_token;
     if (pipelined && st.stage == l.pp - 1) f += head_fwd;
     st.forward_s = f * per_device;
@@ -185,17 +192,20 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   for (int64_t s = 0; s < l.pp; ++s) {
     StagePlan st;
     st.stage = s;
-    st.blocks = blocks[static_cast<size_t>(s)];
-    st.first_block = starts[static_cast<size_t>(s)];
-    for (int64_t i = st.first_block; i < st.first_block + st.blocks; ++i) st.moe_blocks += model.is_moe_layer(i) ? 1 : 0;
-    st.units = rank_units(model, l.tp, l.pp, s, l.pp_split, l.ep);
+    st.chunks = stage_chunks(model, l, s);
+    std::vector<int64_t> ids;  // the stage's blocks in order, all chunks
+    for (const auto& chunk : st.chunks) ids.insert(ids.end(), chunk.begin(), chunk.end());
+    st.blocks = static_cast<int64_t>(ids.size());
+    st.first_block = ids.front();
+    for (int64_t i : ids) st.moe_blocks += model.is_moe_layer(i) ? 1 : 0;
+    st.units = rank_units(model, l.tp, l.pp, s, l.pp_split, l.ep, l.pp_virtual);
     stage_times(st);
-    for (int64_t i = st.first_block; i < st.first_block + st.blocks; ++i) st.psi_experts += block_expert_numel(model, i, l.ep);
+    for (int64_t i : ids) st.psi_experts += block_expert_numel(model, i, l.ep);
     const int64_t M = l.dp / l.ep;  // the expert-data-parallel group
     if (l.zero > 0 && l.ep > 1) {  // the experts' units split off their blocks' (parallel/zero.h)
       const size_t outer = st.units.size() - static_cast<size_t>(st.blocks);
       for (int64_t i = 0; i < st.blocks; ++i) {
-        const int64_t e = block_expert_numel(model, st.first_block + i, l.ep);
+        const int64_t e = block_expert_numel(model, ids[static_cast<size_t>(i)], l.ep);
         if (e == 0) continue;
         st.units[outer + static_cast<size_t>(i)] -= e;
         st.expert_units.push_back(e);
@@ -206,25 +216,49 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     st.psi_padded = sum_padded(st.units, G) + st.psi_experts_padded;
     st.state = model_state(st.units, l);
     if (!st.expert_units.empty()) st.state += model_state(st.expert_units, l, M);
-    st.state.device.cast_copies = cast_copy_bytes(model, l, st.blocks, st.first_block);
+    for (const auto& chunk : st.chunks)
+      st.state.device.cast_copies += cast_copy_bytes(model, l, static_cast<int64_t>(chunk.size()), chunk.front());
 
     const bool first = s == 0, last = s == l.pp - 1;
-    const double in_flight = static_cast<double>(std::min<int64_t>(l.pp - s, l.grad_accum));
-    const double dense_blocks = static_cast<double>(st.blocks - st.moe_blocks), moe_blocks = static_cast<double>(st.moe_blocks);
-    double per_micro_batch = dense_blocks * kept.layer_bytes(tok, l.tp, l.sp, l.cp) +
-                             moe_blocks * kept_moe.layer_bytes(tok, l.tp, l.sp, l.cp);
+    // a chunk's blocks, kept for one micro-batch
+    auto chunk_bytes = [&](const std::vector<int64_t>& chunk) {
+      double bytes = 0;
+      for (int64_t i : chunk)
+        bytes += (model.is_moe_layer(i) ? kept_moe : kept).layer_bytes(tok, l.tp, l.sp, l.cp);
+      return bytes;
+    };
+    double per_micro_batch = 0;
+    for (const auto& chunk : st.chunks) per_micro_batch += chunk_bytes(chunk);
     // outside the blocks: token ids (every position under sp, which embeds the whole sequence
     // before its reduce-scatter); the embedding's dropout mask and ln_f's input, stats and output
     // (the head keeps its rows under sp) on the residual stream's rows; log-probs and targets of
     // every position the rank's loss covers
-    if (first) per_micro_batch += 8.0 * local + (l.dropout ? (l.cpu ? 4.0 : 1.0) * d * rows : 0.0);
+    const double embedding_kept = 8.0 * local + (l.dropout ? (l.cpu ? 4.0 : 1.0) * d * rows : 0.0);
+    if (first) per_micro_batch += embedding_kept;
     // the loss (section 3): the plain way (tp's vocabulary-parallel logits, fp16, --loss-chunk-rows
     // -1) keeps the fp32 log-probabilities and the targets; the chunked one (models/
     // linear_cross_entropy.h) computes its gradients in the forward and keeps dloss/dx and dloss/dW, fp32
     const bool chunked = l.tp == 1 && !l.plain_loss;
     const double loss_kept = chunked ? 4.0 * d * local + 4.0 * Vp * d : (logp + 8.0) * local;
-    if (last) per_micro_batch += (norm_kept_bytes(model, l, r) + a * d) * rows + loss_kept;
-    st.activation_bytes = per_micro_batch * in_flight;
+    const double head_kept = (norm_kept_bytes(model, l, r) + a * d) * rows + loss_kept;
+    if (last) per_micro_batch += head_kept;
+    if (l.pp_virtual == 1) {  // 1F1B: min(p - s, K) micro-batches in flight
+      st.activation_bytes = per_micro_batch * static_cast<double>(std::min<int64_t>(l.pp - s, l.grad_accum));
+    } else {
+      // interleaved: the most the schedule holds at once, walked action by action (chunks differ:
+      // the embedding's on chunk 0 of stage 0, the head's on the last chunk of the last stage)
+      std::vector<double> held(st.chunks.size());
+      for (size_t c = 0; c < held.size(); ++c) held[c] = chunk_bytes(st.chunks[c]);
+      if (first) held.front() += embedding_kept;
+      if (last) held.back() += head_kept;
+      double now = 0;
+      for (const PipeAction& act : interleaved_one_f_one_b(static_cast<int>(l.pp), static_cast<int>(s),
+                                                           static_cast<int>(l.pp_virtual), static_cast<int>(l.grad_accum))) {
+        if (act.type == PipeAction::Type::Forward) now += held[static_cast<size_t>(act.chunk)];
+        if (act.type == PipeAction::Type::Backward) now -= held[static_cast<size_t>(act.chunk)];
+        st.activation_bytes = std::max(st.activation_bytes, now);
+      }
+    }
     // context parallelism's causal mask: one additive [2C, T] bias in the compute dtype for the
     // run, shared by every layer and micro-batch (parallel/context_parallel.h)
     if (l.cp > 1) st.activation_bytes += a * (static_cast<double>(model.seq_len) / static_cast<double>(l.cp)) * static_cast<double>(model.seq_len);
@@ -283,8 +317,9 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
       }
     }
     st.exposed_comm_s = exposed_seconds(st.comm, st.forward_s, st.backward_s, l.grad_accum);
-    // its step: K micro-batches, the bubble's p - 1 micro-batch slots, its exposed communication
-    st.step_s = (Kd + static_cast<double>(l.pp - 1)) * (st.forward_s + st.backward_s) + st.exposed_comm_s;
+    // its step: K micro-batches, the bubble's p - 1 micro-batch slots (of a chunk's size under
+    // the interleaved schedule: (p - 1) / V), its exposed communication
+    st.step_s = (Kd + bubble_slots) * (st.forward_s + st.backward_s) + st.exposed_comm_s;
     p.stages.push_back(std::move(st));
   }
   for (size_t i = 0; i < p.stages.size(); ++i) {
@@ -295,7 +330,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   p.forward_s = slow.forward_s;
   p.backward_s = slow.backward_s;
   p.compute_s = Kd * (p.forward_s + p.backward_s);
-  p.bubble_s = static_cast<double>(l.pp - 1) * (p.forward_s + p.backward_s);
+  p.bubble_s = bubble_slots * (p.forward_s + p.backward_s);
   p.exposed_comm_s = slow.exposed_comm_s;
   p.step_s = p.compute_s + p.exposed_comm_s + p.bubble_s;
   p.tokens_per_s = static_cast<double>(p.tokens_per_step) / p.step_s;

@@ -319,7 +319,8 @@ struct Layout {
   int compute_bytes = 2;                // a: 2 for bf16/fp16 autocast, 4 for fp32
   int param_bytes = 4;                  // working weights: 4 (fp32), 2 (--param-dtype bf16/fp16: fp32 masters with AdamW)
   int reduce_bytes = 4;                 // gradient all-reduce (DDP) / reduce-scatter (ZeRO): 4 (fp32), 2 (--reduce-dtype bf16)
-  std::string pp_split;                 // --pp-split "a,b,c": blocks per stage; empty = kiln's balanced default
+  std::string pp_split;                 // --pp-split "a,b,c": blocks per stage (virtual stage); empty = kiln's balanced default
+  int64_t pp_virtual = 1;               // --pp-virtual V: model chunks a stage holds (interleaved 1F1B when > 1)
   Attention attention = Attention::Flash;
   bool dropout = false;                 // dropout > 0 (masks kept)
   bool cpu = false;                     // runs on the CPU: 4-byte dropout masks, no CUDA generator
@@ -353,10 +354,14 @@ TrainingTotals training_totals(double params, double tokens, double attention_fl
 // with pp > 1 wte alone, then wpe / ln_f, then the blocks; the outer units are the first
 // size() - blocks ones), with tp splitting as in section 2. `pp_split` as --pp-split.
 // ep: expert parallelism, E/ep experts per MoE block.
+// pp_virtual: the stage's blocks are those of its virtual stages (parallel/pipeline_interleaved.h).
 std::vector<int64_t> rank_units(const GPTConfig& model, int64_t tp, int64_t pp, int64_t stage,
-                                const std::string& pp_split = "", int64_t ep = 1);
-// Blocks per stage: kiln's split (parallel/pipeline_layout.h), the layout's --pp-split if given.
+                                const std::string& pp_split = "", int64_t ep = 1, int64_t pp_virtual = 1);
+// Blocks per stage: kiln's split (parallel/pipeline_layout.h), the layout's --pp-split if given;
+// per virtual stage (pp x V of them) under --pp-virtual.
 std::vector<int64_t> stage_blocks(const GPTConfig& model, const Layout& layout);
+// The blocks of pipeline stage `stage`, in order: its chunks' (chunk c = virtual stage c pp + stage).
+std::vector<std::vector<int64_t>> stage_chunks(const GPTConfig& model, const Layout& layout, int64_t stage);
 // Parameters of block `index` (its number in the whole model) on a tp rank: a dense block's
 // matrices split over tp, an MoE block's experts and router whole (replicated over tp); with
 // expert parallelism E/ep of the experts.
@@ -395,7 +400,8 @@ struct ModelState {
 // ZeRO shards over `ranks` (0: the layout's dp x cp; the expert units: dp / ep).
 ModelState model_state(const std::vector<int64_t>& units, const Layout& layout, int64_t ranks = 0);
 // Autocast's held 2-byte weight copies on a rank of a stage holding blocks [first_block,
-// first_block + blocks) (section 2; an MoE block's attention weights only).
+// first_block + blocks) (section 2; an MoE block's attention weights only); a stage of several
+// chunks sums its chunks'.
 int64_t cast_copy_bytes(const GPTConfig& model, const Layout& layout, int64_t blocks, int64_t first_block = 0);
 
 // ---- 3. activations -------------------------------------------------------------------------
@@ -453,6 +459,7 @@ struct StagePlan {
   int64_t stage = 0;
   int64_t blocks = 0;
   int64_t first_block = 0;        // the number of its first block in the whole model
+  std::vector<std::vector<int64_t>> chunks;  // its blocks by chunk (one chunk but under --pp-virtual)
   int64_t moe_blocks = 0;         // how many of its blocks are MoE blocks
   std::vector<int64_t> units;     // this rank's parameter units (the outer ones, then one per block)
   // ZeRO under --ep (parallel/zero.h): each MoE block's experts, a unit of their own sharded over

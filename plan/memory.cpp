@@ -59,7 +59,23 @@ int64_t block_active_numel(const GPTConfig& m, int64_t index) {
 // ---- 2. model-state bytes -------------------------------------------------------------------
 
 std::vector<int64_t> stage_blocks(const GPTConfig& m, const Layout& l) {
-  return pipeline_block_counts(m.n_layer, l.pp, l.pp_split);
+  return pipeline_block_counts(m.n_layer, l.pp, l.pp_split, l.pp_virtual);
+}
+
+namespace {
+std::vector<std::vector<int64_t>> chunks_of(const std::vector<int64_t>& counts, int64_t pp, int64_t stage) {
+  const auto starts = pipeline_block_starts(counts);
+  std::vector<std::vector<int64_t>> out;
+  for (size_t v = static_cast<size_t>(stage); v < counts.size(); v += static_cast<size_t>(pp)) {
+    out.emplace_back();
+    for (int64_t i = starts[v]; i < starts[v + 1]; ++i) out.back().push_back(i);
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<std::vector<int64_t>> stage_chunks(const GPTConfig& m, const Layout& l, int64_t stage) {
+  return chunks_of(stage_blocks(m, l), l.pp, stage);
 }
 
 // kiln's units (parallel/zero.cpp units_of). The whole model (pp 1): [wte, wpe, ln_f, lm_head]
@@ -68,11 +84,11 @@ std::vector<int64_t> stage_blocks(const GPTConfig& m, const Layout& l) {
 // copy: laid out alike, so the tied-embedding sync adds shard to shard), then [wpe, ln_f,
 // lm_head] as far as it holds them, then its blocks.
 std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int64_t stage, const std::string& pp_split,
-                                int64_t ep) {
+                                int64_t ep, int64_t pp_virtual) {
   const int64_t d = m.d_model;
   const int64_t wte = m.padded_vocab_size() * d / tp, wpe = m.position_params(), ln_f = norm_numel(m);
   const int64_t lm_head = m.tie_embeddings ? 0 : wte;  // vocabulary-parallel rows, as wte's
-  const auto blocks = pipeline_block_counts(m.n_layer, pp, pp_split);
+  const auto blocks = pipeline_block_counts(m.n_layer, pp, pp_split, pp_virtual);
   if (stage < 0 || stage >= pp) throw ConfigError("pipeline stage " + std::to_string(stage) + " of " + std::to_string(pp));
   const bool first = stage == 0, last = stage == pp - 1;
   std::vector<int64_t> units;
@@ -83,8 +99,8 @@ std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int6
     const int64_t outer = (first ? wpe : 0) + (last ? ln_f + lm_head : 0);
     if (outer > 0) units.push_back(outer);
   }
-  const int64_t begin = pipeline_block_starts(blocks)[static_cast<size_t>(stage)];
-  for (int64_t i = 0; i < blocks[static_cast<size_t>(stage)]; ++i) units.push_back(block_numel(m, tp, begin + i, ep));
+  for (const auto& chunk : chunks_of(blocks, pp, stage))
+    for (int64_t i : chunk) units.push_back(block_numel(m, tp, i, ep));
   return units;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "distributed/strprintf.h"
+#include "parallel/pipeline_interleaved.h"
 
 namespace kiln::plan {
 
@@ -118,6 +119,7 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   if (l.cp != 1) out += strprintf(" --cp %lld", static_cast<long long>(l.cp));
   if (l.ep != 1) out += strprintf(" --ep %lld", static_cast<long long>(l.ep));
   if (l.pp != 1) out += strprintf(" --pp %lld", static_cast<long long>(l.pp));
+  if (l.pp_virtual != 1) out += strprintf(" --pp-virtual %lld", static_cast<long long>(l.pp_virtual));
   if (!l.pp_split.empty()) out += " --pp-split " + l.pp_split;
   if (l.zero != 0) out += strprintf(" --zero %d", l.zero);
   if (l.offload != Offload::None) out += " --offload " + to_string(l.offload);
@@ -218,7 +220,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
       {"layout",
        {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"sp", l.sp}, {"ep", l.ep}, {"zero", l.zero}, {"offload", to_string(l.offload)},
         {"zero_accum", to_string(l.zero_accum)}, {"activation_checkpointing", to_string(l.recompute)},
-        {"pp_split", l.pp_split}, {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
+        {"pp_split", l.pp_split}, {"pp_virtual", l.pp_virtual}, {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
         {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"command", train_command(p.model, l)}}},
       {"compute",
        {{"tokens_per_step", p.tokens_per_step}, {"flops_per_token", p.flops_per_token},
@@ -361,8 +363,14 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
                            static_cast<long long>(l.cp), act.kv_whole,
                            bytes(static_cast<double>(l.compute_bytes) * T / static_cast<double>(l.cp) * T).c_str());
   }
-  o += strprintf("  %-22s %14s                (%s, %lld micro-batch(es) in flight)\n", "activations", bytes(st.activation_bytes).c_str(),
-                 per_token.c_str(), static_cast<long long>(std::min<int64_t>(l.pp - st.stage, l.grad_accum)));
+  const std::string in_flight =
+      l.pp_virtual > 1
+          ? strprintf("at most %d chunk forwards of %lld in flight", interleaved_live_chunks(static_cast<int>(l.pp), static_cast<int>(st.stage),
+                                                                                            static_cast<int>(l.pp_virtual), static_cast<int>(l.grad_accum)),
+                      static_cast<long long>(l.pp_virtual))
+          : strprintf("%lld micro-batch(es) in flight", static_cast<long long>(std::min<int64_t>(l.pp - st.stage, l.grad_accum)));
+  o += strprintf("  %-22s %14s                (%s, %s)\n", "activations", bytes(st.activation_bytes).c_str(), per_token.c_str(),
+                 in_flight.c_str());
   o += strprintf("  %-22s %14s                (logits, recompute working set, gathered ZeRO-3 units%s)\n", "transients",
               bytes(st.transient_bytes).c_str(), m.is_moe() ? ", MoE expert-gradient buffers" : "");
   if (l.base_bytes > 0) o += strprintf("  %-22s %14s\n", "process base", bytes(l.base_bytes).c_str());
@@ -418,7 +426,8 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
               duration(p.forward_s).c_str(), duration(p.backward_s).c_str(),
               p.recompute_flops_per_token > 0 ? " incl. recomputation" : "");
   o += strprintf("  exposed comm   %10s\n", duration(p.exposed_comm_s).c_str());
-  o += strprintf("  bubble         %10s  ((pp - 1) / (m + pp - 1) = %.1f%% of the step)\n", duration(p.bubble_s).c_str(),
+  o += strprintf("  bubble         %10s  (%s = %.1f%% of the step)\n", duration(p.bubble_s).c_str(),
+              p.layout.pp_virtual > 1 ? "interleaved: (pp - 1) / (V m + pp - 1)" : "(pp - 1) / (m + pp - 1)",
               100.0 * p.bubble_s / p.step_s);
   o += strprintf("  step           %10s  %.4g tokens/s, MFU %.1f%%, HFU %.1f%%\n\n", duration(p.step_s).c_str(), p.tokens_per_s,
               100 * p.mfu, 100 * p.hfu);

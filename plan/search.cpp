@@ -46,9 +46,10 @@ std::string describe(const Layout& l) {
   char buf[224];
   const std::string cp = l.cp > 1 ? " cp " + std::to_string(l.cp) : "";
   const std::string ep = l.ep > 1 ? " (ep " + std::to_string(l.ep) + ")" : "";  // carved out of dp
-  std::snprintf(buf, sizeof buf, "dp %lld%s%s tp %lld%s pp %lld, ZeRO-%d%s, offload %s, AC %s, mb %lld x %lld",
+  const std::string v = l.pp_virtual > 1 ? " x " + std::to_string(l.pp_virtual) + " chunks" : "";  // interleaved
+  std::snprintf(buf, sizeof buf, "dp %lld%s%s tp %lld%s pp %lld%s, ZeRO-%d%s, offload %s, AC %s, mb %lld x %lld",
                 static_cast<long long>(l.dp), ep.c_str(), cp.c_str(), static_cast<long long>(l.tp), l.sp ? " (sp)" : "",
-                static_cast<long long>(l.pp), l.zero,
+                static_cast<long long>(l.pp), v.c_str(), l.zero,
                 (l.zero >= 2 && l.grad_accum > 1) ? (l.zero_accum == ZeroAccum::Local ? " (accum local)" : " (accum reduce)") : "",
                 to_string(l.offload).c_str(), to_string(l.recompute).c_str(), static_cast<long long>(l.micro_batch),
                 static_cast<long long>(l.grad_accum));
@@ -131,12 +132,14 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
   bool any_dp = false;
   // The mesh shapes: dp x cp x tp x pp = devices; cp where 2 cp divides the sequence; sp on and
   // off wherever tp > 1 (kiln builds it without cp); for an MoE model ep over the divisors of dp
-  // that divide the experts. Layouts kiln refuses (cp with sp, tp not dividing the heads, MoE
-  // with sp or cp...) are counted by the validation below.
+  // that divide the experts; with pp > 1 the interleaved schedule's 2 and 4 chunks a stage besides
+  // 1F1B. Layouts kiln refuses (cp with sp, tp not dividing the heads, MoE with sp or cp, a
+  // micro-batch count the interleaved schedule cannot use...) are counted by the validation below.
   struct Shape {
     int64_t dp, cp, tp, pp;
     bool sp;
     int64_t ep;
+    int64_t chunks;
   };
   std::vector<Shape> shapes;
   for (int64_t tp : divisors(devices))
@@ -147,7 +150,8 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
         for (int64_t ep : divisors(dp)) {
           if (ep > 1 && !(model.is_moe() && model.n_experts % ep == 0)) continue;
           for (bool sp : {false, true})
-            if (!sp || (tp > 1 && cp == 1)) shapes.push_back({dp, cp, tp, pp, sp, ep});
+            for (int64_t chunks : {1, 2, 4})
+              if ((!sp || (tp > 1 && cp == 1)) && (chunks == 1 || pp > 1)) shapes.push_back({dp, cp, tp, pp, sp, ep, chunks});
         }
       }
   for (const Shape& shape : shapes) {
@@ -162,6 +166,7 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
             for (ZeroAccum acc : {ZeroAccum::Reduce, ZeroAccum::Local}) {
               Layout l = space.base;
               l.dp = shape.dp, l.cp = shape.cp, l.tp = shape.tp, l.pp = shape.pp, l.sp = shape.sp, l.ep = shape.ep;
+              l.pp_virtual = shape.chunks;
               l.zero = zero, l.offload = off, l.recompute = rc;
               l.micro_batch = mb;
               l.grad_accum = per_rank / mb;

@@ -21,6 +21,7 @@
 #include "distributed/error.h"
 #include "launch/plan_cli.h"
 #include "models/flops.h"
+#include "parallel/pipeline_interleaved.h"
 #include "plan/cluster.h"
 #include "plan/compare.h"
 #include "plan/cost_model.h"
@@ -2035,6 +2036,135 @@ TEST(PlanLlama, FlagsAndTheSuggestedCommand) {
                 .find("kiln train --model llama3-8b --precision"),
             std::string::npos);
   EXPECT_THROW(parse_plan_args({"--model", "tiny-llama", "--tie-embeddings=maybe"}), ConfigError);
+}
+
+}  // namespace
+}  // namespace kiln::plan
+
+// ---- the interleaved schedule (--pp-virtual) ---------------------------------------------------
+namespace kiln::plan {
+namespace {
+
+GPTConfig tiny8() {
+  GPTConfig m = GPTConfig::preset("tiny");
+  m.n_layer = 8;
+  return m;
+}
+
+Layout interleaved(int64_t pp, int64_t chunks, int64_t K) {
+  Layout l;
+  l.pp = pp;
+  l.pp_virtual = chunks;
+  l.grad_accum = K;
+  l.micro_batch = 2;
+  l.compute_bytes = 4;
+  l.cpu = true;
+  return l;
+}
+
+// Stage s holds virtual stages s, s + pp, ..: with 8 blocks at pp 2 x V 2, stage 0 blocks 0, 1
+// and 4, 5; its units are wte, wpe, then those four blocks (the trainer's record checks the
+// counts against a run: tests/cli/pipeline_interleaved.sh).
+TEST(PlanInterleaved, StagesHoldNonAdjacentChunks) {
+  const Layout l = interleaved(2, 2, 4);
+  EXPECT_EQ(stage_blocks(tiny8(), l), (std::vector<int64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(stage_chunks(tiny8(), l, 0), (std::vector<std::vector<int64_t>>{{0, 1}, {4, 5}}));
+  EXPECT_EQ(stage_chunks(tiny8(), l, 1), (std::vector<std::vector<int64_t>>{{2, 3}, {6, 7}}));
+  const auto units = rank_units(tiny8(), 1, 2, 0, "", 1, 2);
+  ASSERT_EQ(units.size(), 6u);
+  EXPECT_EQ(units[0], 512 * 128);  // wte alone
+  EXPECT_EQ(units[1], 128 * 128);  // wpe
+  for (size_t i = 2; i < 6; ++i) EXPECT_EQ(units[i], kBlock);
+  const Plan p = make_plan(tiny8(), toy_cluster(2), l);
+  EXPECT_EQ(p.stages[0].blocks, 4);
+  EXPECT_EQ(p.stages[1].blocks, 4);
+}
+
+// The bubble: (pp - 1) / V micro-batch slots; with equal stages the step is (K + (pp - 1) / V)
+// (t_f + t_b), so the idle share is (pp - 1) / (V K + pp - 1), the schedule's own
+// interleaved_bubble_fraction. The compute per micro-batch is V-fold chunks of the same blocks:
+// unchanged.
+TEST(PlanInterleaved, BubbleShrinksByTheChunks) {
+  GPTConfig m = tiny8();
+  m.vocab_size = 64;  // a head too small to matter: the stages' times are (almost) equal
+  for (int64_t V : {1, 2}) {
+    const Plan p = make_plan(m, toy_cluster(4), interleaved(4, V, 8));
+    const double slot = p.forward_s + p.backward_s;
+    EXPECT_DOUBLE_EQ(p.bubble_s, 3.0 / static_cast<double>(V) * slot) << V;
+    EXPECT_DOUBLE_EQ(p.compute_s, 8.0 * slot) << V;
+    EXPECT_NEAR(p.bubble_s / (p.compute_s + p.bubble_s), interleaved_bubble_fraction(4, static_cast<int>(V), 8), 1e-12);
+  }
+  const Plan one = make_plan(m, toy_cluster(4), interleaved(4, 1, 8)), two = make_plan(m, toy_cluster(4), interleaved(4, 2, 8));
+  EXPECT_DOUBLE_EQ(one.forward_s, two.forward_s);
+}
+
+// Activations: the most the schedule holds at once. A middle stage of pp 4 x V 2 over 8 blocks
+// (one block a chunk, nothing outside the blocks) holds interleaved_live_chunks = 2 (4 - 1 - 1) +
+// (2 - 1) 4 + 1 = 9 blocks' worth; under 1F1B the same stage holds min(4 - 1, 8) = 3 micro-batches
+// of its 2 blocks, 6.
+TEST(PlanInterleaved, ActivationsFollowTheSchedule) {
+  const ActivationBytes kept = layer_activation_bytes(tiny8(), interleaved(4, 2, 8), Recompute::None);
+  const double layer = kept.layer_bytes(2.0 * 128, 1, false, 1);
+  const Plan v2 = make_plan(tiny8(), toy_cluster(4), interleaved(4, 2, 8));
+  const Plan v1 = make_plan(tiny8(), toy_cluster(4), interleaved(4, 1, 8));
+  ASSERT_EQ(interleaved_live_chunks(4, 1, 2, 8), 9);
+  EXPECT_DOUBLE_EQ(v2.stages[1].activation_bytes, 9 * layer);
+  EXPECT_DOUBLE_EQ(v1.stages[1].activation_bytes, 6 * layer);
+  // m = pp: every forward first, m V chunks = pp micro-batches of the stage, as 1F1B's stage 0
+  const Plan all = make_plan(tiny8(), toy_cluster(4), interleaved(4, 2, 4));
+  EXPECT_DOUBLE_EQ(all.stages[1].activation_bytes, 8 * layer);
+}
+
+// Point-to-point bytes: each chunk sends its output on and its input's gradient back, but the
+// first virtual stage's gradient and the last's activation: pp 2 x V 2, per micro-batch 3 A on
+// either stage (A = b T d x 4); 1F1B sends A.
+TEST(PlanInterleaved, ChunksSendVTimesTheBoundaries) {
+  auto pp_bytes = [](const Plan& p, size_t s) {
+    double b = 0;
+    for (const CommItem& it : p.stages[s].comm)
+      if (it.group == "pp" && it.what.find("wte") == std::string::npos) b += it.comm_bytes;
+    return b;
+  };
+  const double A = 2.0 * 128 * 128 * 4;
+  const Plan v2 = make_plan(tiny8(), toy_cluster(2), interleaved(2, 2, 4)), v1 = make_plan(tiny8(), toy_cluster(2), interleaved(2, 1, 4));
+  EXPECT_DOUBLE_EQ(pp_bytes(v2, 0), 4 * 3 * A);
+  EXPECT_DOUBLE_EQ(pp_bytes(v2, 1), 4 * 3 * A);
+  EXPECT_DOUBLE_EQ(pp_bytes(v1, 0), 4 * A);
+  const Plan pp4 = make_plan(tiny8(), toy_cluster(4), interleaved(4, 2, 4));
+  EXPECT_DOUBLE_EQ(pp_bytes(pp4, 1), 4 * 4 * A);  // a middle stage: V activations, V gradients
+}
+
+TEST(PlanInterleaved, RefusedAsTheTrainerRefuses) {
+  auto error = [](Layout l, int64_t devices) {
+    try {
+      make_plan(tiny8(), toy_cluster(devices), l);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error(interleaved(2, 2, 3), 2),
+            "the interleaved schedule needs --grad-accum (micro-batches a step) a multiple of --pp 2 (got 3; 4 works)");
+  EXPECT_EQ(error(interleaved(1, 2, 4), 1), "--pp-virtual 2 needs --pp of 2 or more");
+  EXPECT_NE(error(interleaved(4, 4, 4), 4).find("--pp 4 x --pp-virtual 4 = 16 virtual stages are more than the model's 8 blocks"),
+            std::string::npos);
+}
+
+// --search tries 2 and 4 chunks a stage beside 1F1B, and describes them.
+TEST(PlanInterleaved, SearchConsidersTheChunks) {
+  SearchSpace space;
+  space.global_batch = 16;
+  space.top = 100000;
+  const SearchResult r = search(tiny8(), toy_cluster(4), space);
+  int interleaved_layouts = 0;
+  for (const Ranked& x : r.best) {
+    if (x.plan.layout.pp_virtual == 1) continue;
+    ++interleaved_layouts;
+    EXPECT_GT(x.plan.layout.pp, 1);
+    EXPECT_EQ(x.plan.layout.grad_accum % x.plan.layout.pp, 0);
+    EXPECT_NE(describe(x.plan.layout).find(" x " + std::to_string(x.plan.layout.pp_virtual) + " chunks"), std::string::npos);
+  }
+  EXPECT_GT(interleaved_layouts, 0);
 }
 
 }  // namespace
