@@ -177,11 +177,18 @@ GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts, ModelShard shard) 
   cfg_.validate();
   if (!shard_.ops) shard_.ops = std::make_shared<LayerOps>();
   const auto o = opts.dtype(at::kFloat);
-  if (shard_.block_end < 0) shard_.block_end = cfg_.n_layer;
-  if (shard_.block_begin < 0 || shard_.block_begin > shard_.block_end || shard_.block_end > cfg_.n_layer ||
-      (shard_.whole_model() && (shard_.block_begin != 0 || shard_.block_end != cfg_.n_layer))) {
-    throw ConfigError("GPT: blocks [" + std::to_string(shard_.block_begin) + ", " + std::to_string(shard_.block_end) +
-                      ") are not a range of the model's " + std::to_string(cfg_.n_layer));
+  int64_t previous_end = 0;
+  for (BlockRange& c : shard_.chunks) {
+    if (c.end < 0) c.end = cfg_.n_layer;
+    if (c.begin < previous_end || c.begin > c.end || c.end > cfg_.n_layer) {
+      throw ConfigError("GPT: blocks [" + std::to_string(c.begin) + ", " + std::to_string(c.end) +
+                        ") are not a range of the model's " + std::to_string(cfg_.n_layer) + " after the chunk before");
+    }
+    previous_end = c.end;
+  }
+  if (shard_.chunks.empty() ||
+      (shard_.whole_model() && (shard_.chunks.size() != 1 || shard_.chunks[0].begin != 0 || shard_.chunks[0].end != cfg_.n_layer))) {
+    throw ConfigError("GPT: the whole model is one chunk of all " + std::to_string(cfg_.n_layer) + " blocks");
   }
   // Under tensor parallelism wte holds this rank's rows of the padded vocabulary; registered
   // first, as in the whole model, so the parameter order is the whole model's order restricted.
@@ -192,7 +199,7 @@ GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts, ModelShard shard) 
   if (cfg_.rope()) rope_ = std::make_shared<RotaryEmbedding>(cfg_);
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg_.n_layer; ++i) {
-    if (i >= shard_.block_begin && i < shard_.block_end) h->push_back(std::make_shared<BlockImpl>(cfg_, o, shard_, i, rope_));
+    if (chunk_of_block(i) >= 0) h->push_back(std::make_shared<BlockImpl>(cfg_, o, shard_, i, rope_));
     else h->push_back(std::make_shared<torch::nn::Module>());  // another stage's block: keeps the numbering
   }
   if (shard_.head) {
@@ -204,9 +211,15 @@ GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts, ModelShard shard) 
 
 std::vector<std::shared_ptr<BlockImpl>> GPT::blocks() const {
   std::vector<std::shared_ptr<BlockImpl>> out;
-  for (int64_t i = shard_.block_begin; i < shard_.block_end; ++i)
-    out.push_back(std::dynamic_pointer_cast<BlockImpl>(h->ptr(static_cast<size_t>(i))));
+  for (const BlockRange& c : shard_.chunks)
+    for (int64_t i = c.begin; i < c.end; ++i) out.push_back(std::dynamic_pointer_cast<BlockImpl>(h->ptr(static_cast<size_t>(i))));
   return out;
+}
+
+int GPT::chunk_of_block(int64_t i) const {
+  for (size_t c = 0; c < shard_.chunks.size(); ++c)
+    if (i >= shard_.chunks[c].begin && i < shard_.chunks[c].end) return static_cast<int>(c);
+  return -1;
 }
 
 void GPT::init_weights(uint64_t seed, const TensorSlicer& slice) {
@@ -271,9 +284,12 @@ at::Tensor GPT::embed(const at::Tensor& idx) {
   return x;
 }
 
-at::Tensor GPT::run_blocks(const at::Tensor& x_in) {
+at::Tensor GPT::run_blocks(const at::Tensor& x_in, int chunk) {
+  if (chunk < 0 || chunk >= static_cast<int>(shard_.chunks.size()))
+    throw Error("GPT::run_blocks: chunk " + std::to_string(chunk) + " of " + std::to_string(shard_.chunks.size()));
   at::Tensor x = x_in;
-  for (int64_t i = shard_.block_begin; i < shard_.block_end; ++i) {
+  const BlockRange& c = shard_.chunks[static_cast<size_t>(chunk)];
+  for (int64_t i = c.begin; i < c.end; ++i) {
     auto& block = *h[static_cast<size_t>(i)]->as<BlockImpl>();
     x = block_runner ? block_runner(block, x) : block.forward(x);
   }
@@ -314,10 +330,11 @@ int64_t GPT::num_params() const {
 
 std::vector<std::pair<int64_t, std::shared_ptr<MoEImpl>>> GPT::moe_layers() const {
   std::vector<std::pair<int64_t, std::shared_ptr<MoEImpl>>> out;
-  for (int64_t i = shard_.block_begin; i < shard_.block_end; ++i) {
-    auto block = std::dynamic_pointer_cast<BlockImpl>(h->ptr(static_cast<size_t>(i)));
-    if (block && block->moe) out.emplace_back(i, block->moe);
-  }
+  for (const BlockRange& c : shard_.chunks)
+    for (int64_t i = c.begin; i < c.end; ++i) {
+      auto block = std::dynamic_pointer_cast<BlockImpl>(h->ptr(static_cast<size_t>(i)));
+      if (block && block->moe) out.emplace_back(i, block->moe);
+    }
   return out;
 }
 

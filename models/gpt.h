@@ -34,11 +34,12 @@
 // embeddings and dropout masks, and lets the ops gather what a layer needs whole (the tp layers'
 // inputs, the head's among them; the attention's keys and values).
 //
-// Pipeline parallelism enters through ModelShard too: a stage holds blocks [block_begin,
-// block_end) (their parameters keep their whole-model names, h.<i>...), the first stage also the
+// Pipeline parallelism enters through ModelShard too: a stage holds one chunk of contiguous
+// blocks (their parameters keep their whole-model names, h.<i>...), or under the interleaved
+// schedule V non-adjacent chunks (parallel/pipeline_interleaved.h); the first stage also the
 // embedding (wte, wpe), the last one ln_f and the tied output layer (its own copy of wte). A
-// stage runs embed() (first), run_blocks(), head_loss() (last); parallel/pipeline.h moves the
-// activations between stages.
+// stage runs embed() (first), run_blocks(x, chunk) for each chunk, head_loss() (last);
+// parallel/pipeline.h moves the activations between stages.
 #pragma once
 
 #include <cstdint>
@@ -132,12 +133,18 @@ struct LayerOps {
 // This rank's part of a tensor-parallel model: tp ranks split the attention heads, the MLP
 // width and the padded vocabulary (each must divide by tp; GPTConfig does not know tp, the
 // caller checks). tp = 1: the whole model.
+// Blocks [begin, end) of the model; end -1: n_layer.
+struct BlockRange {
+  int64_t begin = 0, end = -1;
+};
+
 struct ModelShard {
   int64_t tp = 1, rank = 0;
   std::shared_ptr<const LayerOps> ops = std::make_shared<LayerOps>();
-  // Pipeline stage: the blocks [block_begin, block_end) (block_end -1: n_layer); `embedding`
-  // (first stage: wte lookup + wpe), `head` (last stage: ln_f and the tied output layer, wte).
-  int64_t block_begin = 0, block_end = -1;
+  // Pipeline stage: its chunks of blocks, ascending and disjoint (one chunk of every block by
+  // default; interleaved: V of them); `embedding` (first stage: wte lookup + wpe, run before
+  // chunk 0), `head` (last stage: ln_f and the tied output layer, wte, run after the last chunk).
+  std::vector<BlockRange> chunks{BlockRange{}};
   bool embedding = true, head = true;
   // The only stage (GPT's constructor checks that it then holds every block).
   bool whole_model() const { return embedding && head; }
@@ -270,11 +277,13 @@ class GPT : public torch::nn::Module {
   // ln_f, the tied output layer and the mean cross-entropy (last stage) -> scalar; without tensor
   // parallelism in chunks of rows, never holding the whole fp32 logits (loss_chunk_rows).
   at::Tensor embed(const at::Tensor& idx);
-  at::Tensor run_blocks(const at::Tensor& x);
+  at::Tensor run_blocks(const at::Tensor& x, int chunk = 0);  // chunk: of shard().chunks
   at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets);
-  // This stage's blocks in order (every block of the whole model). h has n_layer entries; those
-  // of other stages are empty placeholders without parameters.
+  // This stage's blocks in order, all its chunks (every block of the whole model). h has n_layer
+  // entries; those of other stages are empty placeholders without parameters.
   std::vector<std::shared_ptr<BlockImpl>> blocks() const;
+  // Whether block i is this stage's, and which of its chunks holds it (-1: none).
+  int chunk_of_block(int64_t i) const;
   // Logits over the padded vocabulary: [B, T] -> [B, T, V'].
   at::Tensor logits(const at::Tensor& idx);
   // Mean next-token cross-entropy: idx and targets [B, T] int64 -> scalar.

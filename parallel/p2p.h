@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -22,12 +23,16 @@
 
 namespace kiln {
 
+// A received tensor's micro-batch and the chunk of this rank that takes it (0 with one chunk).
+using MicroChunk = std::pair<int, int>;
+
 struct StageTransfers {
-  std::map<int, at::Tensor> activations;  // micro-batch -> activation received from stage - 1
-  std::map<int, at::Tensor> grads;        // micro-batch -> gradient received from stage + 1
+  std::map<MicroChunk, at::Tensor> activations;  // activations received from stage - 1
+  std::map<MicroChunk, at::Tensor> grads;        // gradients received from stage + 1
 };
 
-// Posts `transfers` for stage `stage` of `pp` and waits for them. outgoing(t) gives the tensor a
+// Posts `transfers` for stage `stage` of `pp` and waits for them. Stages are on a ring: stage
+// pp - 1's next is 0 (only the interleaved schedule's transfers wrap round). outgoing(t) gives the tensor a
 // Send transfer carries (contiguous, `shape`, the dtype of `options`); receives land in new tensors of `shape` with
 // `options`. Returns what was received.
 StageTransfers exchange(Communicator& pp, int stage, const std::vector<PipeTransfer>& transfers,

@@ -1,4 +1,4 @@
-// parallel/pipeline.cpp -- a pipeline stage running the 1F1B schedule, the tied-embedding sync,
+// parallel/pipeline.cpp -- a pipeline stage running the 1F1B or interleaved schedule, the tied-embedding sync,
 // and the checkpoint gather of the stages.
 #include "parallel/pipeline.h"
 
@@ -15,19 +15,24 @@
 #include "optim/grad_clip.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/p2p.h"
+#include "parallel/pipeline_interleaved.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/tensor_parallel.h"
 
 namespace kiln {
 
-ModelShard pipeline_stage_shard(ModelShard base, const std::vector<int64_t>& block_counts, int stage) {
+ModelShard pipeline_stage_shard(ModelShard base, const std::vector<int64_t>& block_counts, int stage, int stages) {
   const auto starts = pipeline_block_starts(block_counts);
-  const int pp = static_cast<int>(block_counts.size());
-  if (stage < 0 || stage >= pp) throw Error("pipeline: stage " + std::to_string(stage) + " of " + std::to_string(pp));
-  base.block_begin = starts[static_cast<size_t>(stage)];
-  base.block_end = starts[static_cast<size_t>(stage) + 1];
+  const int virtual_stages = static_cast<int>(block_counts.size());
+  if (stages < 1 || virtual_stages % stages != 0 || stage < 0 || stage >= stages) {
+    throw Error("pipeline: stage " + std::to_string(stage) + " of " + std::to_string(stages) + " over " +
+                std::to_string(virtual_stages) + " virtual stages");
+  }
+  base.chunks.clear();
+  for (int v = stage; v < virtual_stages; v += stages)  // chunk c = virtual stage c x stages + stage
+    base.chunks.push_back({starts[static_cast<size_t>(v)], starts[static_cast<size_t>(v) + 1]});
   base.embedding = stage == 0;
-  base.head = stage + 1 == pp;
+  base.head = stage + 1 == stages;
   return base;
 }
 
@@ -41,9 +46,9 @@ struct PipelineStage::Slot {
 PipelineStage::PipelineStage(GPT& model, std::shared_ptr<Communicator> pp, c10::Device device, int64_t micro_batch,
                              Precision precision)
     : model_(model), pp_(std::move(pp)), device_(device), micro_batch_(micro_batch), precision_(precision),
-      stage_(pp_->rank()), stages_(pp_->size()) {
+      stage_(pp_->rank()), stages_(pp_->size()), chunks_(static_cast<int>(model_.shard().chunks.size())) {
   const ModelShard& s = model_.shard();
-  if (s.embedding != first() || s.head != last()) {
+  if (s.embedding != first() || s.head != last() || chunks_ < 1 || (chunks_ > 1 && stages_ < 2)) {
     throw Error("pipeline: the model is not stage " + std::to_string(stage_) + "'s part (build it with pipeline_stage_shard)");
   }
 }
@@ -58,44 +63,58 @@ at::ScalarType PipelineStage::residual_dtype() const {
   return params.empty() ? at::kFloat : params.front().scalar_type();
 }
 
+std::vector<PipeAction> PipelineStage::schedule(int micros, bool forward_only) const {
+  if (chunks_ > 1) {
+    return forward_only ? interleaved_forward_only(stages_, stage_, chunks_, micros)
+                        : interleaved_one_f_one_b(stages_, stage_, chunks_, micros);
+  }
+  return forward_only ? kiln::forward_only(stages_, stage_, micros) : one_f_one_b(stages_, stage_, micros);
+}
+
+Batch PipelineStage::batch_for(int chunk, int micro, const std::function<Batch(int)>& batch, bool non_blocking) const {
+  Batch b;
+  if (first_chunk(chunk) || last_chunk(chunk)) {
+    b = batch(micro);
+    b.inputs = to_device(b.inputs, device_, non_blocking);
+    b.targets = to_device(b.targets, device_, non_blocking);
+  }
+  return b;
+}
+
 at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& batch, double backward_factor,
                                 const PipelineHooks& hooks) {
   const GPTConfig& cfg = model_.config();
   const std::vector<int64_t> shape{micro_batch_, cfg.seq_len / model_.shard().ops->seq_split, cfg.d_model};  // --sp: the rank's rows
   const auto act = at::TensorOptions().dtype(residual_dtype()).device(device_);
   auto loss_sum = at::zeros({}, act.dtype(at::kFloat));
-  std::map<int, Slot> live;  // micro-batches forwarded and not yet backwarded (or not yet sent back)
+  std::map<MicroChunk, Slot> live;  // (micro-batch, chunk) forwarded and not yet backwarded (or not yet sent back)
   max_live_ = 0;
 
   auto outgoing = [&](const PipeTransfer& t) -> at::Tensor {
-    Slot& s = live.at(t.micro);
+    Slot& s = live.at({t.micro, t.chunk});
     if (t.kind == PipeTransfer::Kind::SendActivation) return s.output.detach().contiguous();
     at::Tensor g = s.input.grad();
-    if (!g.defined()) g = at::zeros(shape, act);  // the stage's output does not depend on its input
+    if (!g.defined()) g = at::zeros(shape, act);  // the chunk's output does not depend on its input
     return g.contiguous();
   };
 
-  for (const PipeAction& a : one_f_one_b(stages_, stage_, micros)) {
+  for (const PipeAction& a : schedule(micros, /*forward_only=*/false)) {
+    const MicroChunk key{a.micro, a.chunk};
     switch (a.type) {
       case PipeAction::Type::Exchange: {
         StageTransfers in = exchange(*pp_, stage_, a.transfers, outgoing, shape, act);
-        for (auto& [m, x] : in.activations) live[m].input = x.requires_grad_(true);
-        for (auto& [m, g] : in.grads) live.at(m).output_grad = g;
+        for (auto& [k, x] : in.activations) live[k].input = x.requires_grad_(true);
+        for (auto& [k, g] : in.grads) live.at(k).output_grad = g;
         for (const auto& t : a.transfers)
-          if (t.kind == PipeTransfer::Kind::SendGrad) live.erase(t.micro);  // micro t is done on this stage
+          if (t.kind == PipeTransfer::Kind::SendGrad) live.erase({t.micro, t.chunk});  // done on this chunk
         break;
       }
       case PipeAction::Type::Forward: {
-        Slot& s = live[a.micro];
-        Batch b;
-        if (first() || last()) {
-          b = batch(a.micro);
-          b.inputs = to_device(b.inputs, device_, /*non_blocking=*/true);
-          b.targets = to_device(b.targets, device_, /*non_blocking=*/true);
-        }
+        Slot& s = live[key];
+        const Batch b = batch_for(a.chunk, a.micro, batch, /*non_blocking=*/true);
         AutocastScope autocast(precision_, device_.type());
-        at::Tensor y = model_.run_blocks(first() ? model_.embed(local(b.inputs)) : s.input);
-        if (last()) {
+        at::Tensor y = model_.run_blocks(first_chunk(a.chunk) ? model_.embed(local(b.inputs)) : s.input, a.chunk);
+        if (last_chunk(a.chunk)) {
           s.output = model_.head_loss(y, local(b.targets));
           loss_sum += s.output.detach().to(at::kFloat);
         } else {
@@ -105,20 +124,20 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
         break;
       }
       case PipeAction::Type::Backward: {
-        if (hooks.before_backward) hooks.before_backward(a.micro);
-        Slot& s = live.at(a.micro);
-        if (last()) (s.output * backward_factor).backward();
+        if (hooks.before_backward) hooks.before_backward(a.micro, a.chunk);
+        Slot& s = live.at(key);
+        if (last_chunk(a.chunk)) (s.output * backward_factor).backward();
         else torch::autograd::backward({s.output}, {s.output_grad});
         s.output = at::Tensor();
         s.output_grad = at::Tensor();
-        if (hooks.after_backward) hooks.after_backward(a.micro);
-        if (first()) live.erase(a.micro);  // nothing to send back
+        if (hooks.after_backward) hooks.after_backward(a.micro, a.chunk);
+        if (first_chunk(a.chunk)) live.erase(key);  // nothing to send back
         break;
       }
     }
     if (hooks.after_action) hooks.after_action(a.type);
   }
-  if (!live.empty()) throw Error("pipeline: the schedule left " + std::to_string(live.size()) + " micro-batch(es) unfinished");
+  if (!live.empty()) throw Error("pipeline: the schedule left " + std::to_string(live.size()) + " micro-batch chunk(s) unfinished");
   return loss_sum;
 }
 
@@ -128,27 +147,23 @@ at::Tensor PipelineStage::evaluate(int micros, const std::function<Batch(int)>& 
   const std::vector<int64_t> shape{micro_batch_, cfg.seq_len / model_.shard().ops->seq_split, cfg.d_model};  // --sp: the rank's rows
   const auto act = at::TensorOptions().dtype(residual_dtype()).device(device_);
   auto loss_sum = at::zeros({}, act.dtype(at::kFloat));
-  std::map<int, at::Tensor> outputs, inputs;
-  auto outgoing = [&](const PipeTransfer& t) { return outputs.at(t.micro).contiguous(); };
-  for (const PipeAction& a : forward_only(stages_, stage_, micros)) {
+  std::map<MicroChunk, at::Tensor> outputs, inputs;
+  auto outgoing = [&](const PipeTransfer& t) { return outputs.at({t.micro, t.chunk}).contiguous(); };
+  for (const PipeAction& a : schedule(micros, /*forward_only=*/true)) {
     if (a.type == PipeAction::Type::Exchange) {
-      for (auto& [m, x] : exchange(*pp_, stage_, a.transfers, outgoing, shape, act).activations) inputs[m] = x;
+      for (auto& [k, x] : exchange(*pp_, stage_, a.transfers, outgoing, shape, act).activations) inputs[k] = x;
       for (const auto& t : a.transfers)
-        if (t.kind == PipeTransfer::Kind::SendActivation) outputs.erase(t.micro);
+        if (t.kind == PipeTransfer::Kind::SendActivation) outputs.erase({t.micro, t.chunk});
       continue;
     }
     if (a.type != PipeAction::Type::Forward) continue;
-    Batch b;
-    if (first() || last()) {
-      b = batch(a.micro);
-      b.inputs = to_device(b.inputs, device_);
-      b.targets = to_device(b.targets, device_);
-    }
+    const MicroChunk key{a.micro, a.chunk};
+    const Batch b = batch_for(a.chunk, a.micro, batch, /*non_blocking=*/false);
     AutocastScope autocast(precision_, device_.type());
-    at::Tensor y = model_.run_blocks(first() ? model_.embed(local(b.inputs)) : inputs.at(a.micro));
-    inputs.erase(a.micro);
-    if (last()) loss_sum += model_.head_loss(y, local(b.targets)).to(at::kFloat);
-    else outputs[a.micro] = y.to(residual_dtype());
+    at::Tensor y = model_.run_blocks(first_chunk(a.chunk) ? model_.embed(local(b.inputs)) : inputs.at(key), a.chunk);
+    inputs.erase(key);
+    if (last_chunk(a.chunk)) loss_sum += model_.head_loss(y, local(b.targets)).to(at::kFloat);
+    else outputs[key] = y.to(residual_dtype());
   }
   return loss_sum;
 }
@@ -198,15 +213,15 @@ at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t replicas, const GradO
   return total / static_cast<double>(replicas);
 }
 
-int pipeline_stage_of(const std::string& name, const std::vector<int64_t>& block_counts) {
+int pipeline_stage_of(const std::string& name, const std::vector<int64_t>& block_counts, int stages) {
   const auto starts = pipeline_block_starts(block_counts);
-  const int pp = static_cast<int>(block_counts.size());
+  const int virtual_stages = static_cast<int>(block_counts.size());
   if (name == "wte" || name == "wpe") return 0;
-  if (name.rfind("ln_f.", 0) == 0 || name == "lm_head") return pp - 1;
+  if (name.rfind("ln_f.", 0) == 0 || name == "lm_head") return stages - 1;
   if (name.rfind("h.", 0) == 0) {
     const int64_t i = std::stoll(name.substr(2));
-    for (int s = 0; s < pp; ++s)
-      if (i >= starts[static_cast<size_t>(s)] && i < starts[static_cast<size_t>(s) + 1]) return s;
+    for (int v = 0; v < virtual_stages; ++v)
+      if (i >= starts[static_cast<size_t>(v)] && i < starts[static_cast<size_t>(v) + 1]) return v % stages;
   }
   throw Error("pipeline: no stage holds parameter " + name);
 }

@@ -1,7 +1,10 @@
 // parallel/pipeline.h -- pipeline parallelism: each of pp ranks holds one stage of the model
 // (parallel/pipeline_layout.h: contiguous blocks, the embedding on the first stage, ln_f and the
 // tied output layer on the last) and runs the 1F1B schedule of parallel/pipeline_schedule.h
-// (Narayanan et al., 2021) over point-to-point transfers of the pp group (parallel/p2p.h).
+// (Narayanan et al., 2021) over point-to-point transfers of the pp group (parallel/p2p.h) --
+// or, holding V chunks of blocks (--pp-virtual), the interleaved 1F1B schedule of
+// parallel/pipeline_interleaved.h, whose stage s below reads virtual stage s and chunk, and whose
+// last virtual stage's output goes round the ring to stage 0's next chunk.
 //
 // A step of m micro-batches (m = --grad-accum), B = micro-batch, T = sequence, d = d_model:
 //   stage s forward of micro j:  x_j = recv from s-1 ([B, T, d] fp32; the first stage embeds
@@ -50,14 +53,19 @@ class GPT;
 struct ModelShard;
 
 // `base` (a tensor-parallel shard, or the default one) restricted to pipeline stage `stage` of
-// the split `block_counts` (parallel/pipeline_layout.h).
-ModelShard pipeline_stage_shard(ModelShard base, const std::vector<int64_t>& block_counts, int stage);
+// `stages`, the blocks split `block_counts` over the virtual stages (parallel/pipeline_layout.h):
+// stages of them, or under the interleaved schedule V x stages, virtual stage c x stages + stage
+// being the stage's chunk c (parallel/pipeline_interleaved.h).
+ModelShard pipeline_stage_shard(ModelShard base, const std::vector<int64_t>& block_counts, int stage, int stages);
 
 // What the trainer does around the schedule's actions.
+// Each backward is one chunk's (the stage's only chunk under 1F1B): under the interleaved
+// schedule a micro-batch's backward on a rank comes in V pieces, other micro-batches' between
+// them, and chunk c's last piece is micro-batch m - 1's.
 struct PipelineHooks {
-  std::function<void(int micro)> before_backward;  // DDP's sync flag, ZeRO's begin_micro
-  std::function<void(int micro)> after_backward;   // ZeRO's end_micro
-  std::function<void(PipeAction::Type)> after_action;  // the phase timer
+  std::function<void(int micro, int chunk)> before_backward;  // DDP's sync flag, ZeRO's begin_micro
+  std::function<void(int micro, int chunk)> after_backward;   // ZeRO's end_micro
+  std::function<void(PipeAction::Type)> after_action;         // the phase timer
 };
 
 class PipelineStage {
@@ -76,10 +84,12 @@ class PipelineStage {
   // The ids the stage's embedding and loss take: all of them, or under --cp the rank's chunks.
   at::Tensor local(const at::Tensor& ids) const;
   int stages() const { return stages_; }
+  int chunks() const { return chunks_; }
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ + 1 == stages_; }
 
-  // One optimizer step: the forwards and backwards of `micros` micro-batches in 1F1B order.
+  // One optimizer step: the forwards and backwards of `micros` micro-batches in 1F1B order
+  // (interleaved 1F1B when the stage holds several chunks: parallel/pipeline_interleaved.h).
   // batch(j): micro-batch j (inputs are read by the first stage, targets by the last). The last
   // stage backpropagates loss_j * backward_factor. Returns the sum of the micro-batch losses
   // (fp32 scalar on the device; zero on the other stages).
@@ -94,17 +104,23 @@ class PipelineStage {
   // on the other stages.
   void sync_tied_embedding(at::Tensor grad);
 
-  // The most micro-batches whose activations the last train() held at once.
+  // The most micro-batches (chunk forwards, when interleaved) whose activations the last train()
+  // held at once.
   int max_live() const { return max_live_; }
 
  private:
   struct Slot;
+  std::vector<PipeAction> schedule(int micros, bool forward_only) const;
+  bool first_chunk(int chunk) const { return first() && chunk == 0; }              // embeds
+  bool last_chunk(int chunk) const { return last() && chunk + 1 == chunks_; }      // takes the loss
+  // Micro-batch `micro` on the device where chunk `chunk` reads it (embedding or loss), else empty.
+  Batch batch_for(int chunk, int micro, const std::function<Batch(int)>& batch, bool non_blocking) const;
   GPT& model_;
   std::shared_ptr<Communicator> pp_;
   c10::Device device_;
   int64_t micro_batch_;
   Precision precision_;
-  int stage_, stages_;
+  int stage_, stages_, chunks_;
   int max_live_ = 0;
 };
 
@@ -124,7 +140,8 @@ std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, c
 at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t replicas, const GradOf& grads = {});
 
 // The stage whose copy of whole-model parameter `name` a checkpoint takes: the first for wte
-// and wpe (the last stage's wte is the tied copy), the last for ln_f, the stage of its block.
-int pipeline_stage_of(const std::string& name, const std::vector<int64_t>& block_counts);
+// and wpe (the last stage's wte is the tied copy), the last for ln_f, the stage of its block
+// (block_counts per virtual stage, as pipeline_stage_shard's).
+int pipeline_stage_of(const std::string& name, const std::vector<int64_t>& block_counts, int stages);
 
 }  // namespace kiln

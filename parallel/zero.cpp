@@ -110,8 +110,15 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
   std::vector<std::vector<at::Tensor>> whole_units = units_of(model_);
   const size_t first_block_unit = whole_units.size() - model_.blocks().size();
   block_units_.assign(model_.blocks().size(), {});
+  std::vector<int> block_chunk;  // blocks() order: chunk by chunk
+  for (size_t c = 0; c < model_.shard().chunks.size(); ++c)
+    for (int64_t i = model_.shard().chunks[c].begin; i < model_.shard().chunks[c].end; ++i) block_chunk.push_back(static_cast<int>(c));
   for (auto& [params, expert, origin] : split_experts(std::move(whole_units), cfg_.is_expert)) {
     if (origin >= first_block_unit) block_units_[origin - first_block_unit].push_back(units_.size());
+    // Its chunk: a block's; the outer units go with the embedding (chunk 0) or the head (the last).
+    unit_chunk_.push_back(origin >= first_block_unit ? block_chunk[origin - first_block_unit]
+                          : model_.shard().embedding ? 0
+                                                     : static_cast<int>(model_.shard().chunks.size()) - 1);
     auto u = std::make_unique<Unit>();
     u->params = std::move(params);
     u->expert = expert;
@@ -308,16 +315,21 @@ void ZeroEngine::release(Unit& u) {
 
 // ---- gradients -----------------------------------------------------------------------------
 
-void ZeroEngine::begin_micro(int64_t micro) {
+void ZeroEngine::begin_micro(int64_t micro, int chunk) {
   last_micro_ = micro + 1 == cfg_.grad_accum;
   if (micro == 0) {
     at::NoGradGuard no_grad;
     if (host_adds_) host_adds_->drain();
-    for (auto& u : units_) (u->grad_full.defined() && !streamed() ? u->grad_full : u->grad_shard).zero_();
+    for (size_t i = 0; i < units_.size(); ++i) {
+      if (!in_chunk(i, chunk)) continue;
+      Unit& u = *units_[i];
+      (u.grad_full.defined() && !streamed() ? u.grad_full : u.grad_shard).zero_();
+    }
   }
-  for (auto& u : units_) {
-    u->pending = static_cast<int64_t>(u->params.size());
-    u->reduced = false;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (!in_chunk(i, chunk)) continue;
+    units_[i]->pending = static_cast<int64_t>(units_[i]->params.size());
+    units_[i]->reduced = false;
   }
   if (cfg_.stage == 3) {
     wait_gathered(*units_[0]);  // the outer unit (the model's embedding, ln_f, head)
@@ -396,20 +408,22 @@ void ZeroEngine::wait_reductions(size_t keep) {
   }
 }
 
-void ZeroEngine::end_micro() {
+void ZeroEngine::end_micro(int chunk) {
   // Units whose gradients did not all land (a parameter unused in this backward) are reduced
   // now, in unit order: every rank has the same graph, so every rank reaches the same decision.
-  for (auto& u : units_) {
-    if (!u->reduced && (streamed() || last_micro_)) launch_reduction(*u);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = *units_[i];
+    if (in_chunk(i, chunk) && !u.reduced && (streamed() || last_micro_)) launch_reduction(u);
   }
   wait_reductions(0);
   if (last_micro_ && cfg_.is_expert) {
     // The experts' mean over expert_dp, times 1 / ep: the mean over dp (ZeroConfig::is_expert).
     at::NoGradGuard no_grad;
-    for (auto& u : units_)
-      if (u->expert) u->grad_shard.mul_(1.0 / static_cast<double>(cfg_.ep->size()));
+    for (size_t i = 0; i < units_.size(); ++i)
+      if (units_[i]->expert && in_chunk(i, chunk)) units_[i]->grad_shard.mul_(1.0 / static_cast<double>(cfg_.ep->size()));
   }
-  for (auto& u : units_) release(*u);
+  for (size_t i = 0; i < units_.size(); ++i)
+    if (in_chunk(i, chunk)) release(*units_[i]);
 }
 
 at::Tensor ZeroEngine::grad_shard_of(const at::Tensor& param) const {

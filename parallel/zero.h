@@ -145,10 +145,13 @@ class ZeroEngine {
   ZeroEngine& operator=(const ZeroEngine&) = delete;
 
   // Before micro-step `micro` (0..K-1) of a step: the first one clears the gradient shards;
-  // ZeRO-3 gathers unit 0.
-  void begin_micro(int64_t micro);
+  // ZeRO-3 gathers unit 0. `chunk` >= 0: a pipeline stage's backward of that model chunk alone
+  // (the interleaved schedule runs a micro-batch's backward in one piece a chunk, other
+  // micro-batches' between them): only the chunk's units are cleared, counted and reduced, so
+  // each chunk's micro-steps are in turn, as the engine needs, though the rank's are not.
+  void begin_micro(int64_t micro, int chunk = -1);
   // After its backward: waits for the reductions it launched (and launches any a hook did not).
-  void end_micro();
+  void end_micro(int chunk = -1);
 
   // The reduced gradient shard (after the last end_micro of a step) of the unit that holds
   // `param` alone -- a pipeline stage's wte (the tied-embedding sync adds the first and last
@@ -216,6 +219,8 @@ class ZeroEngine {
   AdamWConfig adam_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::vector<size_t>> block_units_;  // block i's units (its dense part, then its experts under --ep)
+  std::vector<int> unit_chunk_;                   // the model chunk each unit's parameters belong to
+  bool in_chunk(size_t unit, int chunk) const { return chunk < 0 || unit_chunk_[unit] == chunk; }
   std::vector<Unit*> in_flight_;  // reductions launched and not yet finished, oldest first
   std::unique_ptr<HostAccumulator> host_adds_;  // offload all: reduced shards into the host shards
   GradReadyHooks hooks_;

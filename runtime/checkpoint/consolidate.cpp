@@ -79,7 +79,7 @@ at::Tensor WholeModel::gather(const std::string& name, CheckpointPart part) {
   at::NoGradGuard no_grad;
   const MeshShape shape = mesh_ ? mesh_->shape() : MeshShape{};
   const MeshCoord me = mesh_ ? mesh_->coord() : MeshCoord{};
-  const int stage = shape.pp > 1 ? pipeline_stage_of(name, stage_blocks_) : 0;
+  const int stage = shape.pp > 1 ? pipeline_stage_of(name, stage_blocks_, static_cast<int>(shape.pp)) : 0;
   const std::vector<int64_t> whole_shape = shape_of(name, part);
   at::Tensor whole;  // on the stage's writer
   const bool ep_split = shape.ep > 1 && part != CheckpointPart::Step && is_expert_parameter(name);

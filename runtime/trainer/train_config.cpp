@@ -4,6 +4,7 @@
 #include <set>
 
 #include "distributed/error.h"
+#include "parallel/pipeline_interleaved.h"
 #include "parallel/pipeline_layout.h"
 
 namespace kiln {
@@ -124,7 +125,19 @@ void TrainConfig::validate_layout() const {
   }
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
 
-  pipeline_block_counts(gpt.n_layer, pp, pp_split);  // pp above the blocks, or a bad --pp-split
+  one_of("pp-schedule", pp_schedule, {"auto", "1f1b", "interleaved"});
+  if (pp_schedule == "interleaved" && pp_virtual < 2) {
+    throw ConfigError("--pp-schedule interleaved runs --pp-virtual V >= 2 model chunks a rank: give --pp-virtual 2 or more");
+  }
+  if (pp_schedule == "1f1b" && pp_virtual > 1) {
+    throw ConfigError("--pp-virtual " + std::to_string(pp_virtual) + " needs the interleaved schedule (--pp-schedule "
+                      "interleaved, or leave it auto); --pp-schedule 1f1b holds one chunk a rank");
+  }
+  if (pp_virtual != 1) {
+    const std::string rule = interleaved_rule(static_cast<int>(pp), static_cast<int>(pp_virtual), static_cast<int>(grad_accum));
+    if (!rule.empty()) throw ConfigError(rule);
+  }
+  pipeline_block_counts(gpt.n_layer, pp, pp_split, pp_virtual);  // pp x V above the blocks, or a bad --pp-split
   if (pp > 1 && zero == 3) {
     throw ConfigError("--zero 3 with --pp " + std::to_string(pp) + " is not supported yet (ZeRO-3's per-block gathers "
                       "assume each micro-batch's forward and backward in turn, not 1F1B's interleaving): use --zero 1 or 2");
@@ -228,6 +241,8 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["cp"] = cp;
   if (ep > 1) j["ep"] = ep;
   j["pp_split"] = pp_split;
+  j["pp_virtual"] = pp_virtual;
+  j["pp_schedule"] = resolved_pp_schedule();
   j["zero"] = zero;
   j["offload"] = offload;
   j["zero_accum"] = zero_accum;

@@ -58,6 +58,9 @@ struct TrainConfig {
   int64_t cp = 1;                // context-parallel size: each sequence split over cp ranks
   int64_t ep = 1;                // expert-parallel size: MoE experts divided over ep dp ranks (parallel/expert_parallel.h)
   std::string pp_split;          // blocks per pipeline stage, "4,4,3"; empty = balanced by count
+                                 // (per virtual stage under --pp-virtual: pp x V counts)
+  int64_t pp_virtual = 1;        // model chunks a pipeline rank holds (the interleaved schedule)
+  std::string pp_schedule = "auto";  // auto (1f1b; interleaved when --pp-virtual > 1) | 1f1b | interleaved
   int64_t zero = 0;              // ZeRO stage 0..3
   std::string offload = "none";  // none | optimizer (ZeRO 1-3) | all (ZeRO-3)
   std::string zero_accum = "reduce";  // ZeRO-2/3 gradient accumulation: reduce | local
@@ -108,6 +111,10 @@ struct TrainConfig {
   // 16-bit weights with fp32 masters under bf16 / fp16, the fastest and smallest policy; fp32
   // (the "upcast" policy) when asked for.
   std::string resolved_param_dtype() const { return param_dtype == "auto" ? precision : param_dtype; }
+  // The pipeline schedule the run uses: 1f1b or interleaved (never "auto").
+  std::string resolved_pp_schedule() const {
+    return pp_schedule != "auto" ? pp_schedule : pp_virtual > 1 ? "interleaved" : "1f1b";
+  }
   int64_t resolved_lr_decay_steps() const { return lr_decay_steps > 0 ? lr_decay_steps : steps; }
 
   // Throws ConfigError with one line naming the first setting that cannot be used.

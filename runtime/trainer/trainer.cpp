@@ -229,11 +229,11 @@ void Trainer::build_model() {
   // Tensor parallelism: this rank's slices; pipeline parallelism: this stage's blocks (and the
   // embedding / head). Every layout draws the whole model's parameters from the seed one at a
   // time and keeps its part, so every layout starts from the same weights.
-  r.stage_blocks = pipeline_block_counts(cfg_.gpt.n_layer, r.shape.pp, cfg_.pp_split);
+  r.stage_blocks = pipeline_block_counts(cfg_.gpt.n_layer, r.shape.pp, cfg_.pp_split, cfg_.pp_virtual);  // per virtual stage
   {
     ModelShard shard = r.shape.tp > 1 ? make_tensor_parallel_shard(cfg_.gpt, r.mesh->tp(), cfg_.sp) : ModelShard{};
     if (r.shape.cp > 1) shard = make_context_parallel(std::move(shard), cfg_.gpt, r.mesh->cp());
-    if (r.shape.pp > 1) shard = pipeline_stage_shard(std::move(shard), r.stage_blocks, r.mesh->coord().pp);
+    if (r.shape.pp > 1) shard = pipeline_stage_shard(std::move(shard), r.stage_blocks, r.mesh->coord().pp, static_cast<int>(r.shape.pp));
     if (r.shape.ep > 1) {
       r.ep_traffic = std::make_shared<ExpertTraffic>();
       shard = make_expert_parallel(std::move(shard), cfg_.gpt, r.mesh->ep(), r.ep_traffic);

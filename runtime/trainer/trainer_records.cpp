@@ -8,6 +8,7 @@
 #endif
 
 #include "distributed/error.h"
+#include "parallel/pipeline_interleaved.h"
 #include "plan/compare.h"
 #include "runtime/trainer/trainer.h"
 #include "runtime/trainer/trainer_run.h"
@@ -58,8 +59,10 @@ json Trainer::config_record() const {
                {"config", cfg_.to_json()},
                {"world", {{"size", proc_.world_size}, {"dp", r.shape.dp}, {"tp", r.shape.tp}, {"pp", r.shape.pp},
                           {"sp", cfg_.sp}, {"cp", r.shape.cp}, {"backend", r.backend}, {"ddp_buckets", r.ddp ? r.ddp->num_buckets() : 0}}},
-               {"pipeline", {{"stages", r.shape.pp}, {"blocks", r.stage_blocks},
-                             {"bubble", bubble_fraction(r.shape.pp, static_cast<int>(cfg_.grad_accum))}}},
+               {"pipeline", {{"stages", r.shape.pp}, {"blocks", r.stage_blocks},  // per virtual stage
+                             {"schedule", cfg_.resolved_pp_schedule()}, {"virtual", cfg_.pp_virtual},
+                             {"bubble", interleaved_bubble_fraction(r.shape.pp, static_cast<int>(cfg_.pp_virtual),
+                                                                    static_cast<int>(cfg_.grad_accum))}}},
                {"zero", {{"stage", cfg_.zero}, {"offload", cfg_.offload}, {"accum", cfg_.zero_accum},
                          {"padded_params", r.zero ? json(r.zero->padded_numel()) : json(nullptr)}}},
                {"model_state", model_state_json(state)},
@@ -179,9 +182,16 @@ void Trainer::print_state_lines() const {
   if (r.shape.pp > 1) {
     std::string split;
     for (int64_t n : r.stage_blocks) split += (split.empty() ? "" : ",") + std::to_string(n);
-    std::printf("kiln: pipeline of %d stages (blocks %s), 1F1B over %lld micro-batches: bubble %.1f%% of each step\n",
-                r.shape.pp, split.c_str(), static_cast<long long>(cfg_.grad_accum),
-                100.0 * bubble_fraction(r.shape.pp, static_cast<int>(cfg_.grad_accum)));
+    const double bubble = interleaved_bubble_fraction(r.shape.pp, static_cast<int>(cfg_.pp_virtual), static_cast<int>(cfg_.grad_accum));
+    if (cfg_.pp_virtual > 1) {
+      std::printf("kiln: pipeline of %d stages x %lld chunks (blocks %s a virtual stage), interleaved 1F1B over %lld "
+                  "micro-batches: bubble %.1f%% of each step\n",
+                  r.shape.pp, static_cast<long long>(cfg_.pp_virtual), split.c_str(), static_cast<long long>(cfg_.grad_accum),
+                  100.0 * bubble);
+    } else {
+      std::printf("kiln: pipeline of %d stages (blocks %s), 1F1B over %lld micro-batches: bubble %.1f%% of each step\n",
+                  r.shape.pp, split.c_str(), static_cast<long long>(cfg_.grad_accum), 100.0 * bubble);
+    }
     if (cfg_.grad_accum < r.shape.pp) {
       std::printf("kiln: warning: --grad-accum %lld is below --pp %d: the stages idle most of each step; use at least "
                   "%d micro-batches (4 x pp keeps the bubble under 20%%)\n",

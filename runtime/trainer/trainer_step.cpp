@@ -95,14 +95,19 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor) {
   // MoE: the router losses' gradients take the LM loss's factor (models/moe.h).
   if (cfg_.gpt.is_moe()) r.model->set_moe_loss_backward_scale(backward_factor);
   if (r.pipe) {
-    // 1F1B over the stages: the same hooks as below, around each micro-batch's backward.
+    // 1F1B over the stages: the same hooks as below, around each micro-batch's backward (under
+    // the interleaved schedule, each chunk's piece of it: DDP's buckets count a parameter ready
+    // in its chunk's last piece, micro-batch m - 1's; ZeRO clears, counts and reduces the chunk's
+    // units alone).
+    const bool chunked = r.pipe->chunks() > 1;
     PipelineHooks hooks;
-    hooks.before_backward = [&](int micro) {
+    hooks.before_backward = [&](int micro, int chunk) {
       if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);
-      if (r.zero) r.zero->begin_micro(micro);
+      if (r.expert_ddp) r.expert_ddp->set_sync(micro + 1 == cfg_.grad_accum);
+      if (r.zero) r.zero->begin_micro(micro, chunked ? chunk : -1);
     };
-    hooks.after_backward = [&](int) {
-      if (r.zero) r.zero->end_micro();
+    hooks.after_backward = [&](int, int chunk) {
+      if (r.zero) r.zero->end_micro(chunked ? chunk : -1);
     };
     hooks.after_action = [&](PipeAction::Type t) {
       r.timer->mark(t == PipeAction::Type::Forward ? Phase::Forward : t == PipeAction::Type::Backward ? Phase::Backward : Phase::Comm);
