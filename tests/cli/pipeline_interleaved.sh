@@ -19,6 +19,7 @@
 # m = p), and every stage's comm_bytes per step (no tp, no ZeRO): per micro-batch an activation
 # from each chunk but the last virtual stage's and a gradient from each but the first's, A =
 # B T d x 4 bytes each, the tied wte's gradient V' d x 4 once, the verdict 2 x 12, DDP 2 x 4 psi.
+# Evaluation (--val-data): pp 2 x V 2 and cp 2 x pp 2 against one process's validation losses.
 # Checkpoints: the pp 2 x V 2 run's step 10 resumed in one process, and the reference's step 10
 # resumed at pp 2 x V 2: steps 11-20 and the step-20 weights within 1e-5.
 # kiln plan --compare on nine of the logs: every exact row equal (the stages' blocks, model state,
@@ -119,6 +120,33 @@ for name in ("from_v2", "to_v2"):
     wd = max_weight_diff(f"{d}/ref/step_00000020/model.safetensors", f"{d}/{name}/step_00000020/model.safetensors")
     assert wd <= 1e-5, (name, wd)
     print(f"{name}: resumed, steps 11-20 within {worst:.1e}; step-20 weights within {wd:.1e}")
+PY
+
+# --- evaluation runs the forward-only order of the same groups: the validation loss of pp 2 x V 2
+# (and of cp 2 x pp 2 under 1F1B, which the sequence-parallel test does not evaluate) is the
+# single process's.
+python3 -c "
+import random; random.seed(1); w = ['the', 'cat', 'sat', 'on', 'a', 'mat', 'dog', 'ran', 'far', 'away']
+open('$work/a.txt', 'w').write(' '.join(random.choice(w) for _ in range(200000)))"
+"$KILN_BIN" prep --input "$work/a.txt" --out "$work/shards" --val-tokens 20000 >/dev/null
+E=(train --device cpu --model tiny --steps 6 --eval-every 3 --eval-batches 3 --micro-batch 2 --grad-accum 4 --log-every 100
+   --data "$work/shards/train_*.bin" --val-data "$work/shards/val_000000.bin")
+"$KILN_BIN" "${E[@]}" --log-json "$work/eval1.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${E[@]}" --pp 2 --pp-virtual 2 --log-json "$work/eval_v2.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${E[@]}" --pp 2 --cp 2 --log-json "$work/eval_cp2pp2.jsonl" >/dev/null
+python3 - "$work" <<'PY'
+import json, sys
+d = sys.argv[1]
+def evals(name):
+    return [(r["step"], r["val_loss"]) for r in map(json.loads, open(f"{d}/{name}.jsonl")) if r["type"] == "eval"]
+ref = evals("eval1")
+assert [s for s, _ in ref] == [3, 6], ref
+for name in ("eval_v2", "eval_cp2pp2"):
+    got = evals(name)
+    assert [s for s, _ in got] == [3, 6], (name, got)
+    worst = max(abs(a - b) / abs(a) for (_, a), (_, b) in zip(ref, got))
+    assert worst <= 1e-5, (name, ref, got)
+    print(f"{name}: validation losses within {worst:.1e} of the single process's")
 PY
 
 # --- kiln plan --compare on the interleaved logs: the exact rows (parameters, FLOPs, every stage's
