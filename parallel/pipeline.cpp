@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "distributed/device.h"
 #include "distributed/device_check.h"
 #include "distributed/error.h"
 #include "models/gpt.h"
@@ -110,6 +111,7 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
         break;
       }
       case PipeAction::Type::Forward: {
+        if (hooks.before_forward) hooks.before_forward(a.micro, a.chunk);
         Slot& s = live[key];
         const Batch b = batch_for(a.chunk, a.micro, batch, /*non_blocking=*/true);
         AutocastScope autocast(precision_, device_.type());
@@ -173,10 +175,13 @@ void PipelineStage::sync_tied_embedding(at::Tensor grad) {
   if (!model_.config().tie_embeddings) return;  // an untied lm_head: nothing shared between the stages
   at::NoGradGuard no_grad;
   const int peer = first() ? stages_ - 1 : 0;
-  at::Tensor mine = grad.contiguous();
+  // Under ZeRO-3 with --offload all the reduced shard lives on the host: it crosses through a
+  // device copy (the communicators take device memory only) and the peer's is added back there.
+  const bool on_host = grad.is_cpu() && (!device_.is_cpu() || is_host_memory(grad));
+  at::Tensor mine = on_host ? to_device(grad, device_) : grad.contiguous();
   at::Tensor other = at::empty_like(mine);
   pp_->send_recv({{P2POp::Kind::Send, mine, peer}, {P2POp::Kind::Recv, other, peer}})->wait();
-  grad.add_(other);
+  grad.add_(on_host ? other.to(grad.device()) : other);
 }
 
 std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, const at::Tensor& local, const GPT& model) {

@@ -63,6 +63,7 @@ ModelShard pipeline_stage_shard(ModelShard base, const std::vector<int64_t>& blo
 // schedule a micro-batch's backward on a rank comes in V pieces, other micro-batches' between
 // them, and chunk c's last piece is micro-batch m - 1's.
 struct PipelineHooks {
+  std::function<void(int micro, int chunk)> before_forward;   // ZeRO-3's begin_forward
   std::function<void(int micro, int chunk)> before_backward;  // DDP's sync flag, ZeRO's begin_micro
   std::function<void(int micro, int chunk)> after_backward;   // ZeRO's end_micro
   std::function<void(PipeAction::Type)> after_action;         // the phase timer

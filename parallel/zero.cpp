@@ -91,10 +91,6 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     : model_(model), device_(device), dp_(std::move(dp)), cfg_(cfg), adam_(adam) {
   if (cfg_.stage < 1 || cfg_.stage > 3) throw ConfigError("zero: stage must be 1, 2 or 3");
   if (cfg_.offload == Offload::All && cfg_.stage != 3) throw ConfigError("--offload all needs --zero 3");
-  if (cfg_.stage == 3 && !model_.shard().whole_model()) {
-    throw ConfigError("--zero 3 with --pp > 1 is not supported yet (its per-block gathers assume one forward and "
-                      "one backward per micro-batch in turn, not 1F1B's interleaving): use --zero 1 or 2");
-  }
   if (cfg_.is_expert && (!cfg_.expert_dp || !cfg_.ep)) {
     throw Error("zero: expert parallelism needs the expert-data-parallel and ep groups");
   }
@@ -110,7 +106,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
   std::vector<std::vector<at::Tensor>> whole_units = units_of(model_);
   const size_t first_block_unit = whole_units.size() - model_.blocks().size();
   block_units_.assign(model_.blocks().size(), {});
-  std::vector<int> block_chunk;  // blocks() order: chunk by chunk
+  std::vector<int>& block_chunk = block_chunk_;  // blocks() order: chunk by chunk
   for (size_t c = 0; c < model_.shard().chunks.size(); ++c)
     for (int64_t i = model_.shard().chunks[c].begin; i < model_.shard().chunks[c].end; ++i) block_chunk.push_back(static_cast<int>(c));
   for (auto& [params, expert, origin] : split_experts(std::move(whole_units), cfg_.is_expert)) {
@@ -119,6 +115,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     unit_chunk_.push_back(origin >= first_block_unit ? block_chunk[origin - first_block_unit]
                           : model_.shard().embedding ? 0
                                                      : static_cast<int>(model_.shard().chunks.size()) - 1);
+    if (origin < first_block_unit) outer_units_.push_back(units_.size());
     auto u = std::make_unique<Unit>();
     u->params = std::move(params);
     u->expert = expert;
@@ -239,7 +236,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     model_.block_runner = [this, inner, block_of](BlockImpl& block, const at::Tensor& x) {
       const size_t i = block_of.at(&block), n = block_units_.size();
       for (const size_t u : block_units_[i]) wait_gathered(*units_[u]);
-      if (i + 1 < n)
+      if (i + 1 < n && block_chunk_[i + 1] == block_chunk_[i])  // the next block of this chunk
         for (const size_t u : block_units_[i + 1]) gather_async(*units_[u]);
       at::Tensor y = inner ? inner(block, x) : block.forward(x);
       // The last block's backward comes right after its forward: it stays gathered (FSDP's
@@ -250,7 +247,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
       if (y.requires_grad()) {
         y.register_hook([this, i](const at::Tensor&) {
           for (const size_t u : block_units_[i]) wait_gathered(*units_[u]);
-          if (i > 0)
+          if (i > 0 && block_chunk_[i - 1] == block_chunk_[i])
             for (const size_t u : block_units_[i - 1]) gather_async(*units_[u]);
         });
       }
@@ -332,9 +329,24 @@ void ZeroEngine::begin_micro(int64_t micro, int chunk) {
     units_[i]->reduced = false;
   }
   if (cfg_.stage == 3) {
-    wait_gathered(*units_[0]);  // the outer unit (the model's embedding, ln_f, head)
-    if (!block_units_.empty())
+    // The outer units (the embedding, ln_f, the head) stay gathered through the micro-step. A
+    // pipeline stage's forwards come apart from this backward (begin_forward), which the
+    // blocks' output hooks regather from the last block down: nothing to prefetch here.
+    for (const size_t u : outer_units_)
+      if (in_chunk(u, chunk)) wait_gathered(*units_[u]);
+    if (model_.shard().whole_model() && !block_units_.empty())
       for (const size_t u : block_units_[0]) gather_async(*units_[u]);
+  }
+}
+
+void ZeroEngine::begin_forward(int chunk) {
+  if (cfg_.stage != 3) return;
+  for (const size_t u : outer_units_)
+    if (in_chunk(u, chunk)) wait_gathered(*units_[u]);
+  for (size_t i = 0; i < block_units_.size(); ++i) {  // the chunk's first block, prefetched
+    if (chunk >= 0 && block_chunk_[i] != chunk) continue;
+    for (const size_t u : block_units_[i]) gather_async(*units_[u]);
+    break;
   }
 }
 
@@ -538,7 +550,8 @@ void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor
 }
 
 void ZeroEngine::begin_forward_only() {
-  if (cfg_.stage == 3) wait_gathered(*units_[0]);
+  if (cfg_.stage == 3)
+    for (const size_t u : outer_units_) wait_gathered(*units_[u]);
 }
 
 void ZeroEngine::end_forward_only() {

@@ -55,6 +55,22 @@
 // the autograd graph, activation checkpointing's recomputation and the optimizer see ordinary
 // tensors.
 //
+// ZeRO-3 under pipeline parallelism (torchtitan's FSDP inside PP stages). A stage's units are
+// its blocks and its outer units (wte alone; wpe or ln_f + lm_head); the schedule runs forwards
+// and backwards of different micro-batches in turn, so nothing assumes they alternate: every use
+// of a unit waits for it to be gathered -- a block's forward in the block runner, its backward in
+// the hook on its output, the outer units in begin_forward / begin_micro -- and a unit gathered
+// for one micro-batch's forward is freed after it (the stage's last block and the outer units
+// excepted) and gathered again for that micro-batch's backward, however many forwards come
+// between: holding every in-flight micro-batch's blocks would hold the whole stage, which is
+// what ZeRO-3 is there to avoid. Saved activations that view a freed parameter (the weight a
+// matmul's backward needs) are views of the same storage, valid again once it is regathered.
+// The outer units and the last block stay gathered from one use to the next until a backward
+// ends (end_micro frees the chunk's units): per 1F1B step that is still one gather of each per
+// micro-batch (F F .. F: gathered by the first; steady F B: by each F; cool-down B B: by each B).
+// Prefetching stays inside a chunk (the interleaved schedule's next block to run may be
+// another chunk's).
+//
 // Offload (ZeroConfig::offload):
 //   optimizer  the fp32 master copy of the shard, its moments and the optimizer step live on the
 //              host (optim/cpu_adamw.h over pinned buffers); the reduced gradient shard is copied
@@ -152,6 +168,10 @@ class ZeroEngine {
   void begin_micro(int64_t micro, int chunk = -1);
   // After its backward: waits for the reductions it launched (and launches any a hook did not).
   void end_micro(int chunk = -1);
+  // A pipeline stage (ZeRO-3): before a forward of `chunk` (-1: the stage's only one), which the
+  // schedule runs apart from its backward -- gathers the chunk's outer units (the embedding, or
+  // ln_f and the head) and prefetches its first block. See "ZeRO-3 under pipeline parallelism".
+  void begin_forward(int chunk = -1);
 
   // The reduced gradient shard (after the last end_micro of a step) of the unit that holds
   // `param` alone -- a pipeline stage's wte (the tied-embedding sync adds the first and last
@@ -220,6 +240,8 @@ class ZeroEngine {
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::vector<size_t>> block_units_;  // block i's units (its dense part, then its experts under --ep)
   std::vector<int> unit_chunk_;                   // the model chunk each unit's parameters belong to
+  std::vector<int> block_chunk_;                  // the chunk of each block (blocks() order)
+  std::vector<size_t> outer_units_;               // the units outside the blocks (wte; wpe, ln_f, lm_head)
   bool in_chunk(size_t unit, int chunk) const { return chunk < 0 || unit_chunk_[unit] == chunk; }
   std::vector<Unit*> in_flight_;  // reductions launched and not yet finished, oldest first
   std::unique_ptr<HostAccumulator> host_adds_;  // offload all: reduced shards into the host shards

@@ -76,10 +76,6 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
   if (offload == Offload::Optimizer && zero < 1) throw ConfigError("--offload optimizer needs --zero 1, 2 or 3");
   if (offload == Offload::All && zero != 3) throw ConfigError("--offload all needs --zero 3 (parameters are sharded only there)");
-  if (zero == 3 && pp > 1) {  // kiln's refusal (runtime/trainer/train_config.cpp), word for word
-    throw ConfigError("--zero 3 with --pp " + s(pp) + " is not supported yet (ZeRO-3's per-block gathers "
-                      "assume each micro-batch's forward and backward in turn, not 1F1B's interleaving): use --zero 1 or 2");
-  }
   if (micro_batch < 1) throw ConfigError("--micro-batch must be at least 1 (got " + s(micro_batch) + ")");
   if (grad_accum < 1) throw ConfigError("--grad-accum must be at least 1 (got " + s(grad_accum) + ")");
   if (compute_bytes != 2 && compute_bytes != 4) throw ConfigError("compute dtype must be 2 or 4 bytes");
@@ -300,7 +296,10 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
       const double pb = l.param_bytes;
       int64_t max_experts = 0;
       for (int64_t n : st.expert_units) max_experts = std::max(max_experts, padded_numel(n, M));
-      transient += pb * static_cast<double>(outer_units) + 2 * pb * static_cast<double>(max_block + max_experts);
+      // a pipeline stage's last block stays gathered from its forward through later micro-batches'
+      // forwards (parallel/zero.h), beside the block running and the one prefetched
+      const double held = l.pp > 1 ? static_cast<double>(std::min<int64_t>(3, st.blocks)) : 2.0;
+      transient += pb * static_cast<double>(outer_units) + held * pb * static_cast<double>(max_block + max_experts);
     }
     st.transient_bytes = transient;
     st.peak_device_bytes = static_cast<double>(st.state.device.total()) + st.activation_bytes + transient + l.base_bytes;

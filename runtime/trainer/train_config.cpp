@@ -138,10 +138,6 @@ void TrainConfig::validate_layout() const {
     if (!rule.empty()) throw ConfigError(rule);
   }
   pipeline_block_counts(gpt.n_layer, pp, pp_split, pp_virtual);  // pp x V above the blocks, or a bad --pp-split
-  if (pp > 1 && zero == 3) {
-    throw ConfigError("--zero 3 with --pp " + std::to_string(pp) + " is not supported yet (ZeRO-3's per-block gathers "
-                      "assume each micro-batch's forward and backward in turn, not 1F1B's interleaving): use --zero 1 or 2");
-  }
   one_of("zero-accum", zero_accum, {"reduce", "local"});
   if (offload != "none" && zero == 0) {
     throw ConfigError("--offload " + offload + " needs ZeRO (--zero 1, 2 or 3): it moves the sharded optimizer state");

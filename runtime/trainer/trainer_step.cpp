@@ -101,6 +101,9 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor) {
     // units alone).
     const bool chunked = r.pipe->chunks() > 1;
     PipelineHooks hooks;
+    hooks.before_forward = [&](int, int chunk) {
+      if (r.zero) r.zero->begin_forward(chunked ? chunk : -1);  // ZeRO-3: the chunk's outer units
+    };
     hooks.before_backward = [&](int micro, int chunk) {
       if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);
       if (r.expert_ddp) r.expert_ddp->set_sync(micro + 1 == cfg_.grad_accum);

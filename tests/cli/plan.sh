@@ -122,7 +122,6 @@ expect_fail "--model does not go with --params" --params 1e9 --model tiny
 expect_fail "--compare $work/missing.jsonl: cannot open" --compare "$work/missing.jsonl"
 expect_fail "not a JSON record" --compare "$work/junk.jsonl"
 expect_fail "no layout fits" --model gpt2-1.5b --gpu v100 --gpus-per-node 1 --device-memory-gb 0.5 --search
-expect_fail "--zero 3 with --pp 2 is not supported yet" --model tiny --gpus-per-node 2 --pp 2 --zero 3
 expect_fail "--pp-split '1,2' gives 2 stage\(s\) holding 3 block\(s\)" --model tiny --gpus-per-node 2 --pp 2 --pp-split 1,2
 expect_fail "--pp 8 is larger than the model's 4 blocks" --model tiny --pp 8
 expect_fail "--pp-split does not go with --compare" --compare "$work/junk.jsonl" --pp-split 2,2
