@@ -60,8 +60,12 @@ Mesh::Mesh(std::shared_ptr<Communicator> world, MeshShape shape) : world_(std::m
     }
     // Communicators of their own even where dp's members would do: ep_bytes_sent is ep's count.
     ep_ = dp_->split(c.dp / shape.ep, c.dp % shape.ep, "ep");
-    edp_ = shape.dp == shape.ep ? make_self_communicator("expert_dp", world_->backend())
-                                : dp_->split(c.dp % shape.ep, c.dp / shape.ep, "expert_dp");
+    // The copies of this rank's experts: the dp ranks with the same dp % ep -- and under cp
+    // every cp rank of those (they hold the same experts and see other tokens of the samples).
+    const int copies = shape.dp / shape.ep * shape.cp;
+    if (copies == 1) edp_ = make_self_communicator("expert_dp", world_->backend());
+    else if (shape.cp == 1) edp_ = dp_->split(c.dp % shape.ep, c.dp / shape.ep, "expert_dp");
+    else edp_ = dp_cp_->split(c.dp % shape.ep, c.dp / shape.ep * shape.cp + c.cp, "expert_dp");
   }
 }
 

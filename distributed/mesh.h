@@ -51,7 +51,8 @@ class Mesh {
   const std::shared_ptr<Communicator>& dp_cp() const { return cp_ ? dp_cp_ : dp_; }
   // ep > 1 only (null otherwise): this rank's expert-parallel group (dp ranks [g ep, (g + 1) ep)
   // with g = dp / ep, ordered by dp) and its expert-data-parallel group (the dp ranks with the
-  // same dp % ep, ordered by dp: the copies of this rank's experts).
+  // same dp % ep, and under cp each of their cp ranks, ordered by (dp, cp): the copies of this
+  // rank's experts, dp / ep x cp of them).
   const std::shared_ptr<Communicator>& ep() const { return ep_; }
   const std::shared_ptr<Communicator>& expert_dp() const { return edp_; }
   // comm_bytes of every group this rank belongs to, each counted once.

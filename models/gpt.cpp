@@ -104,10 +104,11 @@ at::Tensor AttentionImpl::project(const at::Tensor& y_heads, const LayerOps* ops
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
-  // Rotary angles at the positions the heads hold: under context parallelism the rank's rows of
-  // the sequence (its two chunks); otherwise every row (sequence parallelism gathers them for c_attn).
+  // Rotary angles at the positions the heads hold: under context parallelism the rank's two
+  // chunks of the sequence (with --sp, gathered over tp by c_attn first); otherwise every row
+  // (sequence parallelism alone gathers them all for c_attn).
   at::Tensor positions;
-  if (rope_ && ops_->gather_kv && ops_->seq_rows) positions = ops_->seq_rows(x.size(1) * ops_->seq_split, x.device());
+  if (rope_ && ops_->attention_rows) positions = ops_->attention_rows(x.size(1) * ops_->seq_split, x.device());
   auto [q, k, v] = heads(x, positions);
   const double p = is_training() ? dropout_ : 0.0;
   at::Tensor mask;
@@ -154,7 +155,6 @@ BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const 
   attn = register_module("attn", std::make_shared<AttentionImpl>(cfg, opts, shard, std::move(rope)));
   ln_2 = register_module("ln_2", std::make_shared<LayerNormImpl>(cfg.d_model, cfg.layer_norm_eps, opts, cfg.rmsnorm()));
   if (cfg.is_moe_layer(index)) {
-    if (shard.ops->seq_rows) throw ConfigError("MoE blocks with a split sequence (--sp, --cp) are not built");
     moe = register_module("moe", std::make_shared<MoEImpl>(cfg.d_model, cfg.mlp_hidden(), MoEConfig::of(cfg), opts, shard.ops));
   } else {
     mlp = register_module("mlp", std::make_shared<MLPImpl>(cfg, opts, shard));

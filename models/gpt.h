@@ -98,6 +98,19 @@ struct LayerOps {
   // kept, so a split run draws the masks the unsplit one does). Empty: the whole sequence.
   int64_t seq_split = 1;
   std::function<at::Tensor(int64_t, c10::Device)> seq_rows;
+  // The positions of the rows the attention's q, k and v hold (int64, in order), where they are
+  // not every position: context parallelism's two chunks -- under --sp too, whose column layers
+  // gather the cp chunk's rows over tp first, so they differ from seq_rows there. Rotary
+  // positions are taken at them. Empty: 0 .. T-1.
+  std::function<at::Tensor(int64_t, c10::Device)> attention_rows;
+  // The sequence's rows gathered whole, in position order ([B, T_local, ...] -> [B, T, ...]),
+  // without autograd: an MoE layer routes each sequence as one group (models/moe.h), so under a
+  // split sequence its ranks agree on the sequence's choices first. Empty: the sequence is whole.
+  std::function<at::Tensor(const at::Tensor&)> gather_sequence;
+  // The factor a rank's part of a sequence-wide mean (the MoE layers' auxiliary losses) takes so
+  // that the gradient reductions make it the whole's: cp (the gradients' mean over dp x cp), 1
+  // under --sp alone (tp sums the replicated parameters' gradients).
+  double sequence_loss_factor = 1.0;
   // The model's input rows for this rank: [B, T] token ids (or targets) -> [B, T_local] (context
   // parallelism: GPT::loss applies it). Empty: the whole sequence.
   std::function<at::Tensor(const at::Tensor&)> local_tokens;

@@ -129,15 +129,24 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_in) {
   auto [top_p, top_e] = at::topk(probs, k, -1);  // [N, k], descending
   const at::Tensor gates = k > 1 ? top_p / top_p.sum(-1, /*keepdim=*/true) : top_p;
 
+  // A split sequence (--sp, --cp: LayerOps::gather_sequence): this rank holds S of the sequence's
+  // S_w positions. Its ranks gather the sequence's choices (k int64 a token) and each decides
+  // the whole group's admissions as the unsplit layer does, keeping its own rows' (seq_rows).
+  const bool split = ops_ && ops_->gather_sequence && x_in.dim() == 3;
+  const at::Tensor whole_e = split ? ops_->gather_sequence(top_e.view({G, S, k})) : top_e.view({G, S, k});  // [G, S_w, k]
+  const int64_t S_w = whole_e.size(1);
+
   // Capacity, per group: choice j of every token before choice j + 1 of any; token order within
   // a choice. position: the assignment's slot within its expert's queue.
-  const int64_t C = moe_capacity(cfg_, S);
+  const int64_t C = moe_capacity(cfg_, S_w);
   at::Tensor admitted;  // [N, k]
   if (C > 0) {
-    const at::Tensor order = top_e.view({G, S, k}).transpose(1, 2).reshape({G, k * S});  // choice-major
-    const at::Tensor onehot = at::one_hot(order, E);                                      // [G, kS, E]
-    const at::Tensor position = (onehot.cumsum(1) - 1).mul_(onehot).sum(-1);             // [G, kS]
-    admitted = position.lt(C).view({G, k, S}).transpose(1, 2).reshape({N, k});
+    const at::Tensor order = whole_e.transpose(1, 2).reshape({G, k * S_w});  // choice-major
+    const at::Tensor onehot = at::one_hot(order, E);                         // [G, k S_w, E]
+    const at::Tensor position = (onehot.cumsum(1) - 1).mul_(onehot).sum(-1);  // [G, k S_w]
+    at::Tensor whole = position.lt(C).view({G, k, S_w}).transpose(1, 2);      // [G, S_w, k]
+    if (split) whole = whole.index_select(1, ops_->seq_rows(S_w, x.device()));
+    admitted = whole.reshape({N, k});
   } else {
     admitted = at::ones({N, k}, top_e.options().dtype(at::kBool));
   }
@@ -178,11 +187,15 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_in) {
   at::Tensor y = at::zeros({N, d}, x.options()).index_add_(0, tokens, (out * g.to(out.scalar_type())).to(x.scalar_type()));
 
   // Losses: Switch's load balancing per group (f from the choices before dropping, P
-  // differentiable) and the router z-loss.
-  const at::Tensor f = at::one_hot(top_e.reshape({G, S * k}), E).to(rdt).mean(1);  // [G, E], rows sum to 1
-  const at::Tensor P = probs.view({G, S, E}).mean(1);                              // [G, E]
+  // differentiable) and the router z-loss. Under a split sequence this rank's parts: f is the
+  // whole sequence's, P and the z-loss's mean sum this rank's tokens over the whole count, so the
+  // parts add up to the unsplit losses over the sequence's ranks (the step record's sum), and
+  // their gradients are the unsplit ones' at this rank's tokens (scaled below for cp's mean).
+  const double whole_tokens = static_cast<double>(G * S_w);
+  const at::Tensor f = at::one_hot(whole_e.reshape({G, S_w * k}), E).to(rdt).mean(1);  // [G, E], rows sum to 1
+  const at::Tensor P = probs.view({G, S, E}).sum(1) / static_cast<double>(S_w);        // [G, E]
   aux_loss = (static_cast<double>(E) * (f * P).sum(-1)).mean();
-  z_loss = at::logsumexp(logits, -1).square().mean();
+  z_loss = at::logsumexp(logits, -1).square().sum() / std::max(whole_tokens, 1.0);
 
   const double mean_load = static_cast<double>(N * k) / static_cast<double>(E);
   stats.dropped_fraction = N * k > 0 ? 1.0 - static_cast<double>(n_kept) / static_cast<double>(N * k) : 0.0;
@@ -197,7 +210,8 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_in) {
     step_stats = step_stats.defined() ? step_stats + row : row;
     const double ca = cfg_.aux_loss_coef, cz = cfg_.z_loss_coef;
     if ((ca > 0.0 || cz > 0.0) && router.requires_grad()) {
-      result = AttachAuxLoss::apply(result, ca * aux_loss + cz * z_loss, loss_backward_scale);
+      const double factor = split ? ops_->sequence_loss_factor : 1.0;
+      result = AttachAuxLoss::apply(result, (ca * aux_loss + cz * z_loss) * factor, loss_backward_scale);
     }
   }
   return result;

@@ -33,11 +33,32 @@ at::Tensor context_positions(int64_t T, int64_t n, int64_t r, c10::Device device
 ModelShard make_context_parallel(ModelShard shard, const GPTConfig& cfg, const std::shared_ptr<Communicator>& cp) {
   check_context_parallel(cfg, cp->size());
   const std::shared_ptr<const LayerOps> before = shard.ops ? shard.ops : std::make_shared<LayerOps>();
-  if (before->seq_rows) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
   auto ops = std::make_shared<LayerOps>(*before);
   const int64_t n = cp->size(), r = cp->rank(), tp_rank = shard.rank;
-  ops->seq_split = n;
-  ops->seq_rows = [n, r](int64_t T, c10::Device device) { return context_positions(T, n, r, device); };
+  // --sp inside (Megatron's layout: cp outside, tp / sp inside): the tp ranks split the rank's
+  // 2C positions further, tp rank j holding the j-th of t blocks of them; the column layers'
+  // gathers over tp rebuild the cp chunk, which the attention then runs on.
+  const int64_t t = before->seq_rows ? before->seq_split : 1;
+  if (t > 1 && cfg.seq_len % (2 * n * t) != 0) {
+    throw ConfigError("--cp " + std::to_string(n) + " with --sp needs the sequence length (" + std::to_string(cfg.seq_len) +
+                      ") to divide into 2 x cp x tp = " + std::to_string(2 * n * t) + " blocks");
+  }
+  ops->seq_split = n * t;
+  ops->seq_rows = [n, r, t, tp_rank](int64_t T, c10::Device device) {
+    const at::Tensor chunk = context_positions(T, n, r, device);
+    const int64_t rows = chunk.size(0) / t;
+    return t > 1 ? chunk.narrow(0, tp_rank * rows, rows) : chunk;
+  };
+  ops->attention_rows = [n, r](int64_t T, c10::Device device) { return context_positions(T, n, r, device); };
+  // MoE routing: the cp chunk (gathered over tp first under --sp), then every cp rank's, put in
+  // position order; the auxiliary losses' parts count cp times (the gradients' mean over cp).
+  ops->gather_sequence = [inner = before->gather_sequence, cp, n](const at::Tensor& x) {
+    const at::Tensor all = gather_rows(inner ? inner(x) : x, 1, *cp);  // rank-major: each rank's two chunks
+    std::vector<at::Tensor> held;
+    for (int64_t i = 0; i < n; ++i) held.push_back(context_positions(all.size(1), n, i, x.device()));
+    return at::empty_like(all).index_copy_(1, at::cat(held), all);
+  };
+  ops->sequence_loss_factor = static_cast<double>(n);
   ops->local_tokens = [n, r](const at::Tensor& ids) {
     return ids.index_select(1, context_positions(ids.size(1), n, r, ids.device()));
   };

@@ -38,7 +38,14 @@
 // over that group. Attention-probability dropout draws from a stream of each rank's own (as
 // tensor parallelism's heads do: parallel/tensor_parallel.h, with_rank_rng).
 //
-// Not built: cp with pipeline parallelism, and with --sp (refused by check_context_parallel).
+// With --sp (sequence parallelism in the tp group; Megatron's layout, cp outside and tp / sp
+// inside): the tp ranks of a cp rank split its 2C positions further into t blocks of 2C / t (2 cp
+// tp must divide T); the residual stream holds those rows, the column layers' all-gathers over tp
+// rebuild the cp chunk for q, k, v (LayerOps::attention_rows: rotary positions at the chunk's),
+// and K, V are then gathered over cp as above. Every per-token activation is / (cp t) outside
+// the tp layers' gathered inputs.
+// With pipeline parallelism: each stage's blocks run on the rank's rows, a boundary carries
+// [B, T / (cp t), d] (parallel/pipeline.h).
 #pragma once
 
 #include <cstdint>

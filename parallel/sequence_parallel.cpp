@@ -15,12 +15,7 @@
 
 namespace kiln {
 
-namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-at::Tensor gather_blocks(const at::Tensor& x, int64_t dim, Communicator& g) {
+at::Tensor gather_rows(const at::Tensor& x, int64_t dim, Communicator& g) {
   const at::Tensor in = x.contiguous();
   std::vector<int64_t> shape{g.size()};
   for (auto s : in.sizes()) shape.push_back(s);
@@ -28,6 +23,13 @@ at::Tensor gather_blocks(const at::Tensor& x, int64_t dim, Communicator& g) {
   g.all_gather(out, in)->wait();
   return out.movedim(0, dim).flatten(dim, dim + 1);  // rank-major along dim
 }
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor gather_blocks(const at::Tensor& x, int64_t dim, Communicator& g) { return gather_rows(x, dim, g); }
 
 at::Tensor scatter_blocks(const at::Tensor& x, int64_t dim, Communicator& g) {
   const int64_t n = g.size();

@@ -47,6 +47,9 @@ namespace kiln {
 
 class GPT;
 
+// The group's blocks of x along `dim`, concatenated in rank order, without autograd (integer
+// tensors too: an MoE layer's routing choices under a split sequence).
+at::Tensor gather_rows(const at::Tensor& x, int64_t dim, Communicator& group);
 // Forward: the group's blocks of x along `dim`, concatenated in rank order. Backward: the
 // gradient summed over the group, this rank's block (a reduce-scatter).
 at::Tensor all_gather_rows(const at::Tensor& x, int64_t dim, const std::shared_ptr<Communicator>& group);

@@ -279,6 +279,7 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
     const int64_t n = T / t;
     return at::arange(r * n, (r + 1) * n, at::TensorOptions().dtype(at::kLong).device(device));
   };
+  sp->gather_sequence = [tp](const at::Tensor& x) { return gather_rows(x, 1, *tp); };
   sp->unsplit = std::move(plain);
   shard.ops = std::move(sp);
   return shard;

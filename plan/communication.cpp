@@ -76,13 +76,13 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
       case 0:
         if (l.ep > 1) {
           // expert parallelism (runtime/trainer/trainer.cpp): DDP over dp for the dense parameters, a second
-          // DDP over the expert-data-parallel group (dp / ep ranks) for the experts, which skips
+          // DDP over the expert-data-parallel group (dp / ep ranks, x cp) for the experts, which skips
           // its all-reduce when the group is one rank
-          const double experts = static_cast<double>(st.psi_experts), edp = static_cast<double>(l.dp / l.ep);
+          const double experts = static_cast<double>(st.psi_experts), edp = static_cast<double>(l.expert_copies());
           dp("dense gradient all-reduce (DDP, last micro-step)", 2.0 * rb * (psi - experts), Window::LastBackward, 1);
           if (edp > 1) {
-            out.push_back(collective("edp", "expert gradient all-reduce, " + std::to_string(l.dp / l.ep) + " copies (DDP, last micro-step)",
-                                     l.dp / l.ep, 2.0 * rb * experts, k.dp_bw, k.dp, Window::LastBackward, 1));
+            out.push_back(collective("edp", "expert gradient all-reduce, " + std::to_string(l.expert_copies()) + " copies (DDP, last micro-step)",
+                                     l.expert_copies(), 2.0 * rb * experts, k.dp_bw, k.dp, Window::LastBackward, 1));
           }
         } else {
           dp("gradient all-reduce (DDP buckets, last micro-step)", 2.0 * l.reduce_bytes * psi, Window::LastBackward, 1);
@@ -98,7 +98,7 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
         if (each) dp("gradient reduce-scatter (every micro-step)" + tail, Kd * rb * dense_p, Window::Backward, K);
         else dp("gradient reduce-scatter (last micro-step)" + tail, rb * dense_p, Window::LastBackward, 1);
         dp("parameter all-gather after the step" + tail, pb * dense_p, Window::Serial, 1);
-        const int64_t M = l.ep > 1 ? l.dp / l.ep : 1;
+        const int64_t M = l.ep > 1 ? l.expert_copies() : 1;
         if (M > 1 && experts_p > 0) {
           const std::string copies = ", " + std::to_string(M) + " copies";
           out.push_back(each ? collective("edp", "expert gradient reduce-scatter (every micro-step)" + copies, M, Kd * rb * experts_p,
@@ -120,7 +120,7 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
         const double n0 = static_cast<double>(outer);
         const double n_last = st.blocks > 0 ? static_cast<double>(padded_numel(st.units.back(), N)) : 0.0;
         const double experts_p = static_cast<double>(st.psi_experts_padded), dense_p = psi_p - experts_p;
-        const int64_t M = l.ep > 1 ? l.dp / l.ep : 1;
+        const int64_t M = l.ep > 1 ? l.expert_copies() : 1;
         const bool last_moe = st.blocks > 0 && m.is_moe_layer(st.chunks.back().back()) && !st.expert_units.empty();
         const double e_last = last_moe ? static_cast<double>(padded_numel(st.expert_units.back(), M)) : 0.0;
         const std::string tail = l.ep > 1 ? " (dense units)" : "";
@@ -149,7 +149,8 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
   // non-finite, grad norm^2] (12 B) under ZeRO, over dp x cp, or over the world with tp; under pp
   // always the 12 B over the whole world (every stage's squared norm, the loss from the last stage).
   // MoE: every MoE layer's routing row (E counts, admitted, L_aux, L_z; zeros for another
-  // stage's layers) rides in it before the norm, X = n_moe_layers (E + 3) floats more.
+  // stage's layers) rides in it before the norm, X = n_moe_layers (E + 3) floats more; under --sp
+  // over dp x cp x tp even for DDP (the tp ranks' rows are parts).
   const double moe_floats = static_cast<double>(m.n_moe_layers() * (m.n_experts + 3));
   const std::string moe_rows = m.is_moe() ? ", MoE routing rows" : "";
   if (pipelined) {
@@ -158,6 +159,9 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
   } else if (l.zero > 0) {
     out.push_back(collective(l.tp > 1 ? "world" : "dp", "step verdict all-reduce [loss, non-finite" + moe_rows + ", grad norm^2]",
                              N * l.tp, 2 * 4 * (3 + moe_floats), k.dp_bw, k.dp, Window::Serial, 1));  // dp x cp x tp: within a node iff dp is
+  } else if (m.is_moe() && l.sp) {  // MoE under --sp: the tp ranks' routing rows are parts of one sequence's, summed over tp too
+    out.push_back(collective("world", "step verdict all-reduce [loss, non-finite" + moe_rows + "]", N * l.tp, 2 * 4 * (2 + moe_floats),
+                             k.dp_bw, k.dp, Window::Serial, 1));
   } else if (N > 1) {
     out.push_back(collective("dp", "step verdict all-reduce [loss, non-finite" + moe_rows + "]", N, 2 * 4 * (2 + moe_floats), k.dp_bw,
                              k.dp, Window::Serial, 1));
@@ -187,9 +191,17 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
       // reduce-scattered in the LayerNorm outputs' dtype (2 b T d ln)
       const double forwards = full ? 2.0 : 1.0;
       out.push_back(collective("tp", std::string("block all-gathers + reduce-scatters (forward") + (full ? " x 2, recomputed" : "") +
-                                         "; backward with the column inputs gathered again)",
-                               l.tp, Kd * blocks * ((forwards + 1) * 4 * tok * d * a + 2 * tok * d * ln), k.tp_bw, k.tp,
+                                         "; backward with the column inputs gathered again" +
+                                         (st.moe_blocks > 0 ? "; half that in an MoE block)" : ")"),
+                               l.tp, Kd * tp_blocks * ((forwards + 1) * 4 * tok * d * a + 2 * tok * d * ln), k.tp_bw, k.tp,
                                Window::Serial, K));
+      // an MoE layer's routing (models/moe.h): the k int64 choices of the rank's rows gathered
+      // over tp, the cp chunk's b T / c k x 8 bytes, every forward (the recomputed one too)
+      if (st.moe_blocks > 0) {
+        out.push_back(collective("tp", "MoE routing choices all-gathered (per MoE layer and forward)", l.tp,
+                                 Kd * static_cast<double>(st.moe_blocks) * forwards * tok * static_cast<double>(m.top_k) * 8.0,
+                                 k.tp_bw, k.tp, Window::Serial, K));
+      }
     } else {
       const double fwd = full ? 4.0 : 2.0;
       const double per_micro = tp_blocks * (fwd * 2 * tok * d * a + 2.0 * 2 * tok * d * ln);
@@ -220,9 +232,16 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
       // (each rank saw only its rows), in the parameters' dtype: the norms and the two
       // row-parallel biases of each block (6 d for GPT-2; 2 d RMSNorm weights and no bias for
       // Llama), wpe [T, d] on the first stage (learned positions only), ln_f on the last
+      // Llama), wpe [T, d] on the first stage (learned positions only), ln_f on the last; an MoE
+      // block's norms, attention c_proj bias and the whole MoE layer (its experts -- E / ep under
+      // --ep -- and the router: the layer is replicated over tp)
       const double norm = static_cast<double>(norm_numel(m));
       const double per_block = 2 * norm + (m.linear_bias() ? 2 * d : 0.0);
-      const double replicated = blocks * per_block + (first ? static_cast<double>(m.position_params()) : 0.0) + (last ? norm : 0.0);
+      const double moe_layer = static_cast<double>(m.n_experts / l.ep * mlp_numel(m, 1) + m.n_experts * m.d_model);
+      const double per_moe_block = 2 * norm + (m.linear_bias() ? d : 0.0) + moe_layer;
+      const double moe = static_cast<double>(st.moe_blocks);
+      const double replicated = (blocks - moe) * per_block + moe * per_moe_block +
+                                (first ? static_cast<double>(m.position_params()) : 0.0) + (last ? norm : 0.0);
       out.push_back(collective("tp", "replicated parameters' gradient all-reduces (every backward)", l.tp,
                                Kd * 2 * l.param_bytes * replicated, k.tp_bw, k.tp, Window::Serial, K));
     }
@@ -263,6 +282,15 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     out.push_back(collective("cp", std::string("K/V all-gather + gradient reduce-scatter (per layer: forward") +
                                        (l.recompute == Recompute::Full ? ", recomputed forward" : "") + ", backward)",
                              l.cp, Kd * static_cast<double>(st.blocks) * passes * gathered, k.cp_bw, k.cp, Window::Serial, K));
+    // an MoE layer's routing (models/moe.h): the k int64 choices of the sequence's b T positions
+    // gathered over cp, every forward (the recomputed one too)
+    if (st.moe_blocks > 0) {
+      const double forwards = l.recompute == Recompute::Full ? 2.0 : 1.0;
+      out.push_back(collective("cp", "MoE routing choices all-gathered (per MoE layer and forward)", l.cp,
+                               Kd * static_cast<double>(st.moe_blocks) * forwards *
+                                   static_cast<double>(l.micro_batch * m.seq_len * m.top_k) * 8.0,
+                               k.cp_bw, k.cp, Window::Serial, K));
+    }
   }
   // pipeline (parallel/pipeline.h): the bytes this rank sends. Per micro-batch its output
   // [b, T, d] ([b, T/t, d] under sp) forward (not the last stage) and its input's gradient backward (not the first), in

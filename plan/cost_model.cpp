@@ -57,7 +57,10 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
     throw ConfigError("--cp " + s(cp) + " needs the sequence length (" + s(m.seq_len) + ") to divide into 2 x cp = " +
                       s(2 * cp) + " chunks (each rank holds two)");
   }
-  if (cp > 1 && sp) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
+  if (cp > 1 && sp && m.seq_len % (2 * cp * tp) != 0) {  // kiln's refusal (runtime/trainer/train_config.cpp), word for word
+    throw ConfigError("--cp " + s(cp) + " with --sp needs the sequence length (" + s(m.seq_len) +
+                      ") to divide into 2 x cp x tp = " + s(2 * cp * tp) + " blocks");
+  }
   // expert parallelism: kiln's refusals (runtime/trainer/train_config.cpp, runtime/trainer/trainer.cpp), word for word
   if (ep < 1) throw ConfigError("--ep must be at least 1 (got " + s(ep) + ")");
   if (ep > 1) {
@@ -67,11 +70,6 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
       throw ConfigError("--ep " + s(ep) + " must divide the data-parallel size (dp " + s(dp) + " of " + s(devices()) +
                         " ranks): the expert-parallel groups are carved out of dp");
     }
-  }
-  if (m.is_moe() && (sp || cp > 1)) {  // kiln's refusal (runtime/trainer/train_config.cpp), word for word
-    throw ConfigError(std::string("--n-experts with ") + (sp ? "--sp" : "--cp") +
-                      " is not built (an MoE layer routes each sequence as one group; a split sequence would need its "
-                      "ranks to agree on the capacity): use tp, pp, dp and ZeRO");
   }
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
   if (offload == Offload::Optimizer && zero < 1) throw ConfigError("--offload optimizer needs --zero 1, 2 or 3");
@@ -197,7 +195,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     st.units = rank_units(model, l.tp, l.pp, s, l.pp_split, l.ep, l.pp_virtual);
     stage_times(st);
     for (int64_t i : ids) st.psi_experts += block_expert_numel(model, i, l.ep);
-    const int64_t M = l.dp / l.ep;  // the expert-data-parallel group
+    const int64_t M = l.expert_copies();  // the expert-data-parallel group
     if (l.zero > 0 && l.ep > 1) {  // the experts' units split off their blocks' (parallel/zero.h)
       const size_t outer = st.units.size() - static_cast<size_t>(st.blocks);
       for (int64_t i = 0; i < st.blocks; ++i) {

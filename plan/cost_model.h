@@ -330,6 +330,9 @@ struct Layout {
 
   int64_t devices() const { return dp * cp * tp * pp; }
   int64_t grad_ranks() const { return dp * cp; }  // G: the group DDP and ZeRO reduce (and shard) over
+  // --ep: the ranks holding the same experts (the expert-data-parallel group), dp / ep of them and,
+  // under cp, each one's cp ranks (distributed/mesh.h)
+  int64_t expert_copies() const { return dp / ep * cp; }
   // Throws ConfigError with one line naming what does not divide or combine.
   void validate(const GPTConfig& model, const ClusterSpec& cluster) const;
 };

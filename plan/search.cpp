@@ -131,10 +131,10 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
   const int64_t devices = cluster.devices();
   bool any_dp = false;
   // The mesh shapes: dp x cp x tp x pp = devices; cp where 2 cp divides the sequence; sp on and
-  // off wherever tp > 1 (kiln builds it without cp); for an MoE model ep over the divisors of dp
-  // that divide the experts; with pp > 1 the interleaved schedule's 2 and 4 chunks a stage besides
-  // 1F1B. Layouts kiln refuses (cp with sp, tp not dividing the heads, MoE with sp or cp, a
-  // micro-batch count the interleaved schedule cannot use...) are counted by the validation below.
+  // off wherever tp > 1; for an MoE model ep over the divisors of dp that divide the experts; with
+  // pp > 1 the interleaved schedule's 2 and 4 chunks a stage besides 1F1B. Layouts kiln refuses
+  // (tp not dividing the heads, 2 cp tp not dividing the sequence under sp, a micro-batch count the
+  // interleaved schedule cannot use...) are counted by the validation below.
   struct Shape {
     int64_t dp, cp, tp, pp;
     bool sp;
@@ -151,7 +151,7 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
           if (ep > 1 && !(model.is_moe() && model.n_experts % ep == 0)) continue;
           for (bool sp : {false, true})
             for (int64_t chunks : {1, 2, 4})
-              if ((!sp || (tp > 1 && cp == 1)) && (chunks == 1 || pp > 1)) shapes.push_back({dp, cp, tp, pp, sp, ep, chunks});
+              if ((!sp || tp > 1) && (chunks == 1 || pp > 1)) shapes.push_back({dp, cp, tp, pp, sp, ep, chunks});
         }
       }
   for (const Shape& shape : shapes) {

@@ -6,6 +6,7 @@
 // parameter count, initialisation, activation checkpointing).
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -418,11 +419,60 @@ TEST(MoE, DispatchedRowsAreInTheComputeDtype) {
   EXPECT_TRUE(at::equal(want, got)) << "the cast before the dispatch changes no product";
 }
 
-TEST(MoEGPT, SplitSequenceRefused) {
-  kiln::ModelShard shard;
-  auto ops = std::make_shared<kiln::LayerOps>();
-  ops->seq_split = 2;
-  ops->seq_rows = [](int64_t T, c10::Device d) { return at::arange(T / 2, at::TensorOptions().dtype(at::kLong).device(d)); };
-  shard.ops = ops;
-  EXPECT_THROW(kiln::GPT(small_moe(1), at::TensorOptions(), shard), kiln::ConfigError);
+// A split sequence (--sp, --cp; models/moe.h): each rank routes its rows, the ranks share the
+// sequence's choices (LayerOps::gather_sequence), and each keeps its rows' admissions. Two
+// "ranks" in one process, holding the cp-like positions {chunks 0, 3} and {chunks 1, 2} of 4: each
+// one's outputs are the whole layer's at its rows (capacity tight enough to drop), the two
+// parts of the balance and z losses add up to the whole's, and so do their gradients.
+TEST(MoEGPT, SplitSequenceRoutesAsTheWholeSequence) {
+  kiln::MoEConfig cfg;
+  cfg.n_experts = 4;
+  cfg.top_k = 2;
+  cfg.capacity_factor = 0.75;  // drops: admission depends on the whole sequence's order
+  const int64_t B = 2, T = 16, d = 8, C = T / 4;
+  kiln::MoEImpl m = make_layer(d, 16, cfg, 11);
+  at::manual_seed(12);
+  const at::Tensor x = at::randn({B, T, d}, at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor w = at::randn({B, T, d}, x.options());
+  const at::Tensor y = m.forward(x);
+  const at::Tensor aux = m.aux_loss.detach().clone(), z = m.z_loss.detach().clone();
+  ASSERT_GT(m.stats.dropped_fraction, 0.0);
+  ((y * w).sum() + 0.3 * m.aux_loss + 0.05 * m.z_loss).backward();
+  std::map<std::string, at::Tensor> want, got_grads;
+  for (const auto& item : m.named_parameters()) want[item.key()] = item.value().grad().clone();
+  at::Tensor whole_e;  // the choices of every position, as the router makes them row by row
+  {
+    at::NoGradGuard g;
+    whole_e = std::get<1>(at::topk(at::softmax(at::linear(x, m.router), -1), cfg.top_k, -1));  // [B, T, k]
+  }
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  const std::vector<at::Tensor> rows = {at::cat({at::arange(0, C, opts), at::arange(3 * C, 4 * C, opts)}),
+                                        at::cat({at::arange(C, 2 * C, opts), at::arange(2 * C, 3 * C, opts)})};
+  double aux_sum = 0, z_sum = 0;
+  for (const at::Tensor& mine : rows) {
+    auto ops = std::make_shared<kiln::LayerOps>();
+    ops->seq_split = 2;
+    ops->seq_rows = [mine](int64_t, c10::Device) { return mine; };
+    ops->gather_sequence = [whole_e, mine](const at::Tensor& local) {
+      EXPECT_TRUE(at::equal(local, whole_e.index_select(1, mine))) << "the rank's own choices";
+      return whole_e;
+    };
+    kiln::MoEImpl part(d, 16, cfg, at::TensorOptions().dtype(at::kDouble), ops);
+    {
+      at::NoGradGuard g;
+      for (const auto& item : m.named_parameters()) part.named_parameters()[item.key()].copy_(item.value());
+    }
+    const at::Tensor got = part.forward(x.index_select(1, mine));
+    expect_close(got, y.index_select(1, mine), "the rank's rows");
+    aux_sum += part.aux_loss.item<double>();
+    z_sum += part.z_loss.item<double>();
+    ((got * w.index_select(1, mine)).sum() + 0.3 * part.aux_loss + 0.05 * part.z_loss).backward();
+    for (const auto& item : part.named_parameters()) {
+      at::Tensor& sum = got_grads[item.key()];
+      sum = sum.defined() ? sum + item.value().grad() : item.value().grad().clone();
+    }
+  }
+  EXPECT_NEAR(aux_sum, aux.item<double>(), 1e-12);
+  EXPECT_NEAR(z_sum, z.item<double>(), 1e-12);
+  for (const auto& [name, g] : want) expect_close(got_grads.at(name), g, name.c_str());  // summed over the ranks, as tp sums them
 }

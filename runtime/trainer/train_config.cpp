@@ -106,7 +106,10 @@ void TrainConfig::validate_layout() const {
     throw ConfigError("--cp " + std::to_string(cp) + " needs the sequence length (" + std::to_string(gpt.seq_len) +
                       ") to divide into 2 x cp = " + std::to_string(2 * cp) + " chunks (each rank holds two)");
   }
-  if (cp > 1 && sp) throw ConfigError("--cp with --sp is not built: choose one way of splitting the sequence");
+  if (cp > 1 && sp && gpt.seq_len % (2 * cp * tp) != 0) {
+    throw ConfigError("--cp " + std::to_string(cp) + " with --sp needs the sequence length (" + std::to_string(gpt.seq_len) +
+                      ") to divide into 2 x cp x tp = " + std::to_string(2 * cp * tp) + " blocks");
+  }
   at_least("ep", ep, int64_t{1});
   if (ep > 1) {
     if (!gpt.is_moe()) throw ConfigError("--ep " + std::to_string(ep) + " divides the experts of an MoE model: give --n-experts (or --model tiny-moe)");
@@ -117,11 +120,6 @@ void TrainConfig::validate_layout() const {
       throw ConfigError("--ep " + std::to_string(ep) + " does not divide the experts (--n-experts " + std::to_string(gpt.n_experts) +
                         "); --ep values that do: " + fits);
     }
-  }
-  if (gpt.is_moe() && (sp || cp > 1)) {
-    throw ConfigError(std::string("--n-experts with ") + (sp ? "--sp" : "--cp") +
-                      " is not built (an MoE layer routes each sequence as one group; a split sequence would need its "
-                      "ranks to agree on the capacity): use tp, pp, dp and ZeRO");
   }
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
 

@@ -199,11 +199,14 @@ void Trainer::queue_verdict(QueuedStep& out, const at::Tensor& loss_sum, const a
   // ZeRO under tensor parallelism sums over dp x tp (the world, without pipeline stages): each
   // rank's squared norm covers its tp slice, replicated parameters weighted 1/tp. Pipeline: over
   // the world, the loss coming from the last stage alone.
-  const bool over_world = r.pipe || (r.zero && r.shape.tp > 1);
+  // MoE under --sp: each tp rank's routing rows are its own rows' (parts, not copies: models/moe.h),
+  // summed over tp too.
+  const bool moe_parts_over_tp = moe_stats.defined() && cfg_.sp;
+  const bool over_world = r.pipe || (r.zero && r.shape.tp > 1) || moe_parts_over_tp;
   // Context parallelism: over dp x cp, each cp rank's loss being the mean over its positions.
   Communicator* verdict_group = over_world ? r.mesh->world().get() : r.mesh ? r.mesh->dp_cp().get() : nullptr;
   if (r.pipe && !r.pipe->last()) verdict[0].zero_();
-  const bool reduce_verdict = r.mesh && (r.shape.grad_ranks() > 1 || r.zero || r.pipe);
+  const bool reduce_verdict = r.mesh && (r.shape.grad_ranks() > 1 || r.zero || r.pipe || moe_parts_over_tp);
   if (reduce_verdict) {
     auto reduced = verdict.narrow(0, 0, r.zero || r.pipe ? out.norm_index + 1 : out.norm_index);  // a contiguous view
     verdict_group->all_reduce(reduced, ReduceOp::Sum)->wait();
@@ -215,8 +218,8 @@ void Trainer::queue_verdict(QueuedStep& out, const at::Tensor& loss_sum, const a
   // its own positions; their mean is the whole mean, as cp's verdict over dp x cp makes it)
   out.loss_copies = r.pipe ? r.shape.dp * r.shape.cp * r.shape.tp : reduce_verdict ? verdict_group->size() : 1;
   // Each MoE row summed over the dp ranks' tokens, and over tp copies of the same when the
-  // verdict went over the world.
-  out.moe_copies = reduce_verdict && over_world ? r.shape.tp : 1;
+  // verdict went over the world (under --sp the tp ranks' rows are parts of one sequence's).
+  out.moe_copies = reduce_verdict && over_world && !cfg_.sp ? r.shape.tp : 1;
 }
 
 void Trainer::queue_update(QueuedStep& q) {

@@ -295,8 +295,6 @@ for name in ("to_z1", "from_tp2", "from_ep2", "ep2_to_ep4", "from_ep2z2", "from_
 PY
 
 # Bad input: one line, exit 2.
-expect_refused 2 "--n-experts with --sp is not built" train --device cpu --model tiny-moe --steps 1 --tp 2 --sp
-expect_refused 2 "--n-experts with --cp is not built" train --device cpu --model tiny-moe --steps 1 --cp 2
 expect_refused 2 "--ep 3 does not divide the experts \(--n-experts 8\); --ep values that do: 1, 2, 4, 8" train --device cpu --model tiny-moe --steps 1 --ep 3
 expect_refused 2 "--ep 2 divides the experts of an MoE model" train --device cpu --model tiny --steps 1 --ep 2
 expect_refused 2 "--ep 4 must divide the data-parallel size \(dp 2" train --device cpu --model tiny-moe --steps 1 --ep 4

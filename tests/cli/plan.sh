@@ -127,9 +127,8 @@ expect_fail "--pp 8 is larger than the model's 4 blocks" --model tiny --pp 8
 expect_fail "--pp-split does not go with --compare" --compare "$work/junk.jsonl" --pp-split 2,2
 expect_fail "--sp splits the sequence over the tensor-parallel group: it needs --tp 2 or more" --model tiny --sp
 expect_fail "--cp 3 needs the sequence length \(128\) to divide into 2 x cp = 6 chunks" --model tiny --gpus-per-node 3 --cp 3
-expect_fail "--cp with --sp is not built" --model tiny --gpus-per-node 4 --cp 2 --tp 2 --sp
+expect_fail "--cp 3 with --sp needs the sequence length \(126\) to divide into 2 x cp x tp = 12 blocks" --model tiny --seq-len 126 --gpus-per-node 6 --cp 3 --tp 2 --sp
 expect_fail "--sp does not go with --search" --model tiny --search --sp
-expect_fail "--n-experts with --sp is not built" --model tiny-moe --gpus-per-node 2 --tp 2 --sp
 expect_fail "--top-k must be in \[1, --n-experts 2\]" --model tiny --n-experts 2 --top-k 3
 expect_fail "--ep 4 must divide the data-parallel size \(dp 2 of 2 ranks\)" --model tiny-moe --gpus-per-node 2 --ep 4
 expect_fail "--ep 2 divides the experts of an MoE model" --model tiny --gpus-per-node 2 --ep 2
