@@ -67,7 +67,7 @@ python3 - "$work" "$(dirname "$0")" <<'PY'
 import sys
 d, here = sys.argv[1], sys.argv[2]
 sys.path.insert(0, here)
-from zero_expect import load, compare, max_weight_diff, steps, units
+from zero_expect import load, compare, check_resumed, units
 refs = {"tiny": load(f"{d}/ref.jsonl"), "tiny8": load(f"{d}/ref8.jsonl"), "moe": load(f"{d}/refmoe.jsonl")}
 runs = {  # name: (reference, dp, tp, pp, V, blocks per virtual stage)
     "v2": ("tiny", 1, 1, 2, 2, [1, 1, 1, 1]), "v2_m2": ("tiny", 1, 1, 2, 2, [1, 1, 1, 1]),
@@ -114,12 +114,7 @@ for name, (ref, dp, tp, pp, V, blocks) in runs.items():
         line += f"; all {pp} stages' comm_bytes exact"
     print(line)
 for name in ("from_v2", "to_v2"):
-    run = load(f"{d}/{name}.jsonl")
-    assert sorted(steps(run)) == list(range(11, 21)) and run[0]["resumed_from"], name
-    worst = compare(refs["tiny"], run, name, 1e-5, first=11)
-    wd = max_weight_diff(f"{d}/ref/step_00000020/model.safetensors", f"{d}/{name}/step_00000020/model.safetensors")
-    assert wd <= 1e-5, (name, wd)
-    print(f"{name}: resumed, steps 11-20 within {worst:.1e}; step-20 weights within {wd:.1e}")
+    check_resumed(refs["tiny"], d, name, 11, 20, f"{d}/ref")
 PY
 
 # --- evaluation runs the forward-only order of the same groups: the validation loss of pp 2 x V 2

@@ -56,7 +56,7 @@ python3 - "$work" "$(dirname "$0")" <<'PY'
 import json, sys
 d, here = sys.argv[1], sys.argv[2]
 sys.path.insert(0, here)
-from zero_expect import load, compare, max_weight_diff, steps
+from zero_expect import load, compare, check_resumed
 refs = {"tiny": load(f"{d}/ref.jsonl"), "bf16": load(f"{d}/ref_bf16.jsonl"), "moe": load(f"{d}/refmoe.jsonl")}
 runs = {  # name: (reference, tolerance, dp, tp, pp, V)
     "z3": ("tiny", 1e-5, 2, 1, 2, 1), "z3_local": ("tiny", 1e-5, 2, 1, 2, 1), "z3_off": ("tiny", 1e-5, 2, 1, 2, 1),
@@ -82,11 +82,6 @@ for name, (ref, tol, dp, tp, pp, V) in runs.items():
             line += f"; plan --compare exact, comm_bytes {comm['measured']:.0f}"
     print(line)
 for name in ("from_z3", "to_z3"):
-    run = load(f"{d}/{name}.jsonl")
-    assert sorted(steps(run)) == list(range(6, 11)) and run[0]["resumed_from"], name
-    worst = compare(refs["tiny"], run, name, 1e-5, first=6)
-    wd = max_weight_diff(f"{d}/ref/step_00000010/model.safetensors", f"{d}/{name}/step_00000010/model.safetensors")
-    assert wd <= 1e-5, (name, wd)
-    print(f"{name}: resumed, steps 6-10 within {worst:.1e}; step-10 weights within {wd:.1e}")
+    check_resumed(refs["tiny"], d, name, 6, 10, f"{d}/ref")
 PY
 echo "pipeline_zero3: ok"

@@ -104,3 +104,14 @@ def max_weight_diff(a_path, b_path):
     a, b = safetensors(a_path), safetensors(b_path)
     assert sorted(a) == sorted(b), (sorted(a), sorted(b))
     return max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a)
+
+
+def check_resumed(ref, d, name, first, last, ref_dir, tol=1e-5):
+    """A run resumed from a checkpoint: it logged steps first..last, each within tol of the
+    reference's, and its step-`last` weights (in d/name) within tol of the reference's (ref_dir)."""
+    run = load(f"{d}/{name}.jsonl")
+    assert sorted(steps(run)) == list(range(first, last + 1)) and run[0]["resumed_from"], name
+    worst = compare(ref, run, name, tol, first=first)
+    wd = max_weight_diff(f"{ref_dir}/step_{last:08d}/model.safetensors", f"{d}/{name}/step_{last:08d}/model.safetensors")
+    assert wd <= tol, (name, wd)
+    print(f"{name}: resumed, steps {first}-{last} within {worst:.1e}; step-{last} weights within {wd:.1e}")
