@@ -120,7 +120,7 @@ const std::vector<Flag>& train_flags() {
       {"pp", Kind::Int, "pipeline-parallel size (1F1B; --grad-accum micro-batches per step)", field(&TrainConfig::pp)},
       {"pp-split", Kind::String, "blocks per pipeline stage, e.g. 4,4,3 (default: balanced by count, extras to the middle stages); per virtual stage under --pp-virtual", field(&TrainConfig::pp_split)},
       {"pp-virtual", Kind::Int, "model chunks a pipeline rank holds (interleaved 1F1B: the bubble shrinks V-fold; --grad-accum a multiple of --pp)", field(&TrainConfig::pp_virtual)},
-      {"pp-schedule", Kind::String, "auto | 1f1b | interleaved (auto: interleaved when --pp-virtual > 1, else 1f1b)", field(&TrainConfig::pp_schedule)},
+      {"pp-schedule", Kind::String, "auto | 1f1b | interleaved | zb-h1 (auto: interleaved when --pp-virtual > 1, else 1f1b; zb-h1: each backward split in input and weight passes, a third of 1F1B's bubble)", field(&TrainConfig::pp_schedule)},
       {"zero", Kind::Int, "ZeRO stage 0-3", field(&TrainConfig::zero)},
       {"offload", Kind::String, "none | optimizer (ZeRO 1-3) | all (ZeRO-3): optimizer state and step on the host; all: parameters too", field(&TrainConfig::offload)},
       {"zero-accum", Kind::String, "reduce | local: ZeRO-2/3 with --grad-accum > 1 reduce-scatters every micro-step, or accumulates a full local buffer and reduces once", field(&TrainConfig::zero_accum)},

@@ -70,6 +70,7 @@ const std::vector<FlagHelp> kLayoutFlags = {
            "--n-experts; with DDP and tp, not ZeRO or pp (default 1)"},
     {"pp-split", "blocks per pipeline stage, e.g. 4,4,3 (default: balanced by count, extras to the middle stages; as kiln train)"},
     {"pp-virtual", "model chunks a pipeline stage holds: the interleaved 1F1B schedule, bubble / V (default 1; as kiln train)"},
+    {"pp-schedule", "auto | 1f1b | interleaved | zb-h1 (as kiln train)"},
     {"zero", "ZeRO stage 0-3 (default 0)"},
     {"offload", "none | optimizer | all (default none)"},
     {"zero-accum", "ZeRO-2/3 gradient accumulation: reduce (every micro-step) | local (default reduce)"},
@@ -312,6 +313,12 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (v.has("pp")) l.pp = v.integer("pp");
     if (v.has("pp-split")) l.pp_split = v.text("pp-split");
     if (v.has("pp-virtual")) l.pp_virtual = v.integer("pp-virtual");
+    if (v.has("pp-schedule")) {
+      const std::string sched = v.text("pp-schedule");
+      if (sched != "auto" && sched != "1f1b" && sched != "interleaved" && sched != "zb-h1")
+        throw ConfigError("--pp-schedule must be auto, 1f1b, interleaved or zb-h1 (got '" + sched + "')");
+      l.zero_bubble = sched == "zb-h1";
+    }
     if (v.has("cp")) l.cp = v.integer("cp");
     if (v.has("ep")) l.ep = v.integer("ep");
     l.sp = v.has("sp");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -16,7 +17,9 @@
 #include "optim/grad_clip.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/p2p.h"
+#include "parallel/backward_split.h"
 #include "parallel/pipeline_interleaved.h"
+#include "parallel/pipeline_zero_bubble.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/tensor_parallel.h"
 
@@ -42,14 +45,17 @@ struct PipelineStage::Slot {
   at::Tensor input;        // the received activation (a leaf requiring grad); undefined on the first stage
   at::Tensor output;       // the stage output sent on (or, on the last stage, the loss)
   at::Tensor output_grad;  // its gradient, received from the next stage
+  at::Tensor input_grad;   // ZB-H1: the input pass's dx (a fused backward leaves it in input.grad())
 };
 
 PipelineStage::PipelineStage(GPT& model, std::shared_ptr<Communicator> pp, c10::Device device, int64_t micro_batch,
-                             Precision precision)
+                             Precision precision, bool zero_bubble)
     : model_(model), pp_(std::move(pp)), device_(device), micro_batch_(micro_batch), precision_(precision),
-      stage_(pp_->rank()), stages_(pp_->size()), chunks_(static_cast<int>(model_.shard().chunks.size())) {
+      stage_(pp_->rank()), stages_(pp_->size()), chunks_(static_cast<int>(model_.shard().chunks.size())),
+      zero_bubble_(zero_bubble) {
   const ModelShard& s = model_.shard();
-  if (s.embedding != first() || s.head != last() || chunks_ < 1 || (chunks_ > 1 && stages_ < 2)) {
+  if (s.embedding != first() || s.head != last() || chunks_ < 1 || (chunks_ > 1 && stages_ < 2) ||
+      (zero_bubble_ && chunks_ > 1)) {
     throw Error("pipeline: the model is not stage " + std::to_string(stage_) + "'s part (build it with pipeline_stage_shard)");
   }
 }
@@ -69,7 +75,8 @@ std::vector<PipeAction> PipelineStage::schedule(int micros, bool forward_only) c
     return forward_only ? interleaved_forward_only(stages_, stage_, chunks_, micros)
                         : interleaved_one_f_one_b(stages_, stage_, chunks_, micros);
   }
-  return forward_only ? kiln::forward_only(stages_, stage_, micros) : one_f_one_b(stages_, stage_, micros);
+  if (forward_only) return kiln::forward_only(stages_, stage_, micros);
+  return zero_bubble_ ? zb_h1(stages_, stage_, micros) : one_f_one_b(stages_, stage_, micros);
 }
 
 Batch PipelineStage::batch_for(int chunk, int micro, const std::function<Batch(int)>& batch, bool non_blocking) const {
@@ -89,12 +96,24 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
   const auto act = at::TensorOptions().dtype(residual_dtype()).device(device_);
   auto loss_sum = at::zeros({}, act.dtype(at::kFloat));
   std::map<MicroChunk, Slot> live;  // (micro-batch, chunk) forwarded and not yet backwarded (or not yet sent back)
+  std::map<int, SplitBackward> weights_due;  // ZB-H1: micro-batches through their input pass, not their weight pass
+  const std::vector<at::Tensor> params = zero_bubble_ ? model_.parameters() : std::vector<at::Tensor>{};
   max_live_ = 0;
+  auto count_live = [&] {  // after a forward: the micro-batches whose graphs the stage holds
+    size_t n = live.size();
+    if (zero_bubble_) {  // ZB-H1: a micro-batch's graph lives until its weight pass
+      std::set<int> held;
+      for (const auto& item : live) held.insert(item.first.first);
+      for (const auto& item : weights_due) held.insert(item.first);
+      n = held.size();
+    }
+    max_live_ = std::max(max_live_, static_cast<int>(n));
+  };
 
   auto outgoing = [&](const PipeTransfer& t) -> at::Tensor {
     Slot& s = live.at({t.micro, t.chunk});
     if (t.kind == PipeTransfer::Kind::SendActivation) return s.output.detach().contiguous();
-    at::Tensor g = s.input.grad();
+    at::Tensor g = s.input_grad.defined() ? s.input_grad : s.input.grad();
     if (!g.defined()) g = at::zeros(shape, act);  // the chunk's output does not depend on its input
     return g.contiguous();
   };
@@ -122,7 +141,22 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
         } else {
           s.output = y;
         }
-        max_live_ = std::max(max_live_, static_cast<int>(live.size()));
+        count_live();
+        break;
+      }
+      case PipeAction::Type::BackwardInput: {  // ZB-H1: dx now, the weights' gradients at the W
+        Slot& s = live.at(key);
+        const at::Tensor out = last_chunk(a.chunk) ? s.output * backward_factor : s.output;
+        s.input_grad = weights_due[a.micro].input_pass(out, last_chunk(a.chunk) ? at::Tensor() : s.output_grad, s.input, params);
+        s.output = at::Tensor();
+        s.output_grad = at::Tensor();
+        break;
+      }
+      case PipeAction::Type::BackwardWeight: {
+        if (hooks.before_backward) hooks.before_backward(a.micro, a.chunk);
+        weights_due.at(a.micro).weight_pass();
+        weights_due.erase(a.micro);
+        if (hooks.after_backward) hooks.after_backward(a.micro, a.chunk);
         break;
       }
       case PipeAction::Type::Backward: {
@@ -139,7 +173,8 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
     }
     if (hooks.after_action) hooks.after_action(a.type);
   }
-  if (!live.empty()) throw Error("pipeline: the schedule left " + std::to_string(live.size()) + " micro-batch chunk(s) unfinished");
+  if (!live.empty() || !weights_due.empty())
+    throw Error("pipeline: the schedule left " + std::to_string(live.size() + weights_due.size()) + " micro-batch chunk(s) unfinished");
   return loss_sum;
 }
 

@@ -77,8 +77,10 @@ class PipelineStage {
   // index, which holds the same rows), in the
   // residual stream's dtype: the parameters' (fp32, or bf16 / fp16 for 16-bit working weights,
   // optim/adamw.h -- the embedding's output and every residual add are in that dtype).
+  // zero_bubble: the ZB-H1 schedule (parallel/pipeline_zero_bubble.h; one chunk a stage), each
+  // backward split into its input and weight halves (parallel/backward_split.h).
   PipelineStage(GPT& model, std::shared_ptr<Communicator> pp, c10::Device device, int64_t micro_batch,
-                Precision precision);
+                Precision precision, bool zero_bubble = false);
 
   int stage() const { return stage_; }
   at::ScalarType residual_dtype() const;
@@ -122,6 +124,7 @@ class PipelineStage {
   int64_t micro_batch_;
   Precision precision_;
   int stage_, stages_, chunks_;
+  bool zero_bubble_;
   int max_live_ = 0;
 };
 

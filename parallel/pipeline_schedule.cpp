@@ -123,7 +123,10 @@ std::string to_string(const std::vector<PipeAction>& actions) {
         if (a.chunk) s += ':' + std::to_string(a.chunk);
         break;
       case PipeAction::Type::Backward:
-        s += 'B' + std::to_string(a.micro);
+      case PipeAction::Type::BackwardInput:
+      case PipeAction::Type::BackwardWeight:
+        s += a.type == PipeAction::Type::Backward ? 'B' : a.type == PipeAction::Type::BackwardInput ? 'I' : 'W';
+        s += std::to_string(a.micro);
         if (a.chunk) s += ':' + std::to_string(a.chunk);
         break;
       case PipeAction::Type::Exchange:

@@ -63,7 +63,7 @@ struct PipeTransfer {
 //   Exchange:   transfers posted together (one NCCL group / non-blocking MPI) and completed
 //               together before the next action
 struct PipeAction {
-  enum class Type { Forward, Backward, Exchange };
+  enum class Type { Forward, Backward, Exchange, BackwardInput, BackwardWeight };
   Type type;
   int micro = -1;                       // Forward / Backward
   std::vector<PipeTransfer> transfers;  // Exchange (never empty)

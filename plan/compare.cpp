@@ -81,6 +81,7 @@ Run run_of(const json& config, const std::string& where) {
   l.cp = world.is_object() && world.contains("cp") ? world.at("cp").get<int64_t>() : c.value("cp", int64_t{1});
   l.pp_split = c.value("pp_split", std::string());
   l.pp_virtual = c.value("pp_virtual", int64_t{1});  // the interleaved schedule's chunks (absent: 1)
+  l.zero_bubble = c.value("pp_schedule", std::string()) == "zb-h1";
   l.ep = c.value("ep", int64_t{1});  // expert parallelism (absent: 1, as kiln writes it)
   l.zero = static_cast<int>(need<int64_t>(c, "zero", where));
   l.offload = parse_offload(need<std::string>(c, "offload", where));

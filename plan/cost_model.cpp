@@ -9,6 +9,7 @@
 #include "distributed/error.h"
 #include "models/flops.h"
 #include "parallel/pipeline_interleaved.h"
+#include "parallel/pipeline_zero_bubble.h"
 #include "parallel/pipeline_layout.h"
 #include "plan/communication.h"
 
@@ -93,6 +94,20 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
                         ": one must divide the other (kv heads are split, or replicated when tp exceeds them)");
     }
   }
+  if (zero_bubble) {  // kiln's refusals (runtime/trainer/train_config.cpp), word for word
+    if (pp < 2) throw ConfigError("--pp-schedule zb-h1 schedules pipeline stages: it needs --pp 2 or more");
+    if (pp_virtual > 1) {
+      throw ConfigError("--pp-schedule zb-h1 runs one chunk a stage: leave --pp-virtual out (or use --pp-schedule interleaved)");
+    }
+    if (zero == 3) {
+      throw ConfigError("--pp-schedule zb-h1 with --zero 3 is not built (a weight pass runs long after its input pass, and "
+                        "ZeRO-3 frees a unit after each use): use --zero 1 or 2, or --pp-schedule 1f1b");
+    }
+    if (recompute == Recompute::Full) {
+      throw ConfigError("--pp-schedule zb-h1 with --activation-checkpointing full is not built (the recomputation accumulates "
+                        "a block's weight gradients inside the input pass): use selective, or --pp-schedule 1f1b");
+    }
+  }
   if (pp_virtual != 1) {  // kiln's refusals (runtime/trainer/train_config.cpp)
     const std::string rule = interleaved_rule(static_cast<int>(pp), static_cast<int>(pp_virtual), static_cast<int>(grad_accum));
     if (!rule.empty()) throw ConfigError(rule);
@@ -151,8 +166,12 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   for (int64_t i = 0; i < model.n_layer; ++i) p.recompute_flops_per_token += block_re(i);
   const double Kd = static_cast<double>(l.grad_accum);
   // idle micro-batch slots of a step: 1F1B's p - 1, the interleaved schedule's (p - 1) / V
-  // (parallel/pipeline_interleaved.h; Narayanan et al. 2021, s2.2)
-  const double bubble_slots = static_cast<double>(l.pp - 1) / static_cast<double>(l.pp_virtual);
+  // (parallel/pipeline_interleaved.h; Narayanan et al. 2021, s2.2); ZB-H1's (p - 1) + max(0, p - K)
+  // passes of a third of a slot each (parallel/pipeline_zero_bubble.h: the backward's input and
+  // weight halves taken equal to the forward)
+  const double bubble_slots =
+      l.zero_bubble ? (static_cast<double>(l.pp - 1) + static_cast<double>(std::max<int64_t>(0, l.pp - l.grad_accum))) / 3.0
+                    : static_cast<double>(l.pp - 1) / static_cast<double>(l.pp_virtual);
   // Each stage's forward FLOPs per token (section 5): its blocks, and on the last stage the
   // output layer and ln_f (2 x their parameters); the whole F/3 without pipelining.
   // a rank's share: the tp slice of its b T / cp positions (cp's mirrored chunks even out attention)
@@ -236,7 +255,14 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     const double loss_kept = chunked ? 4.0 * d * local + 4.0 * Vp * d : (logp + 8.0) * local;
     const double head_kept = (norm_kept_bytes(model, l, r) + a * d) * rows + loss_kept;
     if (last) per_micro_batch += head_kept;
-    if (l.pp_virtual == 1) {  // 1F1B: min(p - s, K) micro-batches in flight
+    if (l.zero_bubble) {  // ZB-H1: a micro-batch's graph held from its forward to its weight pass
+      double now = 0;
+      for (const PipeAction& act : zb_h1(static_cast<int>(l.pp), static_cast<int>(s), static_cast<int>(l.grad_accum))) {
+        if (act.type == PipeAction::Type::Forward) now += per_micro_batch;
+        if (act.type == PipeAction::Type::Backward || act.type == PipeAction::Type::BackwardWeight) now -= per_micro_batch;
+        st.activation_bytes = std::max(st.activation_bytes, now);
+      }
+    } else if (l.pp_virtual == 1) {  // 1F1B: min(p - s, K) micro-batches in flight
       st.activation_bytes = per_micro_batch * static_cast<double>(std::min<int64_t>(l.pp - s, l.grad_accum));
     } else {
       // interleaved: the most the schedule holds at once, walked action by action (chunks differ:

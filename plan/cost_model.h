@@ -321,6 +321,7 @@ struct Layout {
   int reduce_bytes = 4;                 // gradient all-reduce (DDP) / reduce-scatter (ZeRO): 4 (fp32), 2 (--reduce-dtype bf16)
   std::string pp_split;                 // --pp-split "a,b,c": blocks per stage (virtual stage); empty = kiln's balanced default
   int64_t pp_virtual = 1;               // --pp-virtual V: model chunks a stage holds (interleaved 1F1B when > 1)
+  bool zero_bubble = false;             // --pp-schedule zb-h1 (parallel/pipeline_zero_bubble.h)
   Attention attention = Attention::Flash;
   bool dropout = false;                 // dropout > 0 (masks kept)
   bool cpu = false;                     // runs on the CPU: 4-byte dropout masks, no CUDA generator

@@ -120,6 +120,7 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   if (l.ep != 1) out += strprintf(" --ep %lld", static_cast<long long>(l.ep));
   if (l.pp != 1) out += strprintf(" --pp %lld", static_cast<long long>(l.pp));
   if (l.pp_virtual != 1) out += strprintf(" --pp-virtual %lld", static_cast<long long>(l.pp_virtual));
+  if (l.zero_bubble) out += " --pp-schedule zb-h1";
   if (!l.pp_split.empty()) out += " --pp-split " + l.pp_split;
   if (l.zero != 0) out += strprintf(" --zero %d", l.zero);
   if (l.offload != Offload::None) out += " --offload " + to_string(l.offload);
@@ -220,7 +221,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
       {"layout",
        {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"sp", l.sp}, {"ep", l.ep}, {"zero", l.zero}, {"offload", to_string(l.offload)},
         {"zero_accum", to_string(l.zero_accum)}, {"activation_checkpointing", to_string(l.recompute)},
-        {"pp_split", l.pp_split}, {"pp_virtual", l.pp_virtual}, {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
+        {"pp_split", l.pp_split}, {"pp_virtual", l.pp_virtual}, {"zero_bubble", l.zero_bubble}, {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
         {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"command", train_command(p.model, l)}}},
       {"compute",
        {{"tokens_per_step", p.tokens_per_step}, {"flops_per_token", p.flops_per_token},
@@ -427,7 +428,9 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
               p.recompute_flops_per_token > 0 ? " incl. recomputation" : "");
   o += strprintf("  exposed comm   %10s\n", duration(p.exposed_comm_s).c_str());
   o += strprintf("  bubble         %10s  (%s = %.1f%% of the step)\n", duration(p.bubble_s).c_str(),
-              p.layout.pp_virtual > 1 ? "interleaved: (pp - 1) / (V m + pp - 1)" : "(pp - 1) / (m + pp - 1)",
+              p.layout.zero_bubble      ? "ZB-H1: about a third of 1F1B's"
+              : p.layout.pp_virtual > 1 ? "interleaved: (pp - 1) / (V m + pp - 1)"
+                                        : "(pp - 1) / (m + pp - 1)",
               100.0 * p.bubble_s / p.step_s);
   o += strprintf("  step           %10s  %.4g tokens/s, MFU %.1f%%, HFU %.1f%%\n\n", duration(p.step_s).c_str(), p.tokens_per_s,
               100 * p.mfu, 100 * p.hfu);

@@ -46,7 +46,7 @@ std::string describe(const Layout& l) {
   char buf[224];
   const std::string cp = l.cp > 1 ? " cp " + std::to_string(l.cp) : "";
   const std::string ep = l.ep > 1 ? " (ep " + std::to_string(l.ep) + ")" : "";  // carved out of dp
-  const std::string v = l.pp_virtual > 1 ? " x " + std::to_string(l.pp_virtual) + " chunks" : "";  // interleaved
+  const std::string v = l.pp_virtual > 1 ? " x " + std::to_string(l.pp_virtual) + " chunks" : l.zero_bubble ? " (ZB-H1)" : "";
   std::snprintf(buf, sizeof buf, "dp %lld%s%s tp %lld%s pp %lld%s, ZeRO-%d%s, offload %s, AC %s, mb %lld x %lld",
                 static_cast<long long>(l.dp), ep.c_str(), cp.c_str(), static_cast<long long>(l.tp), l.sp ? " (sp)" : "",
                 static_cast<long long>(l.pp), v.c_str(), l.zero,
@@ -132,7 +132,7 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
   bool any_dp = false;
   // The mesh shapes: dp x cp x tp x pp = devices; cp where 2 cp divides the sequence; sp on and
   // off wherever tp > 1; for an MoE model ep over the divisors of dp that divide the experts; with
-  // pp > 1 the interleaved schedule's 2 and 4 chunks a stage besides 1F1B. Layouts kiln refuses
+  // pp > 1 the interleaved schedule's 2 and 4 chunks a stage and ZB-H1 besides 1F1B. Layouts kiln refuses
   // (tp not dividing the heads, 2 cp tp not dividing the sequence under sp, a micro-batch count the
   // interleaved schedule cannot use...) are counted by the validation below.
   struct Shape {
@@ -140,6 +140,7 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
     bool sp;
     int64_t ep;
     int64_t chunks;
+    bool zero_bubble;
   };
   std::vector<Shape> shapes;
   for (int64_t tp : divisors(devices))
@@ -151,7 +152,9 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
           if (ep > 1 && !(model.is_moe() && model.n_experts % ep == 0)) continue;
           for (bool sp : {false, true})
             for (int64_t chunks : {1, 2, 4})
-              if ((!sp || tp > 1) && (chunks == 1 || pp > 1)) shapes.push_back({dp, cp, tp, pp, sp, ep, chunks});
+              for (bool zb : {false, true})
+                if ((!sp || tp > 1) && (chunks == 1 || pp > 1) && (!zb || (pp > 1 && chunks == 1)))
+                  shapes.push_back({dp, cp, tp, pp, sp, ep, chunks, zb});
         }
       }
   for (const Shape& shape : shapes) {
@@ -167,6 +170,7 @@ SearchResult search(const GPTConfig& model, const ClusterSpec& cluster, const Se
               Layout l = space.base;
               l.dp = shape.dp, l.cp = shape.cp, l.tp = shape.tp, l.pp = shape.pp, l.sp = shape.sp, l.ep = shape.ep;
               l.pp_virtual = shape.chunks;
+              l.zero_bubble = shape.zero_bubble;
               l.zero = zero, l.offload = off, l.recompute = rc;
               l.micro_batch = mb;
               l.grad_accum = per_rank / mb;

@@ -4,7 +4,7 @@
 // messages between two ranks match in posting order (one channel a directed pair, as NCCL's
 // per-peer order and the MPI backend's one tag). So a schedule that can deadlock does deadlock
 // here, and a message taken by the wrong receive is reported. Forward takes 1 time unit,
-// backward 2, transfers 0. Used by test_pipeline_schedule (1F1B) and test_pipeline_interleaved.
+// backward 2 (its input and weight halves 1 each, under a zero-bubble schedule), transfers 0. Used by test_pipeline_schedule (1F1B) and test_pipeline_interleaved.
 #pragma once
 
 #include <algorithm>
@@ -78,7 +78,7 @@ inline SimResult simulate(const std::vector<Schedule>& ranks, bool ring = false)
       while (pc[s] < ranks[s].size()) {
         const PipeAction& a = ranks[s][pc[s]];
         if (a.type != Type::Exchange) {
-          const int cost = a.type == Type::Forward ? 1 : 2;
+          const int cost = a.type == Type::Forward || a.type == Type::BackwardInput || a.type == Type::BackwardWeight ? 1 : 2;
           clock[s] += cost;
           r.busy[s] += cost;
           ++pc[s];

@@ -22,6 +22,7 @@
 #include "launch/plan_cli.h"
 #include "models/flops.h"
 #include "parallel/pipeline_interleaved.h"
+#include "parallel/pipeline_zero_bubble.h"
 #include "plan/cluster.h"
 #include "plan/compare.h"
 #include "plan/cost_model.h"
@@ -2185,6 +2186,69 @@ TEST(PlanInterleaved, SearchConsidersTheChunks) {
     EXPECT_NE(describe(x.plan.layout).find(" x " + std::to_string(x.plan.layout.pp_virtual) + " chunks"), std::string::npos);
   }
   EXPECT_GT(interleaved_layouts, 0);
+}
+
+}  // namespace
+}  // namespace kiln::plan
+
+// ---- the ZB-H1 schedule (--pp-schedule zb-h1) ----------------------------------------------------
+namespace kiln::plan {
+namespace {
+
+Layout zero_bubble(int64_t pp, int64_t K) {
+  Layout l;
+  l.pp = pp;
+  l.grad_accum = K;
+  l.micro_batch = 2;
+  l.compute_bytes = 4;
+  l.cpu = true;
+  l.zero_bubble = true;
+  return l;
+}
+
+// The bubble: (pp - 1) + max(0, pp - K) passes of a third of a micro-batch's forward and backward
+// (the input and weight halves taken equal to the forward) -- a third of 1F1B's for K >= pp.
+TEST(PlanZeroBubble, BubbleIsAThirdOfOneFOneBs) {
+  GPTConfig m = GPTConfig::preset("tiny");
+  m.n_layer = 8;
+  for (int64_t K : {4, 8, 2}) {
+    const Plan zb = make_plan(m, toy_cluster(4), zero_bubble(4, K));
+    Layout l = zero_bubble(4, K);
+    l.zero_bubble = false;
+    const Plan base = make_plan(m, toy_cluster(4), l);
+    const double slot = zb.forward_s + zb.backward_s;
+    EXPECT_DOUBLE_EQ(zb.bubble_s, (3.0 + static_cast<double>(std::max<int64_t>(0, 4 - K))) / 3.0 * slot) << K;
+    if (K >= 4) {
+      EXPECT_DOUBLE_EQ(zb.bubble_s * 3.0, base.bubble_s) << K;
+    }
+    EXPECT_NEAR(zb.bubble_s / (zb.compute_s + zb.bubble_s), zb_h1_bubble_fraction(4, static_cast<int>(K)), 1e-12);
+  }
+}
+
+// Activations: a deferred micro-batch keeps its graph until its weight pass, so stage s holds
+// min(pp, K) micro-batches (1F1B's stage-0 figure) on every stage: stage 1 of pp 4 holds 4, not 3.
+TEST(PlanZeroBubble, EveryStageHoldsStageZerosMicroBatches) {
+  GPTConfig m = GPTConfig::preset("tiny");
+  m.n_layer = 8;
+  Layout l = zero_bubble(4, 8);
+  const Plan zb = make_plan(m, toy_cluster(4), l);
+  l.zero_bubble = false;
+  const Plan base = make_plan(m, toy_cluster(4), l);
+  EXPECT_DOUBLE_EQ(zb.stages[1].activation_bytes, base.stages[1].activation_bytes * 4.0 / 3.0);
+  EXPECT_DOUBLE_EQ(zb.stages[0].activation_bytes, base.stages[0].activation_bytes);
+  EXPECT_EQ(zb.stages[1].comm_bytes, base.stages[1].comm_bytes);  // the split moves nothing more
+  auto error = [&](Layout bad, int64_t devices) {
+    try {
+      make_plan(m, toy_cluster(devices), bad);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  Layout z3 = zero_bubble(4, 8);
+  z3.zero = 3;
+  EXPECT_NE(error(z3, 4).find("--pp-schedule zb-h1 with --zero 3 is not built"), std::string::npos);
+  EXPECT_NE(error(zero_bubble(1, 8), 1).find("it needs --pp 2 or more"), std::string::npos);
 }
 
 }  // namespace

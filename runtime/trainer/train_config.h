@@ -60,7 +60,7 @@ struct TrainConfig {
   std::string pp_split;          // blocks per pipeline stage, "4,4,3"; empty = balanced by count
                                  // (per virtual stage under --pp-virtual: pp x V counts)
   int64_t pp_virtual = 1;        // model chunks a pipeline rank holds (the interleaved schedule)
-  std::string pp_schedule = "auto";  // auto (1f1b; interleaved when --pp-virtual > 1) | 1f1b | interleaved
+  std::string pp_schedule = "auto";  // auto (1f1b; interleaved when --pp-virtual > 1) | 1f1b | interleaved | zb-h1
   int64_t zero = 0;              // ZeRO stage 0..3
   std::string offload = "none";  // none | optimizer (ZeRO 1-3) | all (ZeRO-3)
   std::string zero_accum = "reduce";  // ZeRO-2/3 gradient accumulation: reduce | local

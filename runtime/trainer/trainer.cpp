@@ -349,7 +349,8 @@ void Trainer::build_step_parts() {
                                                   mode == ActivationCheckpointing::Selective && !r.model->config().swiglu());
   }
   if (r.shape.pp > 1) {
-    r.pipe = std::make_unique<PipelineStage>(*r.model, r.mesh->pp(), device, cfg_.micro_batch, r.precision);
+    r.pipe = std::make_unique<PipelineStage>(*r.model, r.mesh->pp(), device, cfg_.micro_batch, r.precision,
+                                             cfg_.resolved_pp_schedule() == "zb-h1");
   }
   r.scaler = std::make_unique<LossScaler>(LossScalerConfig{r.precision == Precision::FP16, cfg_.loss_scale,
                                                            cfg_.initial_scale_power, cfg_.loss_scale_window,

@@ -9,6 +9,7 @@
 
 #include "distributed/error.h"
 #include "parallel/pipeline_interleaved.h"
+#include "parallel/pipeline_zero_bubble.h"
 #include "plan/compare.h"
 #include "runtime/trainer/trainer.h"
 #include "runtime/trainer/trainer_run.h"
@@ -61,8 +62,10 @@ json Trainer::config_record() const {
                           {"sp", cfg_.sp}, {"cp", r.shape.cp}, {"backend", r.backend}, {"ddp_buckets", r.ddp ? r.ddp->num_buckets() : 0}}},
                {"pipeline", {{"stages", r.shape.pp}, {"blocks", r.stage_blocks},  // per virtual stage
                              {"schedule", cfg_.resolved_pp_schedule()}, {"virtual", cfg_.pp_virtual},
-                             {"bubble", interleaved_bubble_fraction(r.shape.pp, static_cast<int>(cfg_.pp_virtual),
-                                                                    static_cast<int>(cfg_.grad_accum))}}},
+                             {"bubble", cfg_.resolved_pp_schedule() == "zb-h1"
+                                            ? zb_h1_bubble_fraction(r.shape.pp, static_cast<int>(cfg_.grad_accum))
+                                            : interleaved_bubble_fraction(r.shape.pp, static_cast<int>(cfg_.pp_virtual),
+                                                                          static_cast<int>(cfg_.grad_accum))}}},
                {"zero", {{"stage", cfg_.zero}, {"offload", cfg_.offload}, {"accum", cfg_.zero_accum},
                          {"padded_params", r.zero ? json(r.zero->padded_numel()) : json(nullptr)}}},
                {"model_state", model_state_json(state)},
@@ -183,7 +186,12 @@ void Trainer::print_state_lines() const {
     std::string split;
     for (int64_t n : r.stage_blocks) split += (split.empty() ? "" : ",") + std::to_string(n);
     const double bubble = interleaved_bubble_fraction(r.shape.pp, static_cast<int>(cfg_.pp_virtual), static_cast<int>(cfg_.grad_accum));
-    if (cfg_.pp_virtual > 1) {
+    if (cfg_.resolved_pp_schedule() == "zb-h1") {
+      std::printf("kiln: pipeline of %d stages (blocks %s), ZB-H1 over %lld micro-batches: bubble %.1f%% of each step "
+                  "(equal forward, input and weight passes; 1F1B %.1f%%)\n",
+                  r.shape.pp, split.c_str(), static_cast<long long>(cfg_.grad_accum),
+                  100.0 * zb_h1_bubble_fraction(r.shape.pp, static_cast<int>(cfg_.grad_accum)), 100.0 * bubble);
+    } else if (cfg_.pp_virtual > 1) {
       std::printf("kiln: pipeline of %d stages x %lld chunks (blocks %s a virtual stage), interleaved 1F1B over %lld "
                   "micro-batches: bubble %.1f%% of each step\n",
                   r.shape.pp, static_cast<long long>(cfg_.pp_virtual), split.c_str(), static_cast<long long>(cfg_.grad_accum),

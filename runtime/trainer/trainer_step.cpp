@@ -113,7 +113,9 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor) {
       if (r.zero) r.zero->end_micro(chunked ? chunk : -1);
     };
     hooks.after_action = [&](PipeAction::Type t) {
-      r.timer->mark(t == PipeAction::Type::Forward ? Phase::Forward : t == PipeAction::Type::Backward ? Phase::Backward : Phase::Comm);
+      r.timer->mark(t == PipeAction::Type::Forward    ? Phase::Forward
+                    : t == PipeAction::Type::Exchange ? Phase::Comm
+                                                      : Phase::Backward);  // a backward, or its input or weight half
     };
     loss_sum = r.pipe->train(static_cast<int>(cfg_.grad_accum), [&](int micro) { return batches.at(static_cast<size_t>(micro)); },
                              backward_factor, hooks);

@@ -1,0 +1,55 @@
+// parallel/pipeline_zero_bubble.cpp -- ZB-H1 from 1F1B's actions (parallel/pipeline_zero_bubble.h).
+#include "parallel/pipeline_zero_bubble.h"
+
+#include <algorithm>
+#include <deque>
+#include <stdexcept>
+#include <string>
+
+namespace kiln {
+
+std::vector<PipeAction> zb_h1(int pp, int stage, int micros) {
+  const std::vector<PipeAction> base = one_f_one_b(pp, stage, micros);  // checks the arguments
+  if (stage == 0) return base;  // the fused backward: no input gradient to send
+  using Type = PipeAction::Type;
+  std::vector<PipeAction> out;
+  std::deque<int> deferred;  // micro-batches whose W is still to run, oldest first
+  int inputs = 0;            // I's so far
+  bool due = false;          // the last I brings a W with it (the first `stage` do not)
+  auto weight = [&] {
+    out.push_back({Type::BackwardWeight, deferred.front(), {}});
+    deferred.pop_front();
+    due = false;
+  };
+  for (const PipeAction& a : base) {
+    if (a.type == Type::Backward) {
+      out.push_back({Type::BackwardInput, a.micro, {}});
+      deferred.push_back(a.micro);
+      due = ++inputs > stage;
+      continue;
+    }
+    if (a.type == Type::Exchange && due) {
+      // The Exchange sending the I's gradient: in the steady phase it also takes the next
+      // forward's input (the W goes before it), in the cool-down it does not (the W goes after).
+      const bool steady = a.transfers.size() > 1;
+      if (steady) weight();
+      out.push_back(a);
+      if (!steady) weight();
+      continue;
+    }
+    out.push_back(a);
+  }
+  while (!deferred.empty()) weight();
+  return out;
+}
+
+double zb_h1_bubble_fraction(int pp, int micros) {
+  if (pp < 1 || micros < 1) {
+    throw std::invalid_argument("zb_h1_bubble_fraction: need pp >= 1 and micros >= 1 (got pp " + std::to_string(pp) +
+                                ", micros " + std::to_string(micros) + ")");
+  }
+  const double idle = (pp - 1) + std::max(0, pp - micros);  // in units of one pass
+  return idle / (3.0 * micros + idle);
+}
+
+}  // namespace kiln
