@@ -43,6 +43,20 @@ std::vector<PipeAction> zb_h1(int pp, int stage, int micros) {
   return out;
 }
 
+std::string zb_h1_rule(int pp, int chunks, int zero, bool full_recompute) {
+  if (pp < 2) return "--pp-schedule zb-h1 schedules pipeline stages: it needs --pp 2 or more";
+  if (chunks > 1) return "--pp-schedule zb-h1 runs one chunk a stage: leave --pp-virtual out (or use --pp-schedule interleaved)";
+  if (zero == 3) {
+    return "--pp-schedule zb-h1 with --zero 3 is not built (a weight pass runs long after its input pass, and ZeRO-3 "
+           "frees a unit after each use): use --zero 1 or 2, or --pp-schedule 1f1b";
+  }
+  if (full_recompute) {
+    return "--pp-schedule zb-h1 with --activation-checkpointing full is not built (the recomputation accumulates a "
+           "block's weight gradients inside the input pass): use selective, or --pp-schedule 1f1b";
+  }
+  return "";
+}
+
 double zb_h1_bubble_fraction(int pp, int micros) {
   if (pp < 1 || micros < 1) {
     throw std::invalid_argument("zb_h1_bubble_fraction: need pp >= 1 and micros >= 1 (got pp " + std::to_string(pp) +

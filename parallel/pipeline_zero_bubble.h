@@ -26,6 +26,7 @@
 // 1F1B"), the later stages fuller.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "parallel/pipeline_schedule.h"
@@ -35,6 +36,10 @@ namespace kiln {
 // The ZB-H1 schedule of `stage` in [0, pp) for `micros` >= 1 micro-batches. Throws
 // std::invalid_argument as one_f_one_b does.
 std::vector<PipeAction> zb_h1(int pp, int stage, int micros);
+
+// "" when ZB-H1 runs with this layout, else one line saying why not (the trainer's and kiln plan's
+// refusal): it needs pp >= 2 and one chunk a stage, and is not built with ZeRO-3 or full recomputation.
+std::string zb_h1_rule(int pp, int chunks, int zero, bool full_recompute);
 
 // The idle share of a step whose forward, input-gradient and weight-gradient passes take equal
 // times: idle / (3 micros + idle) with idle = (pp - 1) + max(0, pp - micros) passes -- (pp - 1)

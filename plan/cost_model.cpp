@@ -94,19 +94,9 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
                         ": one must divide the other (kv heads are split, or replicated when tp exceeds them)");
     }
   }
-  if (zero_bubble) {  // kiln's refusals (runtime/trainer/train_config.cpp), word for word
-    if (pp < 2) throw ConfigError("--pp-schedule zb-h1 schedules pipeline stages: it needs --pp 2 or more");
-    if (pp_virtual > 1) {
-      throw ConfigError("--pp-schedule zb-h1 runs one chunk a stage: leave --pp-virtual out (or use --pp-schedule interleaved)");
-    }
-    if (zero == 3) {
-      throw ConfigError("--pp-schedule zb-h1 with --zero 3 is not built (a weight pass runs long after its input pass, and "
-                        "ZeRO-3 frees a unit after each use): use --zero 1 or 2, or --pp-schedule 1f1b");
-    }
-    if (recompute == Recompute::Full) {
-      throw ConfigError("--pp-schedule zb-h1 with --activation-checkpointing full is not built (the recomputation accumulates "
-                        "a block's weight gradients inside the input pass): use selective, or --pp-schedule 1f1b");
-    }
+  if (zero_bubble) {  // kiln's refusals (runtime/trainer/train_config.cpp)
+    const std::string rule = zb_h1_rule(static_cast<int>(pp), static_cast<int>(pp_virtual), zero, recompute == Recompute::Full);
+    if (!rule.empty()) throw ConfigError(rule);
   }
   if (pp_virtual != 1) {  // kiln's refusals (runtime/trainer/train_config.cpp)
     const std::string rule = interleaved_rule(static_cast<int>(pp), static_cast<int>(pp_virtual), static_cast<int>(grad_accum));

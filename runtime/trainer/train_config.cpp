@@ -6,6 +6,7 @@
 #include "distributed/error.h"
 #include "parallel/pipeline_interleaved.h"
 #include "parallel/pipeline_layout.h"
+#include "parallel/pipeline_zero_bubble.h"
 
 namespace kiln {
 
@@ -125,18 +126,9 @@ void TrainConfig::validate_layout() const {
 
   one_of("pp-schedule", pp_schedule, {"auto", "1f1b", "interleaved", "zb-h1"});
   if (pp_schedule == "zb-h1") {
-    if (pp < 2) throw ConfigError("--pp-schedule zb-h1 schedules pipeline stages: it needs --pp 2 or more");
-    if (pp_virtual > 1) {
-      throw ConfigError("--pp-schedule zb-h1 runs one chunk a stage: leave --pp-virtual out (or use --pp-schedule interleaved)");
-    }
-    if (zero == 3) {
-      throw ConfigError("--pp-schedule zb-h1 with --zero 3 is not built (a weight pass runs long after its input pass, and "
-                        "ZeRO-3 frees a unit after each use): use --zero 1 or 2, or --pp-schedule 1f1b");
-    }
-    if (activation_checkpointing == "full") {
-      throw ConfigError("--pp-schedule zb-h1 with --activation-checkpointing full is not built (the recomputation accumulates "
-                        "a block's weight gradients inside the input pass): use selective, or --pp-schedule 1f1b");
-    }
+    const std::string rule = zb_h1_rule(static_cast<int>(pp), static_cast<int>(pp_virtual), static_cast<int>(zero),
+                                        activation_checkpointing == "full");
+    if (!rule.empty()) throw ConfigError(rule);
   }
   if (pp_schedule == "interleaved" && pp_virtual < 2) {
     throw ConfigError("--pp-schedule interleaved runs --pp-virtual V >= 2 model chunks a rank: give --pp-virtual 2 or more");

@@ -58,7 +58,7 @@ python3 - "$work" "$(dirname "$0")" "${names[@]}" <<'PY'
 import json, sys
 d, here, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.path.insert(0, here)
-from zero_expect import load, compare, steps
+from zero_expect import load, compare, steps, check_plan_compare
 refs = {"tiny": load(f"{d}/ref.jsonl"), "tiny-llama": load(f"{d}/ref_llama.jsonl"), "tiny-moe": load(f"{d}/ref_moe.jsonl")}
 want = {  # name: (dp, cp, tp, sp, pp, ep)
     "cp_sp": (1, 2, 2, True, 1, 1), "llama_cp_sp": (1, 2, 2, True, 1, 1), "cp_sp_pp": (1, 2, 2, True, 2, 1),
@@ -83,15 +83,7 @@ for name in names:
             for key in ("moe_aux_loss", "moe_z_loss"):
                 assert abs(a[s][key] - b[s][key]) <= 1e-5 * abs(a[s][key]), (name, s, key, a[s][key], b[s][key])
         line += "; routing identical, the balance and z losses' parts add up"
-    cmp = json.load(open(f"{d}/{name}.cmp.json"))
-    rows = {r["name"]: r for r in cmp["rows"]}
-    assert cmp["exact_ok"], (name, [r for r in cmp["rows"] if r["exact"] and r["equal"] is False])
-    if w.get("ep", c.get("ep", 1)) == 1 and c.get("ep", 1) == 1:
-        comm = rows["comm_bytes"]
-        assert comm["measured"] == comm["predicted"], (name, comm)
-        line += f"; plan --compare exact, comm_bytes {comm['measured']:.0f}"
-    else:
-        line += "; plan --compare: exact rows equal"
+    line += "; " + check_plan_compare(f"{d}/{name}.cmp.json", name, comm_exact=c.get("ep", 1) == 1)
     print(line)
 run = load(f"{d}/from_5d.jsonl")
 assert sorted(steps(run)) == list(range(6, 11)) and run[0]["resumed_from"], "from_5d"

@@ -115,3 +115,17 @@ def check_resumed(ref, d, name, first, last, ref_dir, tol=1e-5):
     wd = max_weight_diff(f"{ref_dir}/step_{last:08d}/model.safetensors", f"{d}/{name}/step_{last:08d}/model.safetensors")
     assert wd <= tol, (name, wd)
     print(f"{name}: resumed, steps {first}-{last} within {worst:.1e}; step-{last} weights within {wd:.1e}")
+
+
+def check_plan_compare(path, name, comm_exact=True):
+    """`kiln plan --compare --json`'s output at `path`: every exact row equal, and (comm_exact)
+    comm_bytes as predicted -- with --ep the all-to-alls' rows are an estimate, left out. Returns
+    the words to print."""
+    cmp = json.load(open(path))
+    rows = {r["name"]: r for r in cmp["rows"]}
+    assert cmp["exact_ok"], (name, [r for r in cmp["rows"] if r["exact"] and r["equal"] is False])
+    if not comm_exact:
+        return "plan --compare: exact rows equal"
+    comm = rows["comm_bytes"]
+    assert comm["measured"] == comm["predicted"], (name, comm)
+    return f"plan --compare exact, comm_bytes {comm['measured']:.0f}"
