@@ -1,5 +1,5 @@
-// parallel/pipeline.cpp -- a pipeline stage running the 1F1B or interleaved schedule, the tied-embedding sync,
-// and the checkpoint gather of the stages.
+// parallel/pipeline.cpp -- a pipeline stage running the 1F1B, interleaved or ZB-H1 schedule, the
+// tied-embedding sync, and the checkpoint gather of the stages.
 #include "parallel/pipeline.h"
 
 #include <algorithm>
@@ -15,12 +15,12 @@
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
+#include "parallel/backward_split.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/p2p.h"
-#include "parallel/backward_split.h"
 #include "parallel/pipeline_interleaved.h"
-#include "parallel/pipeline_zero_bubble.h"
 #include "parallel/pipeline_layout.h"
+#include "parallel/pipeline_zero_bubble.h"
 #include "parallel/tensor_parallel.h"
 
 namespace kiln {

@@ -4,7 +4,9 @@
 // (Narayanan et al., 2021) over point-to-point transfers of the pp group (parallel/p2p.h) --
 // or, holding V chunks of blocks (--pp-virtual), the interleaved 1F1B schedule of
 // parallel/pipeline_interleaved.h, whose stage s below reads virtual stage s and chunk, and whose
-// last virtual stage's output goes round the ring to stage 0's next chunk.
+// last virtual stage's output goes round the ring to stage 0's next chunk -- or ZB-H1
+// (--pp-schedule zb-h1, parallel/pipeline_zero_bubble.h), each backward below split into its
+// input pass, sent back at once, and its weight pass, run later (parallel/backward_split.h).
 //
 // A step of m micro-batches (m = --grad-accum), B = micro-batch, T = sequence, d = d_model:
 //   stage s forward of micro j:  x_j = recv from s-1 ([B, T, d] fp32; the first stage embeds
