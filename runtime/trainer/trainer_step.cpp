@@ -94,6 +94,16 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor) {
   const std::vector<Batch> batches = r.prefetch->take(step);
   // MoE: the router losses' gradients take the LM loss's factor (models/moe.h).
   if (cfg_.gpt.is_moe()) r.model->set_moe_loss_backward_scale(backward_factor);
+  // Before a micro-step's backward, on both paths below: every gradient reduction's sync flag
+  // (reduce in the last micro-step only) and ZeRO's per-micro-step bookkeeping (chunk -1: all
+  // units). One place, so that no reducer is left out on one path (the pipeline's once missed
+  // the experts' DDP).
+  auto begin_backward = [&](int64_t micro, int chunk) {
+    const bool last = micro + 1 == cfg_.grad_accum;
+    if (r.ddp) r.ddp->set_sync(last);  // sync skipping
+    if (r.expert_ddp) r.expert_ddp->set_sync(last);
+    if (r.zero) r.zero->begin_micro(micro, chunk);
+  };
   if (r.pipe) {
     // 1F1B over the stages: the same hooks as below, around each micro-batch's backward (under
     // the interleaved schedule, each chunk's piece of it: DDP's buckets count a parameter ready
@@ -104,11 +114,7 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor) {
     hooks.before_forward = [&](int, int chunk) {
       if (r.zero) r.zero->begin_forward(chunked ? chunk : -1);  // ZeRO-3: the chunk's outer units
     };
-    hooks.before_backward = [&](int micro, int chunk) {
-      if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);
-      if (r.expert_ddp) r.expert_ddp->set_sync(micro + 1 == cfg_.grad_accum);
-      if (r.zero) r.zero->begin_micro(micro, chunked ? chunk : -1);
-    };
+    hooks.before_backward = [&](int micro, int chunk) { begin_backward(micro, chunked ? chunk : -1); };
     hooks.after_backward = [&](int, int chunk) {
       if (r.zero) r.zero->end_micro(chunked ? chunk : -1);
     };
@@ -121,9 +127,7 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor) {
                              backward_factor, hooks);
   }
   for (int64_t micro = 0; micro < (r.pipe ? 0 : cfg_.grad_accum); ++micro) {
-    if (r.ddp) r.ddp->set_sync(micro + 1 == cfg_.grad_accum);  // sync skipping
-    if (r.expert_ddp) r.expert_ddp->set_sync(micro + 1 == cfg_.grad_accum);
-    if (r.zero) r.zero->begin_micro(micro);
+    begin_backward(micro, -1);
     const Batch& batch = batches[static_cast<size_t>(micro)];
     at::Tensor loss;
     {
