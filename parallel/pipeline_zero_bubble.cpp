@@ -57,12 +57,21 @@ std::string zb_h1_rule(int pp, int chunks, int zero, bool full_recompute) {
   return "";
 }
 
+double zb_h1_idle(int pp, int micros, double t_f, double t_i, double t_w) {
+  if (pp < 1 || micros < 1 || !(t_w >= 0) || !(t_w <= t_f) || !(t_w <= t_i)) {
+    throw std::invalid_argument("zb_h1_idle: need pp >= 1, micros >= 1 and 0 <= t_w <= min(t_f, t_i) (got pp " +
+                                std::to_string(pp) + ", micros " + std::to_string(micros) + ", t_f " + std::to_string(t_f) +
+                                ", t_i " + std::to_string(t_i) + ", t_w " + std::to_string(t_w) + ")");
+  }
+  return (pp - 1) * (t_f + t_i - t_w) + std::max(0, pp - micros) * t_w;
+}
+
 double zb_h1_bubble_fraction(int pp, int micros) {
   if (pp < 1 || micros < 1) {
     throw std::invalid_argument("zb_h1_bubble_fraction: need pp >= 1 and micros >= 1 (got pp " + std::to_string(pp) +
                                 ", micros " + std::to_string(micros) + ")");
   }
-  const double idle = (pp - 1) + std::max(0, pp - micros);  // in units of one pass
+  const double idle = zb_h1_idle(pp, micros, 1, 1, 1);  // in units of one pass
   return idle / (3.0 * micros + idle);
 }
 

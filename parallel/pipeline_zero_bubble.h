@@ -19,8 +19,13 @@
 // waits for the gradient itself, so it goes first and the W runs while it is used.
 //
 // Bubble: with F, I and W of equal time t (1F1B's backward I + W: 2t), 1F1B idles 3 (p - 1) t a
-// step and ZB-H1 (p - 1) t -- a third, for m >= p (tests/test_pipeline_zero_bubble.cpp simulates
-// it under those exchange rules): in general (p - 1)(t_F + t_I - t_W). Memory: a deferred
+// step and ZB-H1 (p - 1) t -- a third, for m >= p. In general, every stage's passes taking t_F,
+// t_I, t_W with t_W <= min(t_F, t_I):
+//     idle = (p - 1)(t_F + t_I - t_W) + max(0, p - m) t_W
+// (tests/test_pipeline_zero_bubble.cpp simulates it under those exchange rules for integer times
+// up to 6 / 8 / 6, p 1-6, m 1-10). A transformer stage always has t_W <= min(t_F, t_I): W is the
+// weight GEMMs' 2 FLOPs per parameter and token, F the same 2 plus attention's 4 d T, I the input
+// GEMMs' 2 plus attention's backward 8 d T (plus what selective recomputation repeats). Memory: a deferred
 // micro-batch keeps its graph until its W, so stage s holds up to (p - s) + s = p micro-batches'
 // activations, 1F1B's stage-0 figure, on every stage: the peak unchanged ("the same memory as
 // 1F1B"), the later stages fuller.
@@ -40,6 +45,11 @@ std::vector<PipeAction> zb_h1(int pp, int stage, int micros);
 // "" when ZB-H1 runs with this layout, else one line saying why not (the trainer's and kiln plan's
 // refusal): it needs pp >= 2 and one chunk a stage, and is not built with ZeRO-3 or full recomputation.
 std::string zb_h1_rule(int pp, int chunks, int zero, bool full_recompute);
+
+// The idle time of a step (above) whose stages' forward, input-gradient and weight-gradient passes
+// take t_f, t_i, t_w. Throws std::invalid_argument unless pp, micros >= 1 and
+// 0 <= t_w <= min(t_f, t_i) (beyond it the formula does not hold).
+double zb_h1_idle(int pp, int micros, double t_f, double t_i, double t_w);
 
 // The idle share of a step whose forward, input-gradient and weight-gradient passes take equal
 // times: idle / (3 micros + idle) with idle = (pp - 1) + max(0, pp - micros) passes -- (pp - 1)

@@ -155,27 +155,34 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   };
   for (int64_t i = 0; i < model.n_layer; ++i) p.recompute_flops_per_token += block_re(i);
   const double Kd = static_cast<double>(l.grad_accum);
-  // idle micro-batch slots of a step: 1F1B's p - 1, the interleaved schedule's (p - 1) / V
-  // (parallel/pipeline_interleaved.h; Narayanan et al. 2021, s2.2); ZB-H1's (p - 1) + max(0, p - K)
-  // passes of a third of a slot each (parallel/pipeline_zero_bubble.h: the backward's input and
-  // weight halves taken equal to the forward)
-  const double bubble_slots =
-      l.zero_bubble ? (static_cast<double>(l.pp - 1) + static_cast<double>(std::max<int64_t>(0, l.pp - l.grad_accum))) / 3.0
-                    : static_cast<double>(l.pp - 1) / static_cast<double>(l.pp_virtual);
+  // A stage's idle time a step: 1F1B's p - 1 micro-batch slots, the interleaved schedule's
+  // (p - 1) / V (parallel/pipeline_interleaved.h; Narayanan et al. 2021, s2.2); ZB-H1's
+  // (p - 1)(t_f + t_i - t_w) + max(0, p - K) t_w, its backward split into the input half t_i and
+  // the weight GEMMs t_w (parallel/pipeline_zero_bubble.h)
+  auto bubble = [&](const StagePlan& st) {
+    if (l.zero_bubble) {
+      return zb_h1_idle(static_cast<int>(l.pp), static_cast<int>(l.grad_accum), st.forward_s,
+                              st.backward_s - st.weight_s, st.weight_s);
+    }
+    return static_cast<double>(l.pp - 1) / static_cast<double>(l.pp_virtual) * (st.forward_s + st.backward_s);
+  };
   // Each stage's forward FLOPs per token (section 5): its blocks, and on the last stage the
   // output layer and ln_f (2 x their parameters); the whole F/3 without pipelining.
   // a rank's share: the tp slice of its b T / cp positions (cp's mirrored chunks even out attention)
   const double per_device = tok / static_cast<double>(l.tp * l.cp) / cluster.sustained_flops();
   const double head_fwd = 2 * (static_cast<double>(model.padded_vocab_size()) * d + static_cast<double>(norm_numel(model)));
+  // W, the weight-gradient GEMMs: 2 FLOPs per (active) parameter and token, the output layer's on
+  // the last stage (the embedding's scatter and the norms' elementwise gradients are not GEMMs)
   auto stage_times = [&](StagePlan& st) {
     const bool pipelined = l.pp > 1;
-    double f = 0, re = 0;
+    double f = 0, re = 0, w = 0;
     for (const auto& chunk : st.chunks)
-      for (int64_t i : chunk) f += block_fwd(i), re += block_re(i);
+      for (int64_t i : chunk) f += block_fwd(i), re += block_re(i), w += 2 * static_cast<double>(block_active_numel(model, i));
     if (!pipelined) f = p.flops_per_token / 3.0, re = p.recompute_flops_per_token;
-    if (pipelined && st.stage == l.pp - 1) f += head_fwd;
+    if (pipelined && st.stage == l.pp - 1) f += head_fwd, w += 2 * static_cast<double>(model.padded_vocab_size()) * d;
     st.forward_s = f * per_device;
     st.backward_s = (2.0 * f + re) * per_device;
+    st.weight_s = pipelined ? w * per_device : 0.0;
   };
 
   // per stage: memory and communication
@@ -199,7 +206,6 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     std::vector<int64_t> ids;  // the stage's blocks in order, all chunks
     for (const auto& chunk : st.chunks) ids.insert(ids.end(), chunk.begin(), chunk.end());
     st.blocks = static_cast<int64_t>(ids.size());
-    st.first_block = ids.front();
     for (int64_t i : ids) st.moe_blocks += model.is_moe_layer(i) ? 1 : 0;
     st.units = rank_units(model, l.tp, l.pp, s, l.pp_split, l.ep, l.pp_virtual);
     stage_times(st);
@@ -330,9 +336,9 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
       }
     }
     st.exposed_comm_s = exposed_seconds(st.comm, st.forward_s, st.backward_s, l.grad_accum);
-    // its step: K micro-batches, the bubble's p - 1 micro-batch slots (of a chunk's size under
-    // the interleaved schedule: (p - 1) / V), its exposed communication
-    st.step_s = (Kd + bubble_slots) * (st.forward_s + st.backward_s) + st.exposed_comm_s;
+    // its step: K micro-batches, its bubble, its exposed communication
+    st.bubble_s = bubble(st);
+    st.step_s = Kd * (st.forward_s + st.backward_s) + st.bubble_s + st.exposed_comm_s;
     p.stages.push_back(std::move(st));
   }
   for (size_t i = 0; i < p.stages.size(); ++i) {
@@ -343,7 +349,7 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   p.forward_s = slow.forward_s;
   p.backward_s = slow.backward_s;
   p.compute_s = Kd * (p.forward_s + p.backward_s);
-  p.bubble_s = bubble_slots * (p.forward_s + p.backward_s);
+  p.bubble_s = slow.bubble_s;
   p.exposed_comm_s = slow.exposed_comm_s;
   p.step_s = p.compute_s + p.exposed_comm_s + p.bubble_s;
   p.tokens_per_s = static_cast<double>(p.tokens_per_step) / p.step_s;

@@ -274,6 +274,10 @@
 //                 (DDP buckets / ZeRO reduce-scatters behind backward, ZeRO-3 gathers behind the
 //                 phase they feed)
 //      bubble   = (p - 1)(t_f + t_b)       (1F1B: bubble fraction (p-1)/(K+p-1); Narayanan s2.2)
+//                 (p - 1)(t_f + t_b) / V   (interleaved, V chunks a stage)
+//                 (p - 1)(t_f + t_i - t_w) + max(0, p - K) t_w   (ZB-H1, t_b = t_i + t_w:
+//                 t_w = 2 N_s b T / (t c R), the weight GEMMs of the stage's N_s parameters;
+//                 parallel/pipeline_zero_bubble.h)
 //      step     = compute + exposed + bubble of the stage where that sum is largest;
 //      MFU = F x tokens per step / (devices x step x peak)
 //    Required bandwidth to hide a group's communication behind compute: b = C / t_compute, C the
@@ -462,7 +466,6 @@ struct CommItem {
 struct StagePlan {
   int64_t stage = 0;
   int64_t blocks = 0;
-  int64_t first_block = 0;        // the number of its first block in the whole model
   std::vector<std::vector<int64_t>> chunks;  // its blocks by chunk (one chunk but under --pp-virtual)
   int64_t moe_blocks = 0;         // how many of its blocks are MoE blocks
   std::vector<int64_t> units;     // this rank's parameter units (the outer ones, then one per block)
@@ -470,6 +473,8 @@ struct StagePlan {
   // the expert-data-parallel group (dp / ep ranks); `units` then holds the blocks without them
   std::vector<int64_t> expert_units;
   double forward_s = 0, backward_s = 0;  // this stage's compute per micro-batch
+  double weight_s = 0;            // of backward_s, the weight-gradient GEMMs' (ZB-H1's W pass): 2 per parameter and token
+  double bubble_s = 0;            // its idle time a step (section 5's bubble, by schedule)
   int64_t psi = 0, psi_padded = 0;
   int64_t psi_experts = 0;        // of psi, the experts' parameters (E/ep per MoE block): DDP reduces them over expert-dp under ep
   int64_t psi_experts_padded = 0; // of psi_padded, expert_units' (padded over expert-dp)
@@ -484,7 +489,7 @@ struct StagePlan {
   double ep_exact_bytes = 0;      // of that, the accounting part (the counts and the norm; the rows are an estimate)
   double ep_norm_bytes = 0;       // of that, the norm's (DDP on one stage: clip_grad_norm_ep's all-reduce)
   double exposed_comm_s = 0;
-  double step_s = 0;              // (K + p - 1)(forward_s + backward_s) + exposed_comm_s: its step, bubble included
+  double step_s = 0;              // K (forward_s + backward_s) + bubble_s + exposed_comm_s: its step
 };
 
 struct GroupBandwidth {

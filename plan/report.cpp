@@ -176,6 +176,8 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
                       {"blocks", st.blocks},
                       {"forward_s", st.forward_s},
                       {"backward_s", st.backward_s},
+                      {"weight_s", st.weight_s},
+                      {"bubble_s", st.bubble_s},
                       {"units", st.units},
                       {"psi", st.psi},
                       {"psi_padded", st.psi_padded},
@@ -428,7 +430,7 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
               p.recompute_flops_per_token > 0 ? " incl. recomputation" : "");
   o += strprintf("  exposed comm   %10s\n", duration(p.exposed_comm_s).c_str());
   o += strprintf("  bubble         %10s  (%s = %.1f%% of the step)\n", duration(p.bubble_s).c_str(),
-              p.layout.zero_bubble      ? "ZB-H1: about a third of 1F1B's"
+              p.layout.zero_bubble      ? "ZB-H1: (pp - 1)(t_f + t_i - t_w), W the weight GEMMs"
               : p.layout.pp_virtual > 1 ? "interleaved: (pp - 1) / (V m + pp - 1)"
                                         : "(pp - 1) / (m + pp - 1)",
               100.0 * p.bubble_s / p.step_s);

@@ -3,8 +3,10 @@
 // the Exchange completes when each one's counterpart has been posted; sends never buffer; the
 // messages between two ranks match in posting order (one channel a directed pair, as NCCL's
 // per-peer order and the MPI backend's one tag). So a schedule that can deadlock does deadlock
-// here, and a message taken by the wrong receive is reported. Forward takes 1 time unit,
-// backward 2 (its input and weight halves 1 each, under a zero-bubble schedule), transfers 0. Used by test_pipeline_schedule (1F1B) and test_pipeline_interleaved.
+// here, and a message taken by the wrong receive is reported. Each pass takes the time `Costs`
+// gives it (by default forward 1, input and weight halves 1 each, a fused backward their sum 2),
+// transfers 0. Used by test_pipeline_schedule (1F1B), test_pipeline_interleaved and
+// test_pipeline_zero_bubble.
 #pragma once
 
 #include <algorithm>
@@ -22,11 +24,17 @@ using Kind = PipeTransfer::Kind;
 using Type = PipeAction::Type;
 using Schedule = std::vector<PipeAction>;
 
+// Time units of each pass: the forward, the backward's input-gradient and weight-gradient halves
+// (a fused Backward takes i + w).
+struct Costs {
+  int f = 1, i = 1, w = 1;
+};
+
 // Outcome of running every rank's schedule together.
 struct SimResult {
   bool finished = false;  // every rank ran its last action
   std::string error;      // otherwise: where each rank is stuck, or the mismatched message
-  int makespan = 0;       // time the last rank finished (forward 1, backward 2, transfers 0)
+  int makespan = 0;       // time the last rank finished
   std::vector<int> busy;  // each rank's compute time
 };
 
@@ -58,7 +66,7 @@ inline std::string describe(const Message& m) {
          " at boundary " + std::to_string(m.boundary);
 }
 
-inline SimResult simulate(const std::vector<Schedule>& ranks, bool ring = false) {
+inline SimResult simulate(const std::vector<Schedule>& ranks, bool ring = false, Costs costs = {}) {
   const int n = int(ranks.size());
   struct Sides {
     std::vector<Message> sends, recvs;  // in posting order; the k-th send matches the k-th recv
@@ -78,7 +86,10 @@ inline SimResult simulate(const std::vector<Schedule>& ranks, bool ring = false)
       while (pc[s] < ranks[s].size()) {
         const PipeAction& a = ranks[s][pc[s]];
         if (a.type != Type::Exchange) {
-          const int cost = a.type == Type::Forward || a.type == Type::BackwardInput || a.type == Type::BackwardWeight ? 1 : 2;
+          const int cost = a.type == Type::Forward          ? costs.f
+                           : a.type == Type::BackwardInput  ? costs.i
+                           : a.type == Type::BackwardWeight ? costs.w
+                                                            : costs.i + costs.w;
           clock[s] += cost;
           r.busy[s] += cost;
           ++pc[s];

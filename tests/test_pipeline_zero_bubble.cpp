@@ -11,6 +11,8 @@
 //     zb_h1_bubble_fraction gives (for fewer micro-batches too: (pp - 1) + (pp - m) idle).
 //     The W's places matter: after the steady phase's Exchange
 //     instead of before it, the bubble is 2 (pp - 1).
+//   - With unequal passes (integer t_F, t_I, t_W, t_W <= min(t_F, t_I)) the simulated idle time is
+//     zb_h1_idle's (pp - 1)(t_F + t_I - t_W) + max(0, pp - m) t_W.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -89,6 +91,28 @@ TEST(ZeroBubble, OrderAndDeferralFollowTheDefinition) {
       }
 }
 
+// Unequal passes, as a transformer stage's (W the weight GEMMs only, I with attention's backward):
+// the simulated idle time equals zb_h1_idle's (p - 1)(t_F + t_I - t_W) + max(0, p - m) t_W
+// wherever t_W <= min(t_F, t_I); the case it excludes (W longer than I) idles more.
+TEST(ZeroBubble, IdleTimeOfUnequalPasses) {
+  int checked = 0;
+  for (int f = 1; f <= 6; ++f)
+    for (int i = 1; i <= 8; ++i)
+      for (int w = 1; w <= std::min(f, i); ++w)
+        for (int pp = 1; pp <= 6; ++pp)
+          for (int m = 1; m <= 10; ++m) {
+            const sim::SimResult r = sim::simulate(all_stages(pp, m, zb_h1), /*ring=*/false, {f, i, w});
+            ASSERT_TRUE(r.finished) << r.error;
+            ASSERT_EQ(r.makespan - m * (f + i + w), zb_h1_idle(pp, m, f, i, w))
+                << "t_F " << f << " t_I " << i << " t_W " << w << " pp " << pp << " m " << m;
+            ++checked;
+          }
+  EXPECT_EQ(checked, 6 * 10 * 133);  // pp 1-6, m 1-10, 133 (f, i, w) triples with w <= min(f, i)
+  const sim::SimResult beyond = sim::simulate(all_stages(2, 4, zb_h1), /*ring=*/false, {2, 1, 2});
+  ASSERT_TRUE(beyond.finished) << beyond.error;
+  EXPECT_GT(beyond.makespan - 4 * 5, 2 + 1 - 2);  // W > I: more than the formula's (p - 1)(t_F + t_I - t_W)
+}
+
 // The W's places, against the steady phase's Exchange: after it instead of before.
 Schedule w_after_exchange(int pp, int s, int m) {
   Schedule zb = zb_h1(pp, s, m);
@@ -117,6 +141,7 @@ TEST(ZeroBubble, AllStagesFinishWithAThirdOfTheBubble) {
       }
     }
   EXPECT_THROW(zb_h1_bubble_fraction(4, 0), std::invalid_argument);
+  EXPECT_THROW(zb_h1_idle(4, 8, 1.0, 1.0, 1.5), std::invalid_argument);  // W longer than F: the formula does not hold
   EXPECT_THROW(zb_h1(4, 4, 8), std::invalid_argument);
 }
 

@@ -1284,7 +1284,7 @@ TEST(PlanMoE, UnitsEqualTheModelsParameterCounts) {
   Layout pp3 = layout(1, 1);
   pp3.pp = 3;
   const Plan p = make_plan(e2, toy_cluster(3), pp3);
-  EXPECT_EQ(p.stages[1].first_block, 1);
+  EXPECT_EQ(p.stages[1].chunks, (std::vector<std::vector<int64_t>>{{1, 2}}));  // blocks 1 and 2
   EXPECT_EQ(p.stages[1].moe_blocks, 1);
   EXPECT_EQ(p.stages[2].moe_blocks, 0);
   EXPECT_EQ(p.stages[0].psi, 65536 + 16384 + kMoeBlock);
@@ -2206,9 +2206,12 @@ Layout zero_bubble(int64_t pp, int64_t K) {
   return l;
 }
 
-// The bubble: (pp - 1) + max(0, pp - K) passes of a third of a micro-batch's forward and backward
-// (the input and weight halves taken equal to the forward) -- a third of 1F1B's for K >= pp.
-TEST(PlanZeroBubble, BubbleIsAThirdOfOneFOneBs) {
+// The bubble (parallel/pipeline_zero_bubble.h): (pp - 1)(t_f + t_i - t_w) + max(0, pp - K) t_w of
+// the slowest stage, t_w its weight GEMMs -- 2 FLOPs per parameter and token of its blocks and, on
+// the last stage, of the output layer -- and t_i the rest of its backward. Since attention's
+// backward sits in I, t_i > t_w and the bubble is more than a third of 1F1B's (the equal-passes
+// figure zb_h1_bubble_fraction gives), less than 1F1B's.
+TEST(PlanZeroBubble, BubbleFromTheBackwardsFlopSplit) {
   GPTConfig m = GPTConfig::preset("tiny");
   m.n_layer = 8;
   for (int64_t K : {4, 8, 2}) {
@@ -2216,12 +2219,24 @@ TEST(PlanZeroBubble, BubbleIsAThirdOfOneFOneBs) {
     Layout l = zero_bubble(4, K);
     l.zero_bubble = false;
     const Plan base = make_plan(m, toy_cluster(4), l);
-    const double slot = zb.forward_s + zb.backward_s;
-    EXPECT_DOUBLE_EQ(zb.bubble_s, (3.0 + static_cast<double>(std::max<int64_t>(0, 4 - K))) / 3.0 * slot) << K;
-    if (K >= 4) {
-      EXPECT_DOUBLE_EQ(zb.bubble_s * 3.0, base.bubble_s) << K;
-    }
-    EXPECT_NEAR(zb.bubble_s / (zb.compute_s + zb.bubble_s), zb_h1_bubble_fraction(4, static_cast<int>(K)), 1e-12);
+    ASSERT_EQ(zb.slowest_stage, 3) << "the last stage holds the output layer";
+    const StagePlan& last = zb.stages[3];
+    // W against F: 2 (2 blocks' parameters + V' d) against 2 blocks' (2 n_block + 4 d T) + 2 (V' d + ln_f)
+    const double d = static_cast<double>(m.d_model), T = static_cast<double>(m.seq_len);
+    const double n2 = static_cast<double>(block_active_numel(m, 6) + block_active_numel(m, 7));
+    const double head = static_cast<double>(m.padded_vocab_size()) * d;
+    const double w_flops = 2 * (n2 + head);
+    const double f_flops = 2 * n2 + 2 * 4 * d * T + 2 * (head + static_cast<double>(norm_numel(m)));
+    EXPECT_NEAR(last.weight_s / last.forward_s, w_flops / f_flops, 1e-12) << K;
+    const double t_f = last.forward_s, t_w = last.weight_s, t_i = last.backward_s - t_w;
+    EXPECT_LT(t_w, t_f);
+    EXPECT_LT(t_w, t_i);
+    EXPECT_DOUBLE_EQ(zb.bubble_s, 3 * (t_f + t_i - t_w) + static_cast<double>(std::max<int64_t>(0, 4 - K)) * t_w) << K;
+    EXPECT_DOUBLE_EQ(zb.bubble_s, last.bubble_s);
+    EXPECT_LT(zb.bubble_s, base.bubble_s) << K;
+    EXPECT_GT(zb.bubble_s / (zb.compute_s + zb.bubble_s), zb_h1_bubble_fraction(4, static_cast<int>(K))) << K;
+    EXPECT_DOUBLE_EQ(base.bubble_s, 3 * (base.forward_s + base.backward_s)) << "1F1B: (p - 1) slots";
+    EXPECT_DOUBLE_EQ(zb.step_s, zb.compute_s + zb.bubble_s + zb.exposed_comm_s);
   }
 }
 
