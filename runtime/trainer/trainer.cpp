@@ -61,6 +61,7 @@
 #include "runtime/observe/log_sink.h"
 #include "runtime/observe/phase_timer.h"
 #include "runtime/observe/profiler.h"
+#include "runtime/trainer/config_agreement.h"
 #include "runtime/trainer/save_dir_lock.h"
 #include "runtime/trainer/stop_requests.h"
 
@@ -159,8 +160,14 @@ void Trainer::build_mesh() {
       throw ConfigError(std::string(cfg_.zero > 0 ? "--zero " + std::to_string(cfg_.zero) : "--backend " + cfg_.backend) +
                         " needs MPI: launch with mpirun (mpirun -np 1 for a world of one)");
     }
-    r.backend = choose_backend(cfg_.backend, device, MPI_COMM_WORLD);
     r.watchdog = std::make_shared<Watchdog>(cfg_.comm_init_timeout);  // start-up grace until step 1 is done
+    // Checkpoints move host tensors, which NCCL cannot and the run's groups refuse: they go over
+    // a host group of their own (MPI, no device; its traffic is not the steps' comm_bytes). First
+    // of all it checks that every rank has the same settings (runtime/trainer/config_agreement.h).
+    r.host_world = make_mpi_communicator(MPI_COMM_WORLD, "host", r.watchdog);
+    const std::string disagreement = config_disagreement(cfg_.to_json(), *r.host_world);
+    if (!disagreement.empty()) throw ConfigError(disagreement);
+    r.backend = choose_backend(cfg_.backend, device, MPI_COMM_WORLD);
     std::shared_ptr<Communicator> world;
 #if defined(KILN_WITH_CUDA)
     if (r.backend == "nccl") world = make_nccl_communicator(MPI_COMM_WORLD, "world", device.index(), r.watchdog);
@@ -168,9 +175,6 @@ void Trainer::build_mesh() {
     if (!world) world = make_mpi_communicator(MPI_COMM_WORLD, "world", r.watchdog, device);
     r.mesh = std::make_unique<Mesh>(std::move(world), r.shape);
     r.dp_rank = r.mesh->coord().dp;
-    // Checkpoints move host tensors, which NCCL cannot and the run's groups refuse: they go over
-    // a host group of their own (MPI, no device; its traffic is not the steps' comm_bytes).
-    r.host_world = make_mpi_communicator(MPI_COMM_WORLD, "host", r.watchdog);
   }
 }
 

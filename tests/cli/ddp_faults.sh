@@ -5,6 +5,7 @@
 #   SIGKILL one rank: mpirun ends the job.
 #   An error on one rank only: that rank aborts the job (MPI_Abort) instead of leaving its peer
 #   blocked in a collective; exit code 2 and one kiln line.
+#   Ranks started with different settings (MPMD): exit 2 at once, one line naming the setting.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 
@@ -62,4 +63,21 @@ timeout 60 "$MPIEXEC" --allow-run-as-root -np 2 "$KILN_BIN" train --device cpu -
 [ "$code" -eq 2 ] || fail "an error on rank 0 alone: exit $code (want 2), $(cat "$work/one.err")"
 [ "$(grep -c '^kiln: error:' "$work/one.err")" -eq 1 ] || fail "want one kiln line: $(cat "$work/one.err")"
 echo "error on one rank: exit $code, $(grep '^kiln: error' "$work/one.err")"
+
+# --- ranks started with different settings (an MPMD launch): refused before any other collective,
+# one line naming the setting, at once -- not the watchdog's stall after --comm-init-timeout.
+code=0
+start=$SECONDS
+timeout 60 "$MPIEXEC" --allow-run-as-root -np 1 "$KILN_BIN" train --device cpu --steps 3 --pp 2 --pp-virtual 2 --grad-accum 4 \
+  : -np 1 "$KILN_BIN" train --device cpu --steps 3 --pp 2 --grad-accum 4 >/dev/null 2>"$work/mpmd.err" || code=$?
+[ "$code" -eq 2 ] || fail "ranks with different settings: exit $code (want 2), $(cat "$work/mpmd.err")"
+[ "$(grep -c '^kiln: error:' "$work/mpmd.err")" -eq 1 ] || fail "want one kiln line: $(cat "$work/mpmd.err")"
+grep -q 'different settings: --pp-schedule is "interleaved" on rank 0 but "1f1b" on rank 1' "$work/mpmd.err" ||
+  fail "the line does not name the setting: $(cat "$work/mpmd.err")"
+[ $(( SECONDS - start )) -lt 30 ] || fail "the mismatch took $(( SECONDS - start )) s to end the job"
+# ... and outputs rank 0 alone writes may differ: the same run with a log on rank 0 only trains
+"$MPIEXEC" --allow-run-as-root -np 1 "$KILN_BIN" train --device cpu --steps 2 --log-json "$work/mpmd.jsonl" \
+  : -np 1 "$KILN_BIN" train --device cpu --steps 2 >/dev/null 2>"$work/mpmd_log.err" ||
+  fail "a --log-json on rank 0 alone was refused: $(cat "$work/mpmd_log.err")"
+echo "different settings: exit $code in $(( SECONDS - start )) s, $(grep '^kiln: error' "$work/mpmd.err")"
 echo "PASS"

@@ -1,0 +1,87 @@
+// runtime/trainer/config_agreement.cpp -- a hash of the settings all-gathered; on a mismatch, the
+// settings themselves, to name what differs.
+#include "runtime/trainer/config_agreement.h"
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "distributed/comm.h"
+
+namespace kiln {
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Every rank's string, all-gathered through host tensors: the lengths, then the bytes padded to
+// the longest.
+std::vector<std::string> all_gather_strings(Communicator& host, const std::string& mine) {
+  const int n = host.size();
+  at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong), lens = at::empty({n}, at::kLong);
+  host.all_gather(lens, len)->wait();
+  const int64_t longest = lens.max().item<int64_t>();
+  at::Tensor row = at::zeros({longest}, at::kByte), all = at::empty({n * longest}, at::kByte);
+  if (!mine.empty()) std::memcpy(row.data_ptr<uint8_t>(), mine.data(), mine.size());
+  host.all_gather(all, row)->wait();
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) {
+    out.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest,
+                     static_cast<size_t>(lens[r].item<int64_t>()));
+  }
+  return out;
+}
+
+std::string flag_of(const std::string& key) {
+  std::string f = "--" + key;
+  for (char& c : f)
+    if (c == '_') c = '-';
+  return f;
+}
+
+}  // namespace
+
+nlohmann::json compared_settings(const nlohmann::json& config) {
+  nlohmann::json out = config;
+  for (const char* key : {"log_json", "tensorboard"}) out.erase(key);
+  return out;
+}
+
+std::string config_disagreement(const nlohmann::json& config, Communicator& host) {
+  if (host.size() <= 1) return "";
+  const std::string mine = compared_settings(config).dump();
+  const uint64_t h = fnv1a(mine);
+  int64_t as_signed = 0;
+  std::memcpy(&as_signed, &h, sizeof h);
+  at::Tensor hash = at::tensor({as_signed}, at::kLong), hashes = at::empty({host.size()}, at::kLong);
+  host.all_gather(hashes, hash)->wait();
+  if ((hashes == hashes[0]).all().item<bool>()) return "";
+
+  // Rare: name what differs. Every rank has every rank's settings and reaches the same line.
+  const std::vector<std::string> dumps = all_gather_strings(host, mine);
+  const nlohmann::json first = nlohmann::json::parse(dumps[0]);
+  int differing = 0, first_rank = -1;
+  for (size_t r = 1; r < dumps.size(); ++r)
+    if (dumps[r] != dumps[0]) ++differing, first_rank = first_rank < 0 ? static_cast<int>(r) : first_rank;
+  const nlohmann::json other = nlohmann::json::parse(dumps[static_cast<size_t>(first_rank)]);
+  std::string key = "(the settings' set)", a = "-", b = "-";
+  nlohmann::json keys = first;
+  keys.update(other);  // both ranks' keys, in order
+  for (const auto& [k, v] : keys.items()) {
+    const nlohmann::json x = first.value(k, nlohmann::json()), y = other.value(k, nlohmann::json());
+    if (x == y) continue;
+    key = flag_of(k), a = x.dump(), b = y.dump();
+    break;
+  }
+  return "the ranks were started with different settings: " + key + " is " + a + " on rank 0 but " + b + " on rank " +
+         std::to_string(first_rank) + " (" + std::to_string(differing) + " of " + std::to_string(host.size()) +
+         " ranks differ from rank 0): start every rank with the same flags";
+}
+
+}  // namespace kiln
