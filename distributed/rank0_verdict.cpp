@@ -1,6 +1,7 @@
 // distributed/rank0_verdict.cpp -- rank 0's verdict as one string: a kind letter, then the message.
 #include "distributed/rank0_verdict.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <ATen/ATen.h>
@@ -19,6 +20,20 @@ std::string broadcast_string(Communicator& host, const std::string& s) {
   if (host.rank() == 0 && n > 0) std::memcpy(bytes.data_ptr<uint8_t>(), s.data(), static_cast<size_t>(n));
   if (n > 0) host.broadcast(bytes, 0)->wait();
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(n));
+}
+
+std::vector<std::string> all_gather_strings(Communicator& host, const std::string& mine) {
+  const int n = host.size();
+  at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong), lens = at::empty({n}, at::kLong);
+  host.all_gather(lens, len)->wait();
+  const int64_t longest = std::max<int64_t>(1, lens.max().item<int64_t>());
+  at::Tensor row = at::zeros({longest}, at::kByte), all = at::empty({n * longest}, at::kByte);
+  if (!mine.empty()) std::memcpy(row.data_ptr<uint8_t>(), mine.data(), mine.size());
+  host.all_gather(all, row)->wait();
+  std::vector<std::string> out;
+  const char* bytes = reinterpret_cast<const char*>(all.data_ptr<uint8_t>());
+  for (int r = 0; r < n; ++r) out.emplace_back(bytes + r * longest, static_cast<size_t>(lens[r].item<int64_t>()));
+  return out;
 }
 
 void decide_on_rank0(Communicator* host, const std::function<void()>& check) {

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace kiln {
 
@@ -21,5 +22,9 @@ void decide_on_rank0(Communicator* host, const std::function<void()>& check);
 
 // `s` on rank 0 of `host`, on every rank (a length, then the bytes; host tensors).
 std::string broadcast_string(Communicator& host, const std::string& s);
+
+// Every rank's `mine`, in rank order, on every rank (the lengths, then the bytes padded to the
+// longest; host tensors). Collective over `host`.
+std::vector<std::string> all_gather_strings(Communicator& host, const std::string& mine);
 
 }  // namespace kiln

@@ -185,6 +185,8 @@ int main(int argc, char** argv) {
     return fail(env.get(), e.what(), e.exit_code(), /*found_by_every_rank=*/true);
   } catch (const kiln::DataError& e) {
     return fail(env.get(), e.what(), e.exit_code(), /*found_by_every_rank=*/true);
+  } catch (const kiln::NumericsError& e) {  // decided by the step's verdict, the same on every rank
+    return fail(env.get(), e.what(), e.exit_code(), /*found_by_every_rank=*/true);
   } catch (const kiln::Error& e) {
     return fail(env.get(), e.what(), e.exit_code(), false);
   } catch (const c10::Error& e) {

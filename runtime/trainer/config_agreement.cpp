@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "distributed/comm.h"
+#include "distributed/rank0_verdict.h"
 
 namespace kiln {
 namespace {
@@ -18,24 +19,6 @@ uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
-}
-
-// Every rank's string, all-gathered through host tensors: the lengths, then the bytes padded to
-// the longest.
-std::vector<std::string> all_gather_strings(Communicator& host, const std::string& mine) {
-  const int n = host.size();
-  at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong), lens = at::empty({n}, at::kLong);
-  host.all_gather(lens, len)->wait();
-  const int64_t longest = lens.max().item<int64_t>();
-  at::Tensor row = at::zeros({longest}, at::kByte), all = at::empty({n * longest}, at::kByte);
-  if (!mine.empty()) std::memcpy(row.data_ptr<uint8_t>(), mine.data(), mine.size());
-  host.all_gather(all, row)->wait();
-  std::vector<std::string> out;
-  for (int r = 0; r < n; ++r) {
-    out.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest,
-                     static_cast<size_t>(lens[r].item<int64_t>()));
-  }
-  return out;
 }
 
 std::string flag_of(const std::string& key) {

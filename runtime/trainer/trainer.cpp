@@ -62,6 +62,7 @@
 #include "runtime/observe/phase_timer.h"
 #include "runtime/observe/profiler.h"
 #include "runtime/trainer/config_agreement.h"
+#include "runtime/trainer/nonfinite_guard.h"
 #include "runtime/trainer/save_dir_lock.h"
 #include "runtime/trainer/stop_requests.h"
 
@@ -361,6 +362,10 @@ void Trainer::build_step_parts() {
                                                            cfg_.hysteresis, cfg_.min_loss_scale});
   r.schedule.emplace(LRSchedule{cfg_.lr, cfg_.resolved_min_lr(), cfg_.warmup, cfg_.resolved_lr_decay_steps(),
                                 parse_lr_shape(cfg_.lr_schedule), cfg_.warmup_start_lr, cfg_.warmup_type == "log"});
+  // bf16 / fp32: where a non-finite step came from, and --max-skipped-steps (runtime/trainer/nonfinite_guard.h)
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& item : r.model->named_parameters()) named.emplace_back(item.key(), item.value());
+  r.nonfinite = std::make_unique<NonfiniteGuard>(std::move(named), proc_.rank);
 }
 
 // Resume (--resume) or start from --init-from's weights, check a resumed run's settings against

@@ -9,7 +9,8 @@
 //   norm = ||g|| / S;  g = clip(g) / S  (one pass)
 //   [loss, non-finite flag] summed over dp: every rank reaches the same verdict
 //   fp16: the loss scaler decides (an overflow skips the step and may halve S)
-//   bf16/fp32: non-finite stops the run naming the step, or skips it (--on-nonfinite skip)
+//   bf16/fp32: non-finite stops the run naming the step, or skips it (--on-nonfinite skip; at most
+//   --max-skipped-steps in a row; runtime/trainer/nonfinite_guard.h names where it came from)
 //   not skipped: adamw.step(lr(u)); u += 1      (a skipped step leaves weights, moments and
 //                                                 the LR schedule where they were)
 //   checkpoint when s + 1 is a multiple of --save-every, and after the last step

@@ -40,6 +40,7 @@
 #include "runtime/observe/log_sink.h"
 #include "runtime/observe/phase_timer.h"
 #include "runtime/observe/profiler.h"
+#include "runtime/trainer/nonfinite_guard.h"
 #include "runtime/trainer/save_dir_lock.h"
 #include "runtime/trainer/stop_requests.h"
 #include "runtime/trainer/trainer.h"
@@ -91,6 +92,8 @@ struct Trainer::Run {
   std::shared_ptr<Communicator> metrics_world; // MPI over the world for the job's devices and energy (not comm_bytes), until JobDevices takes it
   std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
   std::unique_ptr<LossScaler> scaler;
+  std::unique_ptr<NonfiniteGuard> nonfinite;   // bf16/fp32: a non-finite step's origin, --max-skipped-steps
+  int64_t skipped_in_a_row = 0;                // bf16/fp32: non-finite steps skipped since the last finite one
   std::optional<LRSchedule> schedule;
   std::unique_ptr<SaveDirLock> save_lock;      // rank 0, with --save-dir: one job per save directory
   std::unique_ptr<StopRequests> stop;          // the signals that stop the run cleanly

@@ -66,6 +66,7 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
 void Trainer::begin_step(QueuedStep& out, int64_t step) {
   Run& r = *run_;
   out.step = step;
+  if (r.nonfinite) r.nonfinite->begin_step(step);
   if (r.chain_broken) {
     r.timer->start();
     r.interval_joules = r.energy->joules();
@@ -196,6 +197,7 @@ void Trainer::queue_verdict(QueuedStep& out, const at::Tensor& loss_sum, const a
   // MoE: the step's routing stats (models/moe.h, one row per MoE layer) ride along before the
   // norm, summed with the loss: [loss, non-finite, MoE rows..., norm].
   const at::Tensor moe_stats = r.model->take_moe_stats(device);
+  if (r.nonfinite) r.nonfinite->note_local_loss(out.step, loss_sum);  // this rank's own, before the reduction
   std::vector<at::Tensor> parts{(loss_sum / static_cast<double>(cfg_.grad_accum)).reshape({1}),
                                 at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat).reshape({1})};
   if (moe_stats.defined()) parts.push_back(moe_stats);
@@ -284,13 +286,24 @@ Trainer::StepOutcome Trainer::finish_step(QueuedStep& q) {
   if (cfg_.gpt.is_moe()) out.moe = moe_step_stats(h + 2, cfg_.gpt, q.moe_copies, cfg_.grad_accum * r.shape.dp);
   if (r.precision == Precision::FP16) {
     out.skipped = r.scaler->update(nonfinite);
-  } else if (nonfinite) {
-    if (cfg_.on_nonfinite == "stop") {
-      throw NumericsError("step " + std::to_string(q.step + 1) + ": loss " + std::to_string(out.loss) + ", gradient norm " +
-                          std::to_string(out.norm) + " is not finite; stopping with the update skipped (--on-nonfinite "
-                          "skip would skip such steps and go on)");
+  } else {
+    // bf16 / fp32 (runtime/trainer/nonfinite_guard.h): skip, or stop naming where it came from.
+    // The verdict is the same on every rank, so every rank takes the same branch (origin() is
+    // collective over the host group).
+    r.nonfinite->step_read(q.step, nonfinite);
+    r.skipped_in_a_row = nonfinite ? r.skipped_in_a_row + 1 : 0;
+    const std::string what = "step " + std::to_string(q.step + 1) + ": loss " + std::to_string(out.loss) +
+                             ", gradient norm " + std::to_string(out.norm) + " is not finite";
+    if (nonfinite && cfg_.on_nonfinite == "stop") {
+      throw NumericsError(what + "; stopping with the update skipped (--on-nonfinite skip would skip such steps and go on); " +
+                          r.nonfinite->origin(r.host_world.get()));
     }
-    out.skipped = true;
+    if (nonfinite && r.skipped_in_a_row >= cfg_.max_skipped_steps) {
+      throw NumericsError(what + "; " + std::to_string(r.skipped_in_a_row) + " step(s) in a row skipped (--max-skipped-steps " +
+                          std::to_string(cfg_.max_skipped_steps) + "): stopping without saving; " +
+                          r.nonfinite->origin(r.host_world.get()));
+    }
+    out.skipped = nonfinite;
   }
   if (out.skipped != nonfinite) throw Error("the loss scaler skipped a step the kernel applied, or the reverse");
   if (!out.skipped) ++r.progress.updates;

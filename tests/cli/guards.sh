@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tests/cli/guards.sh -- a run that guards its own health (issue 37; label mpi), with faults injected
+# through the test-only KILN_TEST_NAN_GRAD=RANK:STEP[:COUNT] (runtime/trainer/nonfinite_guard.h: a
+# NaN in one rank's gradient of its first MLP weight, before any reduction). bf16, 2 ranks:
+#   - one NaN on rank 1 at step 3, --on-nonfinite skip, under DDP, ZeRO-2 and pp 2: step 3 is
+#     skipped on every rank alike (the log's `skipped`, the summary's updates), and the weights
+#     and optimizer state after it equal those before, bit for bit (the step-2 and step-3
+#     checkpoints); training goes on.
+#   - a NaN from step 3 on, --max-skipped-steps 3: the job ends at step 5 with exit 4 and one line
+#     naming the step, the count, the rank the NaN came from and its parameter (traced before the
+#     reductions), and saves nothing at the end (latest stays the step-4 periodic save).
+#   - a diverged run (--lr 1e38, --on-nonfinite stop): the line names the ranks whose own loss was
+#     not finite first.
+source "$(dirname "$0")/common.sh"
+: "${MPIEXEC:=mpirun}"
+mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
+B=(train --device cpu --model tiny --log-every 100 --micro-batch 2 --grad-accum 2 --precision bf16)
+
+# --- one NaN, skipped everywhere, weights unchanged
+for layout in "ddp:" "zero2:--zero 2" "pp2:--pp 2"; do
+  name=${layout%%:*}
+  read -r -a extra <<<"${layout#*:}"
+  KILN_TEST_NAN_GRAD=1:3 mpi 2 -x KILN_TEST_NAN_GRAD "$KILN_BIN" "${B[@]}" "${extra[@]}" --steps 5 --on-nonfinite skip \
+    --save-dir "$work/$name" --save-every 1 --keep-last 0 --log-json "$work/$name.jsonl" >/dev/null ||
+    fail "$name: the run with one NaN did not finish"
+  "$KILN_PYTHON" - "$work" "$name" <<'PY' || fail "$name: the skipped step"
+import json, sys
+sys.path.insert(0, "tests/cli")
+from zero_expect import safetensors
+work, name = sys.argv[1], sys.argv[2]
+records = [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
+steps = {r["step"]: r for r in records if r["type"] == "step"}
+assert [steps[s]["skipped"] for s in range(1, 6)] == [False, False, True, False, False], [steps[s]["skipped"] for s in steps]
+summary = [r for r in records if r["type"] == "summary"][-1]
+assert summary["updates"] == 4 and summary["skipped_steps"] == 1, summary
+for f in ("model", "optimizer"):
+    a = safetensors(f"{work}/{name}/step_00000002/{f}.safetensors")
+    b = safetensors(f"{work}/{name}/step_00000003/{f}.safetensors")
+    c = safetensors(f"{work}/{name}/step_00000004/{f}.safetensors")
+    assert sorted(a) == sorted(b), (f, sorted(a), sorted(b))
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a), f"{name}: {f} changed in the skipped step"
+    assert any(a[k].tobytes() != c[k].tobytes() for k in a), f"{name}: {f} did not change after it"
+print(f"{name}: step 3 skipped on every rank, model and optimizer state unchanged by it, training went on")
+PY
+done
+
+# --- a NaN every step from step 3: three skipped in a row end the job, naming where it came from
+code=0
+KILN_TEST_NAN_GRAD=1:3:100 mpi 2 -x KILN_TEST_NAN_GRAD "$KILN_BIN" "${B[@]}" --steps 10 --on-nonfinite skip --max-skipped-steps 3 \
+  --save-dir "$work/fatal" --save-every 4 >/dev/null 2>"$work/fatal.err" || code=$?
+[ "$code" -eq 4 ] || fail "three NaN steps in a row: exit $code (want 4): $(cat "$work/fatal.err")"
+[ "$(grep -c '^kiln: error:' "$work/fatal.err")" -eq 1 ] || fail "want one kiln line: $(cat "$work/fatal.err")"
+line=$(grep '^kiln: error:' "$work/fatal.err")
+for want in "kiln: error: step 5: " "3 step(s) in a row skipped (--max-skipped-steps 3): stopping without saving" \
+  "every rank's local loss was finite" "traced at step 5: non-finite gradients before the reductions on rank 1, first in h.0.mlp.c_fc.weight"; do
+  [[ "$line" == *"$want"* ]] || fail "the line lacks '$want': $line"
+done
+[ "$(cat "$work/fatal/latest")" = "step_00000004" ] || fail "latest is $(cat "$work/fatal/latest"), want the step-4 save"
+[ "$(ls -d "$work/fatal"/step_* | wc -l)" -eq 1 ] || fail "saved more than step 4: $(ls "$work/fatal")"
+echo "three in a row: exit 4, $line"
+
+# --- a diverged run: every rank's own loss not finite
+code=0
+mpi 2 "$KILN_BIN" "${B[@]}" --steps 5 --lr 1e38 --warmup 0 --grad-clip 0 >/dev/null 2>"$work/diverged.err" || code=$?
+[ "$code" -eq 4 ] || fail "diverged: exit $code (want 4): $(cat "$work/diverged.err")"
+grep -q "^kiln: error: step 2: .*not finite; stopping with the update skipped.*the local loss was not finite first at step 2 on ranks 0, 1" \
+  "$work/diverged.err" || fail "diverged: $(cat "$work/diverged.err")"
+echo "diverged: $(grep '^kiln: error' "$work/diverged.err")"
+echo "PASS"
