@@ -1,16 +1,19 @@
 // tests/test_console.cpp -- rank 0's console lines (runtime/observe/console.h): durations, counts, the
 // step line's progress fields, the eval line's perplexity, and the closing summary; and the phase
-// timer that times the steps (runtime/observe/phase_timer.h).
+// timer that times the steps (runtime/observe/phase_timer.h); the stragglers' rule
+// (runtime/observe/stragglers.h).
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "runtime/observe/console.h"
 #include "runtime/observe/phase_timer.h"
+#include "runtime/observe/stragglers.h"
 
 namespace kiln {
 namespace {
@@ -87,6 +90,38 @@ TEST(Console, SummaryFromTheRecord) {
   EXPECT_NE(empty.find("no steps"), std::string::npos) << empty;
   EXPECT_EQ(empty.find("loss"), std::string::npos) << empty;
   EXPECT_EQ(empty.find("tok/s"), std::string::npos) << empty;
+}
+
+// A rank is a straggler when its median compute is over factor x its stage's median: one stage
+// of four ranks, rank 3 at 13 ms against a median of 10.25 (1.27x > 1.2).
+TEST(Stragglers, ARankSlowerThanItsStage) {
+  const std::vector<Straggler> s = find_stragglers({10.0, 10.5, 10.0, 13.0}, {0, 0, 0, 0}, 1.2);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].rank, 3);
+  EXPECT_EQ(s[0].stage, 0);
+  EXPECT_DOUBLE_EQ(s[0].median_ms, 13.0);
+  EXPECT_DOUBLE_EQ(s[0].stage_median_ms, 10.25);
+  EXPECT_TRUE(find_stragglers({10.0, 10.5, 10.0, 12.0}, {0, 0, 0, 0}, 1.2).empty());  // 1.17x
+}
+
+// Pipeline stages are compared with themselves only: a last stage that also runs the output layer
+// is not slow; a stage of one rank has nobody to be slower than; a rank without timed steps (0).
+TEST(Stragglers, StagesAreComparedWithThemselves) {
+  EXPECT_TRUE(find_stragglers({10.0, 10.0, 20.0, 20.0}, {0, 0, 1, 1}, 1.2).empty());
+  const std::vector<Straggler> s = find_stragglers({10.0, 10.0, 20.0, 31.0, 50.0}, {0, 0, 1, 1, 2}, 1.2);
+  ASSERT_EQ(s.size(), 1u);  // rank 3: 31 > 1.2 x 25.5; rank 4 alone in stage 2
+  EXPECT_EQ(s[0].rank, 3);
+  EXPECT_TRUE(find_stragglers({0.0, 0.0}, {0, 0}, 1.2).empty());
+}
+
+// A world of one: the step's slowest rank is this one; nothing to compare at the end.
+TEST(Stragglers, AWorldOfOne) {
+  StragglerWatch w(nullptr, 0, 1.2);
+  const SlowestRank a = w.step(12.5, /*timed=*/false);
+  EXPECT_DOUBLE_EQ(a.compute_ms, 12.5);
+  EXPECT_EQ(a.rank, 0);
+  w.step(11.0, true);
+  EXPECT_TRUE(w.finish().empty());
 }
 
 }  // namespace

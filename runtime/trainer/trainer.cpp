@@ -192,6 +192,7 @@ void Trainer::take_guards() {
   // The job's distinct devices and the energy summed over them, over a communicator of their
   // own: the mesh's (host_world too, under the MPI backend) are counted in comm_bytes.
   if (r.mesh) r.metrics_world = proc_.mpi ? make_mpi_communicator(MPI_COMM_WORLD, "metrics", r.watchdog) : make_self_communicator("metrics", "local");
+  if (r.mesh && proc_.mpi) r.straggler_world = make_mpi_communicator(MPI_COMM_WORLD, "stragglers", r.watchdog);
 }
 
 // The tokenizer, the training data and its loader (this rank's micro-batches of the global
@@ -424,6 +425,14 @@ void Trainer::build_observers() {
   r.timer = std::make_unique<PhaseTimer>(device);
   r.energy = std::make_unique<EnergyMeter>(device);
   r.devices = std::make_unique<JobDevices>(device, r.energy->available(), std::move(r.metrics_world));
+  r.stragglers = std::make_unique<StragglerWatch>(std::move(r.straggler_world), r.mesh ? r.mesh->coord().pp : 0, cfg_.straggler_factor);
+  // Test-only (tests/cli/guards.sh): KILN_TEST_SLOW_RANK=RANK:MS makes rank RANK sleep MS each step, in its forward.
+  if (const char* spec = std::getenv("KILN_TEST_SLOW_RANK")) {
+    int rank = -1;
+    double ms = 0;
+    if (std::sscanf(spec, "%d:%lf", &rank, &ms) != 2 || ms < 0) throw ConfigError(std::string("KILN_TEST_SLOW_RANK=") + spec + ": want RANK:MS");
+    if (rank == proc_.rank) r.test_slow_ms = ms;
+  }
   r.peak = cfg_.peak_tflops > 0 ? std::optional<double>(cfg_.peak_tflops) : peak_tflops_for(r.dev.name);
   r.log = (cfg_.log_json.empty() || proc_.rank != 0) ? LogSink() : LogSink(cfg_.log_json, /*append=*/!r.resumed_from.empty());
   if (!cfg_.tensorboard.empty()) {  // rank 0 writes the event file; its verdict ends every rank alike

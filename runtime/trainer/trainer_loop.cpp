@@ -146,6 +146,9 @@ bool Trainer::record(Loop& loop, int64_t step, const StepOutcome& s) {
   const auto joules_after = r.energy->joules();
   // The job's joules: every device's, summed (collective only when every meter reads).
   f.step_joules = r.devices->job_joules(r.interval_joules, joules_after);
+  // Every rank's compute time (runtime/observe/stragglers.h): the step's slowest rank.
+  f.slowest = r.stragglers->step(s.phase_ms[static_cast<size_t>(Phase::Forward)] + s.phase_ms[static_cast<size_t>(Phase::Backward)],
+                                 /*timed=*/step > loop.first_step);
   r.interval_joules = joules_after;
   if (!f.step_joules) loop.energy_ok = false;
   r.progress.step = step + 1;
@@ -194,6 +197,7 @@ json Trainer::step_record(const Loop& loop, int64_t step, const StepOutcome& s, 
            {"mem_gb", f.mem_gb},      {"comm_bytes", s.comm_bytes}, {"comm_ms", phase_ms[static_cast<size_t>(Phase::Comm)]},
            {"forward_ms", phase_ms[static_cast<size_t>(Phase::Forward)]},
            {"backward_ms", phase_ms[static_cast<size_t>(Phase::Backward)]},
+           {"slowest_compute_ms", f.slowest.compute_ms}, {"slowest_rank", f.slowest.rank},
            {"exposed_comm_ms", phase_ms[static_cast<size_t>(Phase::Comm)]},
            {"optimizer_ms", phase_ms[static_cast<size_t>(Phase::Optimizer)]},
            {"energy_j", f.step_joules ? json(*f.step_joules) : json(nullptr)},
@@ -390,6 +394,7 @@ json Trainer::finish_run(Loop& loop) {
   // A fingerprint of the final weights, for comparing runs (parity tests): sum and sum of squares.
   const auto [param_sum, param_sq] = weights_fingerprint(*r.model, r.zero.get(), r.optimizer.get(), r.mesh.get(), device);
   const json stages = r.pipe ? pipeline_stages(loop.last_comm_bytes) : json(nullptr);
+  const std::vector<Straggler> stragglers = r.stragglers->finish();  // collective: every rank
   const double mean_tps = loop.timed_steps > 0 ? loop.tokens_per_s_sum / static_cast<double>(loop.timed_steps) : NAN;
   const double mean_tflops_job = mean_tps * r.flops_per_token / 1e12;
   // Energy of the job (every device) over the timed steps: average watts, joules per token,
@@ -419,6 +424,16 @@ json Trainer::finish_run(Loop& loop) {
                {"checkpoint", loop.last_saved.empty() ? json(nullptr) : json(loop.last_saved)},
                {"wall_s", std::chrono::duration<double>(Clock::now() - loop.start).count()}};
   if (r.pipe) summary["pipeline_stages"] = stages;
+  json slow = json::array();
+  for (const Straggler& s : stragglers) {
+    slow.push_back({{"rank", s.rank}, {"stage", s.stage}, {"median_compute_ms", s.median_ms}, {"stage_median_compute_ms", s.stage_median_ms}});
+    if (rank0) {
+      std::printf("kiln: straggler: rank %d (pipeline stage %d) computed %.1f ms a step (median), %.2fx its stage's median %.1f ms "
+                  "(--straggler-factor %.2f)\n",
+                  s.rank, s.stage, s.median_ms, s.median_ms / s.stage_median_ms, s.stage_median_ms, cfg_.straggler_factor);
+    }
+  }
+  summary["stragglers"] = slow;
   summary["stopped"] = loop.stop_reason.empty() ? json(nullptr) : json(loop.stop_reason);
   if (r.best.step > 0) summary["best"] = {{"step", r.best.step}, {"val_loss", r.best.val_loss}};
   if (loop.early_stopped_at > 0) {

@@ -40,6 +40,7 @@
 #include "runtime/observe/log_sink.h"
 #include "runtime/observe/phase_timer.h"
 #include "runtime/observe/profiler.h"
+#include "runtime/observe/stragglers.h"
 #include "runtime/trainer/nonfinite_guard.h"
 #include "runtime/trainer/save_dir_lock.h"
 #include "runtime/trainer/stop_requests.h"
@@ -90,6 +91,9 @@ struct Trainer::Run {
   std::vector<int64_t> stage_blocks;           // blocks per pipeline stage
   std::shared_ptr<Communicator> host_world;    // MPI over the world, for host tensors under NCCL
   std::shared_ptr<Communicator> metrics_world; // MPI over the world for the job's devices and energy (not comm_bytes), until JobDevices takes it
+  std::shared_ptr<Communicator> straggler_world;  // the same for the stragglers' figures, until StragglerWatch takes it
+  std::unique_ptr<StragglerWatch> stragglers;  // each step's slowest rank, the run's slow ranks (runtime/observe/stragglers.h)
+  double test_slow_ms = 0;                     // test-only KILN_TEST_SLOW_RANK: this rank sleeps so long each step
   std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
   std::unique_ptr<LossScaler> scaler;
   std::unique_ptr<NonfiniteGuard> nonfinite;   // bf16/fp32: a non-finite step's origin, --max-skipped-steps
@@ -192,6 +196,7 @@ struct Trainer::Loop {
 struct Trainer::StepFigures {
   double step_s = 0.0, tokens_per_s = 0.0, tflops = 0.0, tflops_job = 0.0, mem_gb = 0.0, elapsed_s = 0.0;
   std::optional<double> step_joules;  // the job's, when every meter reads
+  SlowestRank slowest;                // the rank with the longest compute (forward + backward) this step
   int64_t tokens_seen = 0;
 };
 

@@ -7,9 +7,11 @@
 #include "runtime/trainer/trainer.h"
 #include "runtime/trainer/trainer_run.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -93,6 +95,7 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor) {
   auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
   // Made one step ahead (pinned on a GPU, so the non-blocking copies below overlap compute).
   const std::vector<Batch> batches = r.prefetch->take(step);
+  if (r.test_slow_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(r.test_slow_ms));  // test-only
   // MoE: the router losses' gradients take the LM loss's factor (models/moe.h).
   if (cfg_.gpt.is_moe()) r.model->set_moe_loss_backward_scale(backward_factor);
   // Before a micro-step's backward, on both paths below: every gradient reduction's sync flag

@@ -11,6 +11,9 @@
 #     reductions), and saves nothing at the end (latest stays the step-4 periodic save).
 #   - a diverged run (--lr 1e38, --on-nonfinite stop): the line names the ranks whose own loss was
 #     not finite first.
+#   - a slow rank (test-only KILN_TEST_SLOW_RANK=RANK:MS, a sleep in its forward): every step record's
+#     slowest_rank names it, and the summary's stragglers (runtime/observe/stragglers.h); an even
+#     run names nobody.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -66,4 +69,25 @@ mpi 2 "$KILN_BIN" "${B[@]}" --steps 5 --lr 1e38 --warmup 0 --grad-clip 0 >/dev/n
 grep -q "^kiln: error: step 2: .*not finite; stopping with the update skipped.*the local loss was not finite first at step 2 on ranks 0, 1" \
   "$work/diverged.err" || fail "diverged: $(cat "$work/diverged.err")"
 echo "diverged: $(grep '^kiln: error' "$work/diverged.err")"
+# --- a slow rank (test-only KILN_TEST_SLOW_RANK=1:200: rank 1 sleeps 200 ms each step, in its forward)
+KILN_TEST_SLOW_RANK=1:200 mpi 2 -x KILN_TEST_SLOW_RANK "$KILN_BIN" "${B[@]}" --steps 8 --log-json "$work/slow.jsonl" \
+  >"$work/slow.out" || fail "the slowed run failed"
+mpi 2 "$KILN_BIN" "${B[@]}" --steps 8 --log-json "$work/even.jsonl" >/dev/null || fail "the even run failed"
+grep -q "^kiln: straggler: rank 1 (pipeline stage 0) computed" "$work/slow.out" || fail "no straggler line: $(cat "$work/slow.out")"
+"$KILN_PYTHON" - "$work" <<'PY' || fail "stragglers"
+import json, sys
+work = sys.argv[1]
+def load(name):
+    return [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
+slow = load("slow")
+steps = [r for r in slow if r["type"] == "step"]
+assert all(r["slowest_rank"] == 1 and r["slowest_compute_ms"] >= 200 for r in steps), [(r["slowest_rank"], r["slowest_compute_ms"]) for r in steps]
+assert all(r["slowest_compute_ms"] >= r["forward_ms"] + r["backward_ms"] for r in steps)  # rank 0's own is in the max
+(s,) = slow[-1]["stragglers"]
+assert s["rank"] == 1 and s["stage"] == 0 and s["median_compute_ms"] > 1.2 * s["stage_median_compute_ms"], s
+even = load("even")
+assert even[-1]["type"] == "summary" and even[-1]["stragglers"] == [], even[-1]["stragglers"]
+print(f"slow rank: every step's slowest_rank 1; the summary names it ({s['median_compute_ms']:.0f} ms against the stage's "
+      f"{s['stage_median_compute_ms']:.0f}); none in the even run")
+PY
 echo "PASS"
