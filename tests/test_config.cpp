@@ -1,9 +1,12 @@
 // tests/test_config.cpp -- flag and config-file parsing, validation messages, FLOPs, MFU peaks
-// and the job's distinct devices (MFU's denominator).
+// and the job's distinct devices (MFU's denominator); the start-up settings check across ranks
+// and the replica check's hash and verdict (runtime/trainer/config_agreement.h, replica_check.h).
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include "distributed/device_peaks.h"
@@ -12,9 +15,14 @@
 #include "distributed/mesh.h"
 #include "launch/cli.h"
 #include "models/flops.h"
+#include "runtime/trainer/config_agreement.h"
+#include "runtime/trainer/replica_check.h"
 
 using kiln::ConfigError;
 using kiln::parse_train_args;
+using kiln::bit_sum;
+using kiln::compared_settings;
+using kiln::replica_disagreements;
 
 namespace {
 
@@ -35,6 +43,40 @@ std::string error_of(const std::vector<std::string>& args) {
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// The settings ranks compare: all but the outputs rank 0 alone writes.
+TEST(ConfigAgreement, ComparesAllButRankZerosOutputs) {
+  const nlohmann::json c = {{"lr", 0.001}, {"log_json", "a.jsonl"}, {"tensorboard", "tb"}, {"pp_virtual", 2}};
+  EXPECT_EQ(compared_settings(c), (nlohmann::json{{"lr", 0.001}, {"pp_virtual", 2}}));
+}
+
+// The hash: the integer sum of the bit patterns; one flipped bit changes it by 2^k.
+TEST(ReplicaCheck, BitSumSeesOneFlippedBit) {
+  at::Tensor w = at::randn({64, 32});
+  const int64_t before = bit_sum(w).item<int64_t>();
+  EXPECT_EQ(before, w.view(at::kInt).to(at::kLong).sum().item<int64_t>());
+  w.view({-1}).view(at::kInt).narrow(0, 100, 1).bitwise_xor_(1 << 3);
+  EXPECT_EQ(std::llabs(bit_sum(w).item<int64_t>() - before), 8);
+  const at::Tensor h = at::randn({16}).to(at::kBFloat16);
+  EXPECT_EQ(bit_sum(h).item<int64_t>(), h.view(at::kShort).to(at::kLong).sum().item<int64_t>());
+}
+
+// The verdict: per tensor, the ranks outside the majority of its replicas (all of them without
+// one); replicas are the ranks with the same key; agreeing lists give nothing.
+TEST(ReplicaCheck, NamesTheRanksOutsideTheMajority) {
+  auto row = [](const std::string& key, const std::string& a, const std::string& b) {
+    return key + "|wte|" + a + "\n" + key + "|h.0.mlp.c_fc.weight|" + b + "\n";
+  };
+  EXPECT_TRUE(replica_disagreements({row("0/0", "1", "2"), row("0/0", "1", "2"), row("1/0", "7", "9")}).empty());
+  const auto four = replica_disagreements({row("0/0", "1", "2"), row("0/0", "1", "3"), row("0/0", "1", "2"), row("0/0", "1", "2")});
+  ASSERT_EQ(four.size(), 1u);
+  EXPECT_EQ(four[0], "h.0.mlp.c_fc.weight differs on rank(s) 1 among its replicas (ranks 0, 1, 2, 3)");
+  const auto two = replica_disagreements({row("0/0", "5", "2"), row("0/0", "6", "2")});
+  ASSERT_EQ(two.size(), 1u);
+  EXPECT_EQ(two[0], "wte differs on rank(s) 0, 1 among its replicas (ranks 0, 1)");
+  // different keys never compare (pipeline stages, tp ranks, ep groups)
+  EXPECT_TRUE(replica_disagreements({row("0/0", "1", "2"), row("0/1", "5", "6")}).empty());
+}
 
 }  // namespace
 

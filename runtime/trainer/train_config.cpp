@@ -156,6 +156,11 @@ void TrainConfig::validate_layout() const {
 void TrainConfig::validate_state() const {
   one_of("on-nonfinite", on_nonfinite, {"stop", "skip"});
   at_least("max-skipped-steps", max_skipped_steps, int64_t{1});
+  at_least("check-replicas", check_replicas, int64_t{0});
+  if (check_replicas > 0 && zero == 3) {
+    throw ConfigError("--check-replicas compares the weights of data-parallel replicas, and --zero 3 shards them: no two "
+                      "ranks hold the same bytes (use --zero 1 or 2, or leave --check-replicas out)");
+  }
   if (!(straggler_factor > 1.0)) throw ConfigError("--straggler-factor must be above 1 (got " + std::to_string(straggler_factor) + ")");
   at_least("save-every", save_every, int64_t{0});
   at_least("keep-last", keep_last, int64_t{0});
@@ -260,6 +265,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["on_nonfinite"] = on_nonfinite;
   j["max_skipped_steps"] = max_skipped_steps;
   j["straggler_factor"] = straggler_factor;
+  j["check_replicas"] = check_replicas;
   j["loss_chunk_rows"] = loss_chunk_rows;
   j["deterministic"] = deterministic;
   j["save_dir"] = save_dir;

@@ -63,6 +63,7 @@
 #include "runtime/observe/profiler.h"
 #include "runtime/trainer/config_agreement.h"
 #include "runtime/trainer/nonfinite_guard.h"
+#include "runtime/trainer/replica_check.h"
 #include "runtime/trainer/save_dir_lock.h"
 #include "runtime/trainer/stop_requests.h"
 
@@ -367,6 +368,16 @@ void Trainer::build_step_parts() {
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& item : r.model->named_parameters()) named.emplace_back(item.key(), item.value());
   r.nonfinite = std::make_unique<NonfiniteGuard>(std::move(named), proc_.rank);
+  if (cfg_.check_replicas > 0 && r.mesh) {  // --check-replicas (runtime/trainer/replica_check.h)
+    const MeshCoord c = r.mesh->coord();
+    const std::string stage = std::to_string(c.pp) + "/" + std::to_string(c.tp);
+    std::vector<ReplicaTensor> tensors;
+    for (const auto& item : r.model->named_parameters()) {
+      const bool expert = r.shape.ep > 1 && is_expert_parameter(item.key());
+      tensors.push_back({item.key(), item.value(), expert ? stage + "/" + std::to_string(r.mesh->ep()->rank()) : stage});
+    }
+    r.replicas = std::make_unique<ReplicaCheck>(std::move(tensors), proc_.rank);
+  }
 }
 
 // Resume (--resume) or start from --init-from's weights, check a resumed run's settings against

@@ -267,6 +267,12 @@ bool Trainer::after_step(Loop& loop, int64_t step, double step_s) {
     synchronize(r.dev.device);  // the update of this step, before its weights are read
     r.chain_broken = true;
   }
+  // The replicas' weights compared (runtime/trainer/replica_check.h): every --check-replicas steps
+  // and before every save, so that a save never writes a corrupt replica's weights.
+  if (r.replicas) {
+    r.replicas->maybe_inject(step + 1);  // test-only KILN_TEST_FLIP_BIT
+    if ((step + 1) % cfg_.check_replicas == 0 || save_now) r.replicas->check(r.host_world.get(), step + 1);
+  }
   bool new_best = false;
   if (eval_now) {
     loop.last_eval = evaluate(step + 1);

@@ -42,6 +42,7 @@
 #include "runtime/observe/profiler.h"
 #include "runtime/observe/stragglers.h"
 #include "runtime/trainer/nonfinite_guard.h"
+#include "runtime/trainer/replica_check.h"
 #include "runtime/trainer/save_dir_lock.h"
 #include "runtime/trainer/stop_requests.h"
 #include "runtime/trainer/trainer.h"
@@ -96,6 +97,7 @@ struct Trainer::Run {
   double test_slow_ms = 0;                     // test-only KILN_TEST_SLOW_RANK: this rank sleeps so long each step
   std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
   std::unique_ptr<LossScaler> scaler;
+  std::unique_ptr<ReplicaCheck> replicas;      // --check-replicas: the replicas' weights compared
   std::unique_ptr<NonfiniteGuard> nonfinite;   // bf16/fp32: a non-finite step's origin, --max-skipped-steps
   int64_t skipped_in_a_row = 0;                // bf16/fp32: non-finite steps skipped since the last finite one
   std::optional<LRSchedule> schedule;

@@ -11,6 +11,10 @@
 #     reductions), and saves nothing at the end (latest stays the step-4 periodic save).
 #   - a diverged run (--lr 1e38, --on-nonfinite stop): the line names the ranks whose own loss was
 #     not finite first.
+#   - one bit flipped in one replica's weights (test-only KILN_TEST_FLIP_BIT): --check-replicas finds
+#     it at the next check, or before a save, and ends the job (exit 4) naming the tensor and the
+#     rank outside the majority (dp 4), nothing saved; agreeing replicas pass under DDP, ZeRO-2,
+#     16-bit weights and ep.
 #   - a slow rank (test-only KILN_TEST_SLOW_RANK=RANK:MS, a sleep in its forward): every step record's
 #     slowest_rank names it, and the summary's stragglers (runtime/observe/stragglers.h); an even
 #     run names nobody.
@@ -69,6 +73,33 @@ mpi 2 "$KILN_BIN" "${B[@]}" --steps 5 --lr 1e38 --warmup 0 --grad-clip 0 >/dev/n
 grep -q "^kiln: error: step 2: .*not finite; stopping with the update skipped.*the local loss was not finite first at step 2 on ranks 0, 1" \
   "$work/diverged.err" || fail "diverged: $(cat "$work/diverged.err")"
 echo "diverged: $(grep '^kiln: error' "$work/diverged.err")"
+# --- one bit flipped in one replica's weights (test-only KILN_TEST_FLIP_BIT=RANK:STEP, after step STEP)
+# dp 4: the majority names rank 2 alone; found at the next check (step 4 of --check-replicas 2),
+# before the step-6 save; and before a save that comes first (step 3), nothing written.
+code=0
+KILN_TEST_FLIP_BIT=2:3 mpi 4 -x KILN_TEST_FLIP_BIT "$KILN_BIN" train --device cpu --model tiny --log-every 100 --micro-batch 1 \
+  --steps 8 --check-replicas 2 --save-dir "$work/flip" --save-every 6 >/dev/null 2>"$work/flip.err" || code=$?
+[ "$code" -eq 4 ] || fail "a flipped bit: exit $code (want 4): $(cat "$work/flip.err")"
+[ "$(grep -c '^kiln: error:' "$work/flip.err")" -eq 1 ] || fail "want one kiln line: $(cat "$work/flip.err")"
+grep -q "^kiln: error: step 4: the replicas' weights disagree (--check-replicas): wte differs on rank(s) 2 among its replicas (ranks 0, 1, 2, 3)" \
+  "$work/flip.err" || fail "the line: $(cat "$work/flip.err")"
+[ ! -e "$work/flip/latest" ] || fail "a checkpoint was written: $(ls "$work/flip")"
+echo "flipped bit: $(grep '^kiln: error' "$work/flip.err")"
+code=0
+KILN_TEST_FLIP_BIT=1:3 mpi 2 -x KILN_TEST_FLIP_BIT "$KILN_BIN" "${B[@]}" --steps 8 --check-replicas 100 --save-dir "$work/flip2" \
+  --save-every 3 >/dev/null 2>"$work/flip2.err" || code=$?
+[ "$code" -eq 4 ] && grep -q "step 3: the replicas' weights disagree.*wte differs on rank(s) 0, 1 among its replicas (ranks 0, 1)" "$work/flip2.err" ||
+  fail "a flip before a save: exit $code, $(cat "$work/flip2.err")"
+[ ! -e "$work/flip2/latest" ] || fail "the save went ahead: $(ls "$work/flip2")"
+# ... and agreeing replicas pass the check every step: DDP, ZeRO-2, 16-bit weights under ZeRO-1, tiny-moe with ep 2 at dp 4
+for extra in "" "--zero 2" "--zero 1 --param-dtype bf16"; do
+  read -r -a e <<<"$extra"
+  mpi 2 "$KILN_BIN" "${B[@]}" "${e[@]}" --steps 4 --check-replicas 1 >/dev/null 2>"$work/ok.err" || fail "--check-replicas 1 $extra: $(cat "$work/ok.err")"
+done
+mpi 4 "$KILN_BIN" train --device cpu --model tiny-moe --ep 2 --micro-batch 1 --steps 3 --check-replicas 1 >/dev/null 2>"$work/ok.err" ||
+  fail "--check-replicas with ep 2: $(cat "$work/ok.err")"
+echo "replicas that agree pass: DDP, ZeRO-2, ZeRO-1 + bf16 weights, ep 2"
+
 # --- a slow rank (test-only KILN_TEST_SLOW_RANK=1:200: rank 1 sleeps 200 ms each step, in its forward)
 KILN_TEST_SLOW_RANK=1:200 mpi 2 -x KILN_TEST_SLOW_RANK "$KILN_BIN" "${B[@]}" --steps 8 --log-json "$work/slow.jsonl" \
   >"$work/slow.out" || fail "the slowed run failed"
