@@ -85,6 +85,7 @@
 // ever moved there (under ZeRO-3, shards and one or two gathered units at a time).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -150,6 +151,12 @@ struct ModelStateBytes {
   Place device, host;
 };
 
+// This rank's shards frozen for an asynchronous checkpoint (ZeroEngine::snapshot).
+struct ZeroSnapshot {
+  std::vector<std::array<at::Tensor, 3>> shards;  // per unit: [param (fp32 master), exp_avg, exp_avg_sq]
+  int64_t steps = 0;                              // AdamW updates applied
+};
+
 class ZeroEngine {
  public:
   // model: built and initialised on the host (fp32, CPU). Its parameters become views of the
@@ -202,6 +209,18 @@ class ZeroEngine {
   // parameters); local, no communication.
   at::Tensor gather_param(const at::Tensor& param, StatePart part);
   void load_param(const at::Tensor& param, StatePart part, const at::Tensor& local);
+  // Checkpoints written while training goes on (runtime/checkpoint/async_save.h). snapshot: this
+  // rank's shards of every unit -- the parameter (the fp32 master where there is one) and AdamW's
+  // moments -- and the step count, copied into `into` (tensors made by `alloc(numel)` on the first
+  // call and reused: host memory, pinned on a GPU; the copies are queued on the current stream,
+  // the caller synchronises). gather_snapshot: gather_param's pieces from a snapshot, over host
+  // groups twin to the engine's (`dense`: dp x cp; `experts`: expert-dp, null without --ep), onto
+  // their rank 0 (fp32, on the host); undefined elsewhere. Reads only the units' layout, which
+  // never changes: safe on another thread while this one trains.
+  void snapshot(ZeroSnapshot& into, const std::function<at::Tensor(int64_t)>& alloc);
+  int64_t snapshot_numel() const;  // what snapshot allocates: 3 x the rank's shards
+  at::Tensor gather_snapshot(const ZeroSnapshot& s, const at::Tensor& param, StatePart part, Communicator& dense,
+                             Communicator* experts) const;
   // AdamW updates applied (its bias correction's t). Without offload the count lives on the
   // device (advanced by 1 - found_inf): reading it waits for the device.
   int64_t steps_taken() const;

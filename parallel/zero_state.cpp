@@ -32,26 +32,21 @@ at::Tensor ZeroEngine::shard_of(Unit& u, StatePart part) {
   throw Error("zero: unknown state part");
 }
 
-at::Tensor ZeroEngine::gather_param(const at::Tensor& param, StatePart part) {
-  at::NoGradGuard no_grad;
-  auto [u, k] = locate(param);
-  const int64_t n = u->group->size(), me = u->group->rank(), start = u->offsets[k], len = param.numel();
-  if (part == StatePart::Param && cfg_.stage < 3 && !sixteen()) {
-    // ZeRO-1/2 keep the whole unit on every rank (all-gathered after each step): no traffic.
-    if (me != 0) return at::Tensor();
-    return u->flat.narrow(0, start, len).view(param.sizes()).clone();
-  }
-  const at::Tensor shard = shard_of(*u, part);
-  // Rank q owns [q s, (q + 1) s) of the unit; the parameter is [start, start + len).
+namespace {
+// The parameter [start, start + len) of a unit whose rank q owns [q s, (q + 1) s), gathered onto
+// the group's rank 0 from each rank's `shard` (its s elements): whole there, undefined elsewhere.
+at::Tensor gather_pieces(const at::Tensor& shard, int64_t s, int64_t start, int64_t len, Communicator& group,
+                         c10::Device device, at::IntArrayRef sizes) {
+  const int64_t n = group.size(), me = group.rank();
   auto piece_of = [&](int64_t q) {
-    const int64_t a = std::max(start, q * u->shard), b = std::min(start + len, (q + 1) * u->shard);
+    const int64_t a = std::max(start, q * s), b = std::min(start + len, (q + 1) * s);
     return std::make_pair(a, std::max(a, b));
   };
   at::Tensor out;
   std::vector<P2POp> ops;
   at::Tensor sent;  // kept alive until the exchange completes
   if (me == 0) {
-    out = at::empty({len}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    out = at::empty({len}, at::TensorOptions().dtype(at::kFloat).device(device));
     for (int64_t q = 0; q < n; ++q) {
       const auto [a, b] = piece_of(q);
       if (a == b) continue;
@@ -61,12 +56,59 @@ at::Tensor ZeroEngine::gather_param(const at::Tensor& param, StatePart part) {
   } else {
     const auto [a, b] = piece_of(me);
     if (a < b) {
-      sent = to_device(shard.narrow(0, a - me * u->shard, b - a), device_);
+      sent = to_device(shard.narrow(0, a - me * s, b - a), device);
       ops.push_back({P2POp::Kind::Send, sent, 0});
     }
   }
-  if (!ops.empty()) u->group->send_recv(ops)->wait();
-  return me == 0 ? out.view(param.sizes()) : at::Tensor();
+  if (!ops.empty()) group.send_recv(ops)->wait();
+  return me == 0 ? out.view(sizes) : at::Tensor();
+}
+
+int part_index(StatePart part) { return part == StatePart::Param ? 0 : part == StatePart::ExpAvg ? 1 : 2; }
+}  // namespace
+
+at::Tensor ZeroEngine::gather_param(const at::Tensor& param, StatePart part) {
+  at::NoGradGuard no_grad;
+  auto [u, k] = locate(param);
+  const int64_t me = u->group->rank(), start = u->offsets[k], len = param.numel();
+  if (part == StatePart::Param && cfg_.stage < 3 && !sixteen()) {
+    // ZeRO-1/2 keep the whole unit on every rank (all-gathered after each step): no traffic.
+    if (me != 0) return at::Tensor();
+    return u->flat.narrow(0, start, len).view(param.sizes()).clone();
+  }
+  return gather_pieces(shard_of(*u, part), u->shard, start, len, *u->group, device_, param.sizes());
+}
+
+void ZeroEngine::snapshot(ZeroSnapshot& into, const std::function<at::Tensor(int64_t)>& alloc) {
+  at::NoGradGuard no_grad;
+  if (into.shards.empty()) {
+    for (const auto& u : units_) into.shards.push_back({alloc(u->shard), alloc(u->shard), alloc(u->shard)});
+  }
+  for (size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = *units_[i];
+    for (StatePart part : {StatePart::Param, StatePart::ExpAvg, StatePart::ExpAvgSq}) {
+      into.shards[i][static_cast<size_t>(part_index(part))].copy_(shard_of(u, part).reshape({-1}), /*non_blocking=*/true);
+    }
+  }
+  into.steps = steps_taken();
+}
+
+int64_t ZeroEngine::snapshot_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units_) n += 3 * u->shard;
+  return n;
+}
+
+at::Tensor ZeroEngine::gather_snapshot(const ZeroSnapshot& s, const at::Tensor& param, StatePart part, Communicator& dense,
+                                       Communicator* experts) const {
+  at::NoGradGuard no_grad;
+  auto [u, k] = locate(param);
+  size_t i = 0;
+  while (units_[i].get() != u) ++i;
+  Communicator* group = u->expert ? experts : &dense;
+  if (!group) throw Error("zero: an expert unit's snapshot needs the expert-data-parallel host group");
+  return gather_pieces(s.shards[i][static_cast<size_t>(part_index(part))], u->shard, u->offsets[k], param.numel(), *group,
+                       at::kCPU, param.sizes());
 }
 
 void ZeroEngine::load_param(const at::Tensor& param, StatePart part, const at::Tensor& local) {

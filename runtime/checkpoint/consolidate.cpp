@@ -1,13 +1,16 @@
 // runtime/checkpoint/consolidate.cpp -- one whole tensor at a time: ZeRO, then tp, then pp; and back.
 #include "runtime/checkpoint/consolidate.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
 #include <ATen/ATen.h>
 
+#include "distributed/device.h"
 #include "distributed/device_check.h"
 #include "distributed/error.h"
+#include "distributed/host_memory.h"
 #include "distributed/mesh.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
@@ -45,6 +48,60 @@ WholeModel::WholeModel(GPT& model, AdamW* optimizer, ZeroEngine* zero, const Mes
   if (stage_blocks_.empty()) stage_blocks_ = {model.config().n_layer};
 }
 
+WholeModel::WholeModel(const WholeModel& live, const StateSnapshot& snap, const Mesh* host_mesh, Communicator* host_world)
+    : model_(live.model_), optimizer_(live.optimizer_), zero_(live.zero_), mesh_(live.mesh_ ? host_mesh : nullptr),
+      host_(host_world), stage_blocks_(live.stage_blocks_), device_(at::kCPU), params_(live.params_), local_(live.local_),
+      snap_(&snap) {}
+
+bool WholeModel::snapshot_kept() const {
+  if (!mesh_) return true;
+  const MeshCoord c = mesh_->coord();
+  return c.cp == 0 && c.dp < std::max(1, mesh_->shape().ep);
+}
+
+void WholeModel::snapshot(StateSnapshot& into) {
+  at::NoGradGuard no_grad;
+  if (snap_) throw Error("checkpoint: a snapshot's view cannot take a snapshot");
+  const bool keep = !zero_ && snapshot_kept();
+  if (!into.pool.defined()) {
+    int64_t total = 0;
+    if (zero_) total = zero_->snapshot_numel();
+    else if (keep)
+      for (const auto& [name, p] : local_) total += 3 * p.numel() + 1;
+    into.pool = host_buffer(std::max<int64_t>(total, 1), pin_for(device_), at::kFloat);
+  }
+  int64_t used = 0;
+  auto alloc = [&](int64_t n) {
+    if (used + n > into.pool.numel()) throw Error("checkpoint: the snapshot outgrew its pool");
+    at::Tensor t = into.pool.narrow(0, used, n);
+    used += n;
+    return t;
+  };
+  if (zero_) {
+    zero_->snapshot(into.zero, alloc);
+  } else if (keep) {
+    for (const auto& [name, p] : local_) {
+      auto& slot = into.own[name];
+      if (!slot[0].defined()) slot = {alloc(p.numel()).view(p.sizes()), alloc(p.numel()).view(p.sizes()), alloc(p.numel()).view(p.sizes()), alloc(1).view(std::vector<int64_t>{})};
+      const CheckpointPart parts[4] = {CheckpointPart::Param, CheckpointPart::ExpAvg, CheckpointPart::ExpAvgSq, CheckpointPart::Step};
+      for (size_t i = 0; i < 4; ++i) slot[i].copy_(own_state(p, parts[i]), /*non_blocking=*/true);
+    }
+  }
+  synchronize(device_);  // the copies queued behind the step's update
+}
+
+at::Tensor WholeModel::state_of(const std::string& name, const at::Tensor& param, CheckpointPart part) const {
+  if (!snap_) return own_state(param, part);
+  const auto it = snap_->own.find(name);
+  if (it == snap_->own.end()) throw Error("checkpoint: the snapshot lacks " + name);
+  return it->second[part == CheckpointPart::Param ? 0 : part == CheckpointPart::ExpAvg ? 1 : part == CheckpointPart::ExpAvgSq ? 2 : 3];
+}
+
+at::Tensor WholeModel::zero_gather(const at::Tensor& param, CheckpointPart part) {
+  if (!snap_) return zero_->gather_param(param, state_part(part));
+  return zero_->gather_snapshot(snap_->zero, param, state_part(part), *mesh_->dp_cp(), mesh_->expert_dp().get());
+}
+
 const GPTConfig& WholeModel::config() const { return model_.config(); }
 
 bool WholeModel::writer() const { return !mesh_ || mesh_->world()->rank() == 0; }
@@ -56,15 +113,16 @@ std::vector<int64_t> WholeModel::shape_of(const std::string& name, CheckpointPar
   throw Error("checkpoint: the model has no parameter " + name);
 }
 
-at::Tensor WholeModel::local_part(const at::Tensor& param, CheckpointPart part) {
+at::Tensor WholeModel::local_part(const std::string& name, const at::Tensor& param, CheckpointPart part) {
   if (zero_) {
     if (part == CheckpointPart::Step) {
-      return to_device(at::full({}, static_cast<double>(zero_->steps_taken()), at::kFloat), device_);
+      const int64_t steps = snap_ ? snap_->zero.steps : zero_->steps_taken();
+      return to_device(at::full({}, static_cast<double>(steps), at::kFloat), device_);
     }
-    return zero_->gather_param(param, state_part(part));  // collective over dp
+    return zero_gather(param, part);  // collective over dp
   }
   if (mesh_ && (mesh_->coord().dp != 0 || mesh_->coord().cp != 0)) return at::Tensor();  // dp and cp replicate it
-  return own_state(param, part);
+  return state_of(name, param, part);
 }
 
 at::Tensor WholeModel::own_state(const at::Tensor& param, CheckpointPart part) const {
@@ -90,9 +148,9 @@ at::Tensor WholeModel::gather(const std::string& name, CheckpointPart part) {
     const auto it = local_.find(name);
     if (it == local_.end()) throw Error("checkpoint: this rank lacks parameter " + name);
     // ZeRO: each expert-data-parallel group's shards first, onto its rank 0 (dp rank < ep).
-    const at::Tensor gathered = zero_ ? zero_->gather_param(it->second, state_part(part)) : at::Tensor();
+    const at::Tensor gathered = zero_ ? zero_gather(it->second, part) : at::Tensor();
     if (me.dp < shape.ep && me.cp == 0) {
-      const at::Tensor mine = to_device((zero_ ? gathered : own_state(it->second, part)).contiguous(), device_);
+      const at::Tensor mine = to_device((zero_ ? gathered : state_of(name, it->second, part)).contiguous(), device_);
       at::Tensor all = at::empty({shape.ep * mine.numel()}, mine.options());
       mesh_->ep()->all_gather(all, mine.reshape({-1}))->wait();
       if (me.dp == 0) whole = all.cpu().to(at::kFloat).view(whole_shape).contiguous();
@@ -101,7 +159,7 @@ at::Tensor WholeModel::gather(const std::string& name, CheckpointPart part) {
     const auto it = local_.find(name);
     if (it == local_.end()) throw Error("checkpoint: stage " + std::to_string(stage) + " lacks parameter " + name);
     const at::Tensor* param = &it->second;
-    const at::Tensor local = local_part(*param, part);  // defined on dp rank 0, cp rank 0
+    const at::Tensor local = local_part(name, *param, part);  // defined on dp rank 0, cp rank 0
     if (me.dp == 0 && me.cp == 0) {
       if (shape.tp > 1 && part != CheckpointPart::Step && is_tensor_parallel(name)) {
         const at::Tensor mine = to_device(local.contiguous(), device_);

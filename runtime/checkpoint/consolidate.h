@@ -20,6 +20,7 @@
 // whole model or the whole optimizer state.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -30,6 +31,7 @@
 #include <c10/core/Device.h>
 
 #include "optim/adamw.h"
+#include "parallel/zero.h"
 
 namespace kiln {
 
@@ -43,6 +45,18 @@ struct GPTConfig;
 // fp32 tensor per parameter).
 enum class CheckpointPart { Param, ExpAvg, ExpAvgSq, Step };
 
+// This rank's part of the model and AdamW state frozen in host memory, for a checkpoint written
+// while training goes on (runtime/checkpoint/async_save.h): each local parameter's fp32 weights (the
+// master where AdamW keeps one), moments and step count -- on the ranks whose copy a gather reads
+// (cp rank 0, dp rank below max(1, ep)) -- or ZeRO's shards. The tensors are views of one pool
+// (pinned on a GPU) allocated by the first WholeModel::snapshot and reused by the next ones.
+struct StateSnapshot {
+  std::map<std::string, std::array<at::Tensor, 4>> own;  // no ZeRO: name -> [param, exp_avg, exp_avg_sq, step]
+  ZeroSnapshot zero;
+  at::Tensor pool;
+  int64_t bytes() const { return pool.defined() ? pool.numel() * 4 : 0; }
+};
+
 class WholeModel {
  public:
   // model / optimizer: this rank's part and its AdamW (optimizer null under ZeRO, whose engine
@@ -51,6 +65,15 @@ class WholeModel {
   // device: the run's.
   WholeModel(GPT& model, AdamW* optimizer, ZeroEngine* zero, const Mesh* mesh, Communicator* host_world,
              std::vector<int64_t> stage_blocks, c10::Device device);
+  // The same model seen through `snap` (taken from `live` by snapshot()): gather() reads the
+  // snapshot and communicates over `host_mesh` (an MPI mesh of the same shape, without a device)
+  // and `host_world`, on the host -- for the background thread of an asynchronous save, while
+  // `live` trains on. scatter() is not for it.
+  WholeModel(const WholeModel& live, const StateSnapshot& snap, const Mesh* host_mesh, Communicator* host_world);
+
+  // This rank's part into `into` (allocated on the first call, reused after), the copies queued
+  // and then waited for: the training's stall of an asynchronous save. Local.
+  void snapshot(StateSnapshot& into);
 
   // The whole model's parameters, in kiln's order: name and whole shape.
   const std::vector<std::pair<std::string, std::vector<int64_t>>>& params() const { return params_; }
@@ -67,8 +90,11 @@ class WholeModel {
   void scatter(const std::string& name, CheckpointPart part, const at::Tensor& whole);
 
  private:
-  at::Tensor local_part(const at::Tensor& param, CheckpointPart part);  // this rank's slice, on dp rank 0
+  at::Tensor local_part(const std::string& name, const at::Tensor& param, CheckpointPart part);  // this rank's slice, on dp rank 0
   at::Tensor own_state(const at::Tensor& param, CheckpointPart part) const;  // without ZeRO: this rank's tensor
+  at::Tensor state_of(const std::string& name, const at::Tensor& param, CheckpointPart part) const;  // own_state, or the snapshot's
+  at::Tensor zero_gather(const at::Tensor& param, CheckpointPart part);  // ZeRO's gather_param, or from the snapshot
+  bool snapshot_kept() const;  // this rank's own state is one a gather reads
   void load_local(const at::Tensor& param, CheckpointPart part, const at::Tensor& slice);
 
   GPT& model_;
@@ -80,6 +106,7 @@ class WholeModel {
   c10::Device device_;
   std::vector<std::pair<std::string, std::vector<int64_t>>> params_;
   std::map<std::string, at::Tensor> local_;  // this rank's parameters by whole-model name
+  const StateSnapshot* snap_ = nullptr;      // the snapshot a background save gathers from
 };
 
 // The fingerprint of the weights, for comparing runs: the sum and the sum of squares (double) of

@@ -266,6 +266,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["max_skipped_steps"] = max_skipped_steps;
   j["straggler_factor"] = straggler_factor;
   j["check_replicas"] = check_replicas;
+  j["async_save"] = async_save;
   j["loss_chunk_rows"] = loss_chunk_rows;
   j["deterministic"] = deterministic;
   j["save_dir"] = save_dir;

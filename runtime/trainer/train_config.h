@@ -74,6 +74,7 @@ struct TrainConfig {
   double min_loss_scale = 1.0;                // smallest dynamic scale
   std::string activation_checkpointing = "none";  // none | full | selective
   std::string on_nonfinite = "stop";          // bf16/fp32 non-finite loss or norm: stop | skip
+  bool async_save = false;                    // saves written by a background thread; the steps stall for a host copy
   int64_t check_replicas = 0;                 // every N steps and before saves: the replicas' weights compared (0: never)
   double straggler_factor = 1.2;              // the summary names ranks whose median compute is over this x their stage's
   int64_t max_skipped_steps = 10;             // bf16/fp32 with skip: this many skipped steps in a row end the run

@@ -39,6 +39,7 @@
 #include "parallel/sequence_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
+#include "runtime/checkpoint/async_save.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/observe/console.h"
@@ -425,6 +426,20 @@ void Trainer::load_checkpoint() {
   if (!cfg_.save_dir.empty()) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last, proc_.rank == 0);
   if (r.checkpointer && r.tokenizer) r.checkpointer->set_tokenizer(tokenizer_files(*r.tokenizer, cfg_.gpt.seq_len), r.tokenizer->eot(),
                                                                   r.tokenizer->end_tokens());
+  // --async-save (runtime/checkpoint/async_save.h): the background thread's gathers go over MPI twins
+  // of the mesh and the world, with a watchdog of their own at --save-timeout.
+  if (r.checkpointer && cfg_.async_save && !evaluating_) {
+    std::unique_ptr<Mesh> host_mesh;
+    std::shared_ptr<Communicator> host_world;
+    if (r.mesh) {
+      auto watchdog = std::make_shared<Watchdog>(cfg_.save_timeout);
+      host_mesh = std::make_unique<Mesh>(proc_.mpi ? make_mpi_communicator(MPI_COMM_WORLD, "saver", watchdog)
+                                                   : make_self_communicator("saver", "local"),
+                                         r.shape);
+      if (proc_.mpi) host_world = make_mpi_communicator(MPI_COMM_WORLD, "saver-host", watchdog);
+    }
+    r.saver = std::make_unique<AsyncSaver>(*r.checkpointer, *r.state, std::move(host_mesh), std::move(host_world));
+  }
 }
 
 // FLOPs, the peak, the phase timer, energy, the job's devices, the log and TensorBoard.

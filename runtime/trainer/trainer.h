@@ -19,6 +19,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,8 @@
 #include "runtime/trainer/train_config.h"
 
 namespace kiln {
+
+struct CheckpointIo;
 
 class Trainer {
  public:
@@ -89,6 +92,8 @@ class Trainer {
   bool note_evaluation(Loop& loop, int64_t step, bool* save_now);
   void write_sample(int64_t step);
   void save_checkpoint(Loop& loop, int64_t step);
+  void saved(Loop& loop, int64_t step, const std::string& dir, const CheckpointIo& io, double stall_s, double waited_s, bool async);
+  void collect_save(Loop& loop, bool wait);
   void profile_stop(Loop& loop, int64_t next_step);
   nlohmann::json pipeline_stages(int64_t last_comm_bytes);
   nlohmann::json finish_run(Loop& loop);

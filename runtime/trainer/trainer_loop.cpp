@@ -20,6 +20,7 @@
 #include "distributed/device_check.h"
 #include "distributed/error.h"
 #include "distributed/host_memory.h"
+#include "distributed/strprintf.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/inference/generate.h"
@@ -47,6 +48,7 @@ json Trainer::run() {
   log_config();
   Loop loop = start_loop();
   run_steps(loop);
+  collect_save(loop, /*wait=*/true);  // --async-save: the end of the run waits for the write
   return finish_run(loop);
 }
 
@@ -180,6 +182,7 @@ bool Trainer::record(Loop& loop, int64_t step, const StepOutcome& s) {
   f.tokens_seen = r.progress.samples * cfg_.gpt.seq_len;  // the whole run's, resumes included
   f.elapsed_s = std::chrono::duration<double>(Clock::now() - loop.start).count();
   r.log.write(step_record(loop, step, s, f));
+  collect_save(loop, /*wait=*/false);  // --async-save: a write that completed (or failed) since the last step
   if (proc_.rank == 0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == loop.end_step || s.skipped)) {
     print_step_line(loop, step, s, f);
   }
@@ -282,7 +285,10 @@ bool Trainer::after_step(Loop& loop, int64_t step, double step_s) {
   // the experts between them)
   if (sample_now && (!r.mesh || r.mesh->coord().dp < r.shape.ep)) write_sample(step);
   if (save_now) save_checkpoint(loop, step);
-  if (new_best && cfg_.keep_best) r.checkpointer->mark_best(step + 1);
+  if (new_best && cfg_.keep_best) {
+    collect_save(loop, /*wait=*/true);  // `best` names a committed checkpoint
+    r.checkpointer->mark_best(step + 1);
+  }
   if (stopping) {
     loop.stopped_at = step + 1;
     return false;
@@ -337,25 +343,58 @@ void Trainer::write_sample(int64_t step) {
 // so that no rank enters the next step's collectives while rank 0 is still writing.
 void Trainer::save_checkpoint(Loop& loop, int64_t step) {
   Run& r = *run_;
+  const json run{{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}, {"data_sources", r.data_sources},
+                 {"best", r.best.step > 0 ? json{{"step", r.best.step}, {"val_loss", r.best.val_loss}, {"evals_since", r.best.evals_since}}
+                                          : json(nullptr)}};
+  if (r.saver) {  // --async-save: the stall is a copy into host memory (runtime/checkpoint/async_save.h)
+    const AsyncSaver::Started s = r.saver->start(r.progress, run);
+    loop.save_stalls[step + 1] = s;
+    loop.last_save_s = s.waited_s + s.snapshot_s;
+    if (s.waited_s > 0.0 && proc_.rank == 0) {
+      std::printf("kiln: step %lld's save waited %.2f s for the previous one's write (at most one in flight)\n",
+                  static_cast<long long>(step + 1), s.waited_s);
+      std::fflush(stdout);
+    }
+    return;
+  }
   Watchdog::Window window(r.watchdog.get(), cfg_.save_timeout, "--save-timeout: rank 0 writes the checkpoint meanwhile");
   CheckpointIo io;
   const auto save_start = Clock::now();
-  const std::string dir = r.checkpointer->save(
-      *r.state, r.progress,
-      {{"config", cfg_.to_json()}, {"world", proc_.world_size}, {"dp", r.shape.dp}, {"data_sources", r.data_sources},
-       {"best", r.best.step > 0 ? json{{"step", r.best.step}, {"val_loss", r.best.val_loss}, {"evals_since", r.best.evals_since}} : json(nullptr)}},
-      &io);
+  const std::string dir = r.checkpointer->save(*r.state, r.progress, run, &io);
   if (r.host_world) r.host_world->barrier();
   loop.last_save_s = std::chrono::duration<double>(Clock::now() - save_start).count();
-  if (proc_.rank == 0) {
-    loop.last_saved = dir;
-    json rec{{"type", "checkpoint"}, {"step", step + 1}, {"dir", loop.last_saved}};
-    rec.update(io.to_json());
-    r.log.write(rec);
-    std::printf("kiln: saved %s (%.3f GB in %.2f s, %.2f GB/s; rank 0's peak extra host memory %.3f GB)\n",
-                loop.last_saved.c_str(), io.bytes / 1e9, io.seconds, io.seconds > 0 ? io.bytes / io.seconds / 1e9 : 0.0,
-                io.peak_extra_bytes / 1e9);
-    std::fflush(stdout);
+  saved(loop, step + 1, dir, io, loop.last_save_s, 0.0, false);
+}
+
+// A save's record and console line (rank 0), once it is committed: `stall_s`, what the steps
+// waited for it (the whole save when synchronous; the wait for the previous write and the copy
+// into host memory when asynchronous); `seconds`, the write.
+void Trainer::saved(Loop& loop, int64_t step, const std::string& dir, const CheckpointIo& io, double stall_s, double waited_s,
+                    bool async) {
+  Run& r = *run_;
+  if (proc_.rank != 0) return;
+  loop.last_saved = dir;
+  json rec{{"type", "checkpoint"}, {"step", step}, {"dir", loop.last_saved}};
+  rec.update(io.to_json());
+  rec["stall_s"] = stall_s;
+  rec["async"] = async;
+  if (async) rec["waited_s"] = waited_s;
+  r.log.write(rec);
+  std::printf("kiln: saved %s (%.3f GB in %.2f s, %.2f GB/s; rank 0's peak extra host memory %.3f GB%s)\n", loop.last_saved.c_str(),
+              io.bytes / 1e9, io.seconds, io.seconds > 0 ? io.bytes / io.seconds / 1e9 : 0.0, io.peak_extra_bytes / 1e9,
+              async ? strprintf("; written in the background, the steps stalled %.3f s", stall_s).c_str() : "");
+  std::fflush(stdout);
+}
+
+// --async-save: the record of a save whose write has completed (`wait`: block until it has).
+// Throws what a failed write threw (rank 0): the job ends with its line, no earlier checkpoint lost.
+void Trainer::collect_save(Loop& loop, bool wait) {
+  Run& r = *run_;
+  if (!r.saver) return;
+  for (const AsyncSaver::Done& d : wait ? r.saver->wait() : r.saver->poll()) {
+    const AsyncSaver::Started s = loop.save_stalls[d.step];
+    loop.save_stalls.erase(d.step);
+    saved(loop, d.step, d.dir, d.io, s.waited_s + s.snapshot_s, s.waited_s, true);
   }
 }
 

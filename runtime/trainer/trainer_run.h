@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,7 @@
 #include "parallel/main_grads.h"
 #include "parallel/pipeline.h"
 #include "parallel/zero.h"
+#include "runtime/checkpoint/async_save.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/observe/energy.h"
@@ -109,6 +111,7 @@ struct Trainer::Run {
   nlohmann::json data_sources;                 // the training data's files, token counts, fingerprints (saved with checkpoints)
   std::unique_ptr<WholeModel> state;           // the whole model tensor by tensor, for checkpoints
   std::unique_ptr<Checkpointer> checkpointer;  // every rank, with --save-dir (rank 0 writes)
+  std::unique_ptr<AsyncSaver> saver;           // --async-save: the save in flight (after checkpointer: destroyed first)
   std::string resume_notice;                   // a repair of the save directory at resume, or ""
   std::optional<CheckpointIo> load_io;         // what the resume read
   std::optional<CheckpointIo> init_io;         // what --init-from read (a fresh run started from its weights)
@@ -190,6 +193,7 @@ struct Trainer::Loop {
   int64_t stopped_at = 0;   // the step it stopped after
   int64_t early_stopped_at = 0;  // --early-stop ended the run after this step (0: it did not)
   double longest_step_s = 0.0, last_save_s = 0.0;  // --max-wall-time's estimate of what comes next
+  std::map<int64_t, AsyncSaver::Started> save_stalls;  // --async-save: each save in flight's stall, by step
   std::unique_ptr<StepProfiler> profiler;          // --profile (runtime/observe/profiler.h)
   int64_t profile_first = 0, profile_end = 0;      // its window, 0-based [first, end)
 };
