@@ -60,6 +60,7 @@ const std::vector<FlagHelp> kClusterFlags = {
     {"host-link-gbs", "host <-> device bandwidth per device (offload), GB/s"},
     {"host-memory-gb", "host memory per node (offload), GB"},
     {"host-adam-gparams", "host AdamW rate per node (offload), 1e9 parameters/s"},
+    {"disk-gbs", "the rate rank 0 writes a checkpoint at, GB/s (default 2)"},
 };
 const std::vector<FlagHelp> kLayoutFlags = {
     {"dp", "data-parallel size (default: devices / (cp x tp x pp))"},
@@ -87,6 +88,11 @@ const std::vector<FlagHelp> kLayoutSwitches = {
 const std::vector<FlagHelp> kRunFlags = {
     {"precision", "fp32 | bf16 | fp16 (default bf16)"},
     {"attention", "auto | flash | math: the attention kernel, for activation memory (default auto = flash)"},
+    {"save-every", "steps between checkpoints: their stall, per step, in the step time (default 0: none)"},
+};
+// Run switches without a value.
+const std::vector<FlagHelp> kRunSwitches = {
+    {"async-save", "checkpoints written in the background (as kiln train --async-save): the stall is a host copy"},
 };
 const std::vector<FlagHelp> kTrainingFlags = {
     {"params", "P alone (no model shape): training compute, runtime and energy only"},
@@ -178,6 +184,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   add("layout", kLayoutFlags);
   for (const auto& f : kLayoutSwitches) opts.add_options("layout")(f.name, f.help);
   add("run", kRunFlags);
+  for (const auto& f : kRunSwitches) opts.add_options("run")(f.name, f.help);
   add("training", kTrainingFlags);
   add("search", kSearchFlags);
   const auto result = parse_or_throw(opts, args, "plan", "");
@@ -200,6 +207,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     refuse(v, kLayoutFlags, why);
     refuse(v, kLayoutSwitches, why);
     refuse(v, kRunFlags, why);
+    refuse(v, kRunSwitches, why);
     refuse(v, kTrainingFlags, why);
     refuse(v, kSearchFlags, why);
     if (v.has("search")) throw ConfigError("--search does not go with --compare");
@@ -215,6 +223,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     refuse(v, kLayoutFlags, "needs a model shape (--model ...), not --params");
     refuse(v, kLayoutSwitches, "needs a model shape (--model ...), not --params");
     refuse(v, kRunFlags, "needs a model shape (--model ...), not --params");
+    refuse(v, kRunSwitches, "needs a model shape (--model ...), not --params");
     if (out.attention_flops) throw ConfigError("--attention-flops needs a model shape (--model ...), not --params");
   } else {
     out.mode = PlanArgs::Mode::Layout;
@@ -279,6 +288,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   if (v.has("host-link-gbs")) c.host_link = v.number("host-link-gbs") * 1e9;
   if (v.has("host-memory-gb")) c.host_memory = v.number("host-memory-gb") * 1e9;
   if (v.has("host-adam-gparams")) c.host_adam_rate = v.number("host-adam-gparams") * 1e9;
+  if (v.has("disk-gbs")) c.disk_write = v.number("disk-gbs") * 1e9;
   if (gpu != "custom" && v.has("gpu")) c.name = gpu;
   c.validate();
 
@@ -289,6 +299,9 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     throw ConfigError("--precision must be fp32, bf16 or fp16 (got '" + precision + "')");
   }
   base.compute_bytes = precision == "fp32" ? 4 : 2;
+  if (v.has("save-every")) base.save_every = v.integer("save-every");
+  base.async_save = v.has("async-save");
+  if (base.save_every < 0) throw ConfigError("--save-every must be at least 0 (got " + std::to_string(base.save_every) + ")");
   base.plain_loss = precision == "fp16";  // fp16's loss keeps whole logits (models/linear_cross_entropy.h)
   // Working weights (kiln train's --param-dtype): auto, the default, is the compute precision.
   base.param_bytes = base.compute_bytes;

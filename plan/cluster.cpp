@@ -139,6 +139,7 @@ void ClusterSpec::validate() const {
   positive("host-link-gbs", host_link);
   positive("host-memory-gb", host_memory);
   positive("host-adam-gparams", host_adam_rate);
+  positive("disk-gbs", disk_write);
 }
 
 }  // namespace kiln::plan

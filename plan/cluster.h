@@ -31,6 +31,7 @@ struct ClusterSpec {
   double host_link = 0;             // bytes/s per device, host <-> device copies (PCIe), for offload
   double host_memory = 0;           // bytes of host memory per node, for offload
   double host_adam_rate = 0;        // parameters/s one node's CPUs step with AdamW (offload)
+  double disk_write = 2e9;          // bytes/s rank 0 writes a checkpoint at (its file system)
 
   int64_t devices() const { return nodes * devices_per_node; }
   double sustained_flops() const { return peak_flops * achieved; }  // R per device

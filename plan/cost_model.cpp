@@ -352,6 +352,21 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   p.bubble_s = slow.bubble_s;
   p.exposed_comm_s = slow.exposed_comm_s;
   p.step_s = p.compute_s + p.exposed_comm_s + p.bubble_s;
+  // checkpoints (section 6)
+  p.checkpoint_bytes = 12.0 * static_cast<double>(model.num_params());
+  p.save_write_s = p.checkpoint_bytes / cluster.disk_write;
+  if (l.save_every > 0) {
+    double snapshot = 0;  // the largest rank's
+    for (const auto& st : p.stages) {
+      const double share = l.zero > 0 ? static_cast<double>(st.psi_padded) / static_cast<double>(l.grad_ranks())
+                                      : static_cast<double>(st.psi);
+      snapshot = std::max(snapshot, 12.0 * share);
+    }
+    const double interval = static_cast<double>(l.save_every) * p.step_s;
+    p.save_stall_s = l.async_save ? snapshot / cluster.host_link + std::max(0.0, p.save_write_s - interval) : p.save_write_s;
+    p.save_s = p.save_stall_s / static_cast<double>(l.save_every);
+    p.step_s += p.save_s;
+  }
   p.tokens_per_s = static_cast<double>(p.tokens_per_step) / p.step_s;
   const double denom = static_cast<double>(l.devices()) * p.step_s * cluster.peak_flops;
   p.mfu = p.flops_per_token * static_cast<double>(p.tokens_per_step) / denom;

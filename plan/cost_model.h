@@ -282,6 +282,16 @@
 //      MFU = F x tokens per step / (devices x step x peak)
 //    Required bandwidth to hide a group's communication behind compute: b = C / t_compute, C the
 //    group's wire bytes per step; the cluster has it when b <= that link's busbw.
+//
+// 6. Checkpoints (--save-every N; runtime/checkpoint/checkpoint.h, async_save.h): the files hold
+//    4 bytes a parameter of fp32 weights and 8 of AdamW's moments, C = 12 P (the headers, configs
+//    and 4-byte step counts a tensor are left out); rank 0 writes them at the disk's rate W:
+//    write = C / W.
+//      synchronous  stall = write                       (every rank waits for rank 0)
+//      --async-save stall = S / H + max(0, write - N t)  (each rank's snapshot S -- 12 bytes a
+//                   parameter of its share: its shards under ZeRO -- over the host link H, and the
+//                   wait for the previous write when one takes longer than N steps of t each)
+//    and per step stall / N, added to the step.
 #pragma once
 
 #include <cstdint>
@@ -326,6 +336,8 @@ struct Layout {
   std::string pp_split;                 // --pp-split "a,b,c": blocks per stage (virtual stage); empty = kiln's balanced default
   int64_t pp_virtual = 1;               // --pp-virtual V: model chunks a stage holds (interleaved 1F1B when > 1)
   bool zero_bubble = false;             // --pp-schedule zb-h1 (parallel/pipeline_zero_bubble.h)
+  int64_t save_every = 0;               // steps between checkpoints (0: none in the time model)
+  bool async_save = false;              // --async-save: the steps stall for a host copy, not the write
   Attention attention = Attention::Flash;
   bool dropout = false;                 // dropout > 0 (masks kept)
   bool cpu = false;                     // runs on the CPU: 4-byte dropout masks, no CUDA generator
@@ -510,6 +522,9 @@ struct Plan {
   double forward_s = 0, backward_s = 0;  // t_f, t_b per micro-batch, of the slowest stage
   double compute_s = 0, exposed_comm_s = 0, bubble_s = 0, step_s = 0;
   double tokens_per_s = 0, mfu = 0, hfu = 0;
+  // Checkpoints (section 6): the files' bytes, rank 0's write, the steps' stall per save and that
+  // stall per step (in step_s) when save_every > 0.
+  double checkpoint_bytes = 0, save_write_s = 0, save_stall_s = 0, save_s = 0;
   std::vector<StagePlan> stages;
   int64_t critical_stage = 0;     // the stage with the highest device peak (first such)
   int64_t slowest_stage = 0;      // the stage with the longest step: its compute, exposed comm and bubble (first such)

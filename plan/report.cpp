@@ -150,7 +150,8 @@ json cluster_json(const ClusterSpec& c) {
           {"inter_node_busbw", c.inter_node_busbw},
           {"host_link", c.host_link},
           {"host_memory_bytes", c.host_memory},
-          {"host_adam_params_per_s", c.host_adam_rate}};
+          {"host_adam_params_per_s", c.host_adam_rate},
+          {"disk_write", c.disk_write}};
 }
 
 json totals_json(const TrainingTotals& t) {
@@ -234,6 +235,9 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
        {{"compute_s", p.compute_s}, {"exposed_comm_s", p.exposed_comm_s}, {"bubble_s", p.bubble_s},
         {"step_s", p.step_s}, {"tokens_per_s", p.tokens_per_s}, {"mfu", p.mfu}, {"hfu", p.hfu},
         {"slowest_stage", p.slowest_stage}}},
+      {"checkpoint",
+       {{"bytes", p.checkpoint_bytes}, {"write_s", p.save_write_s}, {"save_every", p.layout.save_every},
+        {"async", p.layout.async_save}, {"stall_s", p.save_stall_s}, {"stall_per_step_s", p.save_s}}},
       {"memory",
        {{"critical_stage", p.critical_stage}, {"peak_device_bytes", p.peak_device_bytes()},
         {"device_memory_bytes", p.cluster.device_memory}, {"host_bytes_per_node", p.host_bytes_per_node()},
@@ -434,6 +438,12 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
               : p.layout.pp_virtual > 1 ? "interleaved: (pp - 1) / (V m + pp - 1)"
                                         : "(pp - 1) / (m + pp - 1)",
               100.0 * p.bubble_s / p.step_s);
+  if (p.layout.save_every > 0) {
+    o += strprintf("  checkpoints    %10s  (%s a save every %lld steps: %s; rank 0 writes %.3g GB in %s)\n", duration(p.save_s).c_str(),
+                   duration(p.save_stall_s).c_str(), static_cast<long long>(p.layout.save_every),
+                   p.layout.async_save ? "the snapshot into host memory, --async-save" : "the whole write, synchronous",
+                   p.checkpoint_bytes / 1e9, duration(p.save_write_s).c_str());
+  }
   o += strprintf("  step           %10s  %.4g tokens/s, MFU %.1f%%, HFU %.1f%%\n\n", duration(p.step_s).c_str(), p.tokens_per_s,
               100 * p.mfu, 100 * p.hfu);
 

@@ -69,6 +69,37 @@ Layout layout(int64_t dp, int zero, int64_t K = 1) {
   return l;
 }
 
+// ---- 6. checkpoints ----------------------------------------------------------------------------
+
+// --save-every N: the files' 12 P bytes written by rank 0 at disk_write; synchronous, the steps wait
+// for the write; --async-save, for each rank's 12-byte-a-parameter snapshot over the host link
+// (its shard under ZeRO), plus the wait for a write longer than N steps; stall / N in every step.
+TEST(PlanCheckpoints, SaveStallPerStep) {
+  const GPTConfig m = tiny();
+  ClusterSpec c = toy_cluster(2);
+  c.disk_write = 1e6;  // slow enough to see
+  Layout l = layout(2, 1);
+  const Plan none = make_plan(m, c, l);
+  EXPECT_EQ(none.save_s, 0.0);
+  EXPECT_DOUBLE_EQ(none.checkpoint_bytes, 12.0 * static_cast<double>(m.num_params()));
+  l.save_every = 10;
+  const Plan sync = make_plan(m, c, l);
+  EXPECT_DOUBLE_EQ(sync.save_write_s, sync.checkpoint_bytes / 1e6);
+  EXPECT_DOUBLE_EQ(sync.save_stall_s, sync.save_write_s);
+  EXPECT_DOUBLE_EQ(sync.save_s, sync.save_stall_s / 10);
+  EXPECT_DOUBLE_EQ(sync.step_s, none.step_s + sync.save_s);
+  l.async_save = true;
+  const Plan async = make_plan(m, c, l);
+  const double snapshot = 12.0 * static_cast<double>(async.stages[0].psi_padded) / 2.0 / c.host_link;  // ZeRO-1 over dp 2
+  const double wait = std::max(0.0, async.save_write_s - 10 * none.step_s);
+  EXPECT_GT(wait, 0.0);  // this disk writes slower than 10 steps run
+  EXPECT_DOUBLE_EQ(async.save_stall_s, snapshot + wait);
+  EXPECT_LT(async.save_stall_s, sync.save_stall_s);
+  c.disk_write = 1e12;  // a fast disk: the snapshot alone
+  const Plan fast = make_plan(m, c, l);
+  EXPECT_DOUBLE_EQ(fast.save_stall_s, snapshot);
+}
+
 // ---- 2. units and model-state bytes -----------------------------------------------------------
 
 TEST(PlanUnits, TinyUnitsSumToTheParameterCount) {
