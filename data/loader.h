@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -50,6 +52,17 @@ class DataLoader {
   int64_t samples_before(int64_t step) const {
     return resume_samples_ + (step - resume_step_) * layout_.global_batch();
   }
+  // Windows of the stream never trained on: [start, end) stream positions, disjoint (a spike
+  // rollback's, runtime/trainer/spike_guard.h). The stream's k-th consumed sequence is its k-th
+  // position outside them: samples_before() counts consumed sequences, position() maps past the
+  // windows, so a run that skips a window is the run that never had it.
+  void skip(std::vector<std::pair<int64_t, int64_t>> windows);
+  const std::vector<std::pair<int64_t, int64_t>>& skipped() const { return skipped_; }
+  int64_t past_skipped(int64_t consumed) const;  // the stream position of the consumed-th sequence
+  // The stream positions of consumed sequences [begin, end): maximal runs, in order.
+  std::vector<std::pair<int64_t, int64_t>> stream_ranges(int64_t begin, int64_t end) const;
+  // The windows so far and `more`, with touching windows joined (what skip() is then given).
+  std::vector<std::pair<int64_t, int64_t>> with_skipped(std::vector<std::pair<int64_t, int64_t>> more) const;
   const BatchLayout& layout() const { return layout_; }
 
  private:
@@ -57,6 +70,10 @@ class DataLoader {
   SampleOrder order_;
   BatchLayout layout_;
   int64_t resume_step_ = 0, resume_samples_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> skipped_;  // sorted by start
+  // Test-only (tests/cli/guards.sh): KILN_TEST_GARBAGE_SAMPLES=A:B turns stream positions [A, B)
+  // into uniformly random tokens, a batch gone to garbage.
+  int64_t garbage_start_ = -1, garbage_end_ = -1;
 };
 
 }  // namespace kiln

@@ -30,6 +30,7 @@ class TokenDataset {
 
   int64_t num_samples() const { return total_samples_; }
   int64_t seq_len() const { return seq_len_; }
+  int64_t vocab_size() const { return vocab_size_; }
   int64_t num_tokens() const;
   const std::vector<std::shared_ptr<const TokenSource>>& sources() const { return sources_; }
 

@@ -138,6 +138,8 @@ const std::vector<Flag>& train_flags() {
       {"deterministic", Kind::Bool, "deterministic kernels (LibTorch's deterministic algorithms, cuBLAS's fixed workspace): on a GPU a replay from a checkpoint is bit-identical, at some cost in speed (docs/checkpoints.md)", field(&TrainConfig::deterministic)},
       {"loss-chunk-rows", Kind::Int, "rows per chunk of the output layer + cross-entropy (0: 256 MiB of fp32 logits; -1: the plain whole-logits way, to compare)", field(&TrainConfig::loss_chunk_rows)},
       {"on-nonfinite", Kind::String, "stop | skip: a non-finite loss or gradient norm (bf16, fp32) stops the run, or skips the step", field(&TrainConfig::on_nonfinite)},
+      {"spike-rollback", Kind::Float, "Z: when the loss is Z running standard deviations above its running mean for --spike-patience steps, reload the last checkpoint before it in place and skip the data since (0: off)", field(&TrainConfig::spike_rollback)},
+      {"spike-patience", Kind::Int, "spiking steps in a row that trigger --spike-rollback (default 2)", field(&TrainConfig::spike_patience)},
       {"async-save", Kind::Bool, "write checkpoints in the background: the steps stall only for a copy of each rank's state into host memory (runtime/checkpoint/async_save.h)", field(&TrainConfig::async_save)},
       {"check-replicas", Kind::Int, "every N steps and before every save, the data-parallel replicas compare a hash of each weight; a mismatch (silent data corruption) ends the job (exit 4) naming the ranks and the tensor (0: never)", field(&TrainConfig::check_replicas)},
       {"straggler-factor", Kind::Float, "the summary names any rank whose median compute time a step is over this many times its pipeline stage's median (default 1.2)", field(&TrainConfig::straggler_factor)},

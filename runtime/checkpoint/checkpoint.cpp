@@ -307,6 +307,21 @@ void Checkpointer::mark_best(int64_t step) {
   fsync_path(dir_, true);
 }
 
+std::string Checkpointer::newest_before(int64_t step) const {
+  if (!writer_) return "";
+  std::string out;
+  for (int64_t s : saved_steps(dir_))
+    if (s < step) out = dir_ + "/" + step_name(s);
+  return out;
+}
+
+void Checkpointer::point_latest(int64_t step) {
+  if (!writer_) return;
+  write_synced(dir_ + "/latest.tmp", step_name(step) + "\n");
+  if (std::rename((dir_ + "/latest.tmp").c_str(), (dir_ + "/latest").c_str()) != 0) checkpoint_io_error("cannot rename", dir_ + "/latest.tmp");
+  fsync_path(dir_, true);
+}
+
 std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress, const json& run, CheckpointIo* io) {
   const auto t0 = std::chrono::steady_clock::now();
   ++saves_;
@@ -388,7 +403,7 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
   }
   if (!writer_) return "";
 
-  const json state_json{{"format", kFormat},
+  json state_json{{"format", kFormat},
                         {"version", kFormatVersion},
                         {"step", progress.step},
                         {"updates", progress.updates},
@@ -399,6 +414,8 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
                         {"run", run},
                         {"kiln_version", KILN_VERSION},
                         {"files", files}};
+  // Data windows a spike rollback skipped (runtime/trainer/spike_guard.h): a resume skips them too.
+  if (!progress.skipped_samples.empty()) state_json["skipped_samples"] = progress.skipped_samples;
   write_synced(tmp + "/trainer_state.json", state_json.dump(2) + "\n");
   fsync_path(tmp, true);
   maybe_slow_save();
@@ -589,6 +606,7 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   r.progress.updates = st.at("updates").get<int64_t>();
   r.progress.samples = st.at("samples").get<int64_t>();
   r.progress.loss_scaler = st.at("loss_scaler");
+  r.progress.skipped_samples = st.value("skipped_samples", std::vector<std::pair<int64_t, int64_t>>{});
   r.run = st.value("run", json::object());
   r.io.bytes = c.bytes;
   r.io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

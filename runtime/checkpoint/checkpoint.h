@@ -50,6 +50,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -65,6 +67,8 @@ struct TrainProgress {
   int64_t updates = 0;  // steps applied (skipped ones excluded): LR-schedule position, AdamW t
   int64_t samples = 0;  // sequences of the training stream consumed
   nlohmann::json loss_scaler = nlohmann::json::object();  // LossScaler::state()
+  // Stream positions [start, end) never trained on (spike rollbacks' windows; data/loader.h)
+  std::vector<std::pair<int64_t, int64_t>> skipped_samples;
 };
 
 // What a save or a load moved, measured on rank 0.
@@ -86,6 +90,11 @@ class Checkpointer {
   // The writer points save_dir/best at step's checkpoint (written as `latest` is: a temporary
   // file, fsync, rename), which retention then keeps. Called after that step's save.
   void mark_best(int64_t step);
+  // A spike rollback (runtime/trainer/spike_guard.h): the newest complete checkpoint of a step below
+  // `step` ("" when there is none; read on the writer, "" elsewhere), and `latest` pointed back at
+  // a step's checkpoint (written as `latest` always is: a temporary file, fsync, rename).
+  std::string newest_before(int64_t step) const;
+  void point_latest(int64_t step);
   // Collective over the world. Saves and commits; returns the checkpoint's directory on the
   // writer ("" elsewhere). `run` is recorded as the run's config and layout. Throws kiln::Error on
   // any I/O failure, leaving earlier checkpoints as they were.

@@ -157,6 +157,11 @@ void TrainConfig::validate_state() const {
   one_of("on-nonfinite", on_nonfinite, {"stop", "skip"});
   at_least("max-skipped-steps", max_skipped_steps, int64_t{1});
   at_least("check-replicas", check_replicas, int64_t{0});
+  at_least("spike-rollback", spike_rollback, 0.0);
+  at_least("spike-patience", spike_patience, int64_t{1});
+  if (spike_rollback > 0 && save_dir.empty()) {
+    throw ConfigError("--spike-rollback goes back to the last checkpoint before a spike: give --save-dir (and --save-every)");
+  }
   if (check_replicas > 0 && zero == 3) {
     throw ConfigError("--check-replicas compares the weights of data-parallel replicas, and --zero 3 shards them: no two "
                       "ranks hold the same bytes (use --zero 1 or 2, or leave --check-replicas out)");
@@ -267,6 +272,8 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["straggler_factor"] = straggler_factor;
   j["check_replicas"] = check_replicas;
   j["async_save"] = async_save;
+  j["spike_rollback"] = spike_rollback;
+  j["spike_patience"] = spike_patience;
   j["loss_chunk_rows"] = loss_chunk_rows;
   j["deterministic"] = deterministic;
   j["save_dir"] = save_dir;

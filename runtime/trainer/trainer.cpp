@@ -369,6 +369,7 @@ void Trainer::build_step_parts() {
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& item : r.model->named_parameters()) named.emplace_back(item.key(), item.value());
   r.nonfinite = std::make_unique<NonfiniteGuard>(std::move(named), proc_.rank);
+  if (cfg_.spike_rollback > 0) r.spikes = std::make_unique<SpikeGuard>(cfg_.spike_rollback, cfg_.spike_patience);
   if (cfg_.check_replicas > 0 && r.mesh) {  // --check-replicas (runtime/trainer/replica_check.h)
     const MeshCoord c = r.mesh->coord();
     const std::string stage = std::to_string(c.pp) + "/" + std::to_string(c.tp);
@@ -422,6 +423,16 @@ void Trainer::load_checkpoint() {
     r.progress = resumed->progress;
     if (!r.progress.loss_scaler.empty()) r.scaler->load_state(r.progress.loss_scaler);
     r.loader->resume_at(r.progress.step, r.progress.samples);
+  }
+  // Data windows never trained on (a spike rollback's, carried by the checkpoint; data/loader.h).
+  // Test-only (tests/cli/guards.sh): KILN_TEST_SKIP_SAMPLES=A:B adds stream positions [A, B), the
+  // run that never had them, to compare a rollback with.
+  r.loader->skip(r.progress.skipped_samples);
+  if (const char* spec = std::getenv("KILN_TEST_SKIP_SAMPLES")) {
+    long long a = -1, b = -1;
+    if (std::sscanf(spec, "%lld:%lld", &a, &b) != 2 || a < 0 || b <= a) throw ConfigError(std::string("KILN_TEST_SKIP_SAMPLES=") + spec + ": want A:B");
+    r.progress.skipped_samples = r.loader->with_skipped({{a, b}});
+    r.loader->skip(r.progress.skipped_samples);
   }
   if (!cfg_.save_dir.empty()) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last, proc_.rank == 0);
   if (r.checkpointer && r.tokenizer) r.checkpointer->set_tokenizer(tokenizer_files(*r.tokenizer, cfg_.gpt.seq_len), r.tokenizer->eot(),

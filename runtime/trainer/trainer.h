@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distributed/env.h"
+#include "runtime/trainer/spike_guard.h"
 #include "runtime/trainer/train_config.h"
 
 namespace kiln {
@@ -94,6 +95,7 @@ class Trainer {
   void save_checkpoint(Loop& loop, int64_t step);
   void saved(Loop& loop, int64_t step, const std::string& dir, const CheckpointIo& io, double stall_s, double waited_s, bool async);
   void collect_save(Loop& loop, bool wait);
+  void roll_back(Loop& loop, int64_t step, const SpikeGuard::Verdict& v);
   void profile_stop(Loop& loop, int64_t next_step);
   nlohmann::json pipeline_stages(int64_t last_comm_bytes);
   nlohmann::json finish_run(Loop& loop);

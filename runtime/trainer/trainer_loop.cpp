@@ -21,6 +21,8 @@
 #include "distributed/error.h"
 #include "distributed/host_memory.h"
 #include "distributed/strprintf.h"
+#include "distributed/watchdog.h"
+#include "distributed/rank0_verdict.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/inference/generate.h"
@@ -97,13 +99,23 @@ void Trainer::run_steps(Loop& loop) {
   Run& r = *run_;
   std::optional<QueuedStep> queued;  // the step whose update is queued and whose verdict is not yet read
   bool stopped = false;
-  for (int64_t step = loop.first_step; step < loop.end_step && !stopped; ++step) {
+  int64_t step = loop.first_step;
+  // A spike rollback (Trainer::roll_back) sends the loop back to its checkpoint's step; a step whose
+  // forward and backward were queued meanwhile is discarded, as a stop discards it.
+  auto rewound = [&] {
+    if (loop.rollback_to < 0) return false;
+    step = loop.rollback_to;
+    loop.rollback_to = -1;
+    return true;
+  };
+  while (step < loop.end_step && !stopped) {
     if (loop.profiler && loop.profiler->active() && step == loop.profile_end) profile_stop(loop, step);
     if (loop.profiler && !loop.profiler->active() && step == loop.profile_first) loop.profiler->start();
     if (queued && !may_defer(loop, queued->step)) {
       stopped = !record(loop, queued->step, finish_step(*queued));
       queued.reset();
       if (stopped) break;
+      if (rewound()) continue;
     }
     QueuedStep q = forward_backward(step);
     if (queued) {  // deferred: read behind this step's forward and backward; a stop discards them
@@ -112,11 +124,16 @@ void Trainer::run_steps(Loop& loop) {
       stopped = !record(loop, queued->step, s);
       queued.reset();
       if (stopped) break;
+      if (rewound()) continue;
     }
     queue_update(q);
     queued = std::move(q);
+    if (++step == loop.end_step) {  // the last step
+      record(loop, queued->step, finish_step(*queued));
+      queued.reset();
+      rewound();
+    }
   }
-  if (queued) record(loop, queued->step, finish_step(*queued));  // the last step
 
   synchronize(r.dev.device);  // the last update
   if (loop.profiler && loop.profiler->active()) profile_stop(loop, r.progress.step);
@@ -185,6 +202,13 @@ bool Trainer::record(Loop& loop, int64_t step, const StepOutcome& s) {
   collect_save(loop, /*wait=*/false);  // --async-save: a write that completed (or failed) since the last step
   if (proc_.rank == 0 && ((step + 1) % cfg_.log_every == 0 || step + 1 == loop.end_step || s.skipped)) {
     print_step_line(loop, step, s, f);
+  }
+  if (r.spikes && !s.skipped) {  // --spike-rollback (runtime/trainer/spike_guard.h)
+    const SpikeGuard::Verdict v = r.spikes->observe(step + 1, s.loss);
+    if (v.roll_back) {
+      roll_back(loop, step, v);
+      return true;
+    }
   }
   return after_step(loop, step, f.step_s);
 }
@@ -395,6 +419,63 @@ void Trainer::collect_save(Loop& loop, bool wait) {
     const AsyncSaver::Started s = loop.save_stalls[d.step];
     loop.save_stalls.erase(d.step);
     saved(loop, d.step, d.dir, d.io, s.waited_s + s.snapshot_s, s.waited_s, true);
+  }
+}
+
+// A spike (runtime/trainer/spike_guard.h): steps k0 .. k1 (1-based; k1 = step + 1) spiked. Every rank
+// reloads the newest checkpoint from before k0 in place, the data steps c+1 .. k1 consumed is skipped
+// from then on, `latest` points at that checkpoint, and the loop goes on from step c + 1.
+void Trainer::roll_back(Loop& loop, int64_t step, const SpikeGuard::Verdict& v) {
+  Run& r = *run_;
+  const auto& spike = r.spikes->spike();
+  const int64_t k0 = spike.front().first, k1 = step + 1;
+  collect_save(loop, /*wait=*/true);  // a save in flight is committed first (it may be the one to go back to)
+  std::string losses;
+  for (const auto& [k, l] : spike) losses += (losses.empty() ? "" : ", ") + strprintf("%.4f", l);
+  const std::string why = strprintf("loss %s at steps %lld-%lld, above %.4f + %.3g x %.4f (the running mean and standard deviation)",
+                                    losses.c_str(), static_cast<long long>(k0), static_cast<long long>(k1), v.mean,
+                                    cfg_.spike_rollback, v.std);
+  const std::string dir = r.host_world ? broadcast_string(*r.host_world, r.checkpointer->newest_before(k0))
+                                       : r.checkpointer->newest_before(k0);
+  if (dir.empty()) {
+    throw NumericsError("step " + std::to_string(k1) + ": a loss spike (" + why + ") and no checkpoint from before step " +
+                        std::to_string(k0) + " in " + cfg_.save_dir + " to roll back to (--spike-rollback; save more often with --save-every)");
+  }
+  // The data steps c+1 .. k1 consumed, as stream positions (the loader's own numbering).
+  r.prefetch.reset();  // it reads the loader; made again below
+  const int64_t consumed_end = r.loader->samples_before(k1);
+  std::optional<Resumed> back;
+  {
+    Watchdog::Window window(r.watchdog.get(), cfg_.save_timeout, "--save-timeout: rank 0 reads the checkpoint meanwhile");
+    back = resume_training(dir, "", *r.state, r.host_world.get());
+  }
+  const int64_t c = back->progress.step;
+  const std::vector<std::pair<int64_t, int64_t>> window = r.loader->stream_ranges(back->progress.samples, consumed_end);
+  const auto skipped = r.loader->with_skipped(window);
+  r.progress = back->progress;
+  r.progress.skipped_samples = skipped;
+  if (!r.progress.loss_scaler.empty()) r.scaler->load_state(r.progress.loss_scaler);
+  r.loader->resume_at(r.progress.step, r.progress.samples);
+  r.loader->skip(skipped);
+  r.prefetch = std::make_unique<BatchPrefetcher>(*r.loader, cfg_.grad_accum, pin_for(r.dev.device), loop.end_step);
+  r.checkpointer->point_latest(c);
+  r.spikes->rewind(c);
+  r.skipped_in_a_row = 0;
+  r.chain_broken = true;
+  loop.rollback_to = c;
+  ++loop.rollbacks;
+  json ranges = json::array();
+  for (const auto& [a, b] : window) ranges.push_back({a, b});
+  r.log.write({{"type", "rollback"}, {"step", k1}, {"spike_steps", {k0, k1}}, {"reason", why}, {"checkpoint", dir},
+               {"to_step", c}, {"skipped_samples", ranges}, {"mean", v.mean}, {"std", v.std}});
+  if (proc_.rank == 0) {
+    std::string list;
+    for (const auto& [a, b] : window) list += (list.empty() ? "" : ", ") + std::to_string(a) + "-" + std::to_string(b - 1);
+    std::printf("kiln: rollback after step %lld: %s; reloaded %s, skipping the data of steps %lld-%lld (stream positions %s); "
+                "going on from step %lld\n",
+                static_cast<long long>(k1), why.c_str(), dir.c_str(), static_cast<long long>(c + 1), static_cast<long long>(k1),
+                list.c_str(), static_cast<long long>(c + 1));
+    std::fflush(stdout);
   }
 }
 

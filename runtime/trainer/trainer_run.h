@@ -46,6 +46,7 @@
 #include "runtime/trainer/nonfinite_guard.h"
 #include "runtime/trainer/replica_check.h"
 #include "runtime/trainer/save_dir_lock.h"
+#include "runtime/trainer/spike_guard.h"
 #include "runtime/trainer/stop_requests.h"
 #include "runtime/trainer/trainer.h"
 
@@ -99,6 +100,7 @@ struct Trainer::Run {
   double test_slow_ms = 0;                     // test-only KILN_TEST_SLOW_RANK: this rank sleeps so long each step
   std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
   std::unique_ptr<LossScaler> scaler;
+  std::unique_ptr<SpikeGuard> spikes;          // --spike-rollback (runtime/trainer/spike_guard.h)
   std::unique_ptr<ReplicaCheck> replicas;      // --check-replicas: the replicas' weights compared
   std::unique_ptr<NonfiniteGuard> nonfinite;   // bf16/fp32: a non-finite step's origin, --max-skipped-steps
   int64_t skipped_in_a_row = 0;                // bf16/fp32: non-finite steps skipped since the last finite one
@@ -193,7 +195,9 @@ struct Trainer::Loop {
   int64_t stopped_at = 0;   // the step it stopped after
   int64_t early_stopped_at = 0;  // --early-stop ended the run after this step (0: it did not)
   double longest_step_s = 0.0, last_save_s = 0.0;  // --max-wall-time's estimate of what comes next
-  std::map<int64_t, AsyncSaver::Started> save_stalls;  // --async-save: each save in flight's stall, by step
+  std::map<int64_t, AsyncSaver::Started> save_stalls;
+  int64_t rollback_to = -1;  // a spike rollback's step to go on from (0-based, the checkpoint's step), or -1
+  int64_t rollbacks = 0;  // --async-save: each save in flight's stall, by step
   std::unique_ptr<StepProfiler> profiler;          // --profile (runtime/observe/profiler.h)
   int64_t profile_first = 0, profile_end = 0;      // its window, 0-based [first, end)
 };

@@ -15,6 +15,10 @@
 #     it at the next check, or before a save, and ends the job (exit 4) naming the tensor and the
 #     rank outside the majority (dp 4), nothing saved; agreeing replicas pass under DDP, ZeRO-2,
 #     16-bit weights and ep.
+#   - a loss spike (test-only KILN_TEST_GARBAGE_SAMPLES: stream positions turned to random tokens):
+#     --spike-rollback reloads the last checkpoint before it in place, skips the data since, and
+#     the run equals, bit for bit, the one that never had that data (KILN_TEST_SKIP_SAMPLES); a
+#     resume skips it too; without a checkpoint before the spike, exit 4 and one line.
 #   - a slow rank (test-only KILN_TEST_SLOW_RANK=RANK:MS, a sleep in its forward): every step record's
 #     slowest_rank names it, and the summary's stragglers (runtime/observe/stragglers.h); an even
 #     run names nobody.
@@ -99,6 +103,48 @@ done
 mpi 4 "$KILN_BIN" train --device cpu --model tiny-moe --ep 2 --micro-batch 1 --steps 3 --check-replicas 1 >/dev/null 2>"$work/ok.err" ||
   fail "--check-replicas with ep 2: $(cat "$work/ok.err")"
 echo "replicas that agree pass: DDP, ZeRO-2, ZeRO-1 + bf16 weights, ep 2"
+
+# --- a loss spike (test-only KILN_TEST_GARBAGE_SAMPLES=160:168: the stream positions steps 41-42 read,
+# at a global batch of 4, turned into random tokens): --spike-rollback 3 --spike-patience 2 reloads the
+# step-40 checkpoint in place, skips those positions and goes on; the run is then the one that never
+# had them (KILN_TEST_SKIP_SAMPLES=160:168) bit for bit -- the same data, state and arithmetic on the
+# CPU -- and a resume from a later checkpoint skips them too. With --async-save (the rollback waits
+# for the save in flight).
+S=(train --device cpu --model tiny --steps 60 --micro-batch 2 --log-every 100)
+KILN_TEST_GARBAGE_SAMPLES=160:168 mpi 2 -x KILN_TEST_GARBAGE_SAMPLES "$KILN_BIN" "${S[@]}" --save-dir "$work/spike" \
+  --save-every 5 --keep-last 0 --async-save --spike-rollback 3 --spike-patience 2 --log-json "$work/spike.jsonl" \
+  >"$work/spike.out" || fail "the spiking run: $(tail -3 "$work/spike.out")"
+grep -q "^kiln: rollback after step 42: loss .* at steps 41-42, above .*reloaded $work/spike/step_00000040, skipping the data of steps 41-42 (stream positions 160-167); going on from step 41" \
+  "$work/spike.out" || fail "no rollback line: $(grep -i rollback "$work/spike.out")"
+KILN_TEST_SKIP_SAMPLES=160:168 mpi 2 -x KILN_TEST_SKIP_SAMPLES "$KILN_BIN" "${S[@]}" --log-json "$work/never.jsonl" >/dev/null
+rm -rf "$work/spike/step_00000060"; echo step_00000050 >"$work/spike/latest"
+mpi 2 "$KILN_BIN" "${S[@]}" --save-dir "$work/spike" --log-json "$work/spike_resumed.jsonl" >/dev/null || fail "resuming after a rollback"
+"$KILN_PYTHON" - "$work" <<'PY' || fail "spike rollback"
+import json, sys
+d = sys.argv[1]
+def load(name):
+    return [json.loads(l) for l in open(f"{d}/{name}.jsonl")]
+spike, never, resumed = load("spike"), load("never"), load("spike_resumed")
+(rb,) = [r for r in spike if r["type"] == "rollback"]
+assert rb["spike_steps"] == [41, 42] and rb["to_step"] == 40 and rb["skipped_samples"] == [[160, 168]], rb
+after = {r["step"]: r for r in spike[spike.index(rb):] if r["type"] == "step"}
+ref = {r["step"]: r for r in never if r["type"] == "step"}
+assert sorted(after) == list(range(41, 61)), sorted(after)
+assert all((after[s]["loss"], after[s]["grad_norm"]) == (ref[s]["loss"], ref[s]["grad_norm"]) for s in after)
+assert (spike[-1]["param_sum"], spike[-1]["param_sq"]) == (never[-1]["param_sum"], never[-1]["param_sq"])
+state = json.load(open(f"{d}/spike/step_00000050/trainer_state.json"))
+assert state["skipped_samples"] == [[160, 168]], state.get("skipped_samples")
+res = {r["step"]: r for r in resumed if r["type"] == "step"}
+assert sorted(res) == list(range(51, 61)) and all(res[s]["loss"] == ref[s]["loss"] for s in res)
+assert (resumed[-1]["param_sum"], resumed[-1]["param_sq"]) == (never[-1]["param_sum"], never[-1]["param_sq"])
+print(f"spike at steps 41-42 (loss {', '.join(str(round(l, 2)) for l in [spike[i]['loss'] for i in range(len(spike)) if spike[i]['type'] == 'step' and spike[i]['step'] in (41, 42)][:2])}): "
+      "rolled back to step 40, steps 41-60 equal the run that never had the window bit for bit; a resume from step 50 skips it too")
+PY
+code=0
+KILN_TEST_GARBAGE_SAMPLES=160:168 mpi 2 -x KILN_TEST_GARBAGE_SAMPLES "$KILN_BIN" "${S[@]}" --save-dir "$work/nockpt" \
+  --save-every 100 --spike-rollback 3 >/dev/null 2>"$work/nockpt.err" || code=$?
+[ "$code" -eq 4 ] && grep -q "^kiln: error: step 42: a loss spike (.*) and no checkpoint from before step 41 in $work/nockpt to roll back to" \
+  "$work/nockpt.err" || fail "a spike without a checkpoint before it: exit $code, $(cat "$work/nockpt.err")"
 
 # --- a slow rank (test-only KILN_TEST_SLOW_RANK=1:200: rank 1 sleeps 200 ms each step, in its forward)
 KILN_TEST_SLOW_RANK=1:200 mpi 2 -x KILN_TEST_SLOW_RANK "$KILN_BIN" "${B[@]}" --steps 8 --log-json "$work/slow.jsonl" \
