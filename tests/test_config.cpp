@@ -1,6 +1,8 @@
 // tests/test_config.cpp -- flag and config-file parsing, validation messages, FLOPs, MFU peaks
 // and the job's distinct devices (MFU's denominator); the start-up settings check across ranks
-// and the replica check's hash and verdict (runtime/trainer/config_agreement.h, replica_check.h).
+// and the replica check's hash and verdict, the loss-spike rule (runtime/trainer/config_agreement.h,
+// replica_check.h, spike_guard.h).
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -17,12 +19,14 @@
 #include "models/flops.h"
 #include "runtime/trainer/config_agreement.h"
 #include "runtime/trainer/replica_check.h"
+#include "runtime/trainer/spike_guard.h"
 
 using kiln::ConfigError;
 using kiln::parse_train_args;
 using kiln::bit_sum;
 using kiln::compared_settings;
 using kiln::replica_disagreements;
+using kiln::SpikeGuard;
 
 namespace {
 
@@ -76,6 +80,29 @@ TEST(ReplicaCheck, NamesTheRanksOutsideTheMajority) {
   EXPECT_EQ(two[0], "wte differs on rank(s) 0, 1 among its replicas (ranks 0, 1)");
   // different keys never compare (pipeline stages, tp ranks, ep groups)
   EXPECT_TRUE(replica_disagreements({row("0/0", "1", "2"), row("0/1", "5", "6")}).empty());
+}
+
+// The spike rule: nothing judged before 10 losses; a loss above mean + Z std of the last 20 that
+// were not spiking is a spiking step; P in a row roll back; a normal step in between resets; after a
+// rollback the steps past the checkpoint are forgotten.
+TEST(SpikeGuard, PatienceAndTheRunningLevel) {
+  SpikeGuard g(3.0, 2, 20, 10);
+  for (int64_t s = 1; s <= 9; ++s) EXPECT_FALSE(g.observe(s, s % 2 ? 2.0 : 2.2).spiking);  // too few to judge
+  EXPECT_FALSE(g.observe(10, 2.0).spiking);
+  SpikeGuard::Verdict v = g.observe(11, 9.0);  // mean (6 x 2.0 + 4 x 2.2) / 10 = 2.08
+  EXPECT_TRUE(v.spiking);
+  EXPECT_FALSE(v.roll_back);
+  EXPECT_NEAR(v.mean, 2.08, 1e-12);
+  EXPECT_FALSE(g.observe(12, 2.1).spiking);  // back to normal: the run of spiking steps resets
+  EXPECT_TRUE(g.observe(13, 9.0).spiking);
+  v = g.observe(14, 8.0);
+  EXPECT_TRUE(v.roll_back);
+  ASSERT_EQ(g.spike().size(), 2u);
+  EXPECT_EQ(g.spike().front().first, 13);
+  g.rewind(10);  // back to step 10's checkpoint: steps 11-14 forgotten
+  EXPECT_TRUE(g.spike().empty());
+  EXPECT_FALSE(g.observe(11, 2.1).spiking);
+  EXPECT_FALSE(g.observe(12, std::nan("")).spiking);  // non-finite: the non-finite guard's
 }
 
 }  // namespace

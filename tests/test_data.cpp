@@ -325,6 +325,29 @@ TEST(DataLoaderTest, RanksTogetherEqualTheSingleRankBatch) {
 
 // The prefetcher hands out exactly DataLoader::get()'s batches: in order, after a jump (a resume
 // starts elsewhere), and nothing past the last step.
+// Skipped windows (a spike rollback's): the k-th consumed sequence is the stream's k-th position
+// outside them, so a loader that skips [8, 12) reads what a loader without it reads, minus those.
+TEST(DataLoaderTest, SkippedWindowsAreNeverRead) {
+  auto ds = counting_dataset(401, 4);
+  const DataLoader plain(ds, 7, true, BatchLayout{2, 2, 1, 0});  // 4 sequences a step
+  DataLoader skipping(ds, 7, true, BatchLayout{2, 2, 1, 0});
+  skipping.skip({{8, 12}, {20, 22}});
+  EXPECT_EQ(skipping.past_skipped(7), 7);
+  EXPECT_EQ(skipping.past_skipped(8), 12);
+  EXPECT_EQ(skipping.past_skipped(15), 19);
+  EXPECT_EQ(skipping.past_skipped(16), 22);
+  // step 2 of the skipping loader reads positions 12-15: step 3 of the plain one
+  for (int64_t m = 0; m < 2; ++m) EXPECT_TRUE(at::equal(skipping.get(2, m).inputs, plain.get(3, m).inputs));
+  EXPECT_EQ(skipping.samples_before(3), 12);  // consumed sequences, not positions
+  // the positions of consumed [6, 18): 6-7, then 12-19, then 22-23
+  EXPECT_EQ(skipping.stream_ranges(6, 18), (std::vector<std::pair<int64_t, int64_t>>{{6, 8}, {12, 20}, {22, 24}}));
+  EXPECT_EQ(skipping.with_skipped({{12, 20}, {30, 31}}),
+            (std::vector<std::pair<int64_t, int64_t>>{{8, 22}, {30, 31}}));  // touching windows joined
+  DataLoader bad(ds, 7, true, BatchLayout{2, 2, 1, 0});
+  EXPECT_THROW(bad.skip({{4, 8}, {6, 10}}), DataError);  // overlapping
+  EXPECT_THROW(bad.skip({{5, 5}}), DataError);           // empty
+}
+
 TEST(DataLoaderTest, PrefetcherGivesTheLoadersBatches) {
   auto ds = counting_dataset(401, 4);
   const DataLoader loader(ds, 7, true, BatchLayout{2, 3, 1, 0});
