@@ -371,7 +371,13 @@ void Trainer::save_checkpoint(Loop& loop, int64_t step) {
                  {"best", r.best.step > 0 ? json{{"step", r.best.step}, {"val_loss", r.best.val_loss}, {"evals_since", r.best.evals_since}}
                                           : json(nullptr)}};
   if (r.saver) {  // --async-save: the stall is a copy into host memory (runtime/checkpoint/async_save.h)
-    const AsyncSaver::Started s = r.saver->start(r.progress, run);
+    // Rank 0 may still be writing the previous save: every rank waits for it here, under
+    // --save-timeout, not in the next step's collectives under --comm-timeout.
+    Watchdog::Window window(r.watchdog.get(), cfg_.save_timeout, "--save-timeout: rank 0 writes the checkpoint meanwhile");
+    const auto t0 = Clock::now();
+    AsyncSaver::Started s = r.saver->start(r.progress, run);
+    if (r.host_world) r.host_world->barrier();
+    s.waited_s = std::chrono::duration<double>(Clock::now() - t0).count() - s.snapshot_s;  // the previous write, on any rank
     loop.save_stalls[step + 1] = s;
     loop.last_save_s = s.waited_s + s.snapshot_s;
     if (s.waited_s > 0.0 && proc_.rank == 0) {
@@ -415,7 +421,15 @@ void Trainer::saved(Loop& loop, int64_t step, const std::string& dir, const Chec
 void Trainer::collect_save(Loop& loop, bool wait) {
   Run& r = *run_;
   if (!r.saver) return;
-  for (const AsyncSaver::Done& d : wait ? r.saver->wait() : r.saver->poll()) {
+  std::vector<AsyncSaver::Done> done;
+  if (wait) {  // every rank past the write (under --save-timeout, as a synchronous save)
+    Watchdog::Window window(r.watchdog.get(), cfg_.save_timeout, "--save-timeout: rank 0 writes the checkpoint meanwhile");
+    done = r.saver->wait();
+    if (r.host_world) r.host_world->barrier();
+  } else {
+    done = r.saver->poll();
+  }
+  for (const AsyncSaver::Done& d : done) {
     const AsyncSaver::Started s = loop.save_stalls[d.step];
     loop.save_stalls.erase(d.step);
     saved(loop, d.step, d.dir, d.io, s.waited_s + s.snapshot_s, s.waited_s, true);

@@ -23,7 +23,7 @@ mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversub
 T=(train --device cpu --log-every 100 --micro-batch 1 --steps 4 --save-every 2 --keep-last 0)
 
 same_files() {  # same_files SYNC_DIR ASYNC_DIR: every checkpoint's files equal, trainer_state but for its run
-  "$KILN_PYTHON" - "$1" "$2" <<'PY'
+  python3 - "$1" "$2" <<'PY'
 import filecmp, json, os, sys
 a, b = sys.argv[1], sys.argv[2]
 steps = sorted(d for d in os.listdir(a) if d.startswith("step_"))
@@ -43,7 +43,7 @@ print(f"{os.path.basename(b)}: {len(steps)} checkpoints byte for byte the synchr
 PY
 }
 background() {  # background LOG: the step-2 checkpoint was committed after steps 3 and 4 ran
-  "$KILN_PYTHON" - "$1" <<'PY'
+  python3 - "$1" <<'PY'
 import json, sys
 log = [json.loads(l) for l in open(sys.argv[1])]
 order = [(r["type"], r.get("step")) for r in log if r["type"] in ("step", "checkpoint")]
@@ -70,7 +70,7 @@ done
 mpi 2 "$KILN_BIN" "${T[@]}" --model tiny --steps 4 --resume "$work/a_ddp/step_00000002" --save-dir "$work/resumed" \
   --micro-batch 2 --log-json "$work/resumed.jsonl" >/dev/null || fail "resuming the asynchronous checkpoint at dp 2"
 mpi 4 "$KILN_BIN" "${T[@]}" --model tiny --log-json "$work/ref.jsonl" --save-dir "$work/ref" >/dev/null
-"$KILN_PYTHON" - "$work" <<'PY' || fail "the resume"
+python3 - "$work" <<'PY' || fail "the resume"
 import sys
 sys.path.insert(0, "tests/cli")
 from zero_expect import check_resumed, load
@@ -82,7 +82,7 @@ PY
 KILN_TEST_SLOW_ASYNC_S=2 mpi 2 -x KILN_TEST_SLOW_ASYNC_S "$KILN_BIN" "${T[@]}" --model tiny --steps 4 --save-every 1 \
   --async-save --save-dir "$work/queue" --log-json "$work/queue.jsonl" >"$work/queue.out" || fail "saves every step"
 grep -q "save waited .* s for the previous one's write (at most one in flight)" "$work/queue.out" || fail "no wait said: $(cat "$work/queue.out")"
-"$KILN_PYTHON" - "$work" <<'PY' || fail "one in flight"
+python3 - "$work" <<'PY' || fail "one in flight"
 import json, sys
 d = sys.argv[1]
 c = [r for r in map(json.loads, open(f"{d}/queue.jsonl")) if r["type"] == "checkpoint"]

@@ -34,7 +34,7 @@ for layout in "ddp:" "zero2:--zero 2" "pp2:--pp 2"; do
   KILN_TEST_NAN_GRAD=1:3 mpi 2 -x KILN_TEST_NAN_GRAD "$KILN_BIN" "${B[@]}" "${extra[@]}" --steps 5 --on-nonfinite skip \
     --save-dir "$work/$name" --save-every 1 --keep-last 0 --log-json "$work/$name.jsonl" >/dev/null ||
     fail "$name: the run with one NaN did not finish"
-  "$KILN_PYTHON" - "$work" "$name" <<'PY' || fail "$name: the skipped step"
+  python3 - "$work" "$name" <<'PY' || fail "$name: the skipped step"
 import json, sys
 sys.path.insert(0, "tests/cli")
 from zero_expect import safetensors
@@ -119,7 +119,7 @@ grep -q "^kiln: rollback after step 42: loss .* at steps 41-42, above .*reloaded
 KILN_TEST_SKIP_SAMPLES=160:168 mpi 2 -x KILN_TEST_SKIP_SAMPLES "$KILN_BIN" "${S[@]}" --log-json "$work/never.jsonl" >/dev/null
 rm -rf "$work/spike/step_00000060"; echo step_00000050 >"$work/spike/latest"
 mpi 2 "$KILN_BIN" "${S[@]}" --save-dir "$work/spike" --log-json "$work/spike_resumed.jsonl" >/dev/null || fail "resuming after a rollback"
-"$KILN_PYTHON" - "$work" <<'PY' || fail "spike rollback"
+python3 - "$work" <<'PY' || fail "spike rollback"
 import json, sys
 d = sys.argv[1]
 def load(name):
@@ -151,7 +151,7 @@ KILN_TEST_SLOW_RANK=1:200 mpi 2 -x KILN_TEST_SLOW_RANK "$KILN_BIN" "${B[@]}" --s
   >"$work/slow.out" || fail "the slowed run failed"
 mpi 2 "$KILN_BIN" "${B[@]}" --steps 8 --log-json "$work/even.jsonl" >/dev/null || fail "the even run failed"
 grep -q "^kiln: straggler: rank 1 (pipeline stage 0) computed" "$work/slow.out" || fail "no straggler line: $(cat "$work/slow.out")"
-"$KILN_PYTHON" - "$work" <<'PY' || fail "stragglers"
+python3 - "$work" <<'PY' || fail "stragglers"
 import json, sys
 work = sys.argv[1]
 def load(name):
