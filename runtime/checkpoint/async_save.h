@@ -5,8 +5,8 @@
 // minutes of a whole cluster idle at every save. Here the step stalls only for a copy:
 //   1. snapshot  each rank copies what it owns -- its parameters' fp32 weights, AdamW's moments
 //                and step counts, or ZeRO's shards (WholeModel::snapshot, StateSnapshot) -- into
-//                host memory: one pool per rank, pinned on a GPU, allocated at the first save and
-//                reused. The progress (step, updates, data position, loss scaler) is copied with
+//                host memory: one pool per rank, pinned on a GPU, allocated (and its pages touched)
+//                at set-up and reused by every save. The progress (step, updates, data position, loss scaler) is copied with
 //                it. This is the step's stall.
 //   2. write     a background thread on every rank runs the same Checkpointer::save as a
 //                synchronous save, on a view of the snapshot (WholeModel's snapshot constructor)

@@ -59,7 +59,7 @@ layouts=("one:1:--model tiny" "ddp:4:--model tiny" "zero3:4:--model tiny --zero 
 for layout in "${layouts[@]}"; do
   IFS=: read -r name np args <<<"$layout"
   read -r -a a <<<"$args"
-  mpi "$np" "$KILN_BIN" "${T[@]}" "${a[@]}" --save-dir "$work/s_$name" >/dev/null || fail "$name: the synchronous run"
+  mpi "$np" "$KILN_BIN" "${T[@]}" "${a[@]}" --async-save=false --save-dir "$work/s_$name" >/dev/null || fail "$name: the synchronous run"
   KILN_TEST_SLOW_ASYNC_S=1 mpi "$np" -x KILN_TEST_SLOW_ASYNC_S "$KILN_BIN" "${T[@]}" "${a[@]}" --async-save \
     --save-dir "$work/a_$name" --log-json "$work/a_$name.jsonl" >/dev/null || fail "$name: the asynchronous run"
   same_files "$work/s_$name" "$work/a_$name" || fail "$name: the files differ"
@@ -70,9 +70,9 @@ done
 mpi 2 "$KILN_BIN" "${T[@]}" --model tiny --steps 4 --resume "$work/a_ddp/step_00000002" --save-dir "$work/resumed" \
   --micro-batch 2 --log-json "$work/resumed.jsonl" >/dev/null || fail "resuming the asynchronous checkpoint at dp 2"
 mpi 4 "$KILN_BIN" "${T[@]}" --model tiny --log-json "$work/ref.jsonl" --save-dir "$work/ref" >/dev/null
-python3 - "$work" <<'PY' || fail "the resume"
+python3 - "$work" "$(dirname "$0")" <<'PY' || fail "the resume"
 import sys
-sys.path.insert(0, "tests/cli")
+sys.path.insert(0, sys.argv[2])
 from zero_expect import check_resumed, load
 d = sys.argv[1]
 check_resumed(load(f"{d}/ref.jsonl"), d, "resumed", 3, 4, f"{d}/ref")

@@ -34,9 +34,9 @@ for layout in "ddp:" "zero2:--zero 2" "pp2:--pp 2"; do
   KILN_TEST_NAN_GRAD=1:3 mpi 2 -x KILN_TEST_NAN_GRAD "$KILN_BIN" "${B[@]}" "${extra[@]}" --steps 5 --on-nonfinite skip \
     --save-dir "$work/$name" --save-every 1 --keep-last 0 --log-json "$work/$name.jsonl" >/dev/null ||
     fail "$name: the run with one NaN did not finish"
-  python3 - "$work" "$name" <<'PY' || fail "$name: the skipped step"
+  python3 - "$work" "$name" "$(dirname "$0")" <<'PY' || fail "$name: the skipped step"
 import json, sys
-sys.path.insert(0, "tests/cli")
+sys.path.insert(0, sys.argv[3])
 from zero_expect import safetensors
 work, name = sys.argv[1], sys.argv[2]
 records = [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
