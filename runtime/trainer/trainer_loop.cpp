@@ -379,7 +379,7 @@ void Trainer::save_checkpoint(Loop& loop, int64_t step) {
     if (r.host_world) r.host_world->barrier();
     s.waited_s = std::chrono::duration<double>(Clock::now() - t0).count() - s.snapshot_s;  // the previous write, on any rank
     loop.save_stalls[step + 1] = s;
-    loop.last_save_s = s.waited_s + s.snapshot_s;
+    loop.last_save_s = std::max(loop.last_save_s, s.waited_s + s.snapshot_s);
     if (s.waited_s > 0.0 && proc_.rank == 0) {
       std::printf("kiln: step %lld's save waited %.2f s for the previous one's write (at most one in flight)\n",
                   static_cast<long long>(step + 1), s.waited_s);
@@ -432,6 +432,8 @@ void Trainer::collect_save(Loop& loop, bool wait) {
   for (const AsyncSaver::Done& d : done) {
     const AsyncSaver::Started s = loop.save_stalls[d.step];
     loop.save_stalls.erase(d.step);
+    // --max-wall-time's estimate: the run's last save is waited for whole (copy and write)
+    loop.last_save_s = s.snapshot_s + d.io.seconds;
     saved(loop, d.step, d.dir, d.io, s.waited_s + s.snapshot_s, s.waited_s, true);
   }
 }
