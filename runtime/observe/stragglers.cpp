@@ -20,7 +20,8 @@ double median(std::vector<double> v) {
   return (hi + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid))) / 2.0;
 }
 
-// Every rank's values (host tensors: the communicator is MPI), `per_rank` doubles each.
+// Every rank's values, mine.size() doubles each. Host tensors on purpose: `world` is an MPI group
+// of its own without a device (runtime/trainer/trainer.cpp), never a run's NCCL group.
 std::vector<double> all_gather_doubles(Communicator* world, const std::vector<double>& mine) {
   if (!world || world->size() <= 1) return mine;
   const int64_t n = static_cast<int64_t>(mine.size());

@@ -42,6 +42,7 @@ std::string config_disagreement(const nlohmann::json& config, Communicator& host
   const uint64_t h = fnv1a(mine);
   int64_t as_signed = 0;
   std::memcpy(&as_signed, &h, sizeof h);
+  // Host tensors on purpose: `host` is the host group (MPI, no device), never a run's NCCL group.
   at::Tensor hash = at::tensor({as_signed}, at::kLong), hashes = at::empty({host.size()}, at::kLong);
   host.all_gather(hashes, hash)->wait();
   if ((hashes == hashes[0]).all().item<bool>()) return "";
