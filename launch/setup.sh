@@ -69,19 +69,23 @@ fi
 
 # ---- 3. configure and build ----------------------------------------------------------------
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  launcher=()
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  # ccache (installed above) is wired by CMake itself, with the settings that make it cache
+  # (cmake/KilnCompilerCache.cmake).
   say "configuring $build"
   # shellcheck disable=SC2086
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$torch_prefix" -DKILN_PYTHON="$venv/bin/python" "${launcher[@]}" ${KILN_CMAKE_ARGS:-} >/dev/null
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DKILN_PYTHON="$venv/bin/python" ${KILN_CMAKE_ARGS:-} >/dev/null
 fi
-say "building ($jobs jobs)"
-cmake --build "$build" -j "$jobs"
-
-# ---- 4. run --------------------------------------------------------------------------------
+# `train` builds the kiln binary alone; `build` and `test` build everything, the tests included.
 action="${1:-build}"
 [ $# -gt 0 ] && shift
+case "$action" in build|train|test) ;; *) echo "setup: unknown action '$action' (use: build, train, test)" >&2; exit 2 ;; esac
+targets=()
+[ "$action" = train ] && targets=(--target kiln)
+say "building ${targets[*]:-everything} ($jobs jobs)"
+cmake --build "$build" -j "$jobs" "${targets[@]}"
+
+# ---- 4. run --------------------------------------------------------------------------------
 case "$action" in
   build) ;;
   train) exec "$build/kiln" train "$@" ;;
