@@ -36,6 +36,8 @@
 
 namespace kiln {
 
+class WaitClock;  // distributed/wait_clock.h
+
 enum class ReduceOp { Sum, Avg, Max, Min };
 
 class Work {
@@ -100,6 +102,14 @@ class Communicator {
   virtual CommStats stats() const = 0;
   // Sequence number of the last call issued (0 before the first).
   virtual uint64_t sequence() const = 0;
+
+  // The clock this group's wait()s count the caller's standstill into (distributed/wait_clock.h);
+  // split() hands it to the sub-group. Null (the default): not counted.
+  void count_waits_in(std::shared_ptr<WaitClock> clock) { wait_clock_ = std::move(clock); }
+  const std::shared_ptr<WaitClock>& wait_clock() const { return wait_clock_; }
+
+ protected:
+  std::shared_ptr<WaitClock> wait_clock_;
 };
 
 }  // namespace kiln

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "distributed/device_check.h"
 #include "distributed/error.h"
 #include "distributed/host_memory.h"
+#include "distributed/wait_clock.h"
 #include "distributed/watchdog.h"
 
 namespace kiln {
@@ -200,9 +202,9 @@ class AllToAllArgs {
 class MpiWork final : public Work {
  public:
   MpiWork(std::vector<MPI_Request> requests, std::function<void()> finish, std::string what,
-          std::shared_ptr<Watchdog> watchdog)
+          std::shared_ptr<Watchdog> watchdog, std::shared_ptr<WaitClock> clock = nullptr)
       : requests_(std::move(requests)), finish_(std::move(finish)), what_(std::move(what)),
-        watchdog_(std::move(watchdog)), token_(watchdog_ ? watchdog_->start(what_) : 0) {}
+        watchdog_(std::move(watchdog)), clock_(std::move(clock)), token_(watchdog_ ? watchdog_->start(what_) : 0) {}
   ~MpiWork() override {
     if (watchdog_ && !done_) watchdog_->complete(token_);
   }
@@ -210,8 +212,11 @@ class MpiWork final : public Work {
   void wait() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
+    const bool timed = clock_ != nullptr;  // distributed/wait_clock.h: the host stood still here
+    const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     check_mpi(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE), what_);
     complete();
+    if (timed) clock_->add_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
 
   bool is_completed() override {
@@ -234,6 +239,7 @@ class MpiWork final : public Work {
   std::function<void()> finish_;
   std::string what_;
   std::shared_ptr<Watchdog> watchdog_;
+  std::shared_ptr<WaitClock> clock_;
   uint64_t token_;
   bool done_ = false;
 };
@@ -284,7 +290,7 @@ class MpiCommunicator final : public Communicator {
       reqs.emplace_back();
       call(what, MPI_Iallreduce(MPI_IN_PLACE, at_element(h, off), static_cast<int>(len), type, mop, comm_, &reqs.back()));
     }
-    return std::make_shared<MpiWork>(std::move(reqs), stage.then(averager(h, op)), what, watchdog_);
+    return std::make_shared<MpiWork>(std::move(reqs), stage.then(averager(h, op)), what, watchdog_, wait_clock_);
   }
 
   std::shared_ptr<Work> reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
@@ -327,7 +333,7 @@ class MpiCommunicator final : public Communicator {
         out.copy_(target);
       };
     }
-    return std::make_shared<MpiWork>(std::move(reqs), std::move(finish), what, watchdog_);
+    return std::make_shared<MpiWork>(std::move(reqs), std::move(finish), what, watchdog_, wait_clock_);
   }
 
   std::shared_ptr<Work> all_gather(at::Tensor& out, const at::Tensor& in) override {
@@ -361,7 +367,7 @@ class MpiCommunicator final : public Communicator {
         }
       }
     }
-    return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_);
+    return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_, wait_clock_);
   }
 
   std::shared_ptr<Work> broadcast(at::Tensor& t, int root) override {
@@ -375,7 +381,7 @@ class MpiCommunicator final : public Communicator {
       reqs.emplace_back();
       call(what, MPI_Ibcast(at_element(h, off), static_cast<int>(len), type, root, comm_, &reqs.back()));
     }
-    return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_);
+    return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_, wait_clock_);
   }
 
   std::shared_ptr<Work> send_recv(const std::vector<P2POp>& ops) override {
@@ -404,7 +410,7 @@ class MpiCommunicator final : public Communicator {
         }
       }
     }
-    return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_);
+    return std::make_shared<MpiWork>(std::move(reqs), stage.then(nullptr), what, watchdog_, wait_clock_);
   }
 
   std::shared_ptr<Work> all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
@@ -429,7 +435,7 @@ class MpiCommunicator final : public Communicator {
     auto finish = [then = stage.then(nullptr), args]() {
       if (then) then();
     };
-    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, std::move(finish), what, watchdog_);
+    return std::make_shared<MpiWork>(std::vector<MPI_Request>{req}, std::move(finish), what, watchdog_, wait_clock_);
   }
 
   void barrier() override {
@@ -444,6 +450,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm sub;
     call("split", MPI_Comm_split(comm_, color, key, &sub));
     auto c = std::make_shared<MpiCommunicator>(sub, name, watchdog_, options_);
+    c->count_waits_in(wait_clock_);
     MPI_Comm_free(&sub);
     return c;
   }

@@ -23,6 +23,7 @@
 #include <nccl.h>
 
 #include "distributed/error.h"
+#include "distributed/wait_clock.h"
 #include "distributed/watchdog.h"
 
 namespace kiln {
@@ -99,8 +100,9 @@ void check_mpi(int rc, const std::string& what) {
 // A CUDA event without timing, made on the current device (callers hold a device guard).
 class Event {
  public:
-  explicit Event(const std::string& what) {
-    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), what);
+  // timing: an event cudaEventElapsedTime can read (the wait clock's); others are cheaper.
+  explicit Event(const std::string& what, bool timing = false) {
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming), what);
   }
   ~Event() { cudaEventDestroy(event_); }  // fine while pending: CUDA releases it once it fires
   Event(const Event&) = delete;
@@ -186,8 +188,9 @@ void abort_nccl(const std::shared_ptr<NcclHandle>& h, std::chrono::seconds limit
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<DoneEvent> done, std::string what, std::shared_ptr<Watchdog> watchdog, uint64_t token)
-      : done_(std::move(done)), what_(std::move(what)), watchdog_(std::move(watchdog)), token_(token) {}
+  NcclWork(std::shared_ptr<DoneEvent> done, std::string what, std::shared_ptr<Watchdog> watchdog, uint64_t token,
+           std::shared_ptr<WaitClock> clock)
+      : done_(std::move(done)), what_(std::move(what)), watchdog_(std::move(watchdog)), token_(token), clock_(std::move(clock)) {}
   // The watchdog entry stays until the event fires, whether or not this handle is kept.
   ~NcclWork() override = default;
 
@@ -196,7 +199,23 @@ class NcclWork final : public Work {
   void wait() override {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(done_->device));
     const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(done_->device)).stream();
+    if (!clock_) {
+      KILN_CUDA_CHECK(cudaStreamWaitEvent(current, done_->event.get(), 0), what_);
+      return;
+    }
+    // distributed/wait_clock.h: how long the stream stood still here, read once the work is done.
+    auto before = std::make_shared<Event>(what_, /*timing=*/true), after = std::make_shared<Event>(what_, /*timing=*/true);
+    KILN_CUDA_CHECK(cudaEventRecord(before->get(), current), what_);
     KILN_CUDA_CHECK(cudaStreamWaitEvent(current, done_->event.get(), 0), what_);
+    KILN_CUDA_CHECK(cudaEventRecord(after->get(), current), what_);
+    clock_->add_later([before, after] {
+      float ms = 0;
+      if (cudaEventSynchronize(after->get()) != cudaSuccess || cudaEventElapsedTime(&ms, before->get(), after->get()) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0.0;
+      }
+      return static_cast<double>(ms);
+    });
   }
 
   bool is_completed() override {
@@ -210,6 +229,7 @@ class NcclWork final : public Work {
   std::string what_;
   std::shared_ptr<Watchdog> watchdog_;
   uint64_t token_;
+  std::shared_ptr<WaitClock> clock_;
 };
 
 // ---- dtypes and operations -------------------------------------------------------------------
@@ -504,6 +524,7 @@ class NcclCommunicator final : public Communicator {
     try {
       const SplitOf origin{comm(), color, key};
       auto c = std::make_shared<NcclCommunicator>(sub, name, device_, watchdog_, &origin);
+      c->count_waits_in(wait_clock_);
       MPI_Comm_free(&sub);
       return c;
     } catch (...) {
@@ -568,7 +589,7 @@ class NcclCommunicator final : public Communicator {
     enqueue(stream_.stream());
     KILN_CUDA_CHECK(cudaEventRecord(done->event.get(), stream_.stream()), what);
     done->recorded.store(true);
-    return std::make_shared<NcclWork>(done, what, watchdog_, watch.release());
+    return std::make_shared<NcclWork>(done, what, watchdog_, watch.release(), wait_clock_);
   }
 
   // An asynchronous NCCL error (a peer died, a network failure) makes every later call throw.

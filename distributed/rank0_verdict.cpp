@@ -63,4 +63,12 @@ void decide_on_rank0(Communicator* host, const std::function<void()>& check) {
   }
 }
 
+std::vector<double> all_gather_doubles(Communicator* host, const std::vector<double>& mine) {
+  if (!host || host->size() <= 1) return mine;
+  const int64_t n = static_cast<int64_t>(mine.size());
+  at::Tensor row = at::tensor(mine, at::kDouble), all = at::empty({host->size() * n}, at::kDouble);
+  host->all_gather(all, row)->wait();
+  return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+}
+
 }  // namespace kiln

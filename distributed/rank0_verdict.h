@@ -27,4 +27,9 @@ std::string broadcast_string(Communicator& host, const std::string& s);
 // longest; host tensors). Collective over `host`.
 std::vector<std::string> all_gather_strings(Communicator& host, const std::string& mine);
 
+// Every rank's `mine` (the same count on every rank), concatenated in rank order, on every rank.
+// Collective over `host` (host tensors: an MPI group without a device, never NCCL); null or a
+// group of one: `mine`.
+std::vector<double> all_gather_doubles(Communicator* host, const std::vector<double>& mine);
+
 }  // namespace kiln

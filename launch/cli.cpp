@@ -140,6 +140,7 @@ const std::vector<Flag>& train_flags() {
       {"on-nonfinite", Kind::String, "stop | skip: a non-finite loss or gradient norm (bf16, fp32) stops the run, or skips the step", field(&TrainConfig::on_nonfinite)},
       {"spike-rollback", Kind::Float, "Z: when the loss is Z running standard deviations above its running mean for --spike-patience steps, reload the last checkpoint before it in place and skip the data since (0: off)", field(&TrainConfig::spike_rollback)},
       {"spike-patience", Kind::Int, "spiking steps in a row that trigger --spike-rollback (default 2)", field(&TrainConfig::spike_patience)},
+      {"max-rollbacks", Kind::Int, "the most --spike-rollback rollbacks a run makes, resumes included; the next spike ends it with exit 4 (default 5)", field(&TrainConfig::max_rollbacks)},
       {"async-save", Kind::Bool, "write checkpoints in the background (default true): the steps stall only for a copy of each rank's state into host memory; --async-save=false: every rank waits for the write (runtime/checkpoint/async_save.h)", field(&TrainConfig::async_save)},
       {"check-replicas", Kind::Int, "every N steps and before every save, the data-parallel replicas compare a hash of each weight; a mismatch (silent data corruption) ends the job (exit 4) naming the ranks and the tensor (0: never)", field(&TrainConfig::check_replicas)},
       {"straggler-factor", Kind::Float, "the summary names any rank whose median compute time a step is over this many times its pipeline stage's median (default 1.2)", field(&TrainConfig::straggler_factor)},

@@ -71,6 +71,10 @@ struct ReduceScatterRows : public torch::autograd::Function<ReduceScatterRows> {
 // gathers them again (Megatron's SP does the same: Korthikanti et al. s4.2.2). Under autocast x
 // is cast to the compute dtype before the gather, as at::linear would cast it after; the input
 // gradient is reduce-scattered in x's own dtype (the bytes plain tp's all-reduce moves).
+// The backward computes only what its caller asks for (needs_input_grad: the graph task's own
+// outputs): ZB-H1's input pass (parallel/backward_split.h) wants dX alone -- no gather, no dW --
+// and its weight pass dW and db alone -- no dX, no reduce-scatter -- so the split backward moves
+// the bytes of one backward, not of two.
 struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                             at::IValue group) {
@@ -89,13 +93,18 @@ struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
     const at::Tensor &xc = saved[0], &w = saved[1];
     Communicator& g = group_in(ctx->saved_data["g"]);
     const at::Tensor dy = grads[0].contiguous();
-    const at::Tensor whole = gather_blocks(xc, 1, g);  // [B, T, K] again
-    const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    const at::Tensor dx = scatter_blocks(at::matmul(dy, w.to(dy.scalar_type())).to(x_dtype), 1, g);
     const at::Tensor dy2 = dy.reshape({-1, dy.size(-1)});
-    const at::Tensor dw = dy2.t().mm(whole.reshape({-1, whole.size(-1)}).to(dy.scalar_type())).to(w.scalar_type());
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) {
+      const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      dx = scatter_blocks(at::matmul(dy, w.to(dy.scalar_type())).to(x_dtype), 1, g);
+    }
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor whole = gather_blocks(xc, 1, g);  // [B, T, K] again
+      dw = dy2.t().mm(whole.reshape({-1, whole.size(-1)}).to(dy.scalar_type())).to(w.scalar_type());
+    }
     const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
-    const at::Tensor db = b_dtype < 0 ? at::Tensor() : dy2.sum(0).to(static_cast<at::ScalarType>(b_dtype));
+    if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = dy2.sum(0).to(static_cast<at::ScalarType>(b_dtype));
     return {dx, dw, db, at::Tensor()};
   }
 };

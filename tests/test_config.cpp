@@ -8,7 +8,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
 #include "distributed/device_peaks.h"
@@ -63,6 +66,56 @@ TEST(ReplicaCheck, BitSumSeesOneFlippedBit) {
   EXPECT_EQ(std::llabs(bit_sum(w).item<int64_t>() - before), 8);
   const at::Tensor h = at::randn({16}).to(at::kBFloat16);
   EXPECT_EQ(bit_sum(h).item<int64_t>(), h.view(at::kShort).to(at::kLong).sum().item<int64_t>());
+}
+
+// The hash's memory: summed a chunk at a time, the int64 temporary is kBitSumChunk x 8 bytes, not
+// 8 bytes an element of the tensor. Every CPU allocation made meanwhile is counted by an allocator
+// put in front of LibTorch's for the call.
+namespace {
+struct CountingCpuAllocator final : c10::Allocator {
+  struct Held {
+    c10::DataPtr inner;
+    size_t bytes;
+    CountingCpuAllocator* owner;
+  };
+  explicit CountingCpuAllocator(c10::Allocator* in) : inner(in) {}
+  c10::DataPtr allocate(size_t n) override {
+    live += static_cast<int64_t>(n);
+    peak = std::max(peak, live);
+    auto* held = new Held{inner->allocate(n), n, this};
+    void* data = held->inner.get();
+    const c10::Device device = held->inner.device();
+    return {data, held, &release, device};
+  }
+  static void release(void* ctx) {
+    auto* held = static_cast<Held*>(ctx);
+    held->owner->live -= static_cast<int64_t>(held->bytes);
+    delete held;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+  c10::Allocator* inner;
+  int64_t live = 0, peak = 0;
+};
+}  // namespace
+
+TEST(ReplicaCheck, BitSumOfALargeTensorAllocatesAChunkNotACopy) {
+  const int64_t n = 4 * kiln::kBitSumChunk + 12345;  // 16.8M fp32 elements: 134 MB as int64
+  const at::Tensor w = at::randn({n});
+  const int64_t expected = w.view(at::kInt).narrow(0, 0, n / 2).to(at::kLong).sum().item<int64_t>() +
+                           w.view(at::kInt).narrow(0, n / 2, n - n / 2).to(at::kLong).sum().item<int64_t>();
+  c10::Allocator* libtorch = c10::GetCPUAllocator();
+  CountingCpuAllocator counting(libtorch);
+  c10::SetCPUAllocator(&counting, /*priority=*/255);
+  int64_t sum = 0;
+  try {
+    sum = bit_sum(w).item<int64_t>();
+  } catch (...) {
+    c10::SetCPUAllocator(libtorch, 255);
+    throw;
+  }
+  c10::SetCPUAllocator(libtorch, 255);
+  EXPECT_EQ(sum, expected);
+  EXPECT_LE(counting.peak, kiln::kBitSumChunk * 8 + (int64_t{1} << 20)) << "bytes allocated at once while hashing " << n << " elements";
 }
 
 // The verdict: per tensor, the ranks outside the majority of its replicas (all of them without

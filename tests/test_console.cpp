@@ -3,6 +3,7 @@
 // timer that times the steps (runtime/observe/phase_timer.h); the stragglers' rule
 // (runtime/observe/stragglers.h).
 #include <chrono>
+#include <memory>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "distributed/wait_clock.h"
 #include "runtime/observe/console.h"
 #include "runtime/observe/phase_timer.h"
 #include "runtime/observe/stragglers.h"
@@ -83,6 +85,12 @@ TEST(Console, SummaryFromTheRecord) {
   EXPECT_NE(out.find("20.9K tok/s, 0.11 TFLOP/s/device; peak memory 0.43 GB"), std::string::npos) << out;
   EXPECT_EQ(out.find("mfu"), std::string::npos) << out;
   EXPECT_NE(out.find("last checkpoint ckpt/step_00000300"), std::string::npos) << out;
+  EXPECT_EQ(out.find("rollback"), std::string::npos) << out;
+  // Spike rollbacks say so, with the data they skipped.
+  sum["rollbacks"] = 2;
+  sum["skipped_samples"] = 24;
+  const std::string rolled = format_summary(sum, 307200);
+  EXPECT_NE(rolled.find("2 spike rollback(s); 24 sample position(s) of the stream skipped, never trained on"), std::string::npos) << rolled;
   // Nothing trained (--steps 0, or resumed at the end): no losses, no throughput.
   nlohmann::json none{{"start_step", 0}, {"end_step", 0}, {"updates", 0}, {"skipped_steps", 0}, {"final_loss", nullptr},
                       {"mean_tokens_per_s", nullptr}, {"peak_mem_gb", 0.1}, {"wall_s", 1.0}};
@@ -117,11 +125,19 @@ TEST(Stragglers, StagesAreComparedWithThemselves) {
 // A world of one: the step's slowest rank is this one; nothing to compare at the end.
 TEST(Stragglers, AWorldOfOne) {
   StragglerWatch w(nullptr, 0, 1.2);
-  const SlowestRank a = w.step(12.5, /*timed=*/false);
+  const SlowestRank a = w.step({12.5}, 12.5, /*timed=*/false);
   EXPECT_DOUBLE_EQ(a.compute_ms, 12.5);
   EXPECT_EQ(a.rank, 0);
-  w.step(11.0, true);
+  w.step({11.0}, 11.0, true);
   EXPECT_TRUE(w.finish().empty());
+}
+
+// The step's slowest rank from every rank's compute time: the largest, the lowest rank of a tie.
+TEST(Stragglers, TheSlowestOfTheGatheredTimes) {
+  StragglerWatch w(nullptr, 0, 1.2);
+  const SlowestRank s = w.step({3.0, 7.5, 7.5, 1.0}, 3.0, true);
+  EXPECT_DOUBLE_EQ(s.compute_ms, 7.5);
+  EXPECT_EQ(s.rank, 1);
 }
 
 }  // namespace
@@ -154,4 +170,33 @@ TEST(PhaseTimer, CutAtAMarkKeepsTheLaterMarksForTheNextInterval) {
   const double between = std::chrono::duration<double, std::milli>(t.cut_time() - boundary1).count();
   EXPECT_NEAR(sum, between, 1e-6);
   EXPECT_THROW(t.cut(update), std::logic_error);  // already cut
+}
+
+// distributed/wait_clock.h through the phase timer: a wait counts in the interval whose mark follows
+// it, by that interval's phase; waits before a chain's start belong to no interval; a device wait
+// (add_later) is read at the cut.
+TEST(PhaseTimer, WaitsInCollectivesCountInTheirInterval) {
+  auto clock = std::make_shared<kiln::WaitClock>();
+  kiln::PhaseTimer t(c10::Device(c10::kCPU), clock);
+  clock->add_ms(100.0);  // before the chain: dropped at start()
+  t.start();
+  clock->add_ms(3.0);
+  t.mark(kiln::Phase::Forward);
+  clock->add_later([] { return 4.0; });
+  clock->add_ms(1.0);
+  t.mark(kiln::Phase::Backward);
+  clock->add_ms(5.0);
+  const size_t comm = t.mark(kiln::Phase::Comm);
+  clock->add_ms(7.0);  // after the cut's mark: the next interval's
+  const size_t update = t.mark(kiln::Phase::Optimizer);
+  std::array<double, kiln::kNumPhases> waited{};
+  t.cut(comm, &waited);
+  EXPECT_DOUBLE_EQ(waited[static_cast<size_t>(kiln::Phase::Forward)], 3.0);
+  EXPECT_DOUBLE_EQ(waited[static_cast<size_t>(kiln::Phase::Backward)], 5.0);
+  EXPECT_DOUBLE_EQ(waited[static_cast<size_t>(kiln::Phase::Comm)], 5.0);
+  EXPECT_DOUBLE_EQ(waited[static_cast<size_t>(kiln::Phase::Optimizer)], 0.0);
+  t.cut(update, &waited);
+  EXPECT_DOUBLE_EQ(waited[static_cast<size_t>(kiln::Phase::Optimizer)], 7.0);
+  EXPECT_DOUBLE_EQ(waited[static_cast<size_t>(kiln::Phase::Forward)], 0.0);
+  EXPECT_DOUBLE_EQ(clock->take(12345), 0.0);  // an unknown segment
 }

@@ -94,6 +94,34 @@ TEST(SequenceParallel, GatheredLinearMatchesTheDenseLayer) {
   }
 }
 
+// The backward computes what is asked for, and moves only its bytes: the gradient of the input
+// alone (ZB-H1's input pass) is one reduce-scatter and no gather; the weight's and bias's alone
+// (its weight pass) one gather and no reduce-scatter; both together, one of each.
+TEST(SequenceParallel, GatheredLinearBackwardMovesOnlyWhatIsAskedFor) {
+  const int64_t n = g_world->size(), r = g_world->rank();
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({2, 3 * n, 16}), w = at::randn({8 * n, 16}), b = at::randn({8 * n});
+  auto run = [&](int which, int64_t* calls) {  // 0: x alone, 1: w and b alone, 2: all three
+    auto xr = leaf(x.narrow(1, 3 * r, 3)), wr = leaf(w.chunk(n, 0)[r]), br = leaf(b.chunk(n, 0)[r]);
+    const at::Tensor loss = kiln::gathered_linear(xr, wr, br, g_world).square().sum();
+    std::vector<at::Tensor> inputs = which == 0 ? std::vector<at::Tensor>{xr}
+                                   : which == 1 ? std::vector<at::Tensor>{wr, br}
+                                                : std::vector<at::Tensor>{xr, wr, br};
+    const int64_t before = g_world->stats().calls;
+    std::vector<at::Tensor> grads = torch::autograd::grad({loss}, inputs);
+    *calls = g_world->stats().calls - before;
+    return grads;
+  };
+  int64_t input_calls = 0, weight_calls = 0, both_calls = 0;
+  const auto gi = run(0, &input_calls), gw = run(1, &weight_calls), all = run(2, &both_calls);
+  EXPECT_EQ(input_calls, 1) << "the input pass: one reduce-scatter";
+  EXPECT_EQ(weight_calls, 1) << "the weight pass: one gather";
+  EXPECT_EQ(both_calls, 2);
+  expect_close(gi[0], all[0], "the input's gradient, alone");
+  expect_close(gw[0], all[1], "the weight's gradient, alone");
+  expect_close(gw[1], all[2], "the bias's gradient, alone");
+}
+
 // Chunks i and 2n-1-i: every position held once, and the causal attention work (position p
 // attends p + 1 keys) the same on every rank.
 TEST(ContextParallel, PositionsCoverTheSequenceAndBalanceTheWork) {

@@ -416,6 +416,7 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
                         {"files", files}};
   // Data windows a spike rollback skipped (runtime/trainer/spike_guard.h): a resume skips them too.
   if (!progress.skipped_samples.empty()) state_json["skipped_samples"] = progress.skipped_samples;
+  if (progress.rollbacks > 0) state_json["rollbacks"] = progress.rollbacks;
   write_synced(tmp + "/trainer_state.json", state_json.dump(2) + "\n");
   fsync_path(tmp, true);
   maybe_slow_save();
@@ -607,6 +608,7 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   r.progress.samples = st.at("samples").get<int64_t>();
   r.progress.loss_scaler = st.at("loss_scaler");
   r.progress.skipped_samples = st.value("skipped_samples", std::vector<std::pair<int64_t, int64_t>>{});
+  r.progress.rollbacks = st.value("rollbacks", int64_t{0});
   r.run = st.value("run", json::object());
   r.io.bytes = c.bytes;
   r.io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

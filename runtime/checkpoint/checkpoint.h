@@ -69,6 +69,7 @@ struct TrainProgress {
   nlohmann::json loss_scaler = nlohmann::json::object();  // LossScaler::state()
   // Stream positions [start, end) never trained on (spike rollbacks' windows; data/loader.h)
   std::vector<std::pair<int64_t, int64_t>> skipped_samples;
+  int64_t rollbacks = 0;  // spike rollbacks made so far (--max-rollbacks)
 };
 
 // What a save or a load moved, measured on rank 0.

@@ -78,6 +78,11 @@ std::string format_summary(const nlohmann::json& summary, int64_t tokens_seen) {
   }
   out += strprintf("; peak memory %.2f GB", summary.value("peak_mem_gb", 0.0));
   if (const auto w = number(summary, "mean_watts")) out += strprintf("; %.0f W", *w);
+  const int64_t rollbacks = get_int("rollbacks"), skipped_samples = get_int("skipped_samples");
+  if (rollbacks > 0 || skipped_samples > 0) {
+    out += strprintf("\n      %lld spike rollback(s); %lld sample position(s) of the stream skipped, never trained on",
+                     static_cast<long long>(rollbacks), static_cast<long long>(skipped_samples));
+  }
   if (summary.contains("checkpoint") && summary.at("checkpoint").is_string())
     out += "\n      last checkpoint " + summary.at("checkpoint").get<std::string>();
   return out;

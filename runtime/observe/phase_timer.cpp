@@ -2,6 +2,7 @@
 #include "runtime/observe/phase_timer.h"
 
 #include <algorithm>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 
@@ -9,6 +10,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
+
+#include "distributed/wait_clock.h"
 
 namespace kiln {
 
@@ -39,7 +42,7 @@ struct PhaseTimer::CudaEvents {
 #endif
 };
 
-PhaseTimer::PhaseTimer(c10::Device device) : device_(device) {
+PhaseTimer::PhaseTimer(c10::Device device, std::shared_ptr<WaitClock> clock) : device_(device), clock_(std::move(clock)) {
 #if defined(KILN_WITH_CUDA)
   if (device_.is_cuda()) cuda_ = std::make_unique<CudaEvents>();
 #endif
@@ -48,6 +51,11 @@ PhaseTimer::~PhaseTimer() = default;
 
 void PhaseTimer::start() {
   if (!host_.empty()) base_ = latest() + 1;  // tokens of the old chain never match the new one
+  if (clock_) {  // the old chain's waits, and those since its last mark, belong to no interval
+    for (int64_t s : segments_) clock_->take(s);
+    clock_->take(clock_->segment());
+  }
+  segments_.clear();
   phases_.clear();
   host_.clear();
 #if defined(KILN_WITH_CUDA)
@@ -61,6 +69,7 @@ void PhaseTimer::start() {
 
 size_t PhaseTimer::mark(Phase p) {
   phases_.push_back(p);
+  segments_.push_back(clock_ ? clock_->segment() : -1);
 #if defined(KILN_WITH_CUDA)
   if (cuda_) cuda_->record();
 #endif
@@ -75,7 +84,7 @@ void PhaseTimer::wait(size_t token) {
 #endif
 }
 
-std::array<double, kNumPhases> PhaseTimer::cut(size_t token) {
+std::array<double, kNumPhases> PhaseTimer::cut(size_t token, std::array<double, kNumPhases>* waited) {
   if (token < base_ || token > latest()) throw std::logic_error("PhaseTimer::cut: not a mark of this chain");
   const size_t k = token - base_;
   std::array<double, kNumPhases> ms{};
@@ -87,6 +96,12 @@ std::array<double, kNumPhases> PhaseTimer::cut(size_t token) {
     if (!cuda_) dt = std::chrono::duration<double, std::milli>(host_[i + 1] - host_[i]).count();
     ms[static_cast<size_t>(phases_[i])] += dt;
   }
+  if (waited) waited->fill(0.0);
+  for (size_t i = 0; i < k; ++i) {
+    const double w = clock_ ? clock_->take(segments_[i]) : 0.0;
+    if (waited) (*waited)[static_cast<size_t>(phases_[i])] += w;
+  }
+  segments_.erase(segments_.begin(), segments_.begin() + static_cast<std::ptrdiff_t>(k));
   phases_.erase(phases_.begin(), phases_.begin() + static_cast<std::ptrdiff_t>(k));
   host_.erase(host_.begin(), host_.begin() + static_cast<std::ptrdiff_t>(k));
 #if defined(KILN_WITH_CUDA)

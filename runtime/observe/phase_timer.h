@@ -11,6 +11,9 @@
 // interval is exactly its forward, backward, communication and update, even when the next step's
 // forward and backward were queued before it was read (runtime/trainer/trainer.cpp). start() begins a
 // new chain (the first step, and after an evaluation or a save, which synchronise anyway).
+// With a wait clock (distributed/wait_clock.h) each interval also carries the time this rank stood
+// still in collectives' waits within it, by phase (cut's `waited`): a forward's own compute is its
+// time less its waits.
 // Phases:
 //   forward    the micro-steps' forward passes (loss included)
 //   backward   their backward passes
@@ -28,12 +31,14 @@
 
 namespace kiln {
 
+class WaitClock;
+
 enum class Phase { Forward = 0, Backward, Comm, Optimizer };
 constexpr size_t kNumPhases = 4;
 
 class PhaseTimer {
  public:
-  explicit PhaseTimer(c10::Device device);
+  explicit PhaseTimer(c10::Device device, std::shared_ptr<WaitClock> clock = nullptr);
   ~PhaseTimer();
   void start();             // a new chain: the next interval begins now
   size_t mark(Phase p);     // the work queued since the previous mark belongs to p; returns its token
@@ -41,8 +46,9 @@ class PhaseTimer {
   // on the CPU the work is done already).
   void wait(size_t token);
   // Milliseconds per phase from the chain's start or the last cut to mark `token`,
-  // which must be done (wait); the next interval begins at that mark.
-  std::array<double, kNumPhases> cut(size_t token);
+  // which must be done (wait); the next interval begins at that mark. `waited`: of them, the
+  // waits in collectives, per phase (zeros without a clock).
+  std::array<double, kNumPhases> cut(size_t token, std::array<double, kNumPhases>* waited = nullptr);
   size_t latest() const { return base_ + host_.size() - 1; }
   // The host clock at the mark the last cut ended at (at the chain's start before any cut).
   std::chrono::steady_clock::time_point cut_time() const { return host_.front(); }
@@ -51,6 +57,8 @@ class PhaseTimer {
   struct CudaEvents;
   c10::Device device_;
   std::vector<Phase> phases_;
+  std::shared_ptr<WaitClock> clock_;
+  std::vector<int64_t> segments_;  // the wait clock's segment of each interval (with phases_)
   std::vector<std::chrono::steady_clock::time_point> host_;  // the host clock at the interval's start and each mark since
   size_t base_ = 0;  // the token of host_[0]
   std::unique_ptr<CudaEvents> cuda_;

@@ -1,12 +1,10 @@
-// runtime/observe/stragglers.cpp -- host all-gathers of one double, and medians.
+// runtime/observe/stragglers.cpp -- the step's slowest rank, and medians.
 #include "runtime/observe/stragglers.h"
 
 #include <algorithm>
 #include <map>
 
-#include <ATen/ATen.h>
-
-#include "distributed/comm.h"
+#include "distributed/rank0_verdict.h"
 
 namespace kiln {
 namespace {
@@ -18,16 +16,6 @@ double median(std::vector<double> v) {
   const double hi = v[mid];
   if (v.size() % 2 == 1) return hi;
   return (hi + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid))) / 2.0;
-}
-
-// Every rank's values, mine.size() doubles each. Host tensors on purpose: `world` is an MPI group
-// of its own without a device (runtime/trainer/trainer.cpp), never a run's NCCL group.
-std::vector<double> all_gather_doubles(Communicator* world, const std::vector<double>& mine) {
-  if (!world || world->size() <= 1) return mine;
-  const int64_t n = static_cast<int64_t>(mine.size());
-  at::Tensor row = at::tensor(mine, at::kDouble), all = at::empty({world->size() * n}, at::kDouble);
-  world->all_gather(all, row)->wait();
-  return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
 }
 
 }  // namespace
@@ -48,9 +36,8 @@ std::vector<Straggler> find_stragglers(const std::vector<double>& median_ms, con
 StragglerWatch::StragglerWatch(std::shared_ptr<Communicator> world, int pp_stage, double factor)
     : world_(std::move(world)), stage_(pp_stage), factor_(factor) {}
 
-SlowestRank StragglerWatch::step(double compute_ms, bool timed) {
-  if (timed) mine_.push_back(compute_ms);
-  const std::vector<double> all = all_gather_doubles(world_.get(), {compute_ms});
+SlowestRank StragglerWatch::step(const std::vector<double>& all, double mine, bool timed) {
+  if (timed) mine_.push_back(mine);
   SlowestRank s;
   for (size_t r = 0; r < all.size(); ++r)
     if (r == 0 || all[r] > s.compute_ms) s = {all[r], static_cast<int>(r)};

@@ -2,11 +2,14 @@
 // are slow over the run.
 //
 // A slow GPU or node slows the whole job (every collective waits for it) while its own figures
-// look normal: the others' time goes into waiting (their comm phase), its own into compute. So
-// each rank's compute time a step -- its phase timer's forward + backward, runtime/observe/phase_timer.h
-// -- is all-gathered over the world (8 bytes a rank, on a host communicator of its own, not the
-// mesh's: the step's comm_bytes stay what `kiln plan --compare` checks) and the step record
-// carries the largest and its rank (`slowest_compute_ms`, `slowest_rank`).
+// look normal: the others' time goes into waiting, its own into compute. So each rank's own
+// compute time a step -- its phase timer's forward + backward (runtime/observe/phase_timer.h) less
+// the time it stood still in collectives' waits inside them (distributed/wait_clock.h: tp's,
+// sp's, cp's, ep's, ZeRO-3's gathers, a pipeline's transfers, where every rank waits for the
+// slowest) -- is all-gathered over the world with the step's stop request (the one host collective
+// a step, runtime/trainer/trainer_loop.cpp: 16 bytes a rank over the host group, not the mesh, so
+// the step's comm_bytes stay what `kiln plan --compare` checks) and the step record carries the
+// largest and its rank (`slowest_compute_ms`, `slowest_rank`).
 //
 // Over the run each rank keeps its own compute times (the timed steps: the first pays for
 // allocation); at the end the ranks' medians are all-gathered once and a rank is a straggler when
@@ -44,9 +47,9 @@ class StragglerWatch {
   // world: an MPI communicator of the world that is none of the mesh's (null: a world of one).
   StragglerWatch(std::shared_ptr<Communicator> world, int pp_stage, double factor);
 
-  // One step's compute time on this rank; `timed` keeps it for the median. Collective over the
-  // world (an all-gather of one double).
-  SlowestRank step(double compute_ms, bool timed);
+  // One step: every rank's compute time (all[r], gathered by the caller) and this rank's, which
+  // `timed` keeps for the median. Local.
+  SlowestRank step(const std::vector<double>& all, double mine, bool timed);
 
   // The stragglers over the run, the same list on every rank. Collective over the world.
   std::vector<Straggler> finish();

@@ -1,10 +1,12 @@
 // runtime/trainer/replica_check.cpp -- bit sums on the device, lists all-gathered, majorities.
 #include "runtime/trainer/replica_check.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <sstream>
+#include <string>
 
 #include <ATen/ATen.h>
 
@@ -20,7 +22,14 @@ at::Tensor bit_sum(const at::Tensor& t) {
   if (flat.element_size() == 2) as = at::kShort;
   else if (flat.element_size() == 8) as = at::kLong;
   else if (flat.element_size() == 1) as = at::kChar;
-  return at::sum(flat.view(as), at::kLong);
+  const at::Tensor bits = flat.view(as);
+  // A sum into int64 of an int16/int32 tensor makes an int64 copy of what it sums (4.2 GB for a
+  // 128256 x 4096 embedding): summed a chunk at a time, the copy is kBitSumChunk x 8 bytes.
+  const int64_t n = bits.numel();
+  if (n <= kBitSumChunk) return at::sum(bits, at::kLong);
+  at::Tensor total = at::zeros({}, bits.options().dtype(at::kLong));
+  for (int64_t i = 0; i < n; i += kBitSumChunk) total.add_(at::sum(bits.narrow(0, i, std::min(kBitSumChunk, n - i)), at::kLong));
+  return total;
 }
 
 std::vector<std::string> replica_disagreements(const std::vector<std::string>& rows) {
@@ -61,8 +70,11 @@ std::vector<std::string> replica_disagreements(const std::vector<std::string>& r
 ReplicaCheck::ReplicaCheck(std::vector<ReplicaTensor> tensors, int rank) : tensors_(std::move(tensors)), rank_(rank) {
   if (const char* spec = std::getenv("KILN_TEST_FLIP_BIT")) {
     long long r = -1, step = -1;
-    if (std::sscanf(spec, "%lld:%lld", &r, &step) != 2 || step < 1) {
-      throw ConfigError(std::string("KILN_TEST_FLIP_BIT=") + spec + ": want RANK:STEP, STEP >= 1");
+    char which[8] = "first";
+    const int n = std::sscanf(spec, "%lld:%lld:%7s", &r, &step, which);
+    flip_last_ = std::string(which) == "last";
+    if (n < 2 || step < 1 || (!flip_last_ && std::string(which) != "first")) {
+      throw ConfigError(std::string("KILN_TEST_FLIP_BIT=") + spec + ": want RANK:STEP[:first|last], STEP >= 1");
     }
     if (r == rank_) flip_step_ = step;
   }
@@ -71,7 +83,7 @@ ReplicaCheck::ReplicaCheck(std::vector<ReplicaTensor> tensors, int rank) : tenso
 void ReplicaCheck::maybe_inject(int64_t step) {
   if (step != flip_step_ || tensors_.empty()) return;
   at::NoGradGuard no_grad;
-  const at::Tensor& t = tensors_.front().tensor;
+  const at::Tensor& t = flip_last_ ? tensors_.back().tensor : tensors_.front().tensor;
   at::Tensor bits = t.detach().view({-1}).view(t.element_size() == 2 ? at::kShort : at::kInt);
   bits.narrow(0, 0, 1).bitwise_xor_(1 << 10);  // one bit of the first element's mantissa
 }

@@ -14,13 +14,13 @@
 //   - The hash of a tensor: the sum of its elements' bit patterns as integers (int32 for fp32,
 //     int16 for 16-bit weights), summed in int64 on the device: exact, and any single flipped bit
 //     changes it by +-2^k; a permutation of elements would not, which corruption does not do.
-//     One reduction kernel per parameter, on check steps only.
+//     One reduction kernel per parameter (per 4M elements of it), on check steps only.
 //   - The comparison: each rank's list "tensor: hash" is all-gathered over the host group (MPI,
 //     host memory: not the steps' comm_bytes); every rank finds the same disagreements, so every
 //     rank throws the same error: exit 4, one line naming the tensor, the ranks that differ from the
 //     majority of its replicas, and the step -- before a save can write the weights.
-// Test-only fault injection (tests/cli/guards.sh): KILN_TEST_FLIP_BIT=RANK:STEP flips one bit of
-// rank RANK's first parameter after step STEP (1-based) has been read.
+// Test-only fault injection (tests/cli/guards.sh): KILN_TEST_FLIP_BIT=RANK:STEP[:first|last] flips one
+// bit of rank RANK's first (or last) parameter after step STEP (1-based) has been read.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +42,10 @@ struct ReplicaTensor {
   std::string replicas;
 };
 
-// The integer sum of a tensor's bit patterns (above), on its device; a 0-dim int64 tensor.
+// The integer sum of a tensor's bit patterns (above), on its device; a 0-dim int64 tensor. Summed
+// kBitSumChunk elements at a time: the int64 temporary of a reduction is 32 MB, not 8 bytes an
+// element of the tensor (an embedding's 4 GB, right before a save).
+constexpr int64_t kBitSumChunk = int64_t{1} << 22;
 at::Tensor bit_sum(const at::Tensor& t);
 
 // The disagreements in every rank's "name -> hash" list (rows[r]: rank r's "key|name|hash" lines):
@@ -62,6 +65,7 @@ class ReplicaCheck {
   std::vector<ReplicaTensor> tensors_;
   int rank_ = 0;
   int64_t flip_step_ = -1;
+  bool flip_last_ = false;  // the flip in the last parameter, not the first
 };
 
 }  // namespace kiln

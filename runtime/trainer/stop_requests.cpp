@@ -6,9 +6,6 @@
 #include <csignal>
 #include <map>
 
-#include <ATen/ATen.h>
-
-#include "distributed/comm.h"
 #include "distributed/error.h"
 
 namespace kiln {
@@ -79,13 +76,6 @@ std::string StopRequests::name(int signal) {
   for (const auto& [n, s] : signals())
     if (s == signal) return "SIG" + n;
   return "signal " + std::to_string(signal);
-}
-
-int64_t StopRequests::agree(int64_t request, Communicator* host) {
-  if (host == nullptr || host->size() == 1) return request;
-  at::Tensor agreed = at::full({1}, request, at::kLong);  // host memory, on the host group
-  host->all_reduce(agreed, ReduceOp::Max)->wait();
-  return agreed.item<int64_t>();
 }
 
 }  // namespace kiln

@@ -4,8 +4,9 @@
 // Schedulers warn before they kill: Slurm sends SIGTERM at the end of a job's time (and, with
 // --signal=USR1@120, SIGUSR1 two minutes before), a user presses Ctrl-C. With the handlers of
 // StopRequests installed, the first such signal only records itself; the trainer then finishes
-// the step under way, the ranks agree (one all-reduce of the request per step on the host group:
-// a signal that reached one rank stops every rank after the same step), the job saves a checkpoint
+// the step under way, the ranks agree (the request rides on the step's one all-gather over the host
+// group, runtime/trainer/trainer_loop.cpp: a signal that reached one rank stops every rank after the
+// same step), the job saves a checkpoint
 // when --save-dir is set, logs its summary with the reason, prints "interrupted at step N, saved
 // DIR/step_N" and exits with kExitStopped. A second SIGINT ends the process at once (its default
 // action is restored after the first). The recorded signal is the one process-wide fact here: a
@@ -25,8 +26,6 @@
 
 namespace kiln {
 
-class Communicator;
-
 // The exit code of a job stopped on request (EX_TEMPFAIL: "try again later" -- resume it).
 constexpr int kExitStopped = 75;
 
@@ -45,10 +44,6 @@ class StopRequests {
 
   // "SIGTERM", ... for a signal number.
   static std::string name(int signal);
-
-  // Every rank's request agreed: the largest, by one all-reduce of a host tensor over `host`
-  // (the host group, MPI without a device: no device synchronisation). host null: `request`.
-  static int64_t agree(int64_t request, Communicator* host);
 
  private:
   std::vector<int> installed_;

@@ -159,6 +159,7 @@ void TrainConfig::validate_state() const {
   at_least("check-replicas", check_replicas, int64_t{0});
   at_least("spike-rollback", spike_rollback, 0.0);
   at_least("spike-patience", spike_patience, int64_t{1});
+  at_least("max-rollbacks", max_rollbacks, int64_t{1});
   if (spike_rollback > 0 && save_dir.empty()) {
     throw ConfigError("--spike-rollback goes back to the last checkpoint before a spike: give --save-dir (and --save-every)");
   }
@@ -274,6 +275,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["async_save"] = async_save;
   j["spike_rollback"] = spike_rollback;
   j["spike_patience"] = spike_patience;
+  j["max_rollbacks"] = max_rollbacks;
   j["loss_chunk_rows"] = loss_chunk_rows;
   j["deterministic"] = deterministic;
   j["save_dir"] = save_dir;

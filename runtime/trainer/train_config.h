@@ -76,6 +76,7 @@ struct TrainConfig {
   std::string on_nonfinite = "stop";          // bf16/fp32 non-finite loss or norm: stop | skip
   double spike_rollback = 0;                  // Z: a loss Z running std above its running mean, --spike-patience steps in a row, rolls back (0: off)
   int64_t spike_patience = 2;                 // spiking steps in a row that make a spike
+  int64_t max_rollbacks = 5;                  // spike rollbacks a run may make (checkpoints carry the count); one more ends it (exit 4)
   bool async_save = true;                     // saves written by a background thread; the steps stall for a host copy (false: synchronous)
   int64_t check_replicas = 0;                 // every N steps and before saves: the replicas' weights compared (0: never)
   double straggler_factor = 1.2;              // the summary names ranks whose median compute is over this x their stage's

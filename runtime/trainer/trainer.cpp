@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <optional>
 #include <thread>
@@ -176,6 +177,11 @@ void Trainer::build_mesh() {
     if (r.backend == "nccl") world = make_nccl_communicator(MPI_COMM_WORLD, "world", device.index(), r.watchdog);
 #endif
     if (!world) world = make_mpi_communicator(MPI_COMM_WORLD, "world", r.watchdog, device);
+    // The mesh's groups (split from the world) count where a rank stood still in a collective's
+    // wait during its forward and backward: its compute without the others' lateness
+    // (distributed/wait_clock.h, runtime/observe/stragglers.h).
+    r.wait_clock = std::make_shared<WaitClock>();
+    world->count_waits_in(r.wait_clock);
     r.mesh = std::make_unique<Mesh>(std::move(world), r.shape);
     r.dp_rank = r.mesh->coord().dp;
   }
@@ -194,7 +200,6 @@ void Trainer::take_guards() {
   // The job's distinct devices and the energy summed over them, over a communicator of their
   // own: the mesh's (host_world too, under the MPI backend) are counted in comm_bytes.
   if (r.mesh) r.metrics_world = proc_.mpi ? make_mpi_communicator(MPI_COMM_WORLD, "metrics", r.watchdog) : make_self_communicator("metrics", "local");
-  if (r.mesh && proc_.mpi) r.straggler_world = make_mpi_communicator(MPI_COMM_WORLD, "stragglers", r.watchdog);
 }
 
 // The tokenizer, the training data and its loader (this rank's micro-batches of the global
@@ -459,16 +464,22 @@ void Trainer::build_observers() {
   const c10::Device device = r.dev.device;
   r.flops_per_token = flops_per_token(cfg_.gpt);
   reset_peak_memory(device);  // this run's peak, even in a process that ran others (kiln bench)
-  r.timer = std::make_unique<PhaseTimer>(device);
+  r.timer = std::make_unique<PhaseTimer>(device, r.wait_clock);
   r.energy = std::make_unique<EnergyMeter>(device);
   r.devices = std::make_unique<JobDevices>(device, r.energy->available(), std::move(r.metrics_world));
-  r.stragglers = std::make_unique<StragglerWatch>(std::move(r.straggler_world), r.mesh ? r.mesh->coord().pp : 0, cfg_.straggler_factor);
-  // Test-only (tests/cli/guards.sh): KILN_TEST_SLOW_RANK=RANK:MS makes rank RANK sleep MS each step, in its forward.
+  r.stragglers = std::make_unique<StragglerWatch>(r.mesh && proc_.mpi ? r.host_world : nullptr, r.mesh ? r.mesh->coord().pp : 0,
+                                                  cfg_.straggler_factor);
+  // Test-only (tests/cli/guards.sh): KILN_TEST_SLOW_RANK=RANK:MS makes rank RANK's step MS longer,
+  // before its forward; RANK:xF makes it F times its own compute of the step before longer (from
+  // step 2), so that it stays slow by a factor however loaded the machine is.
   if (const char* spec = std::getenv("KILN_TEST_SLOW_RANK")) {
     int rank = -1;
-    double ms = 0;
-    if (std::sscanf(spec, "%d:%lf", &rank, &ms) != 2 || ms < 0) throw ConfigError(std::string("KILN_TEST_SLOW_RANK=") + spec + ": want RANK:MS");
-    if (rank == proc_.rank) r.test_slow_ms = ms;
+    double value = 0;
+    const bool factor = std::strchr(spec, 'x') != nullptr;
+    if (std::sscanf(spec, factor ? "%d:x%lf" : "%d:%lf", &rank, &value) != 2 || value < 0) {
+      throw ConfigError(std::string("KILN_TEST_SLOW_RANK=") + spec + ": want RANK:MS or RANK:xFACTOR");
+    }
+    if (rank == proc_.rank) (factor ? r.test_slow_factor : r.test_slow_ms) = value;
   }
   r.peak = cfg_.peak_tflops > 0 ? std::optional<double>(cfg_.peak_tflops) : peak_tflops_for(r.dev.name);
   r.log = (cfg_.log_json.empty() || proc_.rank != 0) ? LogSink() : LogSink(cfg_.log_json, /*append=*/!r.resumed_from.empty());

@@ -89,7 +89,7 @@ class Trainer {
   bool record(Loop& loop, int64_t step, const StepOutcome& s);
   nlohmann::json step_record(const Loop& loop, int64_t step, const StepOutcome& s, const StepFigures& f) const;
   void print_step_line(const Loop& loop, int64_t step, const StepOutcome& s, const StepFigures& f) const;
-  bool after_step(Loop& loop, int64_t step, double step_s);
+  bool after_step(Loop& loop, int64_t step, int64_t stop_request);  // the request every rank agreed on
   bool note_evaluation(Loop& loop, int64_t step, bool* save_now);
   void write_sample(int64_t step);
   void save_checkpoint(Loop& loop, int64_t step);

@@ -85,14 +85,16 @@ Trainer::Loop Trainer::start_loop() {
 // device never idles while the host reads, logs and decides (docs/precision.md, "The step"):
 // not when N + 1's backward needs N's loss scale (fp16), nor when work follows N that must not
 // be timed as N + 1's or that reads N's weights before N + 1 is queued (the first step's watchdog
-// switch, an evaluation, a sample, a scheduled checkpoint), nor for the last step.
+// switch, an evaluation, a sample, a scheduled checkpoint, a --check-replicas comparison, whose
+// host read would wait behind N + 1's forward and backward), nor for the last step.
 bool Trainer::may_defer(const Loop& loop, int64_t step) const {
   const Run& r = *run_;
   const int64_t n = step + 1;
   const bool eval = r.val_loader && ((cfg_.eval_every > 0 && n % cfg_.eval_every == 0) || n == cfg_.steps);
   const bool save = !cfg_.save_dir.empty() && cfg_.save_every > 0 && n % cfg_.save_every == 0;
   const bool sample = cfg_.sample_every > 0 && n % cfg_.sample_every == 0;
-  return r.precision != Precision::FP16 && step != loop.first_step && n < loop.end_step && !eval && !save && !sample;
+  const bool check = r.replicas && n % cfg_.check_replicas == 0;
+  return r.precision != Precision::FP16 && step != loop.first_step && n < loop.end_step && !eval && !save && !sample && !check;
 }
 
 void Trainer::run_steps(Loop& loop) {
@@ -165,9 +167,33 @@ bool Trainer::record(Loop& loop, int64_t step, const StepOutcome& s) {
   const auto joules_after = r.energy->joules();
   // The job's joules: every device's, summed (collective only when every meter reads).
   f.step_joules = r.devices->job_joules(r.interval_joules, joules_after);
-  // Every rank's compute time (runtime/observe/stragglers.h): the step's slowest rank.
-  f.slowest = r.stragglers->step(s.phase_ms[static_cast<size_t>(Phase::Forward)] + s.phase_ms[static_cast<size_t>(Phase::Backward)],
-                                 /*timed=*/step > loop.first_step);
+  // Every rank's compute time (runtime/observe/stragglers.h): the step's slowest rank. Its own:
+  // forward and backward less where it stood still waiting for the others in a collective.
+  const double compute_ms = std::max(0.0, s.phase_ms[static_cast<size_t>(Phase::Forward)] +
+                                              s.phase_ms[static_cast<size_t>(Phase::Backward)] - s.compute_wait_ms);
+  // This rank's stop request (runtime/trainer/stop_requests.h): a signal to it, or the wall-time
+  // limit ahead.
+  loop.longest_step_s = std::max(loop.longest_step_s, f.step_s);
+  int64_t request = r.stop->requested();
+  if (cfg_.max_wall_time > 0) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - r.started).count();
+    const double next = loop.longest_step_s + (cfg_.save_dir.empty() ? 0.0 : loop.last_save_s);
+    if (elapsed + next > cfg_.max_wall_time) request = std::max<int64_t>(request, kStopWallTime);
+  }
+  // The step's one host collective (host_world: MPI, outside comm_bytes): every rank's request and
+  // compute time. Every rank then takes the largest request (the same decision after the same
+  // step), and names the slowest rank. Where the read was not deferred the device is idle here and
+  // the wait for the others lands in the next step's forward: the wait clock takes it off there.
+  const auto exchange_start = Clock::now();
+  const std::vector<double> all = all_gather_doubles(r.host_world.get(), {static_cast<double>(request), compute_ms});
+  if (r.wait_clock && !s.read_deferred) r.wait_clock->add_ms(std::chrono::duration<double, std::milli>(Clock::now() - exchange_start).count());
+  std::vector<double> computes;
+  for (size_t i = 0; i + 1 < all.size(); i += 2) {
+    request = std::max(request, static_cast<int64_t>(all[i]));
+    computes.push_back(all[i + 1]);
+  }
+  f.slowest = r.stragglers->step(computes, compute_ms, /*timed=*/step > loop.first_step);
+  if (r.test_slow_factor > 0) r.test_own_compute_ms = compute_ms / (1.0 + (step > loop.first_step ? r.test_slow_factor : 0.0));  // test-only
   r.interval_joules = joules_after;
   if (!f.step_joules) loop.energy_ok = false;
   r.progress.step = step + 1;
@@ -210,7 +236,7 @@ bool Trainer::record(Loop& loop, int64_t step, const StepOutcome& s) {
       return true;
     }
   }
-  return after_step(loop, step, f.step_s);
+  return after_step(loop, step, request);
 }
 
 json Trainer::step_record(const Loop& loop, int64_t step, const StepOutcome& s, const StepFigures& f) const {
@@ -225,6 +251,7 @@ json Trainer::step_record(const Loop& loop, int64_t step, const StepOutcome& s, 
            {"forward_ms", phase_ms[static_cast<size_t>(Phase::Forward)]},
            {"backward_ms", phase_ms[static_cast<size_t>(Phase::Backward)]},
            {"slowest_compute_ms", f.slowest.compute_ms}, {"slowest_rank", f.slowest.rank},
+           {"compute_wait_ms", s.compute_wait_ms},
            {"exposed_comm_ms", phase_ms[static_cast<size_t>(Phase::Comm)]},
            {"optimizer_ms", phase_ms[static_cast<size_t>(Phase::Optimizer)]},
            {"energy_j", f.step_joules ? json(*f.step_joules) : json(nullptr)},
@@ -272,18 +299,10 @@ void Trainer::print_step_line(const Loop& loop, int64_t step, const StepOutcome&
 
 // After step N: a stop request, then evaluation, a sample and a checkpoint where they are due.
 // False: the run stops after N.
-bool Trainer::after_step(Loop& loop, int64_t step, double step_s) {
+bool Trainer::after_step(Loop& loop, int64_t step, int64_t request) {
   Run& r = *run_;
-  // A request to stop (runtime/trainer/stop_requests.h): a signal to any rank, or the wall-time limit
-  // ahead; every rank takes the same decision after the same step.
-  loop.longest_step_s = std::max(loop.longest_step_s, step_s);
-  int64_t request = r.stop->requested();
-  if (cfg_.max_wall_time > 0) {
-    const double elapsed = std::chrono::duration<double>(Clock::now() - r.started).count();
-    const double next = loop.longest_step_s + (cfg_.save_dir.empty() ? 0.0 : loop.last_save_s);
-    if (elapsed + next > cfg_.max_wall_time) request = std::max<int64_t>(request, kStopWallTime);
-  }
-  request = StopRequests::agree(request, r.host_world.get());
+  // A request to stop (runtime/trainer/stop_requests.h), agreed by every rank in record(): a signal
+  // to any rank, or the wall-time limit ahead; every rank takes the same decision after the same step.
   const bool stopping = request != 0 && step + 1 < loop.end_step;
   if (stopping) loop.stop_reason = request == kStopWallTime ? "--max-wall-time" : StopRequests::name(static_cast<int>(request));
   const bool eval_now = r.val_loader && ((cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || step + 1 == cfg_.steps);
@@ -451,6 +470,15 @@ void Trainer::roll_back(Loop& loop, int64_t step, const SpikeGuard::Verdict& v) 
   const std::string why = strprintf("loss %s at steps %lld-%lld, above %.4f + %.3g x %.4f (the running mean and standard deviation)",
                                     losses.c_str(), static_cast<long long>(k0), static_cast<long long>(k1), v.mean,
                                     cfg_.spike_rollback, v.std);
+  // A run that keeps spiking is not cured by skipping data (a learning rate too high, a bad
+  // initialisation, a threshold inside the noise): after --max-rollbacks it ends (57 rollbacks of
+  // a 60-step run once read 1,448 sample positions to train on 480).
+  if (r.progress.rollbacks >= cfg_.max_rollbacks) {
+    throw NumericsError("step " + std::to_string(k1) + ": a loss spike (" + why + ") after " + std::to_string(r.progress.rollbacks) +
+                        " rollback(s) already (--max-rollbacks " + std::to_string(cfg_.max_rollbacks) +
+                        "): the loss keeps spiking, which skipping data does not cure; lower --lr, raise --spike-rollback above " +
+                        strprintf("%g", cfg_.spike_rollback) + " or --max-rollbacks");
+  }
   const std::string dir = r.host_world ? broadcast_string(*r.host_world, r.checkpointer->newest_before(k0))
                                        : r.checkpointer->newest_before(k0);
   if (dir.empty()) {
@@ -468,8 +496,10 @@ void Trainer::roll_back(Loop& loop, int64_t step, const SpikeGuard::Verdict& v) 
   const int64_t c = back->progress.step;
   const std::vector<std::pair<int64_t, int64_t>> window = r.loader->stream_ranges(back->progress.samples, consumed_end);
   const auto skipped = r.loader->with_skipped(window);
+  const int64_t rollbacks = r.progress.rollbacks + 1;
   r.progress = back->progress;
   r.progress.skipped_samples = skipped;
+  r.progress.rollbacks = rollbacks;
   if (!r.progress.loss_scaler.empty()) r.scaler->load_state(r.progress.loss_scaler);
   r.loader->resume_at(r.progress.step, r.progress.samples);
   r.loader->skip(skipped);
@@ -576,6 +606,11 @@ json Trainer::finish_run(Loop& loop) {
     }
   }
   summary["stragglers"] = slow;
+  // Spike rollbacks: this invocation's, and the stream positions the run skipped (resumes included).
+  int64_t skipped_samples = 0;
+  for (const auto& [a, b] : r.progress.skipped_samples) skipped_samples += b - a;
+  summary["rollbacks"] = loop.rollbacks;
+  summary["skipped_samples"] = skipped_samples;
   summary["stopped"] = loop.stop_reason.empty() ? json(nullptr) : json(loop.stop_reason);
   if (r.best.step > 0) summary["best"] = {{"step", r.best.step}, {"val_loss", r.best.val_loss}};
   if (loop.early_stopped_at > 0) {

@@ -23,6 +23,7 @@
 #include "distributed/host_threads.h"
 #include "distributed/job_devices.h"
 #include "distributed/mesh.h"
+#include "distributed/wait_clock.h"
 #include "distributed/watchdog.h"
 #include "models/gpt.h"
 #include "models/moe_stats.h"
@@ -95,9 +96,11 @@ struct Trainer::Run {
   std::vector<int64_t> stage_blocks;           // blocks per pipeline stage
   std::shared_ptr<Communicator> host_world;    // MPI over the world, for host tensors under NCCL
   std::shared_ptr<Communicator> metrics_world; // MPI over the world for the job's devices and energy (not comm_bytes), until JobDevices takes it
-  std::shared_ptr<Communicator> straggler_world;  // the same for the stragglers' figures, until StragglerWatch takes it
   std::unique_ptr<StragglerWatch> stragglers;  // each step's slowest rank, the run's slow ranks (runtime/observe/stragglers.h)
-  double test_slow_ms = 0;                     // test-only KILN_TEST_SLOW_RANK: this rank sleeps so long each step
+  std::shared_ptr<WaitClock> wait_clock;       // the mesh's waits, by phase-timer interval (distributed/wait_clock.h)
+  double test_slow_ms = 0;                     // test-only KILN_TEST_SLOW_RANK: this rank's steps so much longer
+  double test_slow_factor = 0;                 // ... or this many times its own compute of the step before
+  double test_own_compute_ms = 0;              // that compute, less the delay (record())
   std::unique_ptr<AdamW> optimizer;            // ZeRO-0 (ZeRO: only while resuming, on the host)
   std::unique_ptr<LossScaler> scaler;
   std::unique_ptr<SpikeGuard> spikes;          // --spike-rollback (runtime/trainer/spike_guard.h)
@@ -195,9 +198,9 @@ struct Trainer::Loop {
   int64_t stopped_at = 0;   // the step it stopped after
   int64_t early_stopped_at = 0;  // --early-stop ended the run after this step (0: it did not)
   double longest_step_s = 0.0, last_save_s = 0.0;  // --max-wall-time's estimate of what comes next
-  std::map<int64_t, AsyncSaver::Started> save_stalls;
+  std::map<int64_t, AsyncSaver::Started> save_stalls;  // --async-save: each save in flight's stall, by step
   int64_t rollback_to = -1;  // a spike rollback's step to go on from (0-based, the checkpoint's step), or -1
-  int64_t rollbacks = 0;  // --async-save: each save in flight's stall, by step
+  int64_t rollbacks = 0;     // spike rollbacks made by this invocation
   std::unique_ptr<StepProfiler> profiler;          // --profile (runtime/observe/profiler.h)
   int64_t profile_first = 0, profile_end = 0;      // its window, 0-based [first, end)
 };
@@ -220,6 +223,7 @@ struct Trainer::StepOutcome {
   bool read_deferred = false;  // its verdict read after the next step's forward and backward were queued
   std::optional<MoEStepStats> moe;  // MoE models: the step's routing (models/moe_stats.h)
   std::array<double, kNumPhases> phase_ms{};  // the step's interval, by phase (PhaseTimer::cut): its sum is the step's time
+  double compute_wait_ms = 0;  // of its forward and backward, the time this rank stood still in collectives' waits
 };
 
 }  // namespace kiln

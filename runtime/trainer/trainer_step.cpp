@@ -15,6 +15,10 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#if defined(KILN_WITH_CUDA)
+#include <ATen/cuda/Sleep.h>
+#include <cuda_runtime_api.h>
+#endif
 
 #include "data/prefetch.h"
 #include "distributed/device_check.h"
@@ -46,6 +50,24 @@ uint64_t step_seed(uint64_t seed, int64_t step, int dp_rank) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return (z ^ (z >> 31)) >> 1;  // manual_seed takes a non-negative int64 range
+}
+
+// Test-only KILN_TEST_SLOW_RANK: this rank's step made `ms` longer where a slow device would make it
+// longer -- on a GPU a spin kernel on the compute stream (a host sleep would only delay the queue,
+// which a GPU ahead of its host hides), on the CPU a sleep.
+void slow_down_for_test(c10::Device device, double ms) {
+#if defined(KILN_WITH_CUDA)
+  if (device.is_cuda()) {
+    int khz = 0;  // cycles per millisecond
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device.index() < 0 ? 0 : device.index()) != cudaSuccess || khz <= 0) {
+      (void)cudaGetLastError();
+      khz = 1'500'000;
+    }
+    at::cuda::sleep(static_cast<int64_t>(ms * khz));
+    return;
+  }
+#endif
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
 }
 
 }  // namespace
@@ -95,7 +117,8 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor) {
   auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
   // Made one step ahead (pinned on a GPU, so the non-blocking copies below overlap compute).
   const std::vector<Batch> batches = r.prefetch->take(step);
-  if (r.test_slow_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(r.test_slow_ms));  // test-only
+  const double slow_ms = r.test_slow_factor > 0 ? r.test_slow_factor * r.test_own_compute_ms : r.test_slow_ms;  // test-only
+  if (slow_ms > 0) slow_down_for_test(device, slow_ms);
   // MoE: the router losses' gradients take the LM loss's factor (models/moe.h).
   if (cfg_.gpt.is_moe()) r.model->set_moe_loss_backward_scale(backward_factor);
   // Before a micro-step's backward, on both paths below: every gradient reduction's sync flag
@@ -275,7 +298,9 @@ Trainer::StepOutcome Trainer::finish_step(QueuedStep& q) {
   Run& r = *run_;
   StepOutcome out;
   r.timer->wait(q.mark);  // the step's one host synchronisation: its update and its verdict's copy
-  out.phase_ms = r.timer->cut(q.mark);
+  std::array<double, kNumPhases> waited{};
+  out.phase_ms = r.timer->cut(q.mark, &waited);
+  out.compute_wait_ms = waited[static_cast<size_t>(Phase::Forward)] + waited[static_cast<size_t>(Phase::Backward)];
   out.loss_scale = q.loss_scale;
   out.lr = q.lr;
   out.host_syncs = q.host_syncs;

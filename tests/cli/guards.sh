@@ -12,16 +12,20 @@
 #   - a diverged run (--lr 1e38, --on-nonfinite stop): the line names the ranks whose own loss was
 #     not finite first.
 #   - one bit flipped in one replica's weights (test-only KILN_TEST_FLIP_BIT): --check-replicas finds
-#     it at the next check, or before a save, and ends the job (exit 4) naming the tensor and the
-#     rank outside the majority (dp 4), nothing saved; agreeing replicas pass under DDP, ZeRO-2,
-#     16-bit weights and ep.
+#     it at the next check (in the first tensor), or before a save (in the last), and ends the job
+#     (exit 4) naming the tensor and the rank outside the majority (dp 4), nothing saved; agreeing
+#     replicas pass under DDP, ZeRO-2, 16-bit weights and ep; a check step's read is not deferred
+#     behind the next step's work.
 #   - a loss spike (test-only KILN_TEST_GARBAGE_SAMPLES: stream positions turned to random tokens):
 #     --spike-rollback reloads the last checkpoint before it in place, skips the data since, and
 #     the run equals, bit for bit, the one that never had that data (KILN_TEST_SKIP_SAMPLES); a
 #     resume skips it too; without a checkpoint before the spike, exit 4 and one line.
-#   - a slow rank (test-only KILN_TEST_SLOW_RANK=RANK:MS, a sleep in its forward): every step record's
-#     slowest_rank names it, and the summary's stragglers (runtime/observe/stragglers.h); an even
-#     run names nobody.
+#   - a slow rank (test-only KILN_TEST_SLOW_RANK=RANK:xF: its step F times its own compute longer, a
+#     sleep before its forward, so it stays slow by that factor however loaded the machine is):
+#     every step record's slowest_rank names it, and the summary's stragglers
+#     (runtime/observe/stragglers.h) -- under DDP, and under tp 2 and ZeRO-3, whose collectives
+#     inside forward and backward make the fast rank wait there (its waits are taken off its
+#     compute, distributed/wait_clock.h); an even run names nobody.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -90,19 +94,28 @@ grep -q "^kiln: error: step 4: the replicas' weights disagree (--check-replicas)
 [ ! -e "$work/flip/latest" ] || fail "a checkpoint was written: $(ls "$work/flip")"
 echo "flipped bit: $(grep '^kiln: error' "$work/flip.err")"
 code=0
-KILN_TEST_FLIP_BIT=1:3 mpi 2 -x KILN_TEST_FLIP_BIT "$KILN_BIN" "${B[@]}" --steps 8 --check-replicas 100 --save-dir "$work/flip2" \
+KILN_TEST_FLIP_BIT=1:3:last mpi 2 -x KILN_TEST_FLIP_BIT "$KILN_BIN" "${B[@]}" --steps 8 --check-replicas 100 --save-dir "$work/flip2" \
   --save-every 3 >/dev/null 2>"$work/flip2.err" || code=$?
-[ "$code" -eq 4 ] && grep -q "step 3: the replicas' weights disagree.*wte differs on rank(s) 0, 1 among its replicas (ranks 0, 1)" "$work/flip2.err" ||
-  fail "a flip before a save: exit $code, $(cat "$work/flip2.err")"
+[ "$code" -eq 4 ] && grep -q "step 3: the replicas' weights disagree.*ln_f.bias differs on rank(s) 0, 1 among its replicas (ranks 0, 1)" "$work/flip2.err" ||
+  fail "a flip in the last tensor before a save: exit $code, $(cat "$work/flip2.err")"
 [ ! -e "$work/flip2/latest" ] || fail "the save went ahead: $(ls "$work/flip2")"
-# ... and agreeing replicas pass the check every step: DDP, ZeRO-2, 16-bit weights under ZeRO-1, tiny-moe with ep 2 at dp 4
-for extra in "" "--zero 2" "--zero 1 --param-dtype bf16"; do
+# ... and agreeing replicas pass the check every step: DDP, ZeRO-2, 16-bit weights under ZeRO-1, tiny-moe with ep 2 at dp 4;
+# every second step under DDP, whose check steps are read before the next step is queued (the others deferred)
+mpi 2 "$KILN_BIN" "${B[@]}" --steps 5 --check-replicas 2 --log-json "$work/check2.jsonl" >/dev/null 2>"$work/ok.err" ||
+  fail "--check-replicas 2: $(cat "$work/ok.err")"
+python3 - "$work/check2.jsonl" <<'PY' || fail "a check step's read was deferred"
+import json, sys
+steps = [r for r in map(json.loads, open(sys.argv[1])) if r["type"] == "step"]
+assert [(r["step"], r["read_deferred"]) for r in steps] == [(1, False), (2, False), (3, True), (4, False), (5, False)], \
+    [(r["step"], r["read_deferred"]) for r in steps]
+PY
+for extra in "--zero 2" "--zero 1 --param-dtype bf16"; do
   read -r -a e <<<"$extra"
   mpi 2 "$KILN_BIN" "${B[@]}" "${e[@]}" --steps 4 --check-replicas 1 >/dev/null 2>"$work/ok.err" || fail "--check-replicas 1 $extra: $(cat "$work/ok.err")"
 done
 mpi 4 "$KILN_BIN" train --device cpu --model tiny-moe --ep 2 --micro-batch 1 --steps 3 --check-replicas 1 >/dev/null 2>"$work/ok.err" ||
   fail "--check-replicas with ep 2: $(cat "$work/ok.err")"
-echo "replicas that agree pass: DDP, ZeRO-2, ZeRO-1 + bf16 weights, ep 2"
+echo "replicas that agree pass: DDP, ZeRO-2, ZeRO-1 + bf16 weights, ep 2; check steps read at once"
 
 # --- a loss spike (test-only KILN_TEST_GARBAGE_SAMPLES=160:168: the stream positions steps 41-42 read,
 # at a global batch of 4, turned into random tokens): --spike-rollback 3 --spike-patience 2 reloads the
@@ -133,7 +146,9 @@ assert sorted(after) == list(range(41, 61)), sorted(after)
 assert all((after[s]["loss"], after[s]["grad_norm"]) == (ref[s]["loss"], ref[s]["grad_norm"]) for s in after)
 assert (spike[-1]["param_sum"], spike[-1]["param_sq"]) == (never[-1]["param_sum"], never[-1]["param_sq"])
 state = json.load(open(f"{d}/spike/step_00000050/trainer_state.json"))
-assert state["skipped_samples"] == [[160, 168]], state.get("skipped_samples")
+assert state["skipped_samples"] == [[160, 168]] and state["rollbacks"] == 1, state
+summary = spike[-1]
+assert summary["type"] == "summary" and summary["rollbacks"] == 1 and summary["skipped_samples"] == 8, summary
 res = {r["step"]: r for r in resumed if r["type"] == "step"}
 assert sorted(res) == list(range(51, 61)) and all(res[s]["loss"] == ref[s]["loss"] for s in res)
 assert (resumed[-1]["param_sum"], resumed[-1]["param_sq"]) == (never[-1]["param_sum"], never[-1]["param_sq"])
@@ -145,26 +160,46 @@ KILN_TEST_GARBAGE_SAMPLES=160:168 mpi 2 -x KILN_TEST_GARBAGE_SAMPLES "$KILN_BIN"
   --save-every 100 --spike-rollback 3 >/dev/null 2>"$work/nockpt.err" || code=$?
 [ "$code" -eq 4 ] && grep -q "^kiln: error: step 42: a loss spike (.*) and no checkpoint from before step 41 in $work/nockpt to roll back to" \
   "$work/nockpt.err" || fail "a spike without a checkpoint before it: exit $code, $(cat "$work/nockpt.err")"
+grep -q "1 spike rollback(s); 8 sample position(s) of the stream skipped" "$work/spike.out" || fail "the summary does not say the rollback: $(tail -4 "$work/spike.out")"
+# ... and a loss that keeps spiking (garbage from stream position 160 on: every rollback meets more)
+# ends the run after --max-rollbacks, instead of rolling back for ever
+code=0
+KILN_TEST_GARBAGE_SAMPLES=160:100000 mpi 2 -x KILN_TEST_GARBAGE_SAMPLES "$KILN_BIN" "${S[@]}" --save-dir "$work/spiky" \
+  --save-every 5 --spike-rollback 3 --max-rollbacks 2 >"$work/spiky.out" 2>"$work/spiky.err" || code=$?
+[ "$code" -eq 4 ] && grep -q "^kiln: error: step [0-9]*: a loss spike (.*) after 2 rollback(s) already (--max-rollbacks 2): the loss keeps spiking" \
+  "$work/spiky.err" || fail "a loss that keeps spiking: exit $code, $(cat "$work/spiky.err")"
+[ "$(grep -c '^kiln: rollback after' "$work/spiky.out")" -eq 2 ] || fail "want 2 rollbacks: $(grep rollback "$work/spiky.out")"
 
-# --- a slow rank (test-only KILN_TEST_SLOW_RANK=1:200: rank 1 sleeps 200 ms each step, in its forward)
-KILN_TEST_SLOW_RANK=1:200 mpi 2 -x KILN_TEST_SLOW_RANK "$KILN_BIN" "${B[@]}" --steps 8 --log-json "$work/slow.jsonl" \
-  >"$work/slow.out" || fail "the slowed run failed"
-mpi 2 "$KILN_BIN" "${B[@]}" --steps 8 --log-json "$work/even.jsonl" >/dev/null || fail "the even run failed"
-grep -q "^kiln: straggler: rank 1 (pipeline stage 0) computed" "$work/slow.out" || fail "no straggler line: $(cat "$work/slow.out")"
+# --- a slow rank (test-only KILN_TEST_SLOW_RANK=1:x2: rank 1's step longer by twice its own compute,
+# a sleep before its forward, from step 2), under DDP (the fast rank waits in the reductions after
+# backward), tp 2 and ZeRO-3 (it waits inside forward and backward: tp's all-reduces, ZeRO-3's gathers)
+for layout in "ddp:" "tp2:--tp 2" "zero3:--zero 3"; do
+  name=${layout%%:*}
+  read -r -a extra <<<"${layout#*:}"
+  KILN_TEST_SLOW_RANK=1:x2 mpi 2 -x KILN_TEST_SLOW_RANK "$KILN_BIN" "${B[@]}" "${extra[@]}" --steps 6 --log-json "$work/slow_$name.jsonl" \
+    >"$work/slow_$name.out" || fail "the slowed run ($name) failed"
+  grep -q "^kiln: straggler: rank 1 (pipeline stage 0) computed" "$work/slow_$name.out" || fail "$name: no straggler line: $(cat "$work/slow_$name.out")"
+done
+mpi 2 "$KILN_BIN" "${B[@]}" --steps 6 --log-json "$work/even.jsonl" >/dev/null || fail "the even run failed"
 python3 - "$work" <<'PY' || fail "stragglers"
 import json, sys
 work = sys.argv[1]
 def load(name):
     return [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
-slow = load("slow")
-steps = [r for r in slow if r["type"] == "step"]
-assert all(r["slowest_rank"] == 1 and r["slowest_compute_ms"] >= 200 for r in steps), [(r["slowest_rank"], r["slowest_compute_ms"]) for r in steps]
-assert all(r["slowest_compute_ms"] >= r["forward_ms"] + r["backward_ms"] for r in steps)  # rank 0's own is in the max
-(s,) = slow[-1]["stragglers"]
-assert s["rank"] == 1 and s["stage"] == 0 and s["median_compute_ms"] > 1.2 * s["stage_median_compute_ms"], s
+for name in ("ddp", "tp2", "zero3"):
+    slow = load(f"slow_{name}")
+    steps = [r for r in slow if r["type"] == "step" and r["step"] >= 2]  # step 1 is not slowed
+    assert all(r["slowest_rank"] == 1 for r in steps), (name, [(r["slowest_rank"], r["slowest_compute_ms"], r["compute_wait_ms"]) for r in steps])
+    # rank 0's own compute (its forward and backward less its waits) is in the max
+    assert all(r["slowest_compute_ms"] >= r["forward_ms"] + r["backward_ms"] - r["compute_wait_ms"] for r in steps), name
+    if name != "ddp":  # rank 0 stood still inside its forward and backward, waiting for rank 1
+        assert all(r["compute_wait_ms"] > 0 for r in steps), (name, [r["compute_wait_ms"] for r in steps])
+    (s,) = slow[-1]["stragglers"]
+    assert s["rank"] == 1 and s["stage"] == 0 and s["median_compute_ms"] > 1.2 * s["stage_median_compute_ms"], (name, s)
+    print(f"slow rank, {name}: every step's slowest_rank 1; the summary names it ({s['median_compute_ms']:.0f} ms against the stage's "
+          f"{s['stage_median_compute_ms']:.0f})")
 even = load("even")
 assert even[-1]["type"] == "summary" and even[-1]["stragglers"] == [], even[-1]["stragglers"]
-print(f"slow rank: every step's slowest_rank 1; the summary names it ({s['median_compute_ms']:.0f} ms against the stage's "
-      f"{s['stage_median_compute_ms']:.0f}); none in the even run")
+print("none in the even run")
 PY
 echo "PASS"
