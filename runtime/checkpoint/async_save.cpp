@@ -31,6 +31,7 @@ AsyncSaver::Started AsyncSaver::start(const TrainProgress& progress, const nlohm
   Started s;
   const auto t0 = Clock::now();
   if (thread_.joinable()) {  // at most one save in flight
+    joining_ = true;
     thread_.join();
     s.waited_s = since(t0);
   }
@@ -39,11 +40,20 @@ AsyncSaver::Started AsyncSaver::start(const TrainProgress& progress, const nlohm
   live_.snapshot(snap_);
   s.snapshot_s = since(t1);
   finished_ = false;
-  thread_ = std::thread([this, progress, run] {
+  joining_ = false;
+  const int64_t polls_at_start = polls_.load();
+  thread_ = std::thread([this, progress, run, polls_at_start] {
     try {
       // Test-only (tests/cli/async_save.sh): KILN_TEST_SLOW_ASYNC_S=x holds the write back x seconds,
-      // so that training changes the live state meanwhile and saves queue up.
+      // so that training changes the live state meanwhile and saves queue up; KILN_TEST_ASYNC_HOLD_STEPS=k
+      // until k more steps were recorded (polls), whatever the machine's load (at most 60 s).
       if (const char* slow = std::getenv("KILN_TEST_SLOW_ASYNC_S")) std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(slow)));
+      if (const char* hold = std::getenv("KILN_TEST_ASYNC_HOLD_STEPS")) {
+        const auto until = Clock::now() + std::chrono::seconds(60);
+        while (polls_.load() < polls_at_start + std::atoll(hold) && !joining_ && Clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
       WholeModel view(live_, snap_, host_mesh_.get(), host_world_.get());
       Done d;
       d.step = progress.step;
@@ -65,6 +75,7 @@ AsyncSaver::Started AsyncSaver::start(const TrainProgress& progress, const nlohm
 }
 
 std::vector<AsyncSaver::Done> AsyncSaver::poll() {
+  ++polls_;
   if (thread_.joinable() && finished_) thread_.join();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!error_.empty()) throw Error(error_, error_code_);
@@ -74,6 +85,7 @@ std::vector<AsyncSaver::Done> AsyncSaver::poll() {
 }
 
 std::vector<AsyncSaver::Done> AsyncSaver::wait() {
+  joining_ = true;
   if (thread_.joinable()) thread_.join();
   return poll();
 }

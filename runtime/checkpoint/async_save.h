@@ -24,7 +24,10 @@
 //   - a failing write (disk full, read-only) is raised by the next poll() on rank 0 as the
 //     kiln::Error the write threw: one line, the job ends; no earlier checkpoint is touched.
 // The background gathers' collectives have a watchdog of their own, with --save-timeout.
-// Test hook (never set in a real run): KILN_TEST_SLOW_ASYNC_S=x holds each write back x seconds.
+// Test hooks (never set in a real run): KILN_TEST_SLOW_ASYNC_S=x holds each write back x seconds;
+// KILN_TEST_ASYNC_HOLD_STEPS=k holds it back until the trainer has polled k more times (one poll a
+// step record: k more steps trained meanwhile), at most 60 s, or until a start() or wait() waits for
+// it -- an order a loaded machine keeps.
 #pragma once
 
 #include <atomic>
@@ -86,6 +89,8 @@ class AsyncSaver {
   StateSnapshot snap_;
   std::thread thread_;
   std::atomic<bool> finished_{false};
+  std::atomic<int64_t> polls_{0};  // poll() calls so far (KILN_TEST_ASYNC_HOLD_STEPS)
+  std::atomic<bool> joining_{false};  // a join waits for the write: a test hold lets it go
   std::mutex mutex_;
   std::vector<Done> done_;  // completed, not yet collected
   std::string error_;

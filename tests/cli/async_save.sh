@@ -4,7 +4,8 @@
 #   - byte for byte the synchronous save's files (model.safetensors, optimizer.safetensors; and
 #     trainer_state.json but for the run's own config) at 1 rank, at 4 ranks under DDP, ZeRO-3
 #     with --offload all, tp 2 x pp 2, and tiny-moe with ep 2 under ZeRO-2 -- with every write held
-#     back 1 s (test-only KILN_TEST_SLOW_ASYNC_S) so that training goes on and changes the live state
+#     back until two more steps were recorded (test-only KILN_TEST_ASYNC_HOLD_STEPS=2: an order, not a
+#     time, so a loaded machine keeps it) so that training goes on and changes the live state
 #     meanwhile: the step-2 checkpoint's record comes after step 3's and 4's, its files are still
 #     step 2's;
 #   - resume from an asynchronous checkpoint at another layout replays the run (relative 1e-5, the
@@ -60,7 +61,7 @@ for layout in "${layouts[@]}"; do
   IFS=: read -r name np args <<<"$layout"
   read -r -a a <<<"$args"
   mpi "$np" "$KILN_BIN" "${T[@]}" "${a[@]}" --async-save=false --save-dir "$work/s_$name" >/dev/null || fail "$name: the synchronous run"
-  KILN_TEST_SLOW_ASYNC_S=1 mpi "$np" -x KILN_TEST_SLOW_ASYNC_S "$KILN_BIN" "${T[@]}" "${a[@]}" --async-save \
+  KILN_TEST_ASYNC_HOLD_STEPS=2 mpi "$np" -x KILN_TEST_ASYNC_HOLD_STEPS "$KILN_BIN" "${T[@]}" "${a[@]}" --async-save \
     --save-dir "$work/a_$name" --log-json "$work/a_$name.jsonl" >/dev/null || fail "$name: the asynchronous run"
   same_files "$work/s_$name" "$work/a_$name" || fail "$name: the files differ"
   background "$work/a_$name.jsonl" || fail "$name: not written in the background"
