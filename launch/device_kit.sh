@@ -362,10 +362,11 @@ gpu_test_cmd() {
     gpu.mpi_share) echo "bash $root/tests/cli/gpu_mpi_share.sh" ;;
     gpu.sync_moe) echo "bash $root/tests/cli/gpu_sync_moe.sh" ;;
     gpu.llama) echo "bash $root/tests/cli/gpu_llama.sh" ;;
+    gpu.guards) echo "bash $root/tests/cli/gpu_guards.sh" ;;
     *) die "no gpu test $1" ;;
   esac
 }
-gpu_test_names=(gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share gpu.sync_moe gpu.llama)
+gpu_test_names=(gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share gpu.sync_moe gpu.llama gpu.guards)
 
 gpu_tests() {   # LOGDIR
   local logdir=$1 name; mkdir -p "$logdir"
@@ -458,6 +459,8 @@ quick_plan() {
     "60|kiln 1.5b ZeRO-3 offload all, 24 GB cap|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload all --device-memory-cap-gb 24 --warmup 1 --measure 3 --json b1558_z3_offload_all_cap24.json"
   )
   quick_extra=(
+    "45|test gpu.guards|"
+    "100|pp 4 bubble on the host's cores (issues 36, 48)|for s in '--pp-schedule 1f1b' '--pp-schedule zb-h1' '--pp-virtual 2'; do OMP_NUM_THREADS=1 timeout 40 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS kiln train --device cpu --model tiny --n-layer 8 --d-model 256 --n-head 4 --steps 25 --log-every 100 --micro-batch 2 --grad-accum 8 --pp 4 \$s --log-json \"pp4_\${s##* }.jsonl\" || exit 1; done"
     "40|profile of 124m|$k124 --warmup 3 --measure 3 --profile trace.json --json b124_profiled.json"
     "40|kiln 1.5b no AC|$k1558 --micro-batch 8 --json b1558_ac_none.json"
     "30|kiln 124m --deterministic (issue 34: its cost)|$k124 --deterministic --json b124_deterministic.json"
