@@ -89,10 +89,8 @@ const std::vector<FlagHelp> kRunFlags = {
     {"precision", "fp32 | bf16 | fp16 (default bf16)"},
     {"attention", "auto | flash | math: the attention kernel, for activation memory (default auto = flash)"},
     {"save-every", "steps between checkpoints: their stall, per step, in the step time (default 0: none)"},
-};
-// Run switches without a value.
-const std::vector<FlagHelp> kRunSwitches = {
-    {"async-save", "checkpoints written in the background (as kiln train --async-save): the stall is a host copy"},
+    {"async-save", "with --save-every: checkpoints written in the background, as kiln train's default (true): the stall is a "
+                   "host copy, and each rank's snapshot pool is held in host memory; =false: synchronous saves"},
 };
 const std::vector<FlagHelp> kTrainingFlags = {
     {"params", "P alone (no model shape): training compute, runtime and energy only"},
@@ -118,6 +116,12 @@ class Values {
     } catch (const std::exception&) {
     }
     throw ConfigError(std::string("--") + name + ": '" + t + "' is not an integer");
+  }
+  // A bare switch (its implicit "true"), =true or =false.
+  bool boolean(const char* name) const {
+    const std::string t = text(name);
+    if (t != "true" && t != "false") throw ConfigError(std::string("--") + name + " takes true or false (got '" + t + "')");
+    return t == "true";
   }
   double number(const char* name) const {
     const std::string t = text(name);
@@ -175,7 +179,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   auto add = [&](const char* group, const std::vector<FlagHelp>& flags) {
     for (const auto& f : flags) {
       auto value = cxxopts::value<std::string>();
-      if (std::string(f.name) == "tie-embeddings") value->implicit_value("true");  // bare, as kiln train's
+      const std::string name = f.name;
+      if (name == "tie-embeddings" || name == "async-save") value->implicit_value("true");  // bare, as kiln train's
       opts.add_options(group)(f.name, f.help, value);
     }
   };
@@ -184,7 +189,6 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   add("layout", kLayoutFlags);
   for (const auto& f : kLayoutSwitches) opts.add_options("layout")(f.name, f.help);
   add("run", kRunFlags);
-  for (const auto& f : kRunSwitches) opts.add_options("run")(f.name, f.help);
   add("training", kTrainingFlags);
   add("search", kSearchFlags);
   const auto result = parse_or_throw(opts, args, "plan", "");
@@ -207,7 +211,6 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     refuse(v, kLayoutFlags, why);
     refuse(v, kLayoutSwitches, why);
     refuse(v, kRunFlags, why);
-    refuse(v, kRunSwitches, why);
     refuse(v, kTrainingFlags, why);
     refuse(v, kSearchFlags, why);
     if (v.has("search")) throw ConfigError("--search does not go with --compare");
@@ -223,7 +226,6 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     refuse(v, kLayoutFlags, "needs a model shape (--model ...), not --params");
     refuse(v, kLayoutSwitches, "needs a model shape (--model ...), not --params");
     refuse(v, kRunFlags, "needs a model shape (--model ...), not --params");
-    refuse(v, kRunSwitches, "needs a model shape (--model ...), not --params");
     if (out.attention_flops) throw ConfigError("--attention-flops needs a model shape (--model ...), not --params");
   } else {
     out.mode = PlanArgs::Mode::Layout;
@@ -250,11 +252,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   if (v.has("mlp")) out.model.mlp = v.text("mlp");
   if (v.has("ffn-hidden")) out.model.ffn_hidden = v.integer("ffn-hidden");
   if (v.has("bias")) out.model.bias = v.text("bias");
-  if (v.has("tie-embeddings")) {
-    const std::string t = v.text("tie-embeddings");
-    if (t != "true" && t != "false") throw ConfigError("--tie-embeddings takes true or false (got '" + t + "')");
-    out.model.tie_embeddings = t == "true";
-  }
+  if (v.has("tie-embeddings")) out.model.tie_embeddings = v.boolean("tie-embeddings");
   if (v.has("n-experts")) out.model.n_experts = v.integer("n-experts");
   if (v.has("top-k")) out.model.top_k = v.integer("top-k");
   if (v.has("moe-every")) out.model.moe_every = v.integer("moe-every");
@@ -300,7 +298,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   }
   base.compute_bytes = precision == "fp32" ? 4 : 2;
   if (v.has("save-every")) base.save_every = v.integer("save-every");
-  base.async_save = v.has("async-save");
+  if (v.has("async-save")) base.async_save = v.boolean("async-save");  // kiln train's default: true
   if (base.save_every < 0) throw ConfigError("--save-every must be at least 0 (got " + std::to_string(base.save_every) + ")");
   base.plain_loss = precision == "fp16";  // fp16's loss keeps whole logits (models/linear_cross_entropy.h)
   // Working weights (kiln train's --param-dtype): auto, the default, is the compute precision.

@@ -186,6 +186,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
                       {"activation_bytes", st.activation_bytes},
                       {"transient_bytes", st.transient_bytes},
                       {"peak_device_bytes", st.peak_device_bytes},
+                      {"save_pool_bytes", st.save_pool_bytes},  // --async-save's snapshot pool (host; in host_bytes)
                       {"host_bytes", st.host_bytes},
                       {"comm_bytes", static_cast<int64_t>(std::llround(st.comm_bytes))},
                       {"ep_comm_bytes", static_cast<int64_t>(std::llround(st.ep_comm_bytes))},
@@ -237,7 +238,8 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
         {"slowest_stage", p.slowest_stage}}},
       {"checkpoint",
        {{"bytes", p.checkpoint_bytes}, {"write_s", p.save_write_s}, {"save_every", p.layout.save_every},
-        {"async", p.layout.async_save}, {"stall_s", p.save_stall_s}, {"stall_per_step_s", p.save_s}}},
+        {"async", p.layout.async_save}, {"stall_s", p.save_stall_s}, {"stall_per_step_s", p.save_s},
+        {"pool_bytes", p.stages[p.critical_stage].save_pool_bytes}}},
       {"memory",
        {{"critical_stage", p.critical_stage}, {"peak_device_bytes", p.peak_device_bytes()},
         {"device_memory_bytes", p.cluster.device_memory}, {"host_bytes_per_node", p.host_bytes_per_node()},
@@ -381,9 +383,14 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   o += strprintf("  %-22s %14s                (logits, recompute working set, gathered ZeRO-3 units%s)\n", "transients",
               bytes(st.transient_bytes).c_str(), m.is_moe() ? ", MoE expert-gradient buffers" : "");
   if (l.base_bytes > 0) o += strprintf("  %-22s %14s\n", "process base", bytes(l.base_bytes).c_str());
+  if (st.save_pool_bytes > 0) {
+    o += strprintf("  %-22s %14s %14s  (--async-save's snapshot of the rank's state, held from set-up%s%s)\n", "snapshot pool", "-",
+                   bytes(st.save_pool_bytes).c_str(), l.zero > 0 ? "" : "; the dp-0 ranks', 4 B on the others",
+                   l.cpu ? "; on the CPU in the peak too" : "");
+  }
   o += strprintf("  %-22s %14s of %s: %s\n", "peak", bytes(st.peak_device_bytes).c_str(), bytes(c.device_memory).c_str(),
               p.fits_device ? "fits" : "DOES NOT FIT");
-  if (l.offload != Offload::None) {
+  if (l.offload != Offload::None || st.save_pool_bytes > 0) {
     o += strprintf("  host per node          %14s of %s: %s\n", bytes(p.host_bytes_per_node()).c_str(), bytes(c.host_memory).c_str(),
                 p.fits_host ? "fits" : "DOES NOT FIT");
   }

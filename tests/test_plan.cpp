@@ -83,6 +83,7 @@ TEST(PlanCheckpoints, SaveStallPerStep) {
   EXPECT_EQ(none.save_s, 0.0);
   EXPECT_DOUBLE_EQ(none.checkpoint_bytes, 12.0 * static_cast<double>(m.num_params()));
   l.save_every = 10;
+  l.async_save = false;  // --async-save=false (kiln train's default, and the plan's, is true)
   const Plan sync = make_plan(m, c, l);
   EXPECT_DOUBLE_EQ(sync.save_write_s, sync.checkpoint_bytes / 1e6);
   EXPECT_DOUBLE_EQ(sync.save_stall_s, sync.save_write_s);
@@ -98,6 +99,86 @@ TEST(PlanCheckpoints, SaveStallPerStep) {
   c.disk_write = 1e12;  // a fast disk: the snapshot alone
   const Plan fast = make_plan(m, c, l);
   EXPECT_DOUBLE_EQ(fast.save_stall_s, snapshot);
+}
+
+// --async-save (kiln train's default, and the plan's) holds one snapshot pool a rank in host memory
+// from set-up whenever the run saves (runtime/checkpoint/consolidate.h StateSnapshot): under ZeRO
+// 3 x its shards in fp32 on every rank; without ZeRO, on the ranks a checkpoint gathers from (cp 0,
+// dp < max(1, ep)), 3 x its parameters and one step count a parameter tensor, 4 bytes elsewhere.
+TEST(PlanCheckpoints, AsyncSavePoolIsHostMemory) {
+  const GPTConfig m = tiny();
+  ClusterSpec c = toy_cluster(2);
+  Layout ddp = layout(2, 0);
+  EXPECT_TRUE(ddp.async_save);  // kiln train's default
+  EXPECT_EQ(make_plan(m, c, ddp).stages[0].save_pool_bytes, 0.0);  // no saves, no pool
+  EXPECT_EQ(make_plan(m, c, ddp).host_bytes_per_node(), 0.0);
+  ddp.save_every = 10;
+  // tiny's parameter tensors: wte, wpe, ln_f (2); a block's ln_1 (2), c_attn (2), attn c_proj (2),
+  // ln_2 (2), c_fc (2), mlp c_proj (2) = 12: 4 + 4 x 12 = 52
+  EXPECT_EQ(rank_param_tensors(m, ddp, 0), 52);
+  const Plan p = make_plan(m, c, ddp);
+  EXPECT_EQ(p.stages[0].save_pool_bytes, 4.0 * (3 * kPsi + 52));  // 10,503,376: rank 0's
+  EXPECT_EQ(p.stages[0].host_bytes, 4.0 * (3 * kPsi + 52));
+  EXPECT_EQ(p.host_bytes_per_node(), 4.0 * (3 * kPsi + 52) + 4);  // dp rank 1 keeps one element
+  EXPECT_EQ(plan_json(p, training_totals(1, 1, 0, c), LayoutTotals{})["stages"][0]["save_pool_bytes"], 10503376);
+  // each save copies the pool over the host link
+  EXPECT_DOUBLE_EQ(p.save_stall_s, 4.0 * (3 * kPsi + 52) / c.host_link + std::max(0.0, p.save_write_s - 10 * (p.step_s - p.save_s)));
+  Layout sync = ddp;
+  sync.async_save = false;
+  EXPECT_EQ(make_plan(m, c, sync).host_bytes_per_node(), 0.0);
+  Layout saves = layout(2, 0);  // --save-dir without --save-every (a run that saves at its end): the pool too
+  saves.saves = true;
+  EXPECT_EQ(make_plan(m, c, saves).host_bytes_per_node(), 4.0 * (3 * kPsi + 52) + 4);
+  // ZeRO-2 with the optimizer offloaded: every rank's pool is 12 B an element of its shards (Psi' / 2),
+  // beside offload's host gradients and optimizer, 4 + 12 B an element
+  Layout z = layout(2, 2);
+  z.offload = Offload::Optimizer;
+  z.save_every = 10;
+  const Plan zp = make_plan(m, c, z);
+  const int64_t shard = zp.stages[0].psi_padded / 2;
+  EXPECT_EQ(zp.stages[0].save_pool_bytes, 12.0 * shard);
+  EXPECT_EQ(zp.stages[0].host_bytes, (4 + 12) * shard + 12.0 * shard);
+  EXPECT_EQ(zp.host_bytes_per_node(), 2 * ((4 + 12) * shard + 12.0 * shard));
+  // the pool can be what leaves the node short of host memory
+  c.host_memory = 2 * (4 + 12) * static_cast<double>(shard) + 1;
+  z.save_every = 0;
+  EXPECT_TRUE(make_plan(m, c, z).fits_host);
+  z.save_every = 10;
+  EXPECT_FALSE(make_plan(m, c, z).fits_host);
+  // tp 2 x pp 2: stage 0 holds wte, wpe and 2 blocks (2 + 24 tensors), stage 1 the tied wte copy,
+  // ln_f and 2 blocks (1 + 2 + 24); each rank its tp slices (units), 3 x 4 B each + 4 B a tensor
+  Layout tp = layout(1, 0);
+  tp.tp = 2;
+  tp.pp = 2;
+  tp.save_every = 1;
+  const Plan tpp = make_plan(m, toy_cluster(4), tp);
+  EXPECT_EQ(rank_param_tensors(m, tp, 0), 26);
+  EXPECT_EQ(rank_param_tensors(m, tp, 1), 27);
+  for (int s = 0; s < 2; ++s)
+    EXPECT_EQ(tpp.stages[s].save_pool_bytes, 4.0 * (3 * sum_units(tpp.stages[s].units) + rank_param_tensors(m, tp, s))) << s;
+  // the Llama family (RMSNorm: a weight; no biases; an untied lm_head): 3 + 4 x 6; an MoE block
+  // (tiny-moe): its attention's 8, the router, fc_w, fc_b, proj_w, proj_b
+  EXPECT_EQ(rank_param_tensors(GPTConfig::preset("tiny-llama"), layout(1, 0), 0), 3 + 4 * 6);
+  EXPECT_EQ(rank_param_tensors(GPTConfig::preset("tiny-moe"), layout(1, 0), 0), 4 + 4 * 13);
+  // --ep 2 at dp 4 without ZeRO: dp ranks 0 and 1 hold different experts, both gathered from
+  Layout ep = layout(4, 0);
+  ep.ep = 2;
+  ep.save_every = 1;
+  const GPTConfig moe = GPTConfig::preset("tiny-moe");
+  const Plan ee = make_plan(moe, toy_cluster(4), ep);
+  const double pool = 4.0 * (3 * ee.stages[0].psi + rank_param_tensors(moe, ep, 0));
+  EXPECT_EQ(ee.stages[0].save_pool_bytes, pool);
+  EXPECT_EQ(ee.host_bytes_per_node(), 2 * pool + 2 * 4);
+}
+
+// `kiln plan`'s checkpoint flags are kiln train's: --async-save is on by default, =false writes
+// synchronously.
+TEST(PlanCheckpoints, AsyncSaveIsTheDefaultAsInKilnTrain) {
+  EXPECT_TRUE(parse_plan_args({"--model", "tiny", "--gpus-per-node", "1"}).layout.async_save);
+  EXPECT_TRUE(parse_plan_args({"--model", "tiny", "--gpus-per-node", "1", "--async-save"}).layout.async_save);
+  const PlanArgs a = parse_plan_args({"--model", "tiny", "--gpus-per-node", "1", "--save-every", "100", "--async-save=false"});
+  EXPECT_FALSE(a.layout.async_save);
+  EXPECT_THROW(parse_plan_args({"--model", "tiny", "--async-save=maybe"}), ConfigError);
 }
 
 // ---- 2. units and model-state bytes -----------------------------------------------------------
