@@ -172,13 +172,39 @@ TEST(PlanCheckpoints, AsyncSavePoolIsHostMemory) {
 }
 
 // `kiln plan`'s checkpoint flags are kiln train's: --async-save is on by default, =false writes
-// synchronously.
+// synchronously; the suggested command carries the saves.
 TEST(PlanCheckpoints, AsyncSaveIsTheDefaultAsInKilnTrain) {
   EXPECT_TRUE(parse_plan_args({"--model", "tiny", "--gpus-per-node", "1"}).layout.async_save);
   EXPECT_TRUE(parse_plan_args({"--model", "tiny", "--gpus-per-node", "1", "--async-save"}).layout.async_save);
   const PlanArgs a = parse_plan_args({"--model", "tiny", "--gpus-per-node", "1", "--save-every", "100", "--async-save=false"});
   EXPECT_FALSE(a.layout.async_save);
   EXPECT_THROW(parse_plan_args({"--model", "tiny", "--async-save=maybe"}), ConfigError);
+  const std::string cmd = plan_json(make_plan(a.model, a.cluster, a.layout), training_totals(1, 1, 0, a.cluster),
+                                    LayoutTotals{})["layout"]["command"];
+  EXPECT_EQ(cmd, "mpirun -np 1 kiln train --model tiny --precision bf16 --save-dir checkpoints --save-every 100 --async-save=false");
+}
+
+// The suggested command names the preset, and only the flags where the model differs from it.
+TEST(PlanCommand, ThePresetsNameAndOnlyTheFlagsThatDiffer) {
+  auto command = [](const std::vector<std::string>& args) {
+    const PlanArgs a = parse_plan_args(args);
+    return plan_json(make_plan(a.model, a.cluster, a.layout), training_totals(1, 1, 0, a.cluster), LayoutTotals{})["layout"]["command"]
+        .get<std::string>();
+  };
+  EXPECT_EQ(command({"--model", "gpt2-124m", "--seq-len", "2048", "--gpus-per-node", "1"}),
+            "mpirun -np 1 kiln train --model gpt2-124m --seq-len 2048 --precision bf16");
+  // gpt2-124m reshaped into gpt2-350m is gpt2-350m
+  EXPECT_EQ(command({"--model", "gpt2-124m", "--n-layer", "24", "--d-model", "1024", "--n-head", "16", "--gpus-per-node", "1"}),
+            "mpirun -np 1 kiln train --model gpt2-350m --precision bf16");
+  // kiln train's --n-head sets the kv heads too: --n-kv-head only where they differ from it
+  EXPECT_EQ(command({"--n-layer", "3", "--d-model", "64", "--n-head", "2", "--gpus-per-node", "1", "--precision", "fp32"}),
+            "mpirun -np 1 kiln train --model tiny --n-layer 3 --n-head 2 --d-model 64");
+  EXPECT_EQ(command({"--model", "tiny", "--n-head", "2", "--n-kv-head", "1", "--gpus-per-node", "1", "--precision", "fp32"}),
+            "mpirun -np 1 kiln train --model tiny --n-head 2 --n-kv-head 1");
+  // --param-dtype auto (kiln train's default) is the compute precision: fp32 weights under bf16 are said
+  EXPECT_EQ(command({"--model", "tiny", "--gpus-per-node", "1", "--param-dtype", "fp32"}),
+            "mpirun -np 1 kiln train --model tiny --precision bf16 --param-dtype fp32");
+  EXPECT_EQ(command({"--model", "tiny", "--gpus-per-node", "1", "--param-dtype", "bf16"}), "mpirun -np 1 kiln train --model tiny --precision bf16");
 }
 
 // ---- 2. units and model-state bytes -----------------------------------------------------------
@@ -1573,9 +1599,10 @@ TEST(PlanMoE, FlagsPresetsAndTheSuggestedCommand) {
   EXPECT_EQ(b.model.moe_capacity_factor, 2.0);
   const Plan q = make_plan(b.model, b.cluster, b.layout);
   const std::string cmd = plan_json(q, t, layout_totals(q, t.tokens))["layout"]["command"];
-  EXPECT_NE(cmd.find("--n-layer 4"), std::string::npos) << cmd;  // no preset has this shape
-  EXPECT_NE(cmd.find("--n-experts 4 --top-k 1 --moe-every 2 --moe-capacity-factor 2 --moe-aux-loss-coef 0.02"),
+  // no preset has this model: tiny's name (tiny-moe's needs as many flags) and the MoE flags alone
+  EXPECT_NE(cmd.find("kiln train --model tiny --n-experts 4 --top-k 1 --moe-every 2 --moe-capacity-factor 2 --moe-aux-loss-coef 0.02 "),
             std::string::npos) << cmd;
+  EXPECT_EQ(cmd.find("--n-layer"), std::string::npos) << cmd;
   EXPECT_THROW(parse_plan_args({"--model", "tiny", "--n-experts", "2", "--top-k", "3"}), ConfigError);
   EXPECT_NO_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--tp", "2", "--sp"}));  // built (issue 36)
   EXPECT_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--tp", "2", "--sp", "--seq-len", "127"}), ConfigError);
@@ -2148,7 +2175,8 @@ TEST(PlanLlama, PipelineAndSequenceParallelTraffic) {
 }
 
 TEST(PlanLlama, FlagsAndTheSuggestedCommand) {
-  // a Llama shape by flags plans and writes its architecture into the command
+  // a Llama shape by flags plans, and the command names the preset it is nearest (tiny-llama:
+  // the architecture its own) with the flags that differ from it
   const PlanArgs a = parse_plan_args({"--n-layer", "2", "--d-model", "64", "--n-head", "4", "--n-kv-head", "2", "--position", "rope",
                                       "--norm", "rmsnorm", "--mlp", "swiglu", "--ffn-hidden", "160", "--bias", "qkv",
                                       "--tie-embeddings=false", "--gpu", "h100", "--gpus-per-node", "1"});
@@ -2157,9 +2185,14 @@ TEST(PlanLlama, FlagsAndTheSuggestedCommand) {
   EXPECT_EQ(a.model.mlp_hidden(), 160);
   const std::string text = plan_text(make_plan(a.model, a.cluster, a.layout), training_totals(1, 1, 0, a.cluster),
                                      LayoutTotals{});
-  EXPECT_NE(text.find("--position rope --norm rmsnorm --mlp swiglu --ffn-hidden 160 --bias qkv --tie-embeddings=false"),
+  EXPECT_NE(text.find("kiln train --model tiny-llama --n-layer 2 --d-model 64 --ffn-hidden 160 --bias qkv --precision"),
             std::string::npos)
       << text;
+  // an architecture no preset has: GPT-2's tiny with rotary positions and RMSNorm
+  const PlanArgs r = parse_plan_args({"--model", "tiny", "--position", "rope", "--norm", "rmsnorm", "--gpus-per-node", "1"});
+  EXPECT_NE(plan_text(make_plan(r.model, r.cluster, r.layout), training_totals(1, 1, 0, r.cluster), LayoutTotals{})
+                .find("kiln train --model tiny --position rope --norm rmsnorm --precision"),
+            std::string::npos);
   EXPECT_NE(text.find("rope positions (theta 10000), rmsnorm, swiglu feed-forward (F 160), biases qkv, output layer untied"),
             std::string::npos)
       << text;
