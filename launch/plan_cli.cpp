@@ -168,6 +168,37 @@ std::string preset_for_device(const std::string& path) {
   return "h100";
 }
 
+// A word the shell reads back as itself.
+std::string shell_word(const std::string& w) {
+  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._,=/:+-") == std::string::npos)
+    return w;
+  std::string q = "'";
+  for (char ch : w) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+// `kiln plan` with the arguments given less the layout's flags and --json, searching at `global_batch`
+// sequences a step: the command that finds the layouts of the same model and cluster that fit.
+std::string search_command(const std::vector<std::string>& args, int64_t global_batch) {
+  auto in = [](const std::vector<FlagHelp>& group, const std::string& name) {
+    for (const auto& f : group)
+      if (name == f.name) return true;
+    return false;
+  };
+  std::string out = "kiln plan";
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const std::string name = a.rfind("--", 0) == 0 ? a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2) : "";
+    if (name == "json" || in(kLayoutSwitches, name)) continue;
+    if (in(kLayoutFlags, name)) {
+      if (a.find('=') == std::string::npos) ++i;  // its value, the next word
+      continue;
+    }
+    out += " " + shell_word(a);
+  }
+  return out + " --search --global-batch " + std::to_string(global_batch);
+}
+
 }  // namespace
 
 PlanArgs parse_plan_args(const std::vector<std::string>& args) {
@@ -351,6 +382,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     l.micro_batch = v.has("micro-batch") ? v.integer("micro-batch") : 8;
     if (v.has("grad-accum")) l.grad_accum = v.integer("grad-accum");
     l.validate(out.model, c);
+    out.search_command = search_command(args, l.micro_batch * l.grad_accum * l.dp);
   }
 
   // ---- search space
@@ -386,8 +418,19 @@ int run_plan(const PlanArgs& a) {
       const Plan p = make_plan(a.model, a.cluster, a.layout);
       const TrainingTotals t = training_totals(P, a.tokens, attention_term, a.cluster);
       const LayoutTotals run = layout_totals(p, t.tokens);
-      emit(plan_json(p, t, run), plan_text(p, t, run));
-      break;
+      if (p.fits()) {
+        emit(plan_json(p, t, run), plan_text(p, t, run));
+        break;
+      }
+      // Memory and traffic, no step time (plan_text), and where to look instead: on stdout with
+      // the plan, and as one line on stderr (under --json too).
+      const std::string why = does_not_fit(p);
+      nlohmann::json j = plan_json(p, t, run);
+      j["does_not_fit"] = {{"reason", why}, {"search_command", a.search_command}};
+      emit(j, plan_text(p, t, run) + "\n" + why + "\n  layouts that fit: " + a.search_command + "\n");
+      std::fflush(stdout);
+      std::fprintf(stderr, "kiln: plan: %s; for layouts that fit: %s\n", why.c_str(), a.search_command.c_str());
+      return kExitPlanDoesNotFit;
     }
     case PlanArgs::Mode::Search: {
       const SearchResult r = search(a.model, a.cluster, a.space);

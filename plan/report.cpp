@@ -440,10 +440,16 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
     o += strprintf("  comm_bytes (kiln's count) %.0f\n", slow.comm_bytes);
   }
   for (const auto& b : p.bandwidth) {
+    if (!p.fits()) break;  // against a compute time it would not run
     o += strprintf("  %-4s needs %s to hide behind compute (b = C / t), has %s: %s\n", b.group.c_str(), rate(b.required).c_str(),
                 rate(b.available).c_str(), b.enough ? "enough" : "NOT enough");
   }
 
+  if (!p.fits()) {  // no step time: the layout would not run (run_plan points at --search)
+    o += "\nstep time\n  none: " + does_not_fit(p) + "\n\n";
+    o += totals_text(totals, c);
+    return o;
+  }
   o += "\nstep time\n";
   o += strprintf("  compute        %10s  (per micro-batch: forward %s, backward %s%s)\n", duration(p.compute_s).c_str(),
               duration(p.forward_s).c_str(), duration(p.backward_s).c_str(),
@@ -467,6 +473,20 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   o += strprintf("  this layout: %lld steps x %s = %s, %s, %.4g device-hours\n", static_cast<long long>(run.steps),
               duration(p.step_s).c_str(), duration(run.seconds).c_str(), energy(run.energy_j).c_str(), run.device_hours);
   return o;
+}
+
+std::string does_not_fit(const Plan& p) {
+  std::string why;
+  if (!p.fits_device) {
+    why = strprintf("the peak per device, %s (pipeline stage %lld), is over the device's %s", bytes(p.peak_device_bytes()).c_str(),
+                    static_cast<long long>(p.critical_stage), bytes(p.cluster.device_memory).c_str());
+  }
+  if (!p.fits_host) {
+    why += std::string(why.empty() ? "" : "; ") +
+           strprintf("the host memory per node, %s, is over the node's %s", bytes(p.host_bytes_per_node()).c_str(),
+                     bytes(p.cluster.host_memory).c_str());
+  }
+  return "the layout does not fit: " + why;
 }
 
 std::string search_text(const SearchResult& r, const ClusterSpec& c, int64_t global_batch) {

@@ -207,6 +207,37 @@ TEST(PlanCommand, ThePresetsNameAndOnlyTheFlagsThatDiffer) {
   EXPECT_EQ(command({"--model", "tiny", "--gpus-per-node", "1", "--param-dtype", "bf16"}), "mpirun -np 1 kiln train --model tiny --precision bf16");
 }
 
+// A layout that does not fit gets its memory and traffic, no step time, the --search command for
+// the same model, cluster and global batch, and exit code kExitPlanDoesNotFit.
+TEST(PlanFits, ALayoutThatDoesNotFitSaysSoAndPointsAtTheSearch) {
+  const PlanArgs a = parse_plan_args({"--model", "llama3-70b", "--gpu", "h100", "--gpus-per-node", "8", "--json", "--micro-batch", "2",
+                                      "--grad-accum", "4", "--zero=1", "--save-every", "100"});
+  EXPECT_EQ(a.search_command, "kiln plan --model llama3-70b --gpu h100 --gpus-per-node 8 --save-every 100 --search --global-batch 64");
+  const Plan p = make_plan(a.model, a.cluster, a.layout);
+  ASSERT_FALSE(p.fits());
+  const std::string text = plan_text(p, training_totals(1, 1, 0, a.cluster), LayoutTotals{});
+  EXPECT_NE(text.find("DOES NOT FIT"), std::string::npos);
+  EXPECT_NE(text.find("step time\n  none: the layout does not fit: the peak per device, "), std::string::npos) << text;
+  EXPECT_EQ(text.find("tokens/s"), std::string::npos) << text;
+  EXPECT_EQ(text.find("MFU"), std::string::npos) << text;
+  EXPECT_EQ(text.find("this layout:"), std::string::npos) << text;
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const int code = run_plan(a);
+  const std::string out = testing::internal::GetCapturedStdout(), err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, kExitPlanDoesNotFit);
+  EXPECT_EQ(code, 6);  // docs/plan.md, docs/operations.md
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_FALSE(j["memory"]["fits"].get<bool>());
+  EXPECT_EQ(j["does_not_fit"]["search_command"], a.search_command);
+  EXPECT_EQ(err, "kiln: plan: " + does_not_fit(p) + "; for layouts that fit: " + a.search_command + "\n");
+  // one that fits: exit 0, a step time
+  const PlanArgs f = parse_plan_args({"--model", "tiny", "--gpus-per-node", "1"});
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(run_plan(f), 0);
+  EXPECT_NE(testing::internal::GetCapturedStdout().find("tokens/s"), std::string::npos);
+}
+
 // ---- 2. units and model-state bytes -----------------------------------------------------------
 
 TEST(PlanUnits, TinyUnitsSumToTheParameterCount) {
