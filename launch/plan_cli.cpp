@@ -204,7 +204,7 @@ std::string search_command(const std::vector<std::string>& args, int64_t global_
 PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   cxxopts::Options opts("kiln plan", "Memory, communication, time and energy of training a GPT on a cluster.");
   opts.add_options()("h,help", "show this help");
-  opts.add_options("mode")("search", "rank the layouts that fit")("compare", "a kiln train --log-json file: predicted vs measured",
+  opts.add_options("mode")("search", "rank the layouts that fit")("compare", "a kiln train --log-json file: predicted vs measured (give it again for more logs: their reports in turn, JSON an array)",
                                                                   cxxopts::value<std::string>())(
       "json", "print JSON with every figure")("attention-flops", "add the attention term 12 L d T per token to T = 6 P D");
   auto add = [&](const char* group, const std::vector<FlagHelp>& flags) {
@@ -232,11 +232,17 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   const Values v(result);
   out.json = v.has("json");
   out.attention_flops = v.has("attention-flops");
+  out.peak_given = v.has("peak-tflops");
 
   // ---- mode
   if (v.has("compare")) {
     out.mode = PlanArgs::Mode::Compare;
-    out.compare_path = v.text("compare");
+    // every --compare given, in order (cxxopts keeps the last one): several logs in one run
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i] == "--compare" && i + 1 < args.size()) out.compare_paths.push_back(args[++i]);
+      else if (args[i].rfind("--compare=", 0) == 0) out.compare_paths.push_back(args[i].substr(10));
+    }
+    if (out.compare_paths.empty()) out.compare_paths.push_back(v.text("compare"));
     const std::string why = "does not go with --compare (the model and layout come from the log)";
     refuse(v, kModelFlags, why);
     refuse(v, kLayoutFlags, why);
@@ -300,26 +306,29 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (!(out.tokens > 0)) throw ConfigError("--tokens must be positive (got " + v.text("tokens") + ")");
   }
 
-  // ---- cluster
-  const std::string gpu = v.has("gpu") ? lower(v.text("gpu"))
-                                       : (out.mode == PlanArgs::Mode::Compare ? preset_for_device(out.compare_path) : "h100");
-  plan::ClusterSpec& c = out.cluster;
-  c = plan::cluster_preset(gpu);
-  if (v.has("nodes")) c.nodes = v.integer("nodes");
-  if (v.has("gpus-per-node")) c.devices_per_node = v.integer("gpus-per-node");
-  if (v.has("device-memory-gb")) c.device_memory = v.number("device-memory-gb") * 1e9;
-  if (v.has("peak-tflops")) c.peak_flops = v.number("peak-tflops") * 1e12;
-  out.peak_given = v.has("peak-tflops");
-  if (v.has("achieved")) c.achieved = v.number("achieved");
-  if (v.has("watts")) c.watts = v.number("watts");
-  if (v.has("intra-node-gbs")) c.intra_node_busbw = v.number("intra-node-gbs") * 1e9;
-  if (v.has("inter-node-gbs")) c.inter_node_busbw = v.number("inter-node-gbs") * 1e9;
-  if (v.has("host-link-gbs")) c.host_link = v.number("host-link-gbs") * 1e9;
-  if (v.has("host-memory-gb")) c.host_memory = v.number("host-memory-gb") * 1e9;
-  if (v.has("host-adam-gparams")) c.host_adam_rate = v.number("host-adam-gparams") * 1e9;
-  if (v.has("disk-gbs")) c.disk_write = v.number("disk-gbs") * 1e9;
-  if (gpu != "custom" && v.has("gpu")) c.name = gpu;
-  c.validate();
+  // ---- cluster: a preset (--gpu; --compare: each log's device) and the fields given
+  auto cluster_of = [&](const std::string& gpu) {
+    plan::ClusterSpec c = plan::cluster_preset(gpu);
+    if (v.has("nodes")) c.nodes = v.integer("nodes");
+    if (v.has("gpus-per-node")) c.devices_per_node = v.integer("gpus-per-node");
+    if (v.has("device-memory-gb")) c.device_memory = v.number("device-memory-gb") * 1e9;
+    if (v.has("peak-tflops")) c.peak_flops = v.number("peak-tflops") * 1e12;
+    if (v.has("achieved")) c.achieved = v.number("achieved");
+    if (v.has("watts")) c.watts = v.number("watts");
+    if (v.has("intra-node-gbs")) c.intra_node_busbw = v.number("intra-node-gbs") * 1e9;
+    if (v.has("inter-node-gbs")) c.inter_node_busbw = v.number("inter-node-gbs") * 1e9;
+    if (v.has("host-link-gbs")) c.host_link = v.number("host-link-gbs") * 1e9;
+    if (v.has("host-memory-gb")) c.host_memory = v.number("host-memory-gb") * 1e9;
+    if (v.has("host-adam-gparams")) c.host_adam_rate = v.number("host-adam-gparams") * 1e9;
+    if (v.has("disk-gbs")) c.disk_write = v.number("disk-gbs") * 1e9;
+    if (gpu != "custom" && v.has("gpu")) c.name = gpu;
+    c.validate();
+    return c;
+  };
+  const std::string gpu = v.has("gpu") ? lower(v.text("gpu")) : "h100";
+  out.cluster = cluster_of(gpu);
+  for (const auto& path : out.compare_paths) out.compare_clusters.push_back(v.has("gpu") ? out.cluster : cluster_of(preset_for_device(path)));
+  const plan::ClusterSpec& c = out.cluster;
 
   // ---- how the run executes (every candidate of a search too)
   plan::Layout base;
@@ -438,9 +447,15 @@ int run_plan(const PlanArgs& a) {
       emit(search_json(r, t, t.tokens), search_text(r, a.cluster, a.space.global_batch));
       break;
     }
-    case PlanArgs::Mode::Compare: {
-      const CompareResult r = compare_with_log(a.compare_path, a.cluster, a.peak_given);
-      emit(compare_json(r), compare_text(r));
+    case PlanArgs::Mode::Compare: {  // one log: its document; several: an array of them, in order
+      nlohmann::json all = nlohmann::json::array();
+      std::string text;
+      for (size_t i = 0; i < a.compare_paths.size(); ++i) {
+        const CompareResult r = compare_with_log(a.compare_paths[i], a.compare_clusters[i], a.peak_given);
+        all.push_back(compare_json(r));
+        text += (i > 0 ? "\n" : "") + compare_text(r);
+      }
+      emit(all.size() == 1 ? all[0] : all, text);
       break;
     }
   }

@@ -4,6 +4,8 @@
 //   kiln plan --model gpt2-1.5b --gpu h100 --nodes 4 --search --global-batch 512  rank layouts
 //   kiln plan --params 7e9 --gpu h100 --nodes 64 [--tokens 2e12]                 totals only
 //   kiln plan --compare run.jsonl [--peak-tflops X --achieved Y]                  against a run
+//   kiln plan --compare a.jsonl --compare b.jsonl [--json]      several runs: their reports in
+//                                                               turn (JSON: an array, in order)
 // A layout that does not fit is printed without a step time and exits kExitPlanDoesNotFit (6),
 // naming the --search command for the same model, cluster and global batch.
 // Every mode takes --json (one JSON document on stdout instead of the text). Bad input (an
@@ -32,7 +34,8 @@ struct PlanArgs {
   double tokens = 0;               // D; 0 = 20 P
   bool attention_flops = false;    // add 12 L d T per token to T = 6 P D
   std::string search_command;      // Layout mode: `kiln plan` with these flags less the layout's, --search at its global batch
-  std::string compare_path;
+  std::vector<std::string> compare_paths;            // Compare: the logs, in the order given (--compare A --compare B ...)
+  std::vector<plan::ClusterSpec> compare_clusters;  // each log's cluster: --gpu, or its device's preset; the flags given
   bool json = false;
   bool help = false;
   std::string help_text;

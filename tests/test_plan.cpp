@@ -1087,6 +1087,23 @@ TEST(PlanCompare, MalformedInputIsAConfigError) {
   std::remove(no_config.c_str());
 }
 
+// --compare given several times: every log, in order, each with its own device's preset unless
+// --gpu says otherwise; one run of kiln plan prints them all (tests/cli/plan.sh compares its ~50 logs so).
+TEST(PlanCompare, SeveralLogsInOneRun) {
+  const std::string h200 = write_log(R"({"type":"config","device":"NVIDIA H200"})" "\n");
+  const std::string cpu = write_log(R"({"type":"config","device":"cpu"})" "\n");
+  const PlanArgs a = parse_plan_args({"--compare", h200, "--compare=" + cpu, "--json"});
+  ASSERT_EQ(a.compare_paths, (std::vector<std::string>{h200, cpu}));
+  ASSERT_EQ(a.compare_clusters.size(), 2u);
+  EXPECT_EQ(a.compare_clusters[0].name, "h200");
+  EXPECT_EQ(a.compare_clusters[1].name, "h100");  // the CPU's: the default preset
+  const PlanArgs g = parse_plan_args({"--compare", h200, "--compare", cpu, "--gpu", "a100"});
+  EXPECT_EQ(g.compare_clusters[0].name, "a100");
+  EXPECT_EQ(g.compare_clusters[1].name, "a100");
+  std::remove(h200.c_str());
+  std::remove(cpu.c_str());
+}
+
 // ---- sequence and context parallelism ---------------------------------------------------------
 
 // tiny on the CPU in fp32, micro-batch 2, K 2: the runs of tests/cli/plan.sh.
