@@ -89,10 +89,8 @@ const std::vector<FlagHelp> kRunFlags = {
     {"precision", "fp32 | bf16 | fp16 (default bf16)"},
     {"attention", "auto | flash | math: the attention kernel, for activation memory (default auto = flash)"},
     {"save-every", "steps between checkpoints: their stall, per step, in the step time (default 0: none)"},
-};
-// Run switches without a value.
-const std::vector<FlagHelp> kRunSwitches = {
-    {"async-save", "checkpoints written in the background (as kiln train --async-save): the stall is a host copy"},
+    {"async-save", "with --save-every: checkpoints written in the background, as kiln train's default (true): the stall is a "
+                   "host copy, and each rank's snapshot pool is held in host memory; =false: synchronous saves"},
 };
 const std::vector<FlagHelp> kTrainingFlags = {
     {"params", "P alone (no model shape): training compute, runtime and energy only"},
@@ -118,6 +116,12 @@ class Values {
     } catch (const std::exception&) {
     }
     throw ConfigError(std::string("--") + name + ": '" + t + "' is not an integer");
+  }
+  // A bare switch (its implicit "true"), =true or =false.
+  bool boolean(const char* name) const {
+    const std::string t = text(name);
+    if (t != "true" && t != "false") throw ConfigError(std::string("--") + name + " takes true or false (got '" + t + "')");
+    return t == "true";
   }
   double number(const char* name) const {
     const std::string t = text(name);
@@ -164,18 +168,50 @@ std::string preset_for_device(const std::string& path) {
   return "h100";
 }
 
+// A word the shell reads back as itself.
+std::string shell_word(const std::string& w) {
+  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._,=/:+-") == std::string::npos)
+    return w;
+  std::string q = "'";
+  for (char ch : w) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+// `kiln plan` with the arguments given less the layout's flags and --json, searching at `global_batch`
+// sequences a step: the command that finds the layouts of the same model and cluster that fit.
+std::string search_command(const std::vector<std::string>& args, int64_t global_batch) {
+  auto in = [](const std::vector<FlagHelp>& group, const std::string& name) {
+    for (const auto& f : group)
+      if (name == f.name) return true;
+    return false;
+  };
+  std::string out = "kiln plan";
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const std::string name = a.rfind("--", 0) == 0 ? a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2) : "";
+    if (name == "json" || in(kLayoutSwitches, name)) continue;
+    if (in(kLayoutFlags, name)) {
+      if (a.find('=') == std::string::npos) ++i;  // its value, the next word
+      continue;
+    }
+    out += " " + shell_word(a);
+  }
+  return out + " --search --global-batch " + std::to_string(global_batch);
+}
+
 }  // namespace
 
 PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   cxxopts::Options opts("kiln plan", "Memory, communication, time and energy of training a GPT on a cluster.");
   opts.add_options()("h,help", "show this help");
-  opts.add_options("mode")("search", "rank the layouts that fit")("compare", "a kiln train --log-json file: predicted vs measured",
+  opts.add_options("mode")("search", "rank the layouts that fit")("compare", "a kiln train --log-json file: predicted vs measured (give it again for more logs: their reports in turn, JSON an array)",
                                                                   cxxopts::value<std::string>())(
       "json", "print JSON with every figure")("attention-flops", "add the attention term 12 L d T per token to T = 6 P D");
   auto add = [&](const char* group, const std::vector<FlagHelp>& flags) {
     for (const auto& f : flags) {
       auto value = cxxopts::value<std::string>();
-      if (std::string(f.name) == "tie-embeddings") value->implicit_value("true");  // bare, as kiln train's
+      const std::string name = f.name;
+      if (name == "tie-embeddings" || name == "async-save") value->implicit_value("true");  // bare, as kiln train's
       opts.add_options(group)(f.name, f.help, value);
     }
   };
@@ -184,7 +220,6 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   add("layout", kLayoutFlags);
   for (const auto& f : kLayoutSwitches) opts.add_options("layout")(f.name, f.help);
   add("run", kRunFlags);
-  for (const auto& f : kRunSwitches) opts.add_options("run")(f.name, f.help);
   add("training", kTrainingFlags);
   add("search", kSearchFlags);
   const auto result = parse_or_throw(opts, args, "plan", "");
@@ -197,17 +232,22 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   const Values v(result);
   out.json = v.has("json");
   out.attention_flops = v.has("attention-flops");
+  out.peak_given = v.has("peak-tflops");
 
   // ---- mode
   if (v.has("compare")) {
     out.mode = PlanArgs::Mode::Compare;
-    out.compare_path = v.text("compare");
+    // every --compare given, in order (cxxopts keeps the last one): several logs in one run
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i] == "--compare" && i + 1 < args.size()) out.compare_paths.push_back(args[++i]);
+      else if (args[i].rfind("--compare=", 0) == 0) out.compare_paths.push_back(args[i].substr(10));
+    }
+    if (out.compare_paths.empty()) out.compare_paths.push_back(v.text("compare"));
     const std::string why = "does not go with --compare (the model and layout come from the log)";
     refuse(v, kModelFlags, why);
     refuse(v, kLayoutFlags, why);
     refuse(v, kLayoutSwitches, why);
     refuse(v, kRunFlags, why);
-    refuse(v, kRunSwitches, why);
     refuse(v, kTrainingFlags, why);
     refuse(v, kSearchFlags, why);
     if (v.has("search")) throw ConfigError("--search does not go with --compare");
@@ -223,7 +263,6 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     refuse(v, kLayoutFlags, "needs a model shape (--model ...), not --params");
     refuse(v, kLayoutSwitches, "needs a model shape (--model ...), not --params");
     refuse(v, kRunFlags, "needs a model shape (--model ...), not --params");
-    refuse(v, kRunSwitches, "needs a model shape (--model ...), not --params");
     if (out.attention_flops) throw ConfigError("--attention-flops needs a model shape (--model ...), not --params");
   } else {
     out.mode = PlanArgs::Mode::Layout;
@@ -250,11 +289,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   if (v.has("mlp")) out.model.mlp = v.text("mlp");
   if (v.has("ffn-hidden")) out.model.ffn_hidden = v.integer("ffn-hidden");
   if (v.has("bias")) out.model.bias = v.text("bias");
-  if (v.has("tie-embeddings")) {
-    const std::string t = v.text("tie-embeddings");
-    if (t != "true" && t != "false") throw ConfigError("--tie-embeddings takes true or false (got '" + t + "')");
-    out.model.tie_embeddings = t == "true";
-  }
+  if (v.has("tie-embeddings")) out.model.tie_embeddings = v.boolean("tie-embeddings");
   if (v.has("n-experts")) out.model.n_experts = v.integer("n-experts");
   if (v.has("top-k")) out.model.top_k = v.integer("top-k");
   if (v.has("moe-every")) out.model.moe_every = v.integer("moe-every");
@@ -271,26 +306,29 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (!(out.tokens > 0)) throw ConfigError("--tokens must be positive (got " + v.text("tokens") + ")");
   }
 
-  // ---- cluster
-  const std::string gpu = v.has("gpu") ? lower(v.text("gpu"))
-                                       : (out.mode == PlanArgs::Mode::Compare ? preset_for_device(out.compare_path) : "h100");
-  plan::ClusterSpec& c = out.cluster;
-  c = plan::cluster_preset(gpu);
-  if (v.has("nodes")) c.nodes = v.integer("nodes");
-  if (v.has("gpus-per-node")) c.devices_per_node = v.integer("gpus-per-node");
-  if (v.has("device-memory-gb")) c.device_memory = v.number("device-memory-gb") * 1e9;
-  if (v.has("peak-tflops")) c.peak_flops = v.number("peak-tflops") * 1e12;
-  out.peak_given = v.has("peak-tflops");
-  if (v.has("achieved")) c.achieved = v.number("achieved");
-  if (v.has("watts")) c.watts = v.number("watts");
-  if (v.has("intra-node-gbs")) c.intra_node_busbw = v.number("intra-node-gbs") * 1e9;
-  if (v.has("inter-node-gbs")) c.inter_node_busbw = v.number("inter-node-gbs") * 1e9;
-  if (v.has("host-link-gbs")) c.host_link = v.number("host-link-gbs") * 1e9;
-  if (v.has("host-memory-gb")) c.host_memory = v.number("host-memory-gb") * 1e9;
-  if (v.has("host-adam-gparams")) c.host_adam_rate = v.number("host-adam-gparams") * 1e9;
-  if (v.has("disk-gbs")) c.disk_write = v.number("disk-gbs") * 1e9;
-  if (gpu != "custom" && v.has("gpu")) c.name = gpu;
-  c.validate();
+  // ---- cluster: a preset (--gpu; --compare: each log's device) and the fields given
+  auto cluster_of = [&](const std::string& gpu) {
+    plan::ClusterSpec c = plan::cluster_preset(gpu);
+    if (v.has("nodes")) c.nodes = v.integer("nodes");
+    if (v.has("gpus-per-node")) c.devices_per_node = v.integer("gpus-per-node");
+    if (v.has("device-memory-gb")) c.device_memory = v.number("device-memory-gb") * 1e9;
+    if (v.has("peak-tflops")) c.peak_flops = v.number("peak-tflops") * 1e12;
+    if (v.has("achieved")) c.achieved = v.number("achieved");
+    if (v.has("watts")) c.watts = v.number("watts");
+    if (v.has("intra-node-gbs")) c.intra_node_busbw = v.number("intra-node-gbs") * 1e9;
+    if (v.has("inter-node-gbs")) c.inter_node_busbw = v.number("inter-node-gbs") * 1e9;
+    if (v.has("host-link-gbs")) c.host_link = v.number("host-link-gbs") * 1e9;
+    if (v.has("host-memory-gb")) c.host_memory = v.number("host-memory-gb") * 1e9;
+    if (v.has("host-adam-gparams")) c.host_adam_rate = v.number("host-adam-gparams") * 1e9;
+    if (v.has("disk-gbs")) c.disk_write = v.number("disk-gbs") * 1e9;
+    if (gpu != "custom" && v.has("gpu")) c.name = gpu;
+    c.validate();
+    return c;
+  };
+  const std::string gpu = v.has("gpu") ? lower(v.text("gpu")) : "h100";
+  out.cluster = cluster_of(gpu);
+  for (const auto& path : out.compare_paths) out.compare_clusters.push_back(v.has("gpu") ? out.cluster : cluster_of(preset_for_device(path)));
+  const plan::ClusterSpec& c = out.cluster;
 
   // ---- how the run executes (every candidate of a search too)
   plan::Layout base;
@@ -300,7 +338,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   }
   base.compute_bytes = precision == "fp32" ? 4 : 2;
   if (v.has("save-every")) base.save_every = v.integer("save-every");
-  base.async_save = v.has("async-save");
+  if (v.has("async-save")) base.async_save = v.boolean("async-save");  // kiln train's default: true
   if (base.save_every < 0) throw ConfigError("--save-every must be at least 0 (got " + std::to_string(base.save_every) + ")");
   base.plain_loss = precision == "fp16";  // fp16's loss keeps whole logits (models/linear_cross_entropy.h)
   // Working weights (kiln train's --param-dtype): auto, the default, is the compute precision.
@@ -353,6 +391,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     l.micro_batch = v.has("micro-batch") ? v.integer("micro-batch") : 8;
     if (v.has("grad-accum")) l.grad_accum = v.integer("grad-accum");
     l.validate(out.model, c);
+    out.search_command = search_command(args, l.micro_batch * l.grad_accum * l.dp);
   }
 
   // ---- search space
@@ -388,8 +427,19 @@ int run_plan(const PlanArgs& a) {
       const Plan p = make_plan(a.model, a.cluster, a.layout);
       const TrainingTotals t = training_totals(P, a.tokens, attention_term, a.cluster);
       const LayoutTotals run = layout_totals(p, t.tokens);
-      emit(plan_json(p, t, run), plan_text(p, t, run));
-      break;
+      if (p.fits()) {
+        emit(plan_json(p, t, run), plan_text(p, t, run));
+        break;
+      }
+      // Memory and traffic, no step time (plan_text), and where to look instead: on stdout with
+      // the plan, and as one line on stderr (under --json too).
+      const std::string why = does_not_fit(p);
+      nlohmann::json j = plan_json(p, t, run);
+      j["does_not_fit"] = {{"reason", why}, {"search_command", a.search_command}};
+      emit(j, plan_text(p, t, run) + "\n" + why + "\n  layouts that fit: " + a.search_command + "\n");
+      std::fflush(stdout);
+      std::fprintf(stderr, "kiln: plan: %s; for layouts that fit: %s\n", why.c_str(), a.search_command.c_str());
+      return kExitPlanDoesNotFit;
     }
     case PlanArgs::Mode::Search: {
       const SearchResult r = search(a.model, a.cluster, a.space);
@@ -397,9 +447,15 @@ int run_plan(const PlanArgs& a) {
       emit(search_json(r, t, t.tokens), search_text(r, a.cluster, a.space.global_batch));
       break;
     }
-    case PlanArgs::Mode::Compare: {
-      const CompareResult r = compare_with_log(a.compare_path, a.cluster, a.peak_given);
-      emit(compare_json(r), compare_text(r));
+    case PlanArgs::Mode::Compare: {  // one log: its document; several: an array of them, in order
+      nlohmann::json all = nlohmann::json::array();
+      std::string text;
+      for (size_t i = 0; i < a.compare_paths.size(); ++i) {
+        const CompareResult r = compare_with_log(a.compare_paths[i], a.compare_clusters[i], a.peak_given);
+        all.push_back(compare_json(r));
+        text += (i > 0 ? "\n" : "") + compare_text(r);
+      }
+      emit(all.size() == 1 ? all[0] : all, text);
       break;
     }
   }

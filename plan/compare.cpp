@@ -104,6 +104,11 @@ Run run_of(const json& config, const std::string& where) {
   l.comm_in_world_of_one = world.value("backend", std::string("none")) != "none" &&
                            (c.value("backend", std::string("auto")) != "auto" || l.zero > 0);
   l.base_bytes = cpu ? kCpuProcessBase : 0.0;
+  // checkpoints: --save-dir makes the run save (at its end at least); --async-save (absent: a
+  // kiln from before it, synchronous) holds the snapshot pool from set-up
+  l.saves = !c.value("save_dir", std::string()).empty();
+  l.save_every = c.value("save_every", int64_t{0});
+  l.async_save = c.value("async_save", false);
 
   // The nodes the run spanned (the config record's topology; logs from before it: one node).
   const json& topo = config.contains("topology") ? config.at("topology") : json::object();
@@ -257,6 +262,11 @@ CompareResult compare_with_log(const std::string& path, ClusterSpec cluster, boo
       add(std::string("model_state.") + place + "." + kind, "bytes", static_cast<double>(value), meas, true, note);
     }
   }
+
+  // --async-save's snapshot pool, rank 0's (the config record's snapshot_pool_bytes: 0 without it)
+  add("snapshot_pool_bytes", "bytes", st.save_pool_bytes, logged("snapshot_pool_bytes"), true,
+      logged("snapshot_pool_bytes") ? (l.holds_save_pool() ? "host memory, --async-save with --save-dir" : "no asynchronous saves")
+                                    : "not in this log (a kiln from before snapshot_pool_bytes)");
 
   // comm_bytes per step: the same every step; a step that differs is reported. With --ep the
   // all-to-alls' rows depend on the routing: comm_bytes less the step's ep_comm_bytes is the

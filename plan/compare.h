@@ -8,7 +8,9 @@
 //   exact   parameters, FLOPs per token, tokens per step, with pp the blocks of every stage
 //           (the record's pipeline.blocks), and rank 0's (stage 0's): ZeRO's padded count Psi',
 //           model-state bytes by kind (device and host: params, grads, optimizer; when the log
-//           reports them), comm_bytes per step.
+//           reports them), --async-save's snapshot pool (host memory; the record's
+//           snapshot_pool_bytes, 0 for a run that does not save in the background), comm_bytes
+//           per step.
 //           These are accounting, not estimates: they must be equal, for any dp x tp x pp.
 //   model   peak memory (mem_gb, the allocator peak on a GPU or VmHWM on the CPU), step time
 //           (median after step 1) and MFU (from that median: the job's model FLOP/s / (devices

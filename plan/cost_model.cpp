@@ -124,12 +124,6 @@ TrainingTotals training_totals(double params, double tokens, double attention_fl
 
 EpRowBytes ep_row_bytes(const Layout& l) { return {l.compute_bytes, l.compute_bytes}; }
 
-double Plan::host_bytes_per_node() const {
-  double worst = 0;
-  for (const auto& st : stages) worst = std::max(worst, st.host_bytes);
-  return worst * static_cast<double>(std::min(cluster.devices_per_node, layout.devices()));
-}
-
 Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout& layout) {
   model.validate();
   cluster.validate();
@@ -227,6 +221,17 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     if (!st.expert_units.empty()) st.state += model_state(st.expert_units, l, M);
     for (const auto& chunk : st.chunks)
       st.state.device.cast_copies += cast_copy_bytes(model, l, static_cast<int64_t>(chunk.size()), chunk.front());
+    // --async-save's snapshot pool (section 6): ZeRO's shards on every rank; without ZeRO the
+    // whole local state on the ranks whose copy the checkpoint gathers, one element elsewhere
+    if (l.holds_save_pool()) {
+      if (l.zero > 0) {
+        st.save_pool_bytes = 12.0 * static_cast<double>(sum_padded(st.units, G) / G + st.psi_experts_padded / M);
+        st.save_pool_other_bytes = st.save_pool_bytes;
+      } else {
+        st.save_pool_bytes = 4.0 * static_cast<double>(3 * st.psi + rank_param_tensors(model, l, s));
+        st.save_pool_other_bytes = 4.0;
+      }
+    }
 
     const bool first = s == 0, last = s == l.pp - 1;
     // a chunk's blocks, kept for one micro-batch
@@ -322,8 +327,10 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
       transient += pb * static_cast<double>(outer_units) + held * pb * static_cast<double>(max_block + max_experts);
     }
     st.transient_bytes = transient;
-    st.peak_device_bytes = static_cast<double>(st.state.device.total()) + st.activation_bytes + transient + l.base_bytes;
-    st.host_bytes = static_cast<double>(st.state.host.total());
+    // on the CPU the snapshot pool is the process's memory too
+    st.peak_device_bytes = static_cast<double>(st.state.device.total()) + st.activation_bytes + transient + l.base_bytes +
+                           (l.cpu ? st.save_pool_bytes : 0.0);
+    st.host_bytes = static_cast<double>(st.state.host.total()) + st.save_pool_bytes;
 
     st.comm = stage_comm(p, st, links);
     for (const auto& it : st.comm) {
@@ -356,12 +363,8 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   p.checkpoint_bytes = 12.0 * static_cast<double>(model.num_params());
   p.save_write_s = p.checkpoint_bytes / cluster.disk_write;
   if (l.save_every > 0) {
-    double snapshot = 0;  // the largest rank's
-    for (const auto& st : p.stages) {
-      const double share = l.zero > 0 ? static_cast<double>(st.psi_padded) / static_cast<double>(l.grad_ranks())
-                                      : static_cast<double>(st.psi);
-      snapshot = std::max(snapshot, 12.0 * share);
-    }
+    double snapshot = 0;  // the largest rank's pool (each save copies the whole of it)
+    for (const auto& st : p.stages) snapshot = std::max(snapshot, st.save_pool_bytes);
     const double interval = static_cast<double>(l.save_every) * p.step_s;
     p.save_stall_s = l.async_save ? snapshot / cluster.host_link + std::max(0.0, p.save_write_s - interval) : p.save_write_s;
     p.save_s = p.save_stall_s / static_cast<double>(l.save_every);
@@ -385,6 +388,19 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     b.required = b.wire_bytes / p.compute_s;
     b.enough = b.required <= b.available;
     p.bandwidth.push_back(b);
+  }
+  // host memory per node: nodes hold consecutive ranks, tp fastest, then cp, dp, pp (distributed/
+  // mesh.cpp); each rank its stage's host model state and its snapshot pool; the fullest node
+  const int64_t per_node = std::min(cluster.devices_per_node, l.devices());
+  for (int64_t node = 0; node < l.devices(); node += per_node) {
+    double bytes = 0;
+    for (int64_t rank = node; rank < std::min(node + per_node, l.devices()); ++rank) {
+      const int64_t cp = (rank / l.tp) % l.cp, dp = (rank / (l.tp * l.cp)) % l.dp, stage = rank / (l.tp * l.cp * l.dp);
+      const StagePlan& st = p.stages[static_cast<size_t>(stage)];
+      const bool keeps = l.zero > 0 || (cp == 0 && dp < std::max<int64_t>(1, l.ep));
+      bytes += static_cast<double>(st.state.host.total()) + (keeps ? st.save_pool_bytes : st.save_pool_other_bytes);
+    }
+    p.host_node_bytes = std::max(p.host_node_bytes, bytes);
   }
   p.fits_device = p.peak_device_bytes() <= cluster.device_memory;
   p.fits_host = p.host_bytes_per_node() <= cluster.host_memory;

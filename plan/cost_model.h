@@ -288,10 +288,19 @@
 //    and 4-byte step counts a tensor are left out); rank 0 writes them at the disk's rate W:
 //    write = C / W.
 //      synchronous  stall = write                       (every rank waits for rank 0)
-//      --async-save stall = S / H + max(0, write - N t)  (each rank's snapshot S -- 12 bytes a
-//                   parameter of its share: its shards under ZeRO -- over the host link H, and the
-//                   wait for the previous write when one takes longer than N steps of t each)
-//    and per step stall / N, added to the step.
+//      --async-save stall = S / H + max(0, write - N t)  (each rank's snapshot S over the host
+//                   link H, and the wait for the previous write when one takes longer than N
+//                   steps of t each)
+//    and per step stall / N, added to the step. --async-save is kiln train's default, and the
+//    plan's. Its snapshot S lives in one pool per rank, allocated and touched at set-up and held
+//    for the run whenever the run saves (runtime/checkpoint/consolidate.h, StateSnapshot), host
+//    memory (pinned on a GPU) beside offload's host state, counted in the host bytes per node:
+//      ZeRO        every rank: 12 x its shards (fp32 weights or master, m, v; 3 x ZeroEngine::
+//                  snapshot_numel's third), the experts' shards over their copies under --ep
+//      no ZeRO     the ranks whose copy a gather reads (cp 0, dp < max(1, ep); rank 0 among
+//                  them): 12 Psi + 4 x the parameter tensors (a step count each); the others
+//                  4 bytes (the pool's one element)
+//    On the CPU the pool is the process's memory too, so a CPU run's peak includes it.
 #pragma once
 
 #include <cstdint>
@@ -337,7 +346,9 @@ struct Layout {
   int64_t pp_virtual = 1;               // --pp-virtual V: model chunks a stage holds (interleaved 1F1B when > 1)
   bool zero_bubble = false;             // --pp-schedule zb-h1 (parallel/pipeline_zero_bubble.h)
   int64_t save_every = 0;               // steps between checkpoints (0: none in the time model)
-  bool async_save = false;              // --async-save: the steps stall for a host copy, not the write
+  bool saves = false;                   // the run checkpoints (kiln train --save-dir), at least at its end; save_every > 0 implies it
+  bool async_save = true;               // --async-save, kiln train's default: the steps stall for a host copy, not the write,
+                                        // and each rank holds its snapshot pool in host memory from set-up (section 6)
   Attention attention = Attention::Flash;
   bool dropout = false;                 // dropout > 0 (masks kept)
   bool cpu = false;                     // runs on the CPU: 4-byte dropout masks, no CUDA generator
@@ -346,6 +357,8 @@ struct Layout {
   double base_bytes = 0;                // resident bytes outside the model (CPU runs: LibTorch, ~0.4 GB)
 
   int64_t devices() const { return dp * cp * tp * pp; }
+  // --async-save's snapshot pool is held (runtime/checkpoint/async_save.h): saves, written in the background
+  bool holds_save_pool() const { return async_save && (saves || save_every > 0); }
   int64_t grad_ranks() const { return dp * cp; }  // G: the group DDP and ZeRO reduce (and shard) over
   // --ep: the ranks holding the same experts (the expert-data-parallel group), dp / ep of them and,
   // under cp, each one's cp ranks (distributed/mesh.h)
@@ -419,6 +432,11 @@ struct ModelState {
 // from cast_copy_bytes, which needs the model's shape).
 // ZeRO shards over `ranks` (0: the layout's dp x cp; the expert units: dp / ep).
 ModelState model_state(const std::vector<int64_t>& units, const Layout& layout, int64_t ranks = 0);
+// The parameter tensors a rank of pipeline stage `stage` holds (models/gpt.cpp's registered
+// parameters: wte, wpe, ln_f, lm_head where the stage has them; per block its norms, linears and
+// their biases, or an MoE layer's router and stacked experts). --async-save's snapshot keeps a
+// 4-byte step count for each (section 6).
+int64_t rank_param_tensors(const GPTConfig& model, const Layout& layout, int64_t stage);
 // Autocast's held 2-byte weight copies on a rank of a stage holding blocks [first_block,
 // first_block + blocks) (section 2; an MoE block's attention weights only); a stage of several
 // chunks sums its chunks'.
@@ -494,7 +512,13 @@ struct StagePlan {
   double activation_bytes = 0;    // kept activations, all in-flight micro-batches
   double transient_bytes = 0;     // gathered ZeRO-3 units, recompute working set, logits
   double peak_device_bytes = 0;   // state.device + activations + transients + base
-  double host_bytes = 0;          // this rank's host model state
+  // --async-save's snapshot pool (section 6; runtime/checkpoint/consolidate.h StateSnapshot),
+  // host memory (pinned on a GPU) from set-up: under ZeRO every rank's, 12 B an element of its
+  // shards; without ZeRO the stage's dp-0 (dp < ep under --ep), cp-0 ranks', 12 B a parameter
+  // and 4 B a parameter tensor (its step count) -- the other ranks hold 4 B
+  double save_pool_bytes = 0;
+  double save_pool_other_bytes = 0;  // the pool of the stage's other ranks (4 B without ZeRO)
+  double host_bytes = 0;          // this rank's host bytes: host model state + save_pool_bytes
   std::vector<CommItem> comm;
   double comm_bytes = 0;          // sum of comm[].comm_bytes over the network groups (kiln's figure)
   double ep_comm_bytes = 0;       // of it, the ep group's (the log's ep_comm_bytes): all-to-alls and the norm's 16 bytes
@@ -530,8 +554,9 @@ struct Plan {
   int64_t slowest_stage = 0;      // the stage with the longest step: its compute, exposed comm and bubble (first such)
   std::vector<GroupBandwidth> bandwidth;
   bool fits_device = true, fits_host = true;
+  double host_node_bytes = 0;     // the fullest node's host bytes: its ranks' host model state and snapshot pools
   double peak_device_bytes() const { return stages[critical_stage].peak_device_bytes; }
-  double host_bytes_per_node() const;
+  double host_bytes_per_node() const { return host_node_bytes; }
   bool fits() const { return fits_device && fits_host; }
 };
 

@@ -104,6 +104,27 @@ std::vector<int64_t> rank_units(const GPTConfig& m, int64_t tp, int64_t pp, int6
   return units;
 }
 
+// models/gpt.cpp's parameters, as rank_units lays out the stage: [wte] where the embedding is or
+// a tied head, [wpe] with learned positions on the first stage, [ln_f, lm_head] on the last; a
+// block's ln_1, c_attn (+ bias), attn c_proj (+ bias), ln_2 and c_fc, c_proj (+ biases), or an MoE
+// layer's router, fc_w (+ fc_b), proj_w (+ proj_b) (models/moe.cpp). tp and ep split tensors, never
+// remove one.
+int64_t rank_param_tensors(const GPTConfig& m, const Layout& l, int64_t stage) {
+  const int64_t norm = m.rmsnorm() ? 1 : 2, lb = m.linear_bias() ? 1 : 0;
+  const bool first = stage == 0, last = stage == l.pp - 1;
+  int64_t n = 0;
+  if (first || (last && m.tie_embeddings)) n += 1;  // wte
+  if (first && !m.rope()) n += 1;                    // wpe
+  if (last) n += norm + (m.tie_embeddings ? 0 : 1);  // ln_f, lm_head
+  for (const auto& chunk : stage_chunks(m, l, stage)) {
+    for (int64_t i : chunk) {
+      n += 2 * norm + (1 + (m.qkv_bias() ? 1 : 0)) + (1 + lb);  // ln_1, ln_2, c_attn, attn c_proj
+      n += m.is_moe_layer(i) ? 1 + 2 * (1 + lb) : 2 * (1 + lb);   // router + experts, or c_fc, c_proj
+    }
+  }
+  return n;
+}
+
 int64_t padded_numel(int64_t n, int64_t dp) {
   const int64_t q = kAlign * dp;
   return (n + q - 1) / q * q;

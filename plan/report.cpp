@@ -56,63 +56,69 @@ json state_json(const StateBytes& s, bool device) {
   return out;
 }
 
-// The command that runs the planned layout as pasted: the model (its preset's name, or its
-// shape), and every setting that differs from `kiln train`'s defaults (dp follows from the
-// world: dp = ranks / (cp x tp x pp)). 16-bit compute is written --precision bf16 (the plan does not
-// tell bf16 from fp16; both cost 2 bytes).
-// Whether a preset has the model's architecture: the same fields in a run's record
-// (GPTConfig::put_architecture; none for GPT-2's).
-bool same_architecture(const GPTConfig& p, const GPTConfig& m) {
-  json a = json::object(), b = json::object();
-  p.put_architecture(a);
-  m.put_architecture(b);
-  return a == b;
+// The model's flags for `kiln train --model NAME` with `base` the preset NAME: every field where
+// the model is not the preset, as kiln train applies them over it (launch/cli.cpp: --n-head sets
+// the kv heads too unless --n-kv-head is given; an absent --ffn-hidden keeps the preset's width,
+// or its rule's for the model's d).
+std::vector<std::string> model_flags(const GPTConfig& m, const GPTConfig& base) {
+  std::vector<std::string> f;
+  auto integer = [&](const char* flag, int64_t v) { f.push_back(strprintf("--%s %lld", flag, static_cast<long long>(v))); };
+  auto real = [&](const char* flag, double v) { f.push_back(strprintf("--%s %.17g", flag, v)); };  // the value itself
+  if (m.n_layer != base.n_layer) integer("n-layer", m.n_layer);
+  if (m.n_head != base.n_head) integer("n-head", m.n_head);
+  if (m.n_kv_head != (m.n_head != base.n_head ? m.n_head : base.n_kv_head)) integer("n-kv-head", m.n_kv_head);
+  if (m.d_model != base.d_model) integer("d-model", m.d_model);
+  if (m.seq_len != base.seq_len) integer("seq-len", m.seq_len);
+  if (m.vocab_size != base.vocab_size) integer("vocab-size", m.vocab_size);
+  if (m.dropout != base.dropout) f.push_back(strprintf("--dropout %g", m.dropout));
+  // the architecture (models/gpt_config.h)
+  if (m.position != base.position) f.push_back("--position " + m.position);
+  if (m.rope() && m.rope_theta != base.rope_theta) real("rope-theta", m.rope_theta);
+  if (m.rope() && (m.rope_factor != base.rope_factor || m.rope_low_freq_factor != base.rope_low_freq_factor ||
+                   m.rope_high_freq_factor != base.rope_high_freq_factor || m.rope_original_context != base.rope_original_context)) {
+    real("rope-factor", m.rope_factor);
+    real("rope-low-freq-factor", m.rope_low_freq_factor);
+    real("rope-high-freq-factor", m.rope_high_freq_factor);
+    integer("rope-original-context", m.rope_original_context);
+  }
+  if (m.norm != base.norm) f.push_back("--norm " + m.norm);
+  if (m.layer_norm_eps != base.layer_norm_eps) real("norm-eps", m.layer_norm_eps);
+  if (m.mlp != base.mlp) f.push_back("--mlp " + m.mlp);
+  GPTConfig derived = base;  // the width kiln train would give the model without --ffn-hidden
+  derived.d_model = m.d_model;
+  derived.mlp = m.mlp;
+  if (m.mlp_hidden() != derived.mlp_hidden()) integer("ffn-hidden", m.mlp_hidden());
+  if (m.bias != base.bias) f.push_back("--bias " + m.bias);
+  if (m.tie_embeddings != base.tie_embeddings) f.push_back(m.tie_embeddings ? "--tie-embeddings" : "--tie-embeddings=false");
+  if (m.n_experts != base.n_experts) integer("n-experts", m.n_experts);
+  if (m.is_moe()) {
+    if (m.top_k != base.top_k) integer("top-k", m.top_k);
+    if (m.moe_every != base.moe_every) integer("moe-every", m.moe_every);
+    if (m.moe_capacity_factor != base.moe_capacity_factor) real("moe-capacity-factor", m.moe_capacity_factor);
+    if (m.moe_aux_loss_coef != base.moe_aux_loss_coef) real("moe-aux-loss-coef", m.moe_aux_loss_coef);
+    if (m.moe_z_loss_coef != base.moe_z_loss_coef) real("moe-z-loss-coef", m.moe_z_loss_coef);
+  }
+  return f;
 }
 
+// The command that runs the planned layout as pasted: `--model NAME` -- the preset the model is,
+// or the one it differs from in the fewest flags (the first in kiln's list on a tie), with only
+// those flags -- and every setting that differs from `kiln train`'s defaults (dp follows from the
+// world: dp = ranks / (cp x tp x pp)). 16-bit compute is written --precision bf16 (the plan does
+// not tell bf16 from fp16; both cost 2 bytes); kiln train's --param-dtype auto is the compute
+// precision.
 std::string train_command(const GPTConfig& m, const Layout& l) {
   std::string out = strprintf("mpirun -np %lld kiln train", static_cast<long long>(l.devices()));
   std::string preset;
+  std::vector<std::string> flags;
   for (const auto& name : GPTConfig::preset_names()) {
-    const GPTConfig p = GPTConfig::preset(name);
-    if (p.n_layer == m.n_layer && p.n_head == m.n_head && p.n_kv_head == m.n_kv_head && p.d_model == m.d_model &&
-        p.seq_len == m.seq_len && p.vocab_size == m.vocab_size && p.n_experts == m.n_experts && same_architecture(p, m) &&
-        (!m.is_moe() || (p.top_k == m.top_k && p.moe_every == m.moe_every))) {
-      preset = name;
-      break;
-    }
+    std::vector<std::string> f = model_flags(m, GPTConfig::preset(name));
+    if (preset.empty() || f.size() < flags.size()) preset = name, flags = std::move(f);
   }
-  if (!preset.empty()) {
-    out += " --model " + preset;
-  } else {
-    out += strprintf(" --n-layer %lld --n-head %lld --n-kv-head %lld --d-model %lld --seq-len %lld --vocab-size %lld",
-                  static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head), static_cast<long long>(m.n_kv_head),
-                  static_cast<long long>(m.d_model), static_cast<long long>(m.seq_len), static_cast<long long>(m.vocab_size));
-  }
-  const GPTConfig base = preset.empty() ? GPTConfig{} : GPTConfig::preset(preset);
-  if (m.dropout != base.dropout) out += strprintf(" --dropout %g", m.dropout);
-  // the architecture (models/gpt_config.h), where it is not the preset's (or GPT-2's)
-  if (m.position != base.position) out += " --position " + m.position;
-  if (m.rope() && m.rope_theta != base.rope_theta) out += strprintf(" --rope-theta %.17g", m.rope_theta);
-  if (m.rope() && m.rope_factor != base.rope_factor) {
-    out += strprintf(" --rope-factor %.17g --rope-low-freq-factor %.17g --rope-high-freq-factor %.17g --rope-original-context %lld",
-                     m.rope_factor, m.rope_low_freq_factor, m.rope_high_freq_factor, static_cast<long long>(m.rope_original_context));
-  }
-  if (m.norm != base.norm) out += " --norm " + m.norm;
-  if (m.layer_norm_eps != base.layer_norm_eps) out += strprintf(" --norm-eps %.17g", m.layer_norm_eps);
-  if (m.mlp != base.mlp) out += " --mlp " + m.mlp;
-  if (m.ffn_hidden > 0 && m.ffn_hidden != base.ffn_hidden) out += strprintf(" --ffn-hidden %lld", static_cast<long long>(m.ffn_hidden));
-  if (m.bias != base.bias) out += " --bias " + m.bias;
-  if (m.tie_embeddings != base.tie_embeddings) out += m.tie_embeddings ? " --tie-embeddings" : " --tie-embeddings=false";
-  if (m.is_moe()) {  // a shape given by flags, or a preset's MoE settings changed (%.17g: the value itself)
-    if (m.n_experts != base.n_experts) out += strprintf(" --n-experts %lld", static_cast<long long>(m.n_experts));
-    if (m.top_k != base.top_k) out += strprintf(" --top-k %lld", static_cast<long long>(m.top_k));
-    if (m.moe_every != base.moe_every) out += strprintf(" --moe-every %lld", static_cast<long long>(m.moe_every));
-    if (m.moe_capacity_factor != base.moe_capacity_factor) out += strprintf(" --moe-capacity-factor %.17g", m.moe_capacity_factor);
-    if (m.moe_aux_loss_coef != base.moe_aux_loss_coef) out += strprintf(" --moe-aux-loss-coef %.17g", m.moe_aux_loss_coef);
-    if (m.moe_z_loss_coef != base.moe_z_loss_coef) out += strprintf(" --moe-z-loss-coef %.17g", m.moe_z_loss_coef);
-  }
+  out += " --model " + preset;
+  for (const auto& f : flags) out += " " + f;
   if (l.compute_bytes == 2) out += " --precision bf16";
-  if (l.param_bytes == 2) out += " --param-dtype bf16";
+  if (l.param_bytes != l.compute_bytes) out += l.param_bytes == 4 ? " --param-dtype fp32" : " --param-dtype bf16";
   if (l.reduce_bytes == 2) out += " --reduce-dtype bf16";
   if (l.tp != 1) out += strprintf(" --tp %lld", static_cast<long long>(l.tp));
   if (l.sp) out += " --sp";
@@ -128,6 +134,9 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   if (l.recompute != Recompute::None) out += " --activation-checkpointing " + to_string(l.recompute);
   if (l.micro_batch != 8) out += strprintf(" --micro-batch %lld", static_cast<long long>(l.micro_batch));
   if (l.grad_accum != 1) out += strprintf(" --grad-accum %lld", static_cast<long long>(l.grad_accum));
+  // checkpoints (section 6): a directory to name, the interval, and the synchronous writes if planned
+  if (l.save_every > 0) out += strprintf(" --save-dir checkpoints --save-every %lld", static_cast<long long>(l.save_every));
+  if ((l.save_every > 0 || l.saves) && !l.async_save) out += " --async-save=false";
   return out;
 }
 
@@ -186,6 +195,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
                       {"activation_bytes", st.activation_bytes},
                       {"transient_bytes", st.transient_bytes},
                       {"peak_device_bytes", st.peak_device_bytes},
+                      {"save_pool_bytes", st.save_pool_bytes},  // --async-save's snapshot pool (host; in host_bytes)
                       {"host_bytes", st.host_bytes},
                       {"comm_bytes", static_cast<int64_t>(std::llround(st.comm_bytes))},
                       {"ep_comm_bytes", static_cast<int64_t>(std::llround(st.ep_comm_bytes))},
@@ -237,7 +247,8 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
         {"slowest_stage", p.slowest_stage}}},
       {"checkpoint",
        {{"bytes", p.checkpoint_bytes}, {"write_s", p.save_write_s}, {"save_every", p.layout.save_every},
-        {"async", p.layout.async_save}, {"stall_s", p.save_stall_s}, {"stall_per_step_s", p.save_s}}},
+        {"async", p.layout.async_save}, {"stall_s", p.save_stall_s}, {"stall_per_step_s", p.save_s},
+        {"pool_bytes", p.stages[p.critical_stage].save_pool_bytes}}},
       {"memory",
        {{"critical_stage", p.critical_stage}, {"peak_device_bytes", p.peak_device_bytes()},
         {"device_memory_bytes", p.cluster.device_memory}, {"host_bytes_per_node", p.host_bytes_per_node()},
@@ -381,9 +392,14 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   o += strprintf("  %-22s %14s                (logits, recompute working set, gathered ZeRO-3 units%s)\n", "transients",
               bytes(st.transient_bytes).c_str(), m.is_moe() ? ", MoE expert-gradient buffers" : "");
   if (l.base_bytes > 0) o += strprintf("  %-22s %14s\n", "process base", bytes(l.base_bytes).c_str());
+  if (st.save_pool_bytes > 0) {
+    o += strprintf("  %-22s %14s %14s  (--async-save's snapshot of the rank's state, held from set-up%s%s)\n", "snapshot pool", "-",
+                   bytes(st.save_pool_bytes).c_str(), l.zero > 0 ? "" : "; the dp-0 ranks', 4 B on the others",
+                   l.cpu ? "; on the CPU in the peak too" : "");
+  }
   o += strprintf("  %-22s %14s of %s: %s\n", "peak", bytes(st.peak_device_bytes).c_str(), bytes(c.device_memory).c_str(),
               p.fits_device ? "fits" : "DOES NOT FIT");
-  if (l.offload != Offload::None) {
+  if (l.offload != Offload::None || st.save_pool_bytes > 0) {
     o += strprintf("  host per node          %14s of %s: %s\n", bytes(p.host_bytes_per_node()).c_str(), bytes(c.host_memory).c_str(),
                 p.fits_host ? "fits" : "DOES NOT FIT");
   }
@@ -424,10 +440,16 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
     o += strprintf("  comm_bytes (kiln's count) %.0f\n", slow.comm_bytes);
   }
   for (const auto& b : p.bandwidth) {
+    if (!p.fits()) break;  // against a compute time it would not run
     o += strprintf("  %-4s needs %s to hide behind compute (b = C / t), has %s: %s\n", b.group.c_str(), rate(b.required).c_str(),
                 rate(b.available).c_str(), b.enough ? "enough" : "NOT enough");
   }
 
+  if (!p.fits()) {  // no step time: the layout would not run (run_plan points at --search)
+    o += "\nstep time\n  none: " + does_not_fit(p) + "\n\n";
+    o += totals_text(totals, c);
+    return o;
+  }
   o += "\nstep time\n";
   o += strprintf("  compute        %10s  (per micro-batch: forward %s, backward %s%s)\n", duration(p.compute_s).c_str(),
               duration(p.forward_s).c_str(), duration(p.backward_s).c_str(),
@@ -451,6 +473,20 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   o += strprintf("  this layout: %lld steps x %s = %s, %s, %.4g device-hours\n", static_cast<long long>(run.steps),
               duration(p.step_s).c_str(), duration(run.seconds).c_str(), energy(run.energy_j).c_str(), run.device_hours);
   return o;
+}
+
+std::string does_not_fit(const Plan& p) {
+  std::string why;
+  if (!p.fits_device) {
+    why = strprintf("the peak per device, %s (pipeline stage %lld), is over the device's %s", bytes(p.peak_device_bytes()).c_str(),
+                    static_cast<long long>(p.critical_stage), bytes(p.cluster.device_memory).c_str());
+  }
+  if (!p.fits_host) {
+    why += std::string(why.empty() ? "" : "; ") +
+           strprintf("the host memory per node, %s, is over the node's %s", bytes(p.host_bytes_per_node()).c_str(),
+                     bytes(p.cluster.host_memory).c_str());
+  }
+  return "the layout does not fit: " + why;
 }
 
 std::string search_text(const SearchResult& r, const ClusterSpec& c, int64_t global_batch) {

@@ -22,7 +22,10 @@ nlohmann::json search_json(const SearchResult& r, const TrainingTotals& totals, 
 nlohmann::json compare_json(const CompareResult& r);
 
 std::string totals_text(const TrainingTotals& t, const ClusterSpec& c);
+// A plan that does not fit (!p.fits()) gets its memory and traffic but no step time: it would not run.
 std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutTotals& run);
+// Why a plan does not fit, in one line: "the layout does not fit: the peak per device, ..."
+std::string does_not_fit(const Plan& p);
 std::string search_text(const SearchResult& r, const ClusterSpec& c, int64_t global_batch);
 std::string compare_text(const CompareResult& r);
 

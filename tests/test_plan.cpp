@@ -83,6 +83,7 @@ TEST(PlanCheckpoints, SaveStallPerStep) {
   EXPECT_EQ(none.save_s, 0.0);
   EXPECT_DOUBLE_EQ(none.checkpoint_bytes, 12.0 * static_cast<double>(m.num_params()));
   l.save_every = 10;
+  l.async_save = false;  // --async-save=false (kiln train's default, and the plan's, is true)
   const Plan sync = make_plan(m, c, l);
   EXPECT_DOUBLE_EQ(sync.save_write_s, sync.checkpoint_bytes / 1e6);
   EXPECT_DOUBLE_EQ(sync.save_stall_s, sync.save_write_s);
@@ -98,6 +99,143 @@ TEST(PlanCheckpoints, SaveStallPerStep) {
   c.disk_write = 1e12;  // a fast disk: the snapshot alone
   const Plan fast = make_plan(m, c, l);
   EXPECT_DOUBLE_EQ(fast.save_stall_s, snapshot);
+}
+
+// --async-save (kiln train's default, and the plan's) holds one snapshot pool a rank in host memory
+// from set-up whenever the run saves (runtime/checkpoint/consolidate.h StateSnapshot): under ZeRO
+// 3 x its shards in fp32 on every rank; without ZeRO, on the ranks a checkpoint gathers from (cp 0,
+// dp < max(1, ep)), 3 x its parameters and one step count a parameter tensor, 4 bytes elsewhere.
+TEST(PlanCheckpoints, AsyncSavePoolIsHostMemory) {
+  const GPTConfig m = tiny();
+  ClusterSpec c = toy_cluster(2);
+  Layout ddp = layout(2, 0);
+  EXPECT_TRUE(ddp.async_save);  // kiln train's default
+  EXPECT_EQ(make_plan(m, c, ddp).stages[0].save_pool_bytes, 0.0);  // no saves, no pool
+  EXPECT_EQ(make_plan(m, c, ddp).host_bytes_per_node(), 0.0);
+  ddp.save_every = 10;
+  // tiny's parameter tensors: wte, wpe, ln_f (2); a block's ln_1 (2), c_attn (2), attn c_proj (2),
+  // ln_2 (2), c_fc (2), mlp c_proj (2) = 12: 4 + 4 x 12 = 52
+  EXPECT_EQ(rank_param_tensors(m, ddp, 0), 52);
+  const Plan p = make_plan(m, c, ddp);
+  EXPECT_EQ(p.stages[0].save_pool_bytes, 4.0 * (3 * kPsi + 52));  // 10,503,376: rank 0's
+  EXPECT_EQ(p.stages[0].host_bytes, 4.0 * (3 * kPsi + 52));
+  EXPECT_EQ(p.host_bytes_per_node(), 4.0 * (3 * kPsi + 52) + 4);  // dp rank 1 keeps one element
+  EXPECT_EQ(plan_json(p, training_totals(1, 1, 0, c), LayoutTotals{})["stages"][0]["save_pool_bytes"], 10503376);
+  // each save copies the pool over the host link
+  EXPECT_DOUBLE_EQ(p.save_stall_s, 4.0 * (3 * kPsi + 52) / c.host_link + std::max(0.0, p.save_write_s - 10 * (p.step_s - p.save_s)));
+  Layout sync = ddp;
+  sync.async_save = false;
+  EXPECT_EQ(make_plan(m, c, sync).host_bytes_per_node(), 0.0);
+  Layout saves = layout(2, 0);  // --save-dir without --save-every (a run that saves at its end): the pool too
+  saves.saves = true;
+  EXPECT_EQ(make_plan(m, c, saves).host_bytes_per_node(), 4.0 * (3 * kPsi + 52) + 4);
+  // ZeRO-2 with the optimizer offloaded: every rank's pool is 12 B an element of its shards (Psi' / 2),
+  // beside offload's host gradients and optimizer, 4 + 12 B an element
+  Layout z = layout(2, 2);
+  z.offload = Offload::Optimizer;
+  z.save_every = 10;
+  const Plan zp = make_plan(m, c, z);
+  const int64_t shard = zp.stages[0].psi_padded / 2;
+  EXPECT_EQ(zp.stages[0].save_pool_bytes, 12.0 * shard);
+  EXPECT_EQ(zp.stages[0].host_bytes, (4 + 12) * shard + 12.0 * shard);
+  EXPECT_EQ(zp.host_bytes_per_node(), 2 * ((4 + 12) * shard + 12.0 * shard));
+  // the pool can be what leaves the node short of host memory
+  c.host_memory = 2 * (4 + 12) * static_cast<double>(shard) + 1;
+  z.save_every = 0;
+  EXPECT_TRUE(make_plan(m, c, z).fits_host);
+  z.save_every = 10;
+  EXPECT_FALSE(make_plan(m, c, z).fits_host);
+  // tp 2 x pp 2: stage 0 holds wte, wpe and 2 blocks (2 + 24 tensors), stage 1 the tied wte copy,
+  // ln_f and 2 blocks (1 + 2 + 24); each rank its tp slices (units), 3 x 4 B each + 4 B a tensor
+  Layout tp = layout(1, 0);
+  tp.tp = 2;
+  tp.pp = 2;
+  tp.save_every = 1;
+  const Plan tpp = make_plan(m, toy_cluster(4), tp);
+  EXPECT_EQ(rank_param_tensors(m, tp, 0), 26);
+  EXPECT_EQ(rank_param_tensors(m, tp, 1), 27);
+  for (int s = 0; s < 2; ++s)
+    EXPECT_EQ(tpp.stages[s].save_pool_bytes, 4.0 * (3 * sum_units(tpp.stages[s].units) + rank_param_tensors(m, tp, s))) << s;
+  // the Llama family (RMSNorm: a weight; no biases; an untied lm_head): 3 + 4 x 6; an MoE block
+  // (tiny-moe): its attention's 8, the router, fc_w, fc_b, proj_w, proj_b
+  EXPECT_EQ(rank_param_tensors(GPTConfig::preset("tiny-llama"), layout(1, 0), 0), 3 + 4 * 6);
+  EXPECT_EQ(rank_param_tensors(GPTConfig::preset("tiny-moe"), layout(1, 0), 0), 4 + 4 * 13);
+  // --ep 2 at dp 4 without ZeRO: dp ranks 0 and 1 hold different experts, both gathered from
+  Layout ep = layout(4, 0);
+  ep.ep = 2;
+  ep.save_every = 1;
+  const GPTConfig moe = GPTConfig::preset("tiny-moe");
+  const Plan ee = make_plan(moe, toy_cluster(4), ep);
+  const double pool = 4.0 * (3 * ee.stages[0].psi + rank_param_tensors(moe, ep, 0));
+  EXPECT_EQ(ee.stages[0].save_pool_bytes, pool);
+  EXPECT_EQ(ee.host_bytes_per_node(), 2 * pool + 2 * 4);
+}
+
+// `kiln plan`'s checkpoint flags are kiln train's: --async-save is on by default, =false writes
+// synchronously; the suggested command carries the saves.
+TEST(PlanCheckpoints, AsyncSaveIsTheDefaultAsInKilnTrain) {
+  EXPECT_TRUE(parse_plan_args({"--model", "tiny", "--gpus-per-node", "1"}).layout.async_save);
+  EXPECT_TRUE(parse_plan_args({"--model", "tiny", "--gpus-per-node", "1", "--async-save"}).layout.async_save);
+  const PlanArgs a = parse_plan_args({"--model", "tiny", "--gpus-per-node", "1", "--save-every", "100", "--async-save=false"});
+  EXPECT_FALSE(a.layout.async_save);
+  EXPECT_THROW(parse_plan_args({"--model", "tiny", "--async-save=maybe"}), ConfigError);
+  const std::string cmd = plan_json(make_plan(a.model, a.cluster, a.layout), training_totals(1, 1, 0, a.cluster),
+                                    LayoutTotals{})["layout"]["command"];
+  EXPECT_EQ(cmd, "mpirun -np 1 kiln train --model tiny --precision bf16 --save-dir checkpoints --save-every 100 --async-save=false");
+}
+
+// The suggested command names the preset, and only the flags where the model differs from it.
+TEST(PlanCommand, ThePresetsNameAndOnlyTheFlagsThatDiffer) {
+  auto command = [](const std::vector<std::string>& args) {
+    const PlanArgs a = parse_plan_args(args);
+    return plan_json(make_plan(a.model, a.cluster, a.layout), training_totals(1, 1, 0, a.cluster), LayoutTotals{})["layout"]["command"]
+        .get<std::string>();
+  };
+  EXPECT_EQ(command({"--model", "gpt2-124m", "--seq-len", "2048", "--gpus-per-node", "1"}),
+            "mpirun -np 1 kiln train --model gpt2-124m --seq-len 2048 --precision bf16");
+  // gpt2-124m reshaped into gpt2-350m is gpt2-350m
+  EXPECT_EQ(command({"--model", "gpt2-124m", "--n-layer", "24", "--d-model", "1024", "--n-head", "16", "--gpus-per-node", "1"}),
+            "mpirun -np 1 kiln train --model gpt2-350m --precision bf16");
+  // kiln train's --n-head sets the kv heads too: --n-kv-head only where they differ from it
+  EXPECT_EQ(command({"--n-layer", "3", "--d-model", "64", "--n-head", "2", "--gpus-per-node", "1", "--precision", "fp32"}),
+            "mpirun -np 1 kiln train --model tiny --n-layer 3 --n-head 2 --d-model 64");
+  EXPECT_EQ(command({"--model", "tiny", "--n-head", "2", "--n-kv-head", "1", "--gpus-per-node", "1", "--precision", "fp32"}),
+            "mpirun -np 1 kiln train --model tiny --n-head 2 --n-kv-head 1");
+  // --param-dtype auto (kiln train's default) is the compute precision: fp32 weights under bf16 are said
+  EXPECT_EQ(command({"--model", "tiny", "--gpus-per-node", "1", "--param-dtype", "fp32"}),
+            "mpirun -np 1 kiln train --model tiny --precision bf16 --param-dtype fp32");
+  EXPECT_EQ(command({"--model", "tiny", "--gpus-per-node", "1", "--param-dtype", "bf16"}), "mpirun -np 1 kiln train --model tiny --precision bf16");
+}
+
+// A layout that does not fit gets its memory and traffic, no step time, the --search command for
+// the same model, cluster and global batch, and exit code kExitPlanDoesNotFit.
+TEST(PlanFits, ALayoutThatDoesNotFitSaysSoAndPointsAtTheSearch) {
+  const PlanArgs a = parse_plan_args({"--model", "llama3-70b", "--gpu", "h100", "--gpus-per-node", "8", "--json", "--micro-batch", "2",
+                                      "--grad-accum", "4", "--zero=1", "--save-every", "100"});
+  EXPECT_EQ(a.search_command, "kiln plan --model llama3-70b --gpu h100 --gpus-per-node 8 --save-every 100 --search --global-batch 64");
+  const Plan p = make_plan(a.model, a.cluster, a.layout);
+  ASSERT_FALSE(p.fits());
+  const std::string text = plan_text(p, training_totals(1, 1, 0, a.cluster), LayoutTotals{});
+  EXPECT_NE(text.find("DOES NOT FIT"), std::string::npos);
+  EXPECT_NE(text.find("step time\n  none: the layout does not fit: the peak per device, "), std::string::npos) << text;
+  EXPECT_EQ(text.find("tokens/s"), std::string::npos) << text;
+  EXPECT_EQ(text.find("MFU"), std::string::npos) << text;
+  EXPECT_EQ(text.find("this layout:"), std::string::npos) << text;
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const int code = run_plan(a);
+  const std::string out = testing::internal::GetCapturedStdout(), err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, kExitPlanDoesNotFit);
+  EXPECT_EQ(code, 6);  // docs/plan.md, docs/operations.md
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_FALSE(j["memory"]["fits"].get<bool>());
+  EXPECT_EQ(j["does_not_fit"]["search_command"], a.search_command);
+  EXPECT_EQ(err, "kiln: plan: " + does_not_fit(p) + "; for layouts that fit: " + a.search_command + "\n");
+  // one that fits: exit 0, a step time
+  const PlanArgs f = parse_plan_args({"--model", "tiny", "--gpus-per-node", "1"});
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(run_plan(f), 0);
+  EXPECT_NE(testing::internal::GetCapturedStdout().find("tokens/s"), std::string::npos);
 }
 
 // ---- 2. units and model-state bytes -----------------------------------------------------------
@@ -949,6 +1087,23 @@ TEST(PlanCompare, MalformedInputIsAConfigError) {
   std::remove(no_config.c_str());
 }
 
+// --compare given several times: every log, in order, each with its own device's preset unless
+// --gpu says otherwise; one run of kiln plan prints them all (tests/cli/plan.sh compares its ~50 logs so).
+TEST(PlanCompare, SeveralLogsInOneRun) {
+  const std::string h200 = write_log(R"({"type":"config","device":"NVIDIA H200"})" "\n");
+  const std::string cpu = write_log(R"({"type":"config","device":"cpu"})" "\n");
+  const PlanArgs a = parse_plan_args({"--compare", h200, "--compare=" + cpu, "--json"});
+  ASSERT_EQ(a.compare_paths, (std::vector<std::string>{h200, cpu}));
+  ASSERT_EQ(a.compare_clusters.size(), 2u);
+  EXPECT_EQ(a.compare_clusters[0].name, "h200");
+  EXPECT_EQ(a.compare_clusters[1].name, "h100");  // the CPU's: the default preset
+  const PlanArgs g = parse_plan_args({"--compare", h200, "--compare", cpu, "--gpu", "a100"});
+  EXPECT_EQ(g.compare_clusters[0].name, "a100");
+  EXPECT_EQ(g.compare_clusters[1].name, "a100");
+  std::remove(h200.c_str());
+  std::remove(cpu.c_str());
+}
+
 // ---- sequence and context parallelism ---------------------------------------------------------
 
 // tiny on the CPU in fp32, micro-batch 2, K 2: the runs of tests/cli/plan.sh.
@@ -1492,9 +1647,10 @@ TEST(PlanMoE, FlagsPresetsAndTheSuggestedCommand) {
   EXPECT_EQ(b.model.moe_capacity_factor, 2.0);
   const Plan q = make_plan(b.model, b.cluster, b.layout);
   const std::string cmd = plan_json(q, t, layout_totals(q, t.tokens))["layout"]["command"];
-  EXPECT_NE(cmd.find("--n-layer 4"), std::string::npos) << cmd;  // no preset has this shape
-  EXPECT_NE(cmd.find("--n-experts 4 --top-k 1 --moe-every 2 --moe-capacity-factor 2 --moe-aux-loss-coef 0.02"),
+  // no preset has this model: tiny's name (tiny-moe's needs as many flags) and the MoE flags alone
+  EXPECT_NE(cmd.find("kiln train --model tiny --n-experts 4 --top-k 1 --moe-every 2 --moe-capacity-factor 2 --moe-aux-loss-coef 0.02 "),
             std::string::npos) << cmd;
+  EXPECT_EQ(cmd.find("--n-layer"), std::string::npos) << cmd;
   EXPECT_THROW(parse_plan_args({"--model", "tiny", "--n-experts", "2", "--top-k", "3"}), ConfigError);
   EXPECT_NO_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--tp", "2", "--sp"}));  // built (issue 36)
   EXPECT_THROW(parse_plan_args({"--model", "tiny-moe", "--gpus-per-node", "2", "--tp", "2", "--sp", "--seq-len", "127"}), ConfigError);
@@ -2067,7 +2223,8 @@ TEST(PlanLlama, PipelineAndSequenceParallelTraffic) {
 }
 
 TEST(PlanLlama, FlagsAndTheSuggestedCommand) {
-  // a Llama shape by flags plans and writes its architecture into the command
+  // a Llama shape by flags plans, and the command names the preset it is nearest (tiny-llama:
+  // the architecture its own) with the flags that differ from it
   const PlanArgs a = parse_plan_args({"--n-layer", "2", "--d-model", "64", "--n-head", "4", "--n-kv-head", "2", "--position", "rope",
                                       "--norm", "rmsnorm", "--mlp", "swiglu", "--ffn-hidden", "160", "--bias", "qkv",
                                       "--tie-embeddings=false", "--gpu", "h100", "--gpus-per-node", "1"});
@@ -2076,9 +2233,14 @@ TEST(PlanLlama, FlagsAndTheSuggestedCommand) {
   EXPECT_EQ(a.model.mlp_hidden(), 160);
   const std::string text = plan_text(make_plan(a.model, a.cluster, a.layout), training_totals(1, 1, 0, a.cluster),
                                      LayoutTotals{});
-  EXPECT_NE(text.find("--position rope --norm rmsnorm --mlp swiglu --ffn-hidden 160 --bias qkv --tie-embeddings=false"),
+  EXPECT_NE(text.find("kiln train --model tiny-llama --n-layer 2 --d-model 64 --ffn-hidden 160 --bias qkv --precision"),
             std::string::npos)
       << text;
+  // an architecture no preset has: GPT-2's tiny with rotary positions and RMSNorm
+  const PlanArgs r = parse_plan_args({"--model", "tiny", "--position", "rope", "--norm", "rmsnorm", "--gpus-per-node", "1"});
+  EXPECT_NE(plan_text(make_plan(r.model, r.cluster, r.layout), training_totals(1, 1, 0, r.cluster), LayoutTotals{})
+                .find("kiln train --model tiny --position rope --norm rmsnorm --precision"),
+            std::string::npos);
   EXPECT_NE(text.find("rope positions (theta 10000), rmsnorm, swiglu feed-forward (F 160), biases qkv, output layer untied"),
             std::string::npos)
       << text;

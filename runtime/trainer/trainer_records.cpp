@@ -69,6 +69,8 @@ json Trainer::config_record() const {
                {"zero", {{"stage", cfg_.zero}, {"offload", cfg_.offload}, {"accum", cfg_.zero_accum},
                          {"padded_params", r.zero ? json(r.zero->padded_numel()) : json(nullptr)}}},
                {"model_state", model_state_json(state)},
+               // --async-save's snapshot pool, this rank's host memory from set-up (kiln plan: docs/plan.md s5)
+               {"snapshot_pool_bytes", r.saver ? r.saver->snapshot_bytes() : int64_t{0}},
                {"params", cfg_.gpt.num_params()},
                {"params_local", r.model->num_params()},
                {"params_non_embedding_pos", cfg_.gpt.num_params_non_embedding_pos()},
