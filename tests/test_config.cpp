@@ -48,10 +48,17 @@ std::string error_of(const std::vector<std::string>& args) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// The settings ranks compare: all but the outputs rank 0 alone writes.
-TEST(ConfigAgreement, ComparesAllButRankZerosOutputs) {
-  const nlohmann::json c = {{"lr", 0.001}, {"log_json", "a.jsonl"}, {"tensorboard", "tb"}, {"pp_virtual", 2}};
-  EXPECT_EQ(compared_settings(c), (nlohmann::json{{"lr", 0.001}, {"pp_virtual", 2}}));
+// The settings ranks compare: all but the outputs rank 0 alone writes, and the device by its kind
+// (issue 48, item 2: a launcher's `--device cuda:$LOCAL_RANK` was refused as different settings).
+TEST(ConfigAgreement, ComparesAllButRankZerosOutputsAndTheDeviceByKind) {
+  const nlohmann::json c = {{"lr", 0.001}, {"log_json", "a.jsonl"}, {"tensorboard", "tb"}, {"pp_virtual", 2}, {"device", "cuda:0"}};
+  EXPECT_EQ(compared_settings(c, "cuda"), (nlohmann::json{{"lr", 0.001}, {"pp_virtual", 2}, {"device", "cuda"}}));
+  nlohmann::json other = c;
+  other["device"] = "cuda:3";
+  EXPECT_EQ(compared_settings(c, "cuda"), compared_settings(other, "cuda"));
+  other["device"] = "auto";  // resolved to a GPU on that rank
+  EXPECT_EQ(compared_settings(c, "cuda"), compared_settings(other, "cuda"));
+  EXPECT_NE(compared_settings(c, "cuda"), compared_settings(other, "cpu"));  // a real mismatch
 }
 
 // The hash: the integer sum of the bit patterns; one flipped bit changes it by 2^k.
