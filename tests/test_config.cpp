@@ -129,6 +129,19 @@ TEST(Cli, DefaultsAndFlags) {
   EXPECT_EQ(cfg.data, (std::vector<std::string>{"a.bin", "b*.bin"}));
 }
 
+// The start-up line names the preset with what was changed in it (issue 48: `--model gpt2-124m
+// --n-layer 4` was announced as gpt2-124m).
+TEST(Cli, ModelDescriptionNamesTheChangedFields) {
+  EXPECT_EQ(parse_train_args({"--model", "gpt2-124m"}).config.model_description(), "gpt2-124m");
+  EXPECT_EQ(parse_train_args({"--model", "gpt2-124m", "--n-layer", "4"}).config.model_description(), "gpt2-124m (with n_layer 4)");
+  EXPECT_EQ(parse_train_args({"--n-layer", "4"}).config.model_description(), "tiny");  // the preset's own value
+  // --n-head carries n_kv_head with it: one change, not two; --n-kv-head given is its own.
+  EXPECT_EQ(parse_train_args({"--n-head", "8", "--seq-len", "64", "--dropout", "0.1"}).config.model_description(),
+            "tiny (with n_head 8, seq_len 64, dropout 0.1)");
+  EXPECT_EQ(parse_train_args({"--n-kv-head", "2", "--norm", "rmsnorm"}).config.model_description(),
+            "tiny (with n_kv_head 2, norm rmsnorm)");
+}
+
 TEST(Cli, KvHeadsFollowHeadsUnlessGiven) {
   auto cfg = parse_train_args({"--n-head", "8", "--d-model", "256"}).config;
   EXPECT_EQ(cfg.gpt.n_kv_head, 8);

@@ -123,6 +123,11 @@ struct TrainConfig {
   }
   int64_t resolved_lr_decay_steps() const { return lr_decay_steps > 0 ? lr_decay_steps : steps; }
 
+  // The model as the start-up line names it: the preset, and each of its fields the flags (or a
+  // config file, or the data's tokenizer) changed -- "gpt2-124m (with n_layer 4, seq_len 256)";
+  // the preset's name alone when none did.
+  std::string model_description() const;
+
   // Throws ConfigError with one line naming the first setting that cannot be used.
   void validate() const;
   nlohmann::json to_json() const;

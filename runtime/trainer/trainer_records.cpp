@@ -11,6 +11,7 @@
 #include "parallel/pipeline_interleaved.h"
 #include "parallel/pipeline_zero_bubble.h"
 #include "plan/compare.h"
+#include "runtime/observe/console.h"
 #include "runtime/trainer/trainer.h"
 #include "runtime/trainer/trainer_run.h"
 
@@ -115,10 +116,10 @@ void Trainer::print_start_lines() const {
                 cfg_.gpt.moe_capacity_factor > 0 ? ("factor " + json(cfg_.gpt.moe_capacity_factor).dump() + " per sequence").c_str() : "dropless",
                 static_cast<long long>(cfg_.gpt.num_active_params()));
   }
-  std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d) on %d device(s) of %d node(s), %lld tokens/step, %lld steps\n",
-              (cfg_.init_from.empty() ? cfg_.model : "--init-from " + cfg_.init_from).c_str(),
-              static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(),
-              r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp, r.devices->count(), proc_.nodes,
+  std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (%s) on %d device(s) of %d node(s), %lld tokens/step, %lld steps\n",
+              (cfg_.init_from.empty() ? cfg_.model_description() : "--init-from " + cfg_.init_from).c_str(),
+              static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(), r.dev.name.c_str(), proc_.world_size,
+              format_layout(r.shape.dp, r.shape.ep, r.shape.cp, r.shape.tp, cfg_.sp, r.shape.pp).c_str(), r.devices->count(), proc_.nodes,
               static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
   if (!r.resume_notice.empty()) std::printf("kiln: %s\n", r.resume_notice.c_str());
   if (r.save_lock && !r.save_lock->notice().empty()) std::printf("kiln: %s\n", r.save_lock->notice().c_str());
