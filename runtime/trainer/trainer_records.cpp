@@ -154,6 +154,12 @@ void Trainer::print_start_lines() const {
                 static_cast<long long>(r.eval_batches), static_cast<long long>(cfg_.micro_batch),
                 static_cast<long long>(r.eval_batches * cfg_.micro_batch), static_cast<long long>(r.val_samples));
   }
+  if (cfg_.check_replicas > 0 && r.shape.grad_ranks() == 1) {
+    // Not an error: the same flags may serve the job's larger launches.
+    std::printf("kiln: warning: --check-replicas %lld does nothing with a single replica (dp 1, cp 1): there is no other copy "
+                "of the weights to compare with\n",
+                static_cast<long long>(cfg_.check_replicas));
+  }
   if (cfg_.max_wall_time > 0 && cfg_.save_dir.empty()) {
     std::printf("kiln: warning: --max-wall-time stops the run, but without --save-dir nothing is saved to resume from\n");
   }
