@@ -174,11 +174,21 @@ TEST(Cli, BadInputIsOneClearMessage) {
   EXPECT_TRUE(contains(error_of({"--config", bad}), "malformed JSON"));
   auto unknown = write_temp("unknown.json", R"({"stepz": 10})");
   EXPECT_TRUE(contains(error_of({"--config", unknown}), "unknown key 'stepz'"));
+  // Every unknown key in one line (issue 48: one per run), each with kiln's name for what another
+  // tool calls it (the HF Trainer's learning_rate, nanoGPT's batch_size) or the nearest name.
+  auto many = write_temp("many.json", R"({"learning_rate": 3e-4, "batch_size": 4, "max_steps": 10, "warmup_steps": 2,
+      "weight_decay": 0.1, "micro_batc": 2, "colour": "blue"})");
+  EXPECT_EQ(error_of({"--config", many}), "--config " + many + ": 6 unknown keys: 'batch_size' (did you mean 'micro_batch'?), "
+                                          "'colour', 'learning_rate' (did you mean 'lr'?), 'max_steps' (did you mean 'steps'?), "
+                                          "'micro_batc' (did you mean 'micro_batch'?), 'warmup_steps' (did you mean 'warmup'?)");
+  EXPECT_EQ(error_of({"--learning-rate", "1e-3", "--max-iters", "5", "--stepz", "3"}),
+            "3 unknown flags: '--learning-rate' (did you mean '--lr'?), '--max-iters' (did you mean '--steps'?), '--stepz' "
+            "(did you mean '--steps'?) (see kiln train --help)");
   auto typed = write_temp("typed.json", R"({"steps": "ten"})");
   EXPECT_TRUE(contains(error_of({"--config", typed}), "key 'steps' must be an integer"));
   auto array = write_temp("array.json", "[1, 2]");
   EXPECT_TRUE(contains(error_of({"--config", array}), "must hold a JSON object"));
-  for (const auto& p : {bad, unknown, typed, array}) std::remove(p.c_str());
+  for (const auto& p : {bad, unknown, many, typed, array}) std::remove(p.c_str());
 }
 
 TEST(Cli, PipelineFlagsAreValidated) {
