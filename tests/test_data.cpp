@@ -153,6 +153,7 @@ TEST_F(DataTest, MalformedFilesNameThePathAndTheReason) {
   for (int i = 0; i < 1024; ++i) put_le(raw, 1234, 2);
   Bytes tiny = shard_bytes(kShardMagic, 1, 0, 0);
   tiny.resize(100);
+  const std::string text = "The quick brown fox\tjumps over the lazy dog; caf\xc3\xa9.\r\n{\"text\": \"a document\"}\n";
   struct Case { std::string name; Bytes bytes; TokenFormat format; std::string reason; };
   const std::vector<Case> cases = {
       {"raw.bin", raw, TokenFormat::Auto,
@@ -169,6 +170,14 @@ TEST_F(DataTest, MalformedFilesNameThePathAndTheReason) {
       {"tiny.bin", tiny, TokenFormat::Shard, ": size 100 bytes is smaller than the 1024-byte"},
       {"odd.bin", {1, 2, 3}, TokenFormat::Raw, ": size 3 bytes is odd"},
       {"zero.bin", {}, TokenFormat::Raw, ": empty raw token file"},
+      // Text where tokens are read: kiln prep's command (issue 48: it said "bad magic" alone),
+      // by its first bytes or by its name.
+      {"corpus", Bytes(text.begin(), text.end()), TokenFormat::Auto,
+       ": holds text, not tokens (an llm.c shard starts with the magic 20240520): make token shards of it first, kiln prep "
+       "--input " + path("corpus") + " --out " + path("corpus_shards") + ", then train with --data '" + path("corpus_shards") +
+       "/train_*.bin'"},
+      {"notes.jsonl", shard_bytes(7, 1, 0, 0), TokenFormat::Shard, ": holds text, not tokens"},
+      {"hi.txt", {'h', 'i'}, TokenFormat::Auto, ": holds text, not tokens"},
   };
   for (const Case& c : cases) {
     write_bytes(path(c.name), c.bytes);
