@@ -14,6 +14,7 @@
 
 #include "data/hf_tokenizer.h"
 #include "data/loader.h"
+#include "data/paths.h"
 #include "data/prefetch.h"
 #include "data/prep.h"
 #include "data/synthetic.h"
@@ -460,6 +461,33 @@ TEST_F(DataTest, PrepWritesValThenTrainShards) {
   EXPECT_FALSE(fs::exists(path("noval/val_000000.bin")));
   // A second run into a directory that already holds shards is refused, nothing overwritten.
   expect_data_error([&] { run_prep(cfg); }, {"already holds shards"});
+}
+
+// kiln prep --input DIR: the pattern of what the folder holds, and what that is (issue 48: it
+// suggested '*.txt' for a folder of .jsonl files under folders, and for an empty one).
+TEST_F(DataTest, PrepInputDirectorySuggestsWhatItHolds) {
+  const auto said = [&](const std::string& dir) -> std::string {
+    try {
+      kiln::expand_paths({path(dir)}, "--input");
+    } catch (const DataError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  fs::create_directories(path("flat"));
+  for (const char* f : {"a.jsonl", "b.jsonl", "README.txt", "LICENSE"}) std::ofstream(path(std::string("flat/") + f)) << "{}";
+  std::ofstream(path("flat/.DS_Store")) << "x";  // hidden: not counted
+  EXPECT_EQ(said("flat"), "--input " + path("flat") + " is a directory; pass the files in it, e.g. --input '" + path("flat") +
+                              "/*.jsonl' (quoted, so the shell leaves the pattern to kiln; it holds 2 .jsonl, 1 without an "
+                              "extension, 1 .txt file(s))");
+  fs::create_directories(path("nested/train"));
+  fs::create_directories(path("nested/test"));
+  for (const char* f : {"train/0.jsonl", "train/1.jsonl", "test/0.jsonl"}) std::ofstream(path(std::string("nested/") + f)) << "{}";
+  EXPECT_EQ(said("nested"), "--input " + path("nested") + " is a directory; pass the files in it, e.g. --input '" + path("nested") +
+                                "/*/*.jsonl' (quoted, so the shell leaves the pattern to kiln; it holds no files but folders, "
+                                "which hold 3 .jsonl file(s))");
+  fs::create_directories(path("empty"));
+  EXPECT_EQ(said("empty"), "--input " + path("empty") + " is a directory; it is empty: there is nothing in it to prepare");
 }
 
 TEST_F(DataTest, PrepRejectsBadSettings) {
