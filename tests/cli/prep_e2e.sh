@@ -3,15 +3,16 @@
 # training on them with evaluation; and a raw uint16 token file (nanoGPT's train.bin) through
 # --data-format raw. Documents three ways give the same shard: one text file each, a JSONL file
 # (a "text" field per line, Hugging Face datasets' export; --jsonl-field for another) and one text
-# file with --separator; a bad JSONL line is refused with its file and line.
+# file with --separator -- each with its last line or document unterminated, and kept whole; a bad
+# JSONL line is refused with its file and line.
 source "$(dirname "$0")/common.sh"
 
 python3 - "$work" <<'PY'
 import sys
 d = sys.argv[1]
 for k in range(2):
-    with open(f"{d}/doc{k}.txt", "w") as f:
-        f.write(("the quick brown fox jumps over the lazy dog. " * 400) + f"document {k}\n")
+    with open(f"{d}/doc{k}.txt", "w") as f:  # the second without a newline at its end
+        f.write(("the quick brown fox jumps over the lazy dog. " * 400) + f"document {k}" + "\n" * (k == 0))
 PY
 "$KILN_BIN" prep --input "$work/doc*.txt" --out "$work/shards" --shard-tokens 20000 --val-tokens 4000 >"$work/prep.out"
 cat "$work/prep.out"
@@ -21,18 +22,26 @@ python3 - "$work" <<'PY'
 import json, sys
 d = sys.argv[1]
 docs = [open(f"{d}/doc{k}.txt").read() for k in range(2)]
-with open(f"{d}/docs.jsonl", "w") as f:
-    for k, t in enumerate(docs):
-        f.write(json.dumps({"id": k, "text": t, "body": t}) + "\n\n")
-open(f"{d}/docs.txt", "w").write("<|endoftext|>".join(docs) + "<|endoftext|>")
+# Blank lines between the records, and none after the last: its line has no newline at its end.
+open(f"{d}/docs.jsonl", "w").write("\n\n".join(json.dumps({"id": k, "text": t, "body": t}) for k, t in enumerate(docs)))
+# The last document without a separator after it.
+open(f"{d}/docs.txt", "w").write("<|endoftext|>".join(docs))
+# Every byte of both documents, and an end-of-text before each.
+open(f"{d}/want_tokens", "w").write(str(sum(len(t.encode()) for t in docs) + 2))
 open(f"{d}/bad.jsonl", "w").write(json.dumps({"text": docs[0]}) + "\n" + json.dumps({"title": "x"}) + "\n")
 PY
-KILN_TEST_PREP_PROGRESS_S=0 "$KILN_BIN" prep --input "$work/doc0.txt,$work/doc1.txt" --out "$work/by_file" >/dev/null 2>"$work/progress.err"
+KILN_TEST_PREP_PROGRESS_S=0 "$KILN_BIN" prep --input "$work/doc0.txt,$work/doc1.txt" --out "$work/by_file" >"$work/file.out" 2>"$work/progress.err"
 grep -q "^kiln prep: 2/2 file(s), " "$work/progress.err" || { cat "$work/progress.err"; fail "progress line"; }
 "$KILN_BIN" prep --input "$work/docs.jsonl" --out "$work/by_jsonl" >"$work/jsonl.out"
 "$KILN_BIN" prep --input "$work/docs.jsonl" --jsonl-field body --out "$work/by_field" >/dev/null
 "$KILN_BIN" prep --input "$work/docs.txt" --separator "<|endoftext|>" --out "$work/by_separator" >/dev/null
 grep -q "tokens from 2 document(s) in 1 input file(s)" "$work/jsonl.out" || { cat "$work/jsonl.out"; fail "JSONL: two documents"; }
+# A last line (or document) without a newline at its end is kept, whole: the documents' every byte
+# (issue 48: a planted bug that dropped it passed, every test input ending in a newline).
+for v in file jsonl; do
+  grep -q "^kiln prep: $(cat "$work/want_tokens") tokens from 2 document(s)" "$work/$v.out" ||
+    { cat "$work/$v.out"; fail "$v: not every byte of both documents (want $(cat "$work/want_tokens") tokens)"; }
+done
 for v in by_jsonl by_field by_separator; do
   cmp "$work/by_file/train_000000.bin" "$work/$v/train_000000.bin" || fail "$v: another shard than one file per document"
 done
