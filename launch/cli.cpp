@@ -12,6 +12,8 @@
 
 #include <cxxopts.hpp>
 
+#include "data/paths.h"
+#include "data/tokenizer.h"
 #include "distributed/error.h"
 #include "distributed/suggest.h"
 #include "launch/deepspeed_config.h"
@@ -58,7 +60,8 @@ const std::vector<Flag>& train_flags() {
       {"n-kv-head", Kind::Int, "key/value heads (GQA; 1 = multi-query; default: n-head)", model_field(&GPTConfig::n_kv_head)},
       {"d-model", Kind::Int, "model width", model_field(&GPTConfig::d_model)},
       {"seq-len", Kind::Int, "context length", model_field(&GPTConfig::seq_len)},
-      {"vocab-size", Kind::Int, "vocabulary size (padded to a multiple of 128)", model_field(&GPTConfig::vocab_size)},
+      {"vocab-size", Kind::Int, "vocabulary size (padded to a multiple of 128; default: the preset's, or the data's tokenizer's where "
+       "the preset's cannot hold its ids)", model_field(&GPTConfig::vocab_size)},
       {"dropout", Kind::Float, "dropout probability", model_field(&GPTConfig::dropout)},
       {"position", Kind::String, "position embedding: learned (GPT-2) | rope (rotary, the Llama family)", model_field(&GPTConfig::position)},
       {"rope-theta", Kind::Float, "rotary base", model_field(&GPTConfig::rope_theta)},
@@ -306,6 +309,26 @@ void apply_flags(const cxxopts::ParseResult& result, std::map<std::string, json>
   }
 }
 
+// --vocab-size left out (no flag, config key or --init-from set it): where the data's tokenizer
+// (--tokenizer, or the tokenizer.json kiln prep wrote beside the --data files) has more ids than
+// the preset's vocabulary holds, the model takes the tokenizer's size -- as nanoGPT reads its
+// vocabulary from the data's meta file -- rather than refusing the data (the default model held
+// 512 ids, and no BPE). The embedding pads it to a multiple of 128 itself (padded_vocab_size). A
+// preset already large enough keeps its own size: the runs and checkpoints made with it stay
+// as they were. Data files that are missing are the trainer's to name.
+void take_vocab_from_tokenizer(TrainConfig& config) {
+  std::vector<std::string> files;
+  try {
+    if (!config.data.empty()) files = expand_paths(config.data, "--data");
+  } catch (const DataError&) {
+    return;
+  }
+  const DataTokenizer t = find_data_tokenizer(config.tokenizer, files);
+  if (!t.tokenizer || t.tokenizer->vocab_size() <= config.gpt.vocab_size) return;
+  config.gpt.vocab_size = t.tokenizer->vocab_size();
+  config.vocab_from = t.source;
+}
+
 }  // namespace
 
 TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size) {
@@ -390,6 +413,7 @@ TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size)
   }
   apply_flags(result, values, out.config);
   apply_init_from(values, out.config);  // --init-from DIR: the shape from DIR/config.json (runtime/checkpoint/init_from.h)
+  if (!values.count("vocab-size") && out.config.init_from.empty()) take_vocab_from_tokenizer(out.config);
   if (ds) {
     std::set<std::string> given;
     for (const auto& f : train_flags())

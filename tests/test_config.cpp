@@ -11,6 +11,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "data/hf_tokenizer.h"
+#include "data/tokenizer.h"
 #include "distributed/device_peaks.h"
 #include "distributed/error.h"
 #include "distributed/job_devices.h"
@@ -140,6 +142,47 @@ TEST(Cli, ModelDescriptionNamesTheChangedFields) {
             "tiny (with n_head 8, seq_len 64, dropout 0.1)");
   EXPECT_EQ(parse_train_args({"--n-kv-head", "2", "--norm", "rmsnorm"}).config.model_description(),
             "tiny (with n_kv_head 2, norm rmsnorm)");
+}
+
+// --vocab-size left out: the data's tokenizer's size where the preset's cannot hold its ids (issue
+// 48: the default model refused BPE shards); given, it is kept, and a tokenizer too large for it
+// is refused with one line.
+TEST(Cli, VocabSizeFromTheDataTokenizerWhenNotGiven) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kiln_test_config_vocab_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  nlohmann::json vocab = nlohmann::json::object();  // a byte-level BPE of 600 ids: 256 bytes, 343 merges' tokens, end-of-text
+  for (int b = 0; b < 256; ++b) vocab[kiln::byte_char(static_cast<unsigned char>(b))] = b;
+  for (int i = 256; i < 599; ++i) vocab["t" + std::to_string(i)] = i;
+  const nlohmann::json tok = {{"version", "1.0"},
+                              {"added_tokens", nlohmann::json::array({{{"id", 599}, {"content", "<|endoftext|>"}, {"special", true}}})},
+                              {"pre_tokenizer", {{"type", "ByteLevel"}}},
+                              {"decoder", {{"type", "ByteLevel"}}},
+                              {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  std::ofstream(dir / "tokenizer.json") << tok.dump();
+  std::ofstream(dir / "train_000000.bin") << "x";  // read by the trainer, not here
+  const std::string data = (dir / "train_*.bin").string();
+  auto cfg = parse_train_args({"--data", data}).config;
+  EXPECT_EQ(cfg.gpt.vocab_size, 600);
+  EXPECT_EQ(cfg.gpt.padded_vocab_size(), 640);
+  EXPECT_EQ(cfg.vocab_from, (dir / "tokenizer.json").string());
+  EXPECT_EQ(cfg.model_description(), "tiny (with vocab_size 600)");
+  // A preset that holds it keeps its own; so does a --vocab-size given (flag or config key)...
+  EXPECT_EQ(parse_train_args({"--data", data, "--model", "gpt2-124m"}).config.gpt.vocab_size, 50257);
+  cfg = parse_train_args({"--data", data, "--vocab-size", "512"}).config;
+  EXPECT_EQ(cfg.gpt.vocab_size, 512);
+  EXPECT_TRUE(cfg.vocab_from.empty());
+  // ... and is refused where it is too small, saying what to do.
+  try {
+    kiln::tokenizer_for_data("", {(dir / "train_000000.bin").string()}, 512);
+    ADD_FAILURE() << "a tokenizer of 600 ids passed --vocab-size 512";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(contains(e.what(), "has 600 ids: --vocab-size 512 cannot hold them (give --vocab-size 600 or more, or leave "
+                                   "--vocab-size out to take the tokenizer's)")) << e.what();
+  }
+  // Data that is missing: left to the trainer to name.
+  EXPECT_EQ(parse_train_args({"--data", (dir / "nothing_*.bin").string()}).config.gpt.vocab_size, 512);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, KvHeadsFollowHeadsUnlessGiven) {

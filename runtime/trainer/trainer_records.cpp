@@ -121,6 +121,11 @@ void Trainer::print_start_lines() const {
               static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(), r.dev.name.c_str(), proc_.world_size,
               format_layout(r.shape.dp, r.shape.ep, r.shape.cp, r.shape.tp, cfg_.sp, r.shape.pp).c_str(), r.devices->count(), proc_.nodes,
               static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
+  if (!cfg_.vocab_from.empty()) {
+    std::printf("kiln: vocab_size %lld from %s (no --vocab-size given, and the %s preset's %lld cannot hold its ids; padded to %lld)\n",
+                static_cast<long long>(cfg_.gpt.vocab_size), cfg_.vocab_from.c_str(), cfg_.model.c_str(),
+                static_cast<long long>(GPTConfig::preset(cfg_.model).vocab_size), static_cast<long long>(cfg_.gpt.padded_vocab_size()));
+  }
   if (!r.resume_notice.empty()) std::printf("kiln: %s\n", r.resume_notice.c_str());
   if (r.save_lock && !r.save_lock->notice().empty()) std::printf("kiln: %s\n", r.save_lock->notice().c_str());
   if (!r.log.moved_to().empty()) {

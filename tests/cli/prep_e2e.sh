@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # tests/cli/prep_e2e.sh -- text -> shards with `kiln prep` (inputs as a quoted glob), then
 # training on them with evaluation; and a raw uint16 token file (nanoGPT's train.bin) through
-# --data-format raw. Documents three ways give the same shard: one text file each, a JSONL file
-# (a "text" field per line, Hugging Face datasets' export; --jsonl-field for another) and one text
-# file with --separator -- each with its last line or document unterminated, and kept whole; a bad
-# JSONL line is refused with its file and line.
+# --data-format raw, its vocabulary from the tokenizer.json beside it. Documents three ways give
+# the same shard: one text file each, a JSONL file (a "text" field per line, Hugging Face
+# datasets' export; --jsonl-field for another) and one text file with --separator -- each with
+# its last line or document unterminated, and kept whole; a bad JSONL line is refused with its
+# file and line.
 source "$(dirname "$0")/common.sh"
 
 python3 - "$work" <<'PY'
@@ -81,6 +82,27 @@ import struct; t=[(i*7)%300 for i in range(20000)]
 open('$work/train.bin','wb').write(struct.pack(f'<{len(t)}H',*t))"
 code=0; "$KILN_BIN" train --device cpu --steps 1 --data "$work/train.bin" 2>"$work/err" || code=$?
 [ "$code" -eq 3 ] && grep -q "data-format raw" "$work/err" || fail "raw file without --data-format raw: exit $code, $(cat "$work/err")"
-"$KILN_BIN" train --device cpu --steps 5 --data "$work/train.bin" --data-format raw --log-json "$work/r.jsonl" >/dev/null
-jsonl_check "$work/r.jsonl" 'assert len([r for r in records if r["type"] == "step"]) == 5'
+# ... with a tokenizer.json of 600 ids beside it (a BPE's, as nanoGPT's meta.pkl gives the vocabulary)
+# and no --vocab-size: the model takes the tokenizer's size, and says so (issue 48: the default
+# model's 512 refused the data).
+python3 - "$work/tokenizer.json" <<'PY'
+import json, sys
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))  # GPT-2's bytes_to_unicode
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + n); n += 1
+vocab = {chr(c): b for b, c in zip(bs, cs)}
+vocab.update({f"t{i}": i for i in range(256, 599)})
+json.dump({"version": "1.0", "added_tokens": [{"id": 599, "content": "<|endoftext|>", "special": True}],
+           "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
+           "model": {"type": "BPE", "vocab": vocab, "merges": []}}, open(sys.argv[1], "w"))
+PY
+"$KILN_BIN" train --device cpu --steps 5 --data "$work/train.bin" --data-format raw --log-json "$work/r.jsonl" >"$work/r.out"
+grep -qF "kiln: vocab_size 600 from $work/tokenizer.json (no --vocab-size given, and the tiny preset's 512 cannot hold its ids; padded to 640)" \
+  "$work/r.out" || { cat "$work/r.out"; fail "the vocabulary from the data's tokenizer is not said"; }
+jsonl_check "$work/r.jsonl" '
+assert len([r for r in records if r["type"] == "step"]) == 5
+assert records[0]["config"]["vocab_size"] == 600 and records[0]["tokenizer"]["vocab_size"] == 600, records[0]["config"]["vocab_size"]
+'
 echo "PASS"
