@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <utility>
 
 #include "distributed/error.h"
 
@@ -36,10 +37,69 @@ std::vector<std::string> expand_glob(const std::string& pattern, const std::stri
   return paths;
 }
 
-// A pattern for the files in `dir` that `flag` takes: kiln prep's --input reads text, so the
-// commonest extension there ('corpus/*.txt'); --data and --val-data read shards, kiln prep's
-// train_* or val_* where the directory holds them.
-std::string pattern_for(const std::string& dir, const std::string& flag) {
+// What a folder of kiln prep's inputs holds: the count of its files by extension ("" for none),
+// hidden files (.DS_Store) aside.
+std::map<std::string, int> extensions_in(const std::string& dir, bool* has_subdirectories) {
+  std::map<std::string, int> counts;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name[0] == '.') continue;
+    if (entry.is_directory(ec)) {
+      if (has_subdirectories) *has_subdirectories = true;
+    } else if (entry.is_regular_file(ec)) {
+      ++counts[entry.path().extension().string()];
+    }
+  }
+  return counts;
+}
+
+// The commonest extension of `counts` (.jsonl, then .txt, before others on a tie: what kiln prep
+// reads), and the counts in words: "3 .jsonl, 1 .md, 2 without an extension".
+std::string commonest(const std::map<std::string, int>& counts, std::string* words) {
+  std::string best;
+  int most = 0;
+  auto rank = [](const std::string& e) { return e == ".jsonl" ? 2 : e == ".txt" ? 1 : 0; };
+  for (const auto& [e, n] : counts) {
+    if (n > most || (n == most && rank(e) > rank(best))) most = n, best = e;
+  }
+  std::vector<std::pair<int, std::string>> order;
+  for (const auto& [e, n] : counts) order.emplace_back(-n, e);
+  std::sort(order.begin(), order.end());
+  for (const auto& [n, e] : order)
+    *words += (words->empty() ? "" : ", ") + std::to_string(-n) + (e.empty() ? " without an extension" : " " + e);
+  return best;
+}
+
+// What to pass instead of the directory `dir` to `flag`, after "DIR is a directory; ". kiln prep's
+// --input reads text: the pattern of the folder's commonest extension, with what it holds (or
+// one folder down, where it holds folders alone; an empty folder is said to be empty). --data and
+// --val-data read shards: kiln prep's train_* or val_* where the directory holds them.
+std::string advice_for(const std::string& dir, const std::string& flag) {
+  auto pass = [&](const std::string& pattern, const std::string& holds) {
+    return "pass the files in it, e.g. " + flag + " '" + pattern + "' (quoted, so the shell leaves the pattern to kiln" +
+           (holds.empty() ? "" : "; it holds " + holds) + ")";
+  };
+  if (flag == "--input") {
+    bool subdirectories = false;
+    std::string words;
+    const std::map<std::string, int> here = extensions_in(dir, &subdirectories);
+    if (!here.empty()) {
+      const std::string ext = commonest(here, &words);
+      return pass(dir + "/*" + ext, words + " file(s)");
+    }
+    std::map<std::string, int> below;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      if (entry.is_directory(ec) && entry.path().filename().string()[0] != '.')
+        for (const auto& [e, n] : extensions_in(entry.path().string(), nullptr)) below[e] += n;
+    }
+    if (!below.empty()) {
+      const std::string ext = commonest(below, &words);
+      return pass(dir + "/*/*" + ext, "no files but folders, which hold " + words + " file(s)");
+    }
+    return std::string("it is empty") + (subdirectories ? " but for empty folders" : "") + ": there is nothing in it to prepare";
+  }
   std::map<std::string, int> extensions;
   bool train = false, val = false;
   std::error_code ec;
@@ -50,16 +110,8 @@ std::string pattern_for(const std::string& dir, const std::string& flag) {
     train |= name.rfind("train_", 0) == 0 && entry.path().extension() == ".bin";
     val |= name.rfind("val_", 0) == 0 && entry.path().extension() == ".bin";
   }
-  if (flag == "--input") {
-    std::string ext = ".txt";
-    int most = 0;
-    for (const auto& [e, n] : extensions) {
-      if (!e.empty() && n > most) most = n, ext = e;
-    }
-    return dir + "/*" + ext;
-  }
-  if (flag == "--val-data") return dir + (val || !extensions.count(".bin") ? "/val_*.bin" : "/*.bin");
-  return dir + (train || !extensions.count(".bin") ? "/train_*.bin" : "/*.bin");
+  if (flag == "--val-data") return pass(dir + (val || !extensions.count(".bin") ? "/val_*.bin" : "/*.bin"), "");
+  return pass(dir + (train || !extensions.count(".bin") ? "/train_*.bin" : "/*.bin"), "");
 }
 
 }  // namespace
@@ -74,8 +126,7 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& patterns, 
         if (std::filesystem::is_directory(path, ec)) {
           std::string dir = path;
           while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-          throw DataError(flag + " " + path + " is a directory; pass the files in it, e.g. " + flag + " '" +
-                          pattern_for(dir, flag) + "' (quoted, so the shell leaves the pattern to kiln)");
+          throw DataError(flag + " " + path + " is a directory; " + advice_for(dir, flag));
         }
         out.push_back(path);
       }

@@ -13,7 +13,8 @@ namespace kiln {
 
 // The files `patterns` name. Throws DataError naming the flag for a pattern that matches nothing,
 // and for a directory ("... is a directory; pass 'DIR/train_*.bin'", quoted: the pattern its
-// files suggest, 'DIR/*.txt' for kiln prep's --input).
+// files suggest; for kiln prep's --input the folder's commonest extension, 'DIR/*.jsonl', with
+// what it holds, or 'DIR/*/*.jsonl' where it holds folders alone, or that it is empty).
 std::vector<std::string> expand_paths(const std::vector<std::string>& patterns, const std::string& flag);
 
 }  // namespace kiln

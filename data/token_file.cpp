@@ -6,9 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "distributed/error.h"
 
@@ -34,6 +36,34 @@ void store_le32(unsigned char* p, uint32_t v) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
+
+// Text given where tokens are read (a corpus passed to --data before kiln prep made shards of it):
+// its name says so, or its first 4 KiB do -- no NUL byte, and nearly every byte printable,
+// whitespace or part of a UTF-8 character. Token files fail that at once: a uint16 token below 256
+// has a zero high byte, and a shard's header is mostly zeros.
+bool looks_like_text(const std::string& path, const unsigned char* base, int64_t bytes) {
+  const std::string ext = std::filesystem::path(path).extension().string();
+  for (const char* e : {".txt", ".text", ".md", ".jsonl", ".json", ".csv", ".tsv"})
+    if (ext == e) return true;
+  const int64_t n = std::min<int64_t>(bytes, 4096);
+  if (n == 0) return false;
+  int64_t printable = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const unsigned char c = base[i];
+    if (c == 0) return false;
+    printable += c >= 0x20 || c == '\n' || c == '\r' || c == '\t';
+  }
+  return printable >= n * 95 / 100;
+}
+
+// What to do with a text file given as --data: kiln prep's command for it.
+std::string prep_hint(const std::string& path) {
+  const std::filesystem::path p(path);
+  const std::string out = (p.parent_path() / (p.stem().string() + "_shards")).string();
+  return "holds text, not tokens (an llm.c shard starts with the magic " + std::to_string(kShardMagic) +
+         "): make token shards of it first, kiln prep --input " + path + " --out " + out + ", then train with --data '" + out +
+         "/train_*.bin' (docs/data.md)";
+}
 
 }  // namespace
 
@@ -98,6 +128,8 @@ TokenFile::TokenFile(const std::string& path, TokenFormat format) : path_(path) 
   }
 
   const bool is_auto = format == TokenFormat::Auto;
+  // Not a shard, and text: kiln prep is what it needs (a "bad magic" said nothing of it).
+  if ((file_bytes < 4 || header_int(base, 0) != kShardMagic) && looks_like_text(path, base, file_bytes)) fail(prep_hint(path));
   // Check the magic first when it is readable: for a small raw file read in auto mode the
   // "pass --data-format raw" hint is more useful than "too small".
   if (file_bytes >= 4) {

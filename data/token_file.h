@@ -22,7 +22,8 @@ constexpr int32_t kShardMagic = 20240520;
 constexpr int64_t kShardHeaderInts = 256;
 
 // How a file's bytes are read. Auto: an llm.c shard if its first int32 is the magic, otherwise
-// an error that says to pass --data-format raw for raw uint16 files.
+// an error that says to pass --data-format raw for raw uint16 files -- or, for a file of text
+// (by its name or its first bytes), to make shards of it with kiln prep, with the command.
 enum class TokenFormat { Auto, Shard, Raw };
 
 // Parses "auto" | "shard" | "raw"; throws ConfigError otherwise.

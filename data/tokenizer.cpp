@@ -41,8 +41,7 @@ std::unique_ptr<Tokenizer> tokenizer_for_checkpoint(const std::string& checkpoin
   return std::make_unique<ByteTokenizer>();
 }
 
-namespace {
-DataTokenizer found_tokenizer(const std::string& flag, const std::vector<std::string>& data) {
+DataTokenizer find_data_tokenizer(const std::string& flag, const std::vector<std::string>& data) {
   if (!flag.empty()) {
     if (!std::filesystem::exists(flag)) throw ConfigError("--tokenizer " + flag + ": no such file");
     return {load_tokenizer(flag), flag};
@@ -52,11 +51,10 @@ DataTokenizer found_tokenizer(const std::string& flag, const std::vector<std::st
   if (std::filesystem::exists(beside)) return {load_tokenizer(beside.string()), beside.string()};
   return {nullptr, "none: no tokenizer.json beside the --data files (kiln prep writes one; or give --tokenizer FILE)"};
 }
-}  // namespace
 
 DataTokenizer tokenizer_for_data(const std::string& flag, const std::vector<std::string>& data, int64_t vocab_size,
                                  const std::string& init_from) {
-  DataTokenizer t = found_tokenizer(flag, data);
+  DataTokenizer t = find_data_tokenizer(flag, data);
   if (!t.tokenizer || t.tokenizer->vocab_size() <= vocab_size) return t;
   const std::string n = std::to_string(t.tokenizer->vocab_size()), v = std::to_string(vocab_size);
   if (t.source != "default" && !init_from.empty()) {
@@ -66,8 +64,9 @@ DataTokenizer tokenizer_for_data(const std::string& flag, const std::vector<std:
                       "prepare the data with the model's own tokenizer (kiln prep --tokenizer), or train without --init-from");
   }
   if (t.source != "default") {
+    // --vocab-size was given (left out, kiln train takes the tokenizer's: launch/cli.cpp).
     throw ConfigError("the tokenizer " + t.source + " has " + n + " ids: --vocab-size " + v + " cannot hold them (give --vocab-size " + n +
-                      " or more)");
+                      " or more, or leave --vocab-size out to take the tokenizer's)");
   }
   return {nullptr, "none: the byte-level tokenizer's " + n + " ids do not fit --vocab-size " + v};
 }

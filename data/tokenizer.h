@@ -57,6 +57,10 @@ struct DataTokenizer {
   std::string source;  // the tokenizer.json read; "default" (the byte-level one); "none"
 };
 
+// The tokenizer tokenizer_for_data finds for `flag` and `data`, before it is held against a
+// model's vocabulary (null where there is none, `source` saying why). ConfigError as there.
+DataTokenizer find_data_tokenizer(const std::string& flag, const std::vector<std::string>& data);
+
 // The tokenizer of a run: `flag` (--tokenizer FILE) if given; else the tokenizer.json beside the
 // first of the --data files (`data`: their paths, globs expanded), which kiln prep writes; else,
 // for synthetic data (`data` empty), the byte-level one, as kiln sample has always read it. Data

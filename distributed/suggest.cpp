@@ -1,4 +1,4 @@
-// distributed/suggest.cpp -- edit distance over a short list.
+// distributed/suggest.cpp -- edit distance over a short list, aliases, and one line for many unknown names.
 #include "distributed/suggest.h"
 
 #include <algorithm>
@@ -33,6 +33,20 @@ std::string did_you_mean(const std::string& given, const std::vector<std::string
     }
   }
   return best.empty() ? std::string() : " (did you mean '" + best + "'?)";
+}
+
+std::string did_you_mean(const std::string& given, const std::vector<std::string>& choices,
+                         const std::map<std::string, std::string>& aliases) {
+  if (auto it = aliases.find(given); it != aliases.end()) return " (did you mean '" + it->second + "'?)";
+  return did_you_mean(given, choices);
+}
+
+std::string unknown_names(const std::string& one, const std::string& many,
+                          const std::vector<std::pair<std::string, std::string>>& unknown) {
+  if (unknown.size() == 1) return one + " '" + unknown[0].first + "'" + unknown[0].second;
+  std::string s = std::to_string(unknown.size()) + " " + many + ":";
+  for (size_t i = 0; i < unknown.size(); ++i) s += (i ? ", '" : " '") + unknown[i].first + "'" + unknown[i].second;
+  return s;
 }
 
 }  // namespace kiln

@@ -12,6 +12,8 @@
 
 #include <cxxopts.hpp>
 
+#include "data/paths.h"
+#include "data/tokenizer.h"
 #include "distributed/error.h"
 #include "distributed/suggest.h"
 #include "launch/deepspeed_config.h"
@@ -58,7 +60,8 @@ const std::vector<Flag>& train_flags() {
       {"n-kv-head", Kind::Int, "key/value heads (GQA; 1 = multi-query; default: n-head)", model_field(&GPTConfig::n_kv_head)},
       {"d-model", Kind::Int, "model width", model_field(&GPTConfig::d_model)},
       {"seq-len", Kind::Int, "context length", model_field(&GPTConfig::seq_len)},
-      {"vocab-size", Kind::Int, "vocabulary size (padded to a multiple of 128)", model_field(&GPTConfig::vocab_size)},
+      {"vocab-size", Kind::Int, "vocabulary size (padded to a multiple of 128; default: the preset's, or the data's tokenizer's where "
+       "the preset's cannot hold its ids)", model_field(&GPTConfig::vocab_size)},
       {"dropout", Kind::Float, "dropout probability", model_field(&GPTConfig::dropout)},
       {"position", Kind::String, "position embedding: learned (GPT-2) | rope (rotary, the Llama family)", model_field(&GPTConfig::position)},
       {"rope-theta", Kind::Float, "rotary base", model_field(&GPTConfig::rope_theta)},
@@ -168,6 +171,52 @@ const std::vector<Flag>& train_flags() {
   return flags;
 }
 
+// Other tools' names for kiln train's settings, as a --config file (or a flag) written for them
+// spells them ('-' for '_'): the Hugging Face Trainer's TrainingArguments, nanoGPT's train.py
+// globals, torchtitan's TOML keys (without their section) and Hugging Face model configs
+// (config.json). Suggested for an unknown key or flag before edit distance, which cannot find
+// 'lr' from 'learning_rate'. Names that are kiln's too (weight_decay, dropout, seed) need none.
+const std::map<std::string, std::string>& foreign_names() {
+  static const std::map<std::string, std::string> names = {
+      // Hugging Face Trainer
+      {"learning-rate", "lr"}, {"max-steps", "steps"}, {"warmup-steps", "warmup"},
+      {"per-device-train-batch-size", "micro-batch"}, {"per-device-eval-batch-size", "micro-batch"},
+      {"gradient-accumulation-steps", "grad-accum"}, {"max-grad-norm", "grad-clip"}, {"adam-beta1", "beta1"},
+      {"adam-beta2", "beta2"}, {"adam-epsilon", "adam-eps"}, {"lr-scheduler-type", "lr-schedule"},
+      {"logging-steps", "log-every"}, {"save-steps", "save-every"}, {"eval-steps", "eval-every"},
+      {"output-dir", "save-dir"}, {"save-total-limit", "keep-last"}, {"gradient-checkpointing", "activation-checkpointing"},
+      {"resume-from-checkpoint", "resume"}, {"model-name-or-path", "init-from"}, {"train-file", "data"},
+      {"validation-file", "val-data"}, {"bf16", "precision"}, {"fp16", "precision"}, {"max-seq-length", "seq-len"},
+      // nanoGPT
+      {"batch-size", "micro-batch"}, {"block-size", "seq-len"}, {"n-embd", "d-model"}, {"max-iters", "steps"},
+      {"warmup-iters", "warmup"}, {"lr-decay-iters", "lr-decay-steps"}, {"eval-interval", "eval-every"},
+      {"eval-iters", "eval-batches"}, {"log-interval", "log-every"}, {"out-dir", "save-dir"}, {"dtype", "precision"},
+      {"dataset", "data"},
+      // torchtitan
+      {"local-batch-size", "micro-batch"}, {"max-norm", "grad-clip"}, {"tensor-parallel-degree", "tp"},
+      {"pipeline-parallel-degree", "pp"}, {"context-parallel-degree", "cp"}, {"expert-parallel-degree", "ep"},
+      {"log-freq", "log-every"}, {"mixed-precision-param", "param-dtype"}, {"mixed-precision-reduce", "reduce-dtype"},
+      {"flavor", "model"}, {"eps", "adam-eps"},
+      // Hugging Face model configs
+      {"num-hidden-layers", "n-layer"}, {"num-layers", "n-layer"}, {"hidden-size", "d-model"},
+      {"num-attention-heads", "n-head"}, {"num-key-value-heads", "n-kv-head"}, {"max-position-embeddings", "seq-len"},
+      {"n-positions", "seq-len"}, {"n-ctx", "seq-len"}, {"intermediate-size", "ffn-hidden"}, {"rms-norm-eps", "norm-eps"},
+      {"layer-norm-epsilon", "norm-eps"}, {"num-local-experts", "n-experts"}, {"num-experts", "n-experts"},
+      {"num-experts-per-tok", "top-k"}, {"tie-word-embeddings", "tie-embeddings"},
+  };
+  return names;
+}
+
+// The same as flags: "--learning-rate" -> "--lr".
+const std::map<std::string, std::string>& foreign_flags() {
+  static const std::map<std::string, std::string> flags = [] {
+    std::map<std::string, std::string> m;
+    for (const auto& [theirs, ours] : foreign_names()) m["--" + theirs] = "--" + ours;
+    return m;
+  }();
+  return flags;
+}
+
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::Int: return "an integer";
@@ -261,6 +310,26 @@ void apply_flags(const cxxopts::ParseResult& result, std::map<std::string, json>
   }
 }
 
+// --vocab-size left out (no flag, config key or --init-from set it): where the data's tokenizer
+// (--tokenizer, or the tokenizer.json kiln prep wrote beside the --data files) has more ids than
+// the preset's vocabulary holds, the model takes the tokenizer's size -- as nanoGPT reads its
+// vocabulary from the data's meta file -- rather than refusing the data (the default model held
+// 512 ids, and no BPE). The embedding pads it to a multiple of 128 itself (padded_vocab_size). A
+// preset already large enough keeps its own size: the runs and checkpoints made with it stay
+// as they were. Data files that are missing are the trainer's to name.
+void take_vocab_from_tokenizer(TrainConfig& config) {
+  std::vector<std::string> files;
+  try {
+    if (!config.data.empty()) files = expand_paths(config.data, "--data");
+  } catch (const DataError&) {
+    return;
+  }
+  const DataTokenizer t = find_data_tokenizer(config.tokenizer, files);
+  if (!t.tokenizer || t.tokenizer->vocab_size() <= config.gpt.vocab_size) return;
+  config.gpt.vocab_size = t.tokenizer->vocab_size();
+  config.vocab_from = t.source;
+}
+
 }  // namespace
 
 TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size) {
@@ -288,7 +357,7 @@ TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size)
     if (f.kind == Kind::Bool) opts.add_options()(f.name, help, cxxopts::value<std::string>()->implicit_value("true"));
     else opts.add_options()(f.name, help, cxxopts::value<std::string>());
   }
-  auto result = parse_or_throw(opts, args, "train", "lists are comma-separated; quote globs");
+  auto result = parse_or_throw(opts, args, "train", "lists are comma-separated; quote globs", foreign_flags());
 
   TrainArgs out;
   if (result.count("help")) {
@@ -304,18 +373,20 @@ TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size)
   if (result.count("config")) {
     const std::string path = result["config"].as<std::string>();
     const json file = read_config_file(path);
+    // Every unknown key in one line, each with the suggestion a flag gets (another tool's name
+    // for it, or the nearest), spelt as the file spells its keys.
+    std::vector<std::string> names;
+    for (const auto& f : train_flags()) names.push_back(f.name);
+    std::vector<std::pair<std::string, std::string>> unknown;
     for (const auto& [key, v] : file.items()) {
-      auto it = by_name.find(normalise_key(key));
-      if (it == by_name.end()) {
-        // A near-miss gets the suggestion a flag gets, spelt as the file spells its keys.
-        std::vector<std::string> names;
-        for (const auto& f : train_flags()) {
-          std::string n = f.name;
-          if (key.find('_') != std::string::npos) std::replace(n.begin(), n.end(), '-', '_');
-          names.push_back(n);
-        }
-        throw ConfigError("--config " + path + ": unknown key '" + key + "'" + did_you_mean(key, names));
-      }
+      if (by_name.count(normalise_key(key))) continue;
+      std::string hint = did_you_mean(normalise_key(key), names, foreign_names());
+      if (key.find('_') != std::string::npos) std::replace(hint.begin(), hint.end(), '-', '_');
+      unknown.emplace_back(key, hint);
+    }
+    if (!unknown.empty()) throw ConfigError("--config " + path + ": " + unknown_names("unknown key", "unknown keys", unknown));
+    for (const auto& [key, v] : file.items()) {
+      const auto it = by_name.find(normalise_key(key));
       values[it->first] = typed_from_json(*it->second, v, "--config " + path);
     }
   }
@@ -343,6 +414,7 @@ TrainArgs parse_train_args(const std::vector<std::string>& args, int world_size)
   }
   apply_flags(result, values, out.config);
   apply_init_from(values, out.config);  // --init-from DIR: the shape from DIR/config.json (runtime/checkpoint/init_from.h)
+  if (!values.count("vocab-size") && out.config.init_from.empty()) take_vocab_from_tokenizer(out.config);
   if (ds) {
     std::set<std::string> given;
     for (const auto& f : train_flags())
@@ -365,7 +437,7 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
     if (f.kind == Kind::Bool) opts.add_options(group)(f.name, f.help, cxxopts::value<std::string>()->implicit_value("true"));
     else opts.add_options(group)(f.name, f.help, cxxopts::value<std::string>());
   }
-  auto result = parse_or_throw(opts, args, "eval", "lists are comma-separated; quote globs");
+  auto result = parse_or_throw(opts, args, "eval", "lists are comma-separated; quote globs", foreign_flags());
   TrainArgs out;
   if (result.count("help")) {
     out.help = true;

@@ -4,7 +4,9 @@
 // preset, a --config FILE.json (an object whose keys are the flag names, with '-' or '_'), a
 // --deepspeed FILE.json (DeepSpeed's keys, launch/deepspeed_config.h), and flags. Every value is checked for its type here and the whole config is validated once
 // (TrainConfig::validate). Unknown flags, unknown config keys, values of the wrong type and
-// malformed files are ConfigErrors with one line naming the culprit.
+// malformed files are ConfigErrors with one line naming the culprit -- every unknown flag or key
+// at once, each with kiln's name for it where another tool's (the Hugging Face Trainer's,
+// nanoGPT's, torchtitan's, a model config's) or a near miss says which.
 #pragma once
 
 #include <string>

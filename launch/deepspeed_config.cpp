@@ -142,12 +142,66 @@ const std::map<std::string, std::string>& refused_sections() {
   return keys;
 }
 
+// Other tools' names for DeepSpeed's keys, by a key's last part: what a config written from the
+// Hugging Face Trainer's, nanoGPT's or torchtitan's settings holds instead ('learning_rate' at the
+// top level or under optimizer.params). Suggested before edit distance, which cannot find them.
+const std::map<std::string, std::string>& foreign_keys() {
+  static const std::map<std::string, std::string> keys = {
+      {"learning_rate", "optimizer.params.lr"}, {"lr", "optimizer.params.lr"},
+      {"weight_decay", "optimizer.params.weight_decay"}, {"adam_epsilon", "optimizer.params.eps"},
+      {"epsilon", "optimizer.params.eps"}, {"beta1", "optimizer.params.betas"}, {"beta2", "optimizer.params.betas"},
+      {"batch_size", "train_micro_batch_size_per_gpu"}, {"micro_batch_size", "train_micro_batch_size_per_gpu"},
+      {"per_device_train_batch_size", "train_micro_batch_size_per_gpu"}, {"global_batch_size", "train_batch_size"},
+      {"gradient_accumulation", "gradient_accumulation_steps"}, {"grad_accum", "gradient_accumulation_steps"},
+      {"max_grad_norm", "gradient_clipping"}, {"grad_clip", "gradient_clipping"}, {"clip_grad", "gradient_clipping"},
+      {"max_steps", "scheduler.params.total_num_steps"}, {"total_steps", "scheduler.params.total_num_steps"},
+      {"max_iters", "scheduler.params.total_num_steps"}, {"warmup_steps", "scheduler.params.warmup_num_steps"},
+      {"warmup_iters", "scheduler.params.warmup_num_steps"}, {"zero_stage", "zero_optimization.stage"},
+  };
+  return keys;
+}
+
+// Every key kiln reads from a DeepSpeed file, and each dotted prefix of one (a section's name).
+const std::vector<std::string>& known_keys() {
+  static const std::vector<std::string> known = [] {
+    std::vector<std::string> k = {
+        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+        "steps_per_print", "fp16.enabled", "fp16.loss_scale", "fp16.initial_scale_power", "fp16.loss_scale_window",
+        "fp16.hysteresis", "fp16.min_loss_scale", "bf16.enabled", "optimizer.type", "optimizer.params.lr",
+        "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay", "optimizer.params.adam_w_mode",
+        "scheduler.type", "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr",
+        "scheduler.params.warmup_num_steps", "scheduler.params.warmup_type", "scheduler.params.total_num_steps",
+        "scheduler.params.warmup_min_ratio", "scheduler.params.cos_min_ratio", "zero_optimization.stage",
+        "zero_optimization.offload_optimizer", "zero_optimization.offload_param", "zero_optimization.cpu_offload",
+        "activation_checkpointing", "tensor_parallel.autotp_size"};
+    for (const auto& [key, why] : tuning_keys()) k.push_back(key);
+    for (const auto& [key, why] : default_only_keys()) k.push_back(key);
+    for (const auto& [key, why] : refused_sections()) k.push_back(key);
+    // A misspelt section ("zero_optimisation") is near the section's name, not its keys': every
+    // dotted prefix is a candidate too. DeepSpeed's own keys are all in the tables above, so a
+    // real DeepSpeed key is never "corrected" into another.
+    for (size_t i = 0, n = k.size(); i < n; ++i) {
+      for (size_t dot = k[i].find('.'); dot != std::string::npos; dot = k[i].find('.', dot + 1)) k.push_back(k[i].substr(0, dot));
+    }
+    return k;
+  }();
+  return known;
+}
+
 class Reader {
  public:
   explicit Reader(DeepSpeedSettings& ds) : ds_(ds), file_("--deepspeed " + ds.path) {}
 
+  // One line naming the key and why; the unknown keys found so far ride along, so that one run
+  // names them all.
   [[noreturn]] void refuse(const std::string& key, const std::string& why) const {
-    throw ConfigError(file_ + ": " + key + ": " + why + " (docs/deepspeed.md)");
+    throw ConfigError(file_ + ": " + key + ": " + why + " (docs/deepspeed.md)" +
+                      (unknown_.empty() ? "" : "; and " + unknown_line()));
+  }
+  // After the whole file is read: the unknown keys, all of them in one line.
+  void refuse_unknown() const {
+    if (unknown_.empty()) return;
+    throw ConfigError(file_ + ": " + unknown_line() + " (docs/deepspeed.md)");
   }
   static bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
@@ -206,33 +260,32 @@ class Reader {
     }
     return false;
   }
-  [[noreturn]] void unknown(const std::string& key) const {
-    std::vector<std::string> known = {
-        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-        "steps_per_print", "fp16.enabled", "fp16.loss_scale", "fp16.initial_scale_power", "fp16.loss_scale_window",
-        "fp16.hysteresis", "fp16.min_loss_scale", "bf16.enabled", "optimizer.type", "optimizer.params.lr",
-        "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay", "optimizer.params.adam_w_mode",
-        "scheduler.type", "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr",
-        "scheduler.params.warmup_num_steps", "scheduler.params.warmup_type", "scheduler.params.total_num_steps",
-        "scheduler.params.warmup_min_ratio", "scheduler.params.cos_min_ratio", "zero_optimization.stage",
-        "zero_optimization.offload_optimizer", "zero_optimization.offload_param", "zero_optimization.cpu_offload",
-        "activation_checkpointing", "tensor_parallel.autotp_size"};
-    for (const auto& [k, v] : tuning_keys()) known.push_back(k);
-    for (const auto& [k, v] : default_only_keys()) known.push_back(k);
-    for (const auto& [k, v] : refused_sections()) known.push_back(k);
-    // A misspelt section ("zero_optimisation") is near the section's name, not its keys': every
-    // dotted prefix is a candidate too. DeepSpeed's own keys are all in the tables above, so a
-    // real DeepSpeed key is never "corrected" into another.
-    for (size_t i = 0, n = known.size(); i < n; ++i) {
-      for (size_t dot = known[i].find('.'); dot != std::string::npos; dot = known[i].find('.', dot + 1))
-        known.push_back(known[i].substr(0, dot));
-    }
-    refuse(key, "not a key kiln knows" + did_you_mean(key, known) + "; remove it, or see the table of keys");
+  // A key kiln does not know: noted (with the nearest known key, or the DeepSpeed key another
+  // tool's name stands for), and reported with the others once the file is read.
+  void unknown(const std::string& key) {
+    const size_t dot = key.rfind('.');
+    const std::string last = dot == std::string::npos ? key : key.substr(dot + 1);
+    const auto alias = foreign_keys().find(last);
+    unknown_.emplace_back(key, alias != foreign_keys().end() && alias->second != key
+                                   ? " (did you mean '" + alias->second + "'?)"
+                                   : did_you_mean(key, known_keys()));
   }
 
  private:
+  std::string unknown_line() const {
+    std::vector<std::pair<std::string, std::string>> unknown = unknown_;  // in the order of the file's keys
+    std::sort(unknown.begin(), unknown.end());
+    if (unknown.size() == 1) {
+      return unknown[0].first + ": not a key kiln knows" + unknown[0].second + "; remove it, or see the table of keys";
+    }
+    std::string s = std::to_string(unknown.size()) + " keys kiln does not know:";
+    for (size_t i = 0; i < unknown.size(); ++i) s += (i ? ", " : " ") + unknown[i].first + unknown[i].second;
+    return s + "; remove them, or see the table of keys";
+  }
+
   DeepSpeedSettings& ds_;
   std::string file_;
+  std::vector<std::pair<std::string, std::string>> unknown_;  // key, its suggestion
 };
 
 std::string lower(std::string s) {
@@ -256,11 +309,14 @@ void read_precision(Reader& r, const json& file) {
     for (const auto& [k, v] : s.items()) {
       const std::string key = name + "." + k;
       if (k == "enabled" || r.common(key, v)) continue;
-      if (name == "bf16") r.unknown(key);
-      const char* flag = k == "loss_scale" ? "loss-scale" : k == "initial_scale_power" ? "initial-scale-power"
+      const char* flag = name == "bf16" ? nullptr
+                       : k == "loss_scale" ? "loss-scale" : k == "initial_scale_power" ? "initial-scale-power"
                        : k == "loss_scale_window" ? "loss-scale-window" : k == "hysteresis" ? "hysteresis"
                        : k == "min_loss_scale" ? "min-loss-scale" : nullptr;
-      if (!flag) r.unknown(key);
+      if (!flag) {
+        r.unknown(key);
+        continue;
+      }
       if (!enabled && !automatic) continue;  // the scaler of a disabled fp16 section changes nothing
       if (Reader::is_auto(v)) r.automatic(key, flag);
       else if (k == "loss_scale" || k == "min_loss_scale") r.set(flag, r.number(key, v), key);
@@ -514,7 +570,10 @@ DeepSpeedSettings read_deepspeed_config(const std::string& path) {
     } else if (k == "tensor_parallel") {
       const json& t = r.object(k, v);
       for (const auto& [tk, tv] : t.items()) {
-        if (tk != "autotp_size") r.unknown(k + "." + tk);
+        if (tk != "autotp_size") {
+          r.unknown(k + "." + tk);
+          continue;
+        }
         if (Reader::is_auto(tv)) r.automatic(k + ".autotp_size", "tp");
         else r.set("tp", r.integer(k + "." + tk, tv), k + "." + tk);
       }
@@ -522,6 +581,7 @@ DeepSpeedSettings read_deepspeed_config(const std::string& path) {
       r.unknown(k);
     }
   }
+  r.refuse_unknown();
   // DeepSpeed does not clip unless told to.
   if (!file.contains("gradient_clipping")) ds.values["grad-clip"] = 0.0, ds.from["grad-clip"] = "gradient_clipping (absent: DeepSpeed does not clip)";
   // WarmupCosineLR's ratios are applied once the lr is known (finish_deepspeed).

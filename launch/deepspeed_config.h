@@ -12,7 +12,9 @@
 //              wall_clock_breakdown): accepted, with one line saying kiln does not act on it
 //   refused    changes the numerics in a way kiln does not implement (another optimizer,
 //              consecutive_hysteresis, quantized ZeRO, ...), or is not a key kiln knows: one
-//              line naming it, exit 2
+//              line naming it, exit 2; the unknown keys all in one line, each with the nearest
+//              known key or the one another tool's name stands for (learning_rate:
+//              optimizer.params.lr), and named beside a refusal found after them
 //
 // Values:
 //   "auto"         kiln's own flag or default, as Accelerate and the HF Trainer fill it

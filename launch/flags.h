@@ -2,6 +2,7 @@
 // unknown options are collected rather than thrown, so the message is kiln's one line.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -10,9 +11,11 @@
 namespace kiln {
 
 // Parses `args` (the arguments after the subcommand `command`). Throws ConfigError with one line:
-// "unknown flag '--x' (did you mean '--y'?) (see kiln COMMAND --help)", or "kiln COMMAND:
-// unexpected argument 'a' (HINT)" for a stray positional argument, or cxxopts' own complaint.
+// "unknown flag '--x' (did you mean '--y'?) (see kiln COMMAND --help)" -- every unknown flag in
+// that line, "2 unknown flags: '--x' (...), '--z' (see ...)" -- or "kiln COMMAND: unexpected
+// argument 'a' (HINT)" for a stray positional argument, or cxxopts' own complaint. `aliases`:
+// other tools' names for the flags ("--learning-rate" -> "--lr"), suggested before edit distance.
 cxxopts::ParseResult parse_or_throw(cxxopts::Options& opts, const std::vector<std::string>& args, const std::string& command,
-                                    const std::string& positional_hint);
+                                    const std::string& positional_hint, const std::map<std::string, std::string>& aliases = {});
 
 }  // namespace kiln

@@ -104,7 +104,8 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
                 static_cast<long long>(result.total_tokens), static_cast<long long>(result.documents),
                 static_cast<long long>(result.input_files), result.files.size());
     for (const auto& f : result.files) std::printf("  %s\n", f.c_str());
-    std::printf("kiln prep: tokenizer %s (%lld ids, end-of-text %lld) in %s: a model needs --vocab-size %lld or more\n",
+    std::printf("kiln prep: tokenizer %s (%lld ids, end-of-text %lld) in %s: a model needs --vocab-size %lld or more "
+                "(kiln train takes it from there when --vocab-size is left out)\n",
                 result.tokenizer.c_str(), static_cast<long long>(result.vocab_size), static_cast<long long>(result.eot),
                 result.tokenizer_file.c_str(), static_cast<long long>(result.vocab_size));
     if (args.config.val_tokens == 0) {

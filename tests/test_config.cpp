@@ -14,6 +14,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
+#include "data/hf_tokenizer.h"
+#include "data/tokenizer.h"
 #include "distributed/device_peaks.h"
 #include "distributed/error.h"
 #include "distributed/job_devices.h"
@@ -51,10 +53,17 @@ std::string error_of(const std::vector<std::string>& args) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// The settings ranks compare: all but the outputs rank 0 alone writes.
-TEST(ConfigAgreement, ComparesAllButRankZerosOutputs) {
-  const nlohmann::json c = {{"lr", 0.001}, {"log_json", "a.jsonl"}, {"tensorboard", "tb"}, {"pp_virtual", 2}};
-  EXPECT_EQ(compared_settings(c), (nlohmann::json{{"lr", 0.001}, {"pp_virtual", 2}}));
+// The settings ranks compare: all but the outputs rank 0 alone writes, and the device by its kind
+// (issue 48, item 2: a launcher's `--device cuda:$LOCAL_RANK` was refused as different settings).
+TEST(ConfigAgreement, ComparesAllButRankZerosOutputsAndTheDeviceByKind) {
+  const nlohmann::json c = {{"lr", 0.001}, {"log_json", "a.jsonl"}, {"tensorboard", "tb"}, {"pp_virtual", 2}, {"device", "cuda:0"}};
+  EXPECT_EQ(compared_settings(c, "cuda"), (nlohmann::json{{"lr", 0.001}, {"pp_virtual", 2}, {"device", "cuda"}}));
+  nlohmann::json other = c;
+  other["device"] = "cuda:3";
+  EXPECT_EQ(compared_settings(c, "cuda"), compared_settings(other, "cuda"));
+  other["device"] = "auto";  // resolved to a GPU on that rank
+  EXPECT_EQ(compared_settings(c, "cuda"), compared_settings(other, "cuda"));
+  EXPECT_NE(compared_settings(c, "cuda"), compared_settings(other, "cpu"));  // a real mismatch
 }
 
 // The hash: the integer sum of the bit patterns; one flipped bit changes it by 2^k.
@@ -175,6 +184,60 @@ TEST(Cli, DefaultsAndFlags) {
   EXPECT_EQ(cfg.data, (std::vector<std::string>{"a.bin", "b*.bin"}));
 }
 
+// The start-up line names the preset with what was changed in it (issue 48: `--model gpt2-124m
+// --n-layer 4` was announced as gpt2-124m).
+TEST(Cli, ModelDescriptionNamesTheChangedFields) {
+  EXPECT_EQ(parse_train_args({"--model", "gpt2-124m"}).config.model_description(), "gpt2-124m");
+  EXPECT_EQ(parse_train_args({"--model", "gpt2-124m", "--n-layer", "4"}).config.model_description(), "gpt2-124m (with n_layer 4)");
+  EXPECT_EQ(parse_train_args({"--n-layer", "4"}).config.model_description(), "tiny");  // the preset's own value
+  // --n-head carries n_kv_head with it: one change, not two; --n-kv-head given is its own.
+  EXPECT_EQ(parse_train_args({"--n-head", "8", "--seq-len", "64", "--dropout", "0.1"}).config.model_description(),
+            "tiny (with n_head 8, seq_len 64, dropout 0.1)");
+  EXPECT_EQ(parse_train_args({"--n-kv-head", "2", "--norm", "rmsnorm"}).config.model_description(),
+            "tiny (with n_kv_head 2, norm rmsnorm)");
+}
+
+// --vocab-size left out: the data's tokenizer's size where the preset's cannot hold its ids (issue
+// 48: the default model refused BPE shards); given, it is kept, and a tokenizer too large for it
+// is refused with one line.
+TEST(Cli, VocabSizeFromTheDataTokenizerWhenNotGiven) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kiln_test_config_vocab_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  nlohmann::json vocab = nlohmann::json::object();  // a byte-level BPE of 600 ids: 256 bytes, 343 merges' tokens, end-of-text
+  for (int b = 0; b < 256; ++b) vocab[kiln::byte_char(static_cast<unsigned char>(b))] = b;
+  for (int i = 256; i < 599; ++i) vocab["t" + std::to_string(i)] = i;
+  const nlohmann::json tok = {{"version", "1.0"},
+                              {"added_tokens", nlohmann::json::array({{{"id", 599}, {"content", "<|endoftext|>"}, {"special", true}}})},
+                              {"pre_tokenizer", {{"type", "ByteLevel"}}},
+                              {"decoder", {{"type", "ByteLevel"}}},
+                              {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  std::ofstream(dir / "tokenizer.json") << tok.dump();
+  std::ofstream(dir / "train_000000.bin") << "x";  // read by the trainer, not here
+  const std::string data = (dir / "train_*.bin").string();
+  auto cfg = parse_train_args({"--data", data}).config;
+  EXPECT_EQ(cfg.gpt.vocab_size, 600);
+  EXPECT_EQ(cfg.gpt.padded_vocab_size(), 640);
+  EXPECT_EQ(cfg.vocab_from, (dir / "tokenizer.json").string());
+  EXPECT_EQ(cfg.model_description(), "tiny (with vocab_size 600)");
+  // A preset that holds it keeps its own; so does a --vocab-size given (flag or config key)...
+  EXPECT_EQ(parse_train_args({"--data", data, "--model", "gpt2-124m"}).config.gpt.vocab_size, 50257);
+  cfg = parse_train_args({"--data", data, "--vocab-size", "512"}).config;
+  EXPECT_EQ(cfg.gpt.vocab_size, 512);
+  EXPECT_TRUE(cfg.vocab_from.empty());
+  // ... and is refused where it is too small, saying what to do.
+  try {
+    kiln::tokenizer_for_data("", {(dir / "train_000000.bin").string()}, 512);
+    ADD_FAILURE() << "a tokenizer of 600 ids passed --vocab-size 512";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(contains(e.what(), "has 600 ids: --vocab-size 512 cannot hold them (give --vocab-size 600 or more, or leave "
+                                   "--vocab-size out to take the tokenizer's)")) << e.what();
+  }
+  // Data that is missing: left to the trainer to name.
+  EXPECT_EQ(parse_train_args({"--data", (dir / "nothing_*.bin").string()}).config.gpt.vocab_size, 512);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, KvHeadsFollowHeadsUnlessGiven) {
   auto cfg = parse_train_args({"--n-head", "8", "--d-model", "256"}).config;
   EXPECT_EQ(cfg.gpt.n_kv_head, 8);
@@ -207,11 +270,21 @@ TEST(Cli, BadInputIsOneClearMessage) {
   EXPECT_TRUE(contains(error_of({"--config", bad}), "malformed JSON"));
   auto unknown = write_temp("unknown.json", R"({"stepz": 10})");
   EXPECT_TRUE(contains(error_of({"--config", unknown}), "unknown key 'stepz'"));
+  // Every unknown key in one line (issue 48: one per run), each with kiln's name for what another
+  // tool calls it (the HF Trainer's learning_rate, nanoGPT's batch_size) or the nearest name.
+  auto many = write_temp("many.json", R"({"learning_rate": 3e-4, "batch_size": 4, "max_steps": 10, "warmup_steps": 2,
+      "weight_decay": 0.1, "micro_batc": 2, "colour": "blue"})");
+  EXPECT_EQ(error_of({"--config", many}), "--config " + many + ": 6 unknown keys: 'batch_size' (did you mean 'micro_batch'?), "
+                                          "'colour', 'learning_rate' (did you mean 'lr'?), 'max_steps' (did you mean 'steps'?), "
+                                          "'micro_batc' (did you mean 'micro_batch'?), 'warmup_steps' (did you mean 'warmup'?)");
+  EXPECT_EQ(error_of({"--learning-rate", "1e-3", "--max-iters", "5", "--stepz", "3"}),
+            "3 unknown flags: '--learning-rate' (did you mean '--lr'?), '--max-iters' (did you mean '--steps'?), '--stepz' "
+            "(did you mean '--steps'?) (see kiln train --help)");
   auto typed = write_temp("typed.json", R"({"steps": "ten"})");
   EXPECT_TRUE(contains(error_of({"--config", typed}), "key 'steps' must be an integer"));
   auto array = write_temp("array.json", "[1, 2]");
   EXPECT_TRUE(contains(error_of({"--config", array}), "must hold a JSON object"));
-  for (const auto& p : {bad, unknown, typed, array}) std::remove(p.c_str());
+  for (const auto& p : {bad, unknown, many, typed, array}) std::remove(p.c_str());
 }
 
 TEST(Cli, PipelineFlagsAreValidated) {

@@ -1,5 +1,5 @@
 // tests/test_console.cpp -- rank 0's console lines (runtime/observe/console.h): durations, counts, the
-// step line's progress fields, the eval line's perplexity, and the closing summary; and the phase
+// start-up line's layout, the step line's progress fields, the eval line's perplexity, and the closing summary; and the phase
 // timer that times the steps (runtime/observe/phase_timer.h); the stragglers' rule
 // (runtime/observe/stragglers.h).
 #include <chrono>
@@ -35,6 +35,15 @@ TEST(Console, Counts) {
   EXPECT_EQ(human_count(12345), "12.3K");
   EXPECT_EQ(human_count(1.2e6), "1.20M");
   EXPECT_EQ(human_count(3.4e9), "3.40G");
+}
+
+// The start-up line's layout, as kiln plan names it (issue 48, item 12: `--cp 2` printed
+// "dp 1 tp 1 pp 1").
+TEST(Console, LayoutNamesEveryDimensionAboveOne) {
+  EXPECT_EQ(format_layout(4, 1, 1, 1, false, 1), "dp 4 tp 1 pp 1");
+  EXPECT_EQ(format_layout(1, 1, 2, 1, false, 1), "dp 1 cp 2 tp 1 pp 1");
+  EXPECT_EQ(format_layout(4, 2, 1, 1, false, 1), "dp 4 (ep 2) tp 1 pp 1");
+  EXPECT_EQ(format_layout(2, 2, 2, 2, true, 2), "dp 2 (ep 2) cp 2 tp 2 (sp) pp 2");
 }
 
 TEST(Console, StepLineCarriesProgress) {

@@ -14,6 +14,7 @@
 
 #include "data/hf_tokenizer.h"
 #include "data/loader.h"
+#include "data/paths.h"
 #include "data/prefetch.h"
 #include "data/prep.h"
 #include "data/synthetic.h"
@@ -153,6 +154,7 @@ TEST_F(DataTest, MalformedFilesNameThePathAndTheReason) {
   for (int i = 0; i < 1024; ++i) put_le(raw, 1234, 2);
   Bytes tiny = shard_bytes(kShardMagic, 1, 0, 0);
   tiny.resize(100);
+  const std::string text = "The quick brown fox\tjumps over the lazy dog; caf\xc3\xa9.\r\n{\"text\": \"a document\"}\n";
   struct Case { std::string name; Bytes bytes; TokenFormat format; std::string reason; };
   const std::vector<Case> cases = {
       {"raw.bin", raw, TokenFormat::Auto,
@@ -169,6 +171,14 @@ TEST_F(DataTest, MalformedFilesNameThePathAndTheReason) {
       {"tiny.bin", tiny, TokenFormat::Shard, ": size 100 bytes is smaller than the 1024-byte"},
       {"odd.bin", {1, 2, 3}, TokenFormat::Raw, ": size 3 bytes is odd"},
       {"zero.bin", {}, TokenFormat::Raw, ": empty raw token file"},
+      // Text where tokens are read: kiln prep's command (issue 48: it said "bad magic" alone),
+      // by its first bytes or by its name.
+      {"corpus", Bytes(text.begin(), text.end()), TokenFormat::Auto,
+       ": holds text, not tokens (an llm.c shard starts with the magic 20240520): make token shards of it first, kiln prep "
+       "--input " + path("corpus") + " --out " + path("corpus_shards") + ", then train with --data '" + path("corpus_shards") +
+       "/train_*.bin'"},
+      {"notes.jsonl", shard_bytes(7, 1, 0, 0), TokenFormat::Shard, ": holds text, not tokens"},
+      {"hi.txt", {'h', 'i'}, TokenFormat::Auto, ": holds text, not tokens"},
   };
   for (const Case& c : cases) {
     write_bytes(path(c.name), c.bytes);
@@ -451,6 +461,33 @@ TEST_F(DataTest, PrepWritesValThenTrainShards) {
   EXPECT_FALSE(fs::exists(path("noval/val_000000.bin")));
   // A second run into a directory that already holds shards is refused, nothing overwritten.
   expect_data_error([&] { run_prep(cfg); }, {"already holds shards"});
+}
+
+// kiln prep --input DIR: the pattern of what the folder holds, and what that is (issue 48: it
+// suggested '*.txt' for a folder of .jsonl files under folders, and for an empty one).
+TEST_F(DataTest, PrepInputDirectorySuggestsWhatItHolds) {
+  const auto said = [&](const std::string& dir) -> std::string {
+    try {
+      kiln::expand_paths({path(dir)}, "--input");
+    } catch (const DataError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  fs::create_directories(path("flat"));
+  for (const char* f : {"a.jsonl", "b.jsonl", "README.txt", "LICENSE"}) std::ofstream(path(std::string("flat/") + f)) << "{}";
+  std::ofstream(path("flat/.DS_Store")) << "x";  // hidden: not counted
+  EXPECT_EQ(said("flat"), "--input " + path("flat") + " is a directory; pass the files in it, e.g. --input '" + path("flat") +
+                              "/*.jsonl' (quoted, so the shell leaves the pattern to kiln; it holds 2 .jsonl, 1 without an "
+                              "extension, 1 .txt file(s))");
+  fs::create_directories(path("nested/train"));
+  fs::create_directories(path("nested/test"));
+  for (const char* f : {"train/0.jsonl", "train/1.jsonl", "test/0.jsonl"}) std::ofstream(path(std::string("nested/") + f)) << "{}";
+  EXPECT_EQ(said("nested"), "--input " + path("nested") + " is a directory; pass the files in it, e.g. --input '" + path("nested") +
+                                "/*/*.jsonl' (quoted, so the shell leaves the pattern to kiln; it holds no files but folders, "
+                                "which hold 3 .jsonl file(s))");
+  fs::create_directories(path("empty"));
+  EXPECT_EQ(said("empty"), "--input " + path("empty") + " is a directory; it is empty: there is nothing in it to prepare");
 }
 
 TEST_F(DataTest, PrepRejectsBadSettings) {

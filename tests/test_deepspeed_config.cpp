@@ -232,6 +232,20 @@ TEST(DeepSpeed, RefusedWithOneLineNamingTheKey) {
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   }
   EXPECT_TRUE(contains(error_of({"--deepspeed", "/nonexistent/ds.json"}), "cannot open"));
+  // Every unknown key in one line (issue 48: one per run), each with the nearest key or the one
+  // another tool's name stands for; a refusal names the unknown keys found before it too.
+  const std::string many = error_of({"--deepspeed", write_temp("many.json", R"({"gradient_clippin": 1.0, "learning_rate": 3e-4,
+      "zero_optimization": {"stage": 2, "overlap_com": true}, "scheduler": {"type": "WarmupLR", "params": {"warmup_steps": 10}},
+      "max_steps": 100})")});
+  EXPECT_TRUE(contains(many, "5 keys kiln does not know: gradient_clippin (did you mean 'gradient_clipping'?), "
+                             "learning_rate (did you mean 'optimizer.params.lr'?), max_steps (did you mean "
+                             "'scheduler.params.total_num_steps'?), scheduler.params.warmup_steps (did you mean "
+                             "'scheduler.params.warmup_num_steps'?), zero_optimization.overlap_com (did you mean "
+                             "'zero_optimization.overlap_comm'?); remove them")) << many;
+  EXPECT_EQ(many.find('\n'), std::string::npos) << many;
+  const std::string both = error_of({"--deepspeed", write_temp("both.json", R"({"optimizer": {"type": "Lamb", "learning_rate": 1e-3}})")});
+  EXPECT_TRUE(contains(both, "optimizer.type: 'Lamb' is not implemented")) << both;
+  EXPECT_TRUE(contains(both, "; and optimizer.learning_rate: not a key kiln knows (did you mean 'optimizer.params.lr'?)")) << both;
   // Disabled sections and switches left off are fine.
   EXPECT_EQ(error_of({"--deepspeed", write_temp("off.json", R"({"amp": {"enabled": false}, "fp16": {"enabled": false, "loss_scale": 0},
       "communication_data_type": null, "wall_clock_breakdown": false})")}), "");

@@ -54,6 +54,14 @@ std::string format_eval_line(int64_t step, double val_loss, double seconds) {
                        seconds);
 }
 
+std::string format_layout(int dp, int ep, int cp, int tp, bool sp, int pp) {
+  std::string s = strprintf("dp %d", dp);
+  if (ep > 1) s += strprintf(" (ep %d)", ep);
+  if (cp > 1) s += strprintf(" cp %d", cp);
+  s += strprintf(" tp %d%s pp %d", tp, sp ? " (sp)" : "", pp);
+  return s;
+}
+
 std::string format_summary(const nlohmann::json& summary, int64_t tokens_seen) {
   const auto get_int = [&](const char* key) { return summary.value(key, int64_t{0}); };
   // This invocation's steps: start_step + 1 .. end_step. "updates" is the whole run's (a resumed

@@ -13,6 +13,8 @@
 // allocation and kernel selection, is not timed; until a second step exists, its own time). Tokens seen count the whole run
 // (the steps before a resume too: the data position, in sequences, times the sequence length).
 // Perplexity = exp(val loss), the loss being the mean cross-entropy per token in nats.
+// The start-up line's layout names each dimension as kiln plan does (plan/search.h's describe):
+//   kiln: tiny, 1.2M parameters, fp32 on cpu, 8 rank(s) (dp 2 (ep 2) cp 2 tp 2 (sp) pp 1) on ...
 #pragma once
 
 #include <cstdint>
@@ -45,6 +47,10 @@ struct StepLine {
 std::string format_step_line(const StepLine& s);
 
 std::string format_eval_line(int64_t step, double val_loss, double seconds);
+
+// The parallel layout as kiln plan names it: "dp D tp T pp P", with " (ep E)" after dp (carved
+// out of it) and " cp C" after that when they are above 1, and " (sp)" after tp under --sp.
+std::string format_layout(int dp, int ep, int cp, int tp, bool sp, int pp);
 
 // The closing lines, from the run's JSONL summary record and the tokens the run saw.
 std::string format_summary(const nlohmann::json& summary, int64_t tokens_seen);

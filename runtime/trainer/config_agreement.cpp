@@ -30,15 +30,16 @@ std::string flag_of(const std::string& key) {
 
 }  // namespace
 
-nlohmann::json compared_settings(const nlohmann::json& config) {
+nlohmann::json compared_settings(const nlohmann::json& config, const std::string& device_kind) {
   nlohmann::json out = config;
   for (const char* key : {"log_json", "tensorboard"}) out.erase(key);
+  out["device"] = device_kind;
   return out;
 }
 
-std::string config_disagreement(const nlohmann::json& config, Communicator& host) {
+std::string config_disagreement(const nlohmann::json& config, const c10::Device& device, Communicator& host) {
   if (host.size() <= 1) return "";
-  const std::string mine = compared_settings(config).dump();
+  const std::string mine = compared_settings(config, c10::DeviceTypeName(device.type(), /*lower_case=*/true)).dump();
   const uint64_t h = fnv1a(mine);
   int64_t as_signed = 0;
   std::memcpy(&as_signed, &h, sizeof h);

@@ -2,6 +2,8 @@
 #include "runtime/trainer/train_config.h"
 
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "distributed/error.h"
 #include "parallel/pipeline_interleaved.h"
@@ -303,6 +305,48 @@ nlohmann::json TrainConfig::to_json() const {
   put_data_and_optimizer(j);
   put_layout_and_run(j);
   return j;
+}
+
+std::string TrainConfig::model_description() const {
+  GPTConfig base;
+  try {
+    base = GPTConfig::preset(model);
+  } catch (const ConfigError&) {
+    return model;  // not a preset's name: nothing to compare with
+  }
+  using json = nlohmann::json;
+  const GPTConfig& g = gpt;
+  // Every model field a flag sets, in the order of kiln train --help.
+  const std::vector<std::pair<const char*, std::pair<json, json>>> fields = {
+      {"n_layer", {g.n_layer, base.n_layer}},
+      {"n_head", {g.n_head, base.n_head}},
+      // --n-head alone carries n_kv_head with it (launch/cli.cpp): not a change of its own then.
+      {"n_kv_head", {g.n_kv_head, g.n_kv_head == g.n_head && base.n_kv_head == base.n_head ? g.n_kv_head : base.n_kv_head}},
+      {"d_model", {g.d_model, base.d_model}},
+      {"seq_len", {g.seq_len, base.seq_len}},
+      {"vocab_size", {g.vocab_size, base.vocab_size}},
+      {"dropout", {g.dropout, base.dropout}},
+      {"position", {g.position, base.position}},
+      {"rope_theta", {g.rope_theta, base.rope_theta}},
+      {"rope_factor", {g.rope_factor, base.rope_factor}},
+      {"norm", {g.norm, base.norm}},
+      {"norm_eps", {g.layer_norm_eps, base.layer_norm_eps}},
+      {"mlp", {g.mlp, base.mlp}},
+      {"ffn_hidden", {g.ffn_hidden, base.ffn_hidden}},
+      {"bias", {g.bias, base.bias}},
+      {"tie_embeddings", {g.tie_embeddings, base.tie_embeddings}},
+      {"n_experts", {g.n_experts, base.n_experts}},
+      {"top_k", {g.top_k, base.top_k}},
+      {"moe_every", {g.moe_every, base.moe_every}},
+      {"moe_capacity_factor", {g.moe_capacity_factor, base.moe_capacity_factor}},
+  };
+  std::string changed;
+  for (const auto& [name, values] : fields) {
+    if (values.first == values.second) continue;
+    const json& v = values.first;
+    changed += (changed.empty() ? " (with " : ", ") + std::string(name) + " " + (v.is_string() ? v.get<std::string>() : v.dump());
+  }
+  return changed.empty() ? model : model + changed + ")";
 }
 
 namespace {

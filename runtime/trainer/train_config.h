@@ -25,6 +25,9 @@ struct TrainConfig {
   std::string data_format = "auto";    // auto | shard | raw (raw = nanoGPT uint16 .bin)
   std::vector<std::string> val_data;   // evaluation shards; empty = no evaluation
   std::string tokenizer;               // tokenizer.json of the data; empty = the one beside --data (data/tokenizer.h)
+  std::string vocab_from;              // the tokenizer.json gpt.vocab_size was taken from (no --vocab-size given, and
+                                       // the preset's too small for it; launch/cli.cpp); empty: not. Said at start-up
+                                       // only: the record's vocab_size and tokenizer say the rest
   int64_t eval_every = 0;              // steps between evaluations; 0 = only after the last step
   int64_t eval_batches = 8;            // micro-batches per evaluation (0: the validation set once)
   int64_t sample_every = 0;            // steps between printed samples (llm.c's; runtime/inference/generate.h); 0 = none
@@ -123,6 +126,11 @@ struct TrainConfig {
     return pp_schedule != "auto" ? pp_schedule : pp_virtual > 1 ? "interleaved" : "1f1b";
   }
   int64_t resolved_lr_decay_steps() const { return lr_decay_steps > 0 ? lr_decay_steps : steps; }
+
+  // The model as the start-up line names it: the preset, and each of its fields the flags (or a
+  // config file, or the data's tokenizer) changed -- "gpt2-124m (with n_layer 4, seq_len 256)";
+  // the preset's name alone when none did.
+  std::string model_description() const;
 
   // Throws ConfigError with one line naming the first setting that cannot be used.
   void validate() const;

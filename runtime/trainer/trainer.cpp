@@ -169,7 +169,7 @@ void Trainer::build_mesh() {
     // a host group of their own (MPI, no device; its traffic is not the steps' comm_bytes). First
     // of all it checks that every rank has the same settings (runtime/trainer/config_agreement.h).
     r.host_world = make_mpi_communicator(MPI_COMM_WORLD, "host", r.watchdog);
-    const std::string disagreement = config_disagreement(cfg_.to_json(), *r.host_world);
+    const std::string disagreement = config_disagreement(cfg_.to_json(), device, *r.host_world);
     if (!disagreement.empty()) throw ConfigError(disagreement);
     r.backend = choose_backend(cfg_.backend, device, MPI_COMM_WORLD);
     std::shared_ptr<Communicator> world;

@@ -11,6 +11,7 @@
 #include "parallel/pipeline_interleaved.h"
 #include "parallel/pipeline_zero_bubble.h"
 #include "plan/compare.h"
+#include "runtime/observe/console.h"
 #include "runtime/trainer/trainer.h"
 #include "runtime/trainer/trainer_run.h"
 
@@ -117,11 +118,16 @@ void Trainer::print_start_lines() const {
                 cfg_.gpt.moe_capacity_factor > 0 ? ("factor " + json(cfg_.gpt.moe_capacity_factor).dump() + " per sequence").c_str() : "dropless",
                 static_cast<long long>(cfg_.gpt.num_active_params()));
   }
-  std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (dp %d tp %d pp %d) on %d device(s) of %d node(s), %lld tokens/step, %lld steps\n",
-              (cfg_.init_from.empty() ? cfg_.model : "--init-from " + cfg_.init_from).c_str(),
-              static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(),
-              r.dev.name.c_str(), proc_.world_size, r.shape.dp, r.shape.tp, r.shape.pp, r.devices->count(), proc_.nodes,
+  std::printf("kiln: %s, %lld parameters, %s on %s, %d rank(s) (%s) on %d device(s) of %d node(s), %lld tokens/step, %lld steps\n",
+              (cfg_.init_from.empty() ? cfg_.model_description() : "--init-from " + cfg_.init_from).c_str(),
+              static_cast<long long>(cfg_.gpt.num_params()), cfg_.precision.c_str(), r.dev.name.c_str(), proc_.world_size,
+              format_layout(r.shape.dp, r.shape.ep, r.shape.cp, r.shape.tp, cfg_.sp, r.shape.pp).c_str(), r.devices->count(), proc_.nodes,
               static_cast<long long>(r.tokens_per_step), static_cast<long long>(cfg_.steps));
+  if (!cfg_.vocab_from.empty()) {
+    std::printf("kiln: vocab_size %lld from %s (no --vocab-size given, and the %s preset's %lld cannot hold its ids; padded to %lld)\n",
+                static_cast<long long>(cfg_.gpt.vocab_size), cfg_.vocab_from.c_str(), cfg_.model.c_str(),
+                static_cast<long long>(GPTConfig::preset(cfg_.model).vocab_size), static_cast<long long>(cfg_.gpt.padded_vocab_size()));
+  }
   if (!r.resume_notice.empty()) std::printf("kiln: %s\n", r.resume_notice.c_str());
   if (r.save_lock && !r.save_lock->notice().empty()) std::printf("kiln: %s\n", r.save_lock->notice().c_str());
   if (!r.log.moved_to().empty()) {
@@ -154,6 +160,12 @@ void Trainer::print_start_lines() const {
                 "each evaluation repeats samples (--eval-batches 0 reads the set once)\n",
                 static_cast<long long>(r.eval_batches), static_cast<long long>(cfg_.micro_batch),
                 static_cast<long long>(r.eval_batches * cfg_.micro_batch), static_cast<long long>(r.val_samples));
+  }
+  if (cfg_.check_replicas > 0 && r.shape.grad_ranks() == 1) {
+    // Not an error: the same flags may serve the job's larger launches.
+    std::printf("kiln: warning: --check-replicas %lld does nothing with a single replica (dp 1, cp 1): there is no other copy "
+                "of the weights to compare with\n",
+                static_cast<long long>(cfg_.check_replicas));
   }
   if (cfg_.max_wall_time > 0 && cfg_.save_dir.empty()) {
     std::printf("kiln: warning: --max-wall-time stops the run, but without --save-dir nothing is saved to resume from\n");

@@ -13,7 +13,8 @@
 #     fine and logged. A resume with another global batch reads on from the checkpoint's samples.
 #     The data is compared by its files' token counts and fingerprints, not by the --data text.
 #   Settings that do nothing get a warning: --eval-every without --val-data, --save-every without
-#     --save-dir, --warmup as long as --steps or longer.
+#     --save-dir, --warmup as long as --steps or longer, --check-replicas with a single replica; the
+#     start-up line names the preset with the fields changed in it.
 source "$(dirname "$0")/common.sh"
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100)
 
@@ -181,9 +182,10 @@ code=0; "$KILN_BIN" "${D[@]}" --data "$work/dd/train_000001.bin" --save-dir "$wo
 echo "refused: $(cat "$work/err")"
 
 # ---- settings that do nothing
-"$KILN_BIN" "${T[@]}" --steps 3 --warmup 5 --eval-every 2 --save-every 2 >"$work/out"
+"$KILN_BIN" "${T[@]}" --steps 3 --warmup 5 --eval-every 2 --save-every 2 --check-replicas 1 >"$work/out"
 for want in "warning: --eval-every 2 does nothing without --val-data" "warning: --save-every 2 does nothing without --save-dir" \
-            "warning: --warmup 5 is longer than --steps 3"; do
+            "warning: --warmup 5 is longer than --steps 3" "warning: --check-replicas 1 does nothing with a single replica (dp 1, cp 1)" \
+            "kiln: tiny (with dropout 0.1), "; do
   grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "no '$want'"; }
 done
 # ... and a warm-up as long as the run (the default --warmup 20 with --steps 20 said nothing).

@@ -51,7 +51,9 @@ mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --n-kv-head 1 --log-json 
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --precision bf16 --log-json "$work/sp_bf16.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --dropout 0.1 --log-json "$work/tp2_drop.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --sp --dropout 0.1 --log-json "$work/sp_drop.jsonl" >/dev/null
-mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --log-json "$work/cp2.jsonl" >/dev/null
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --log-json "$work/cp2.jsonl" >"$work/cp2.out"
+# The start-up line names cp (it printed "dp 1 tp 1 pp 1"; issue 48, item 12).
+grep -q "2 rank(s) (dp 1 cp 2 tp 1 pp 1)" "$work/cp2.out" || fail "the start-up line leaves out cp: $(grep '^kiln: ' "$work/cp2.out" | head -n 1)"
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --cp 2 --tp 2 --log-json "$work/cp2_tp2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --cp 2 --log-json "$work/cp2_dp2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --cp 2 --zero 1 --log-json "$work/cp2_dp2_z1.jsonl" >/dev/null
