@@ -390,7 +390,7 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
       out.config.resume = "none";
       out.config.save_dir.clear();
       out.config.log_every = 1;
-      apply_init_from(values, out.config);
+      apply_init_from(values, out.config, "--checkpoint");
       out.config.data = out.config.val_data;  // the training data is not read
       out.config.steps = 1;
       out.config.validate();

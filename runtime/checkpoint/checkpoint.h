@@ -165,9 +165,13 @@ struct Resumed {
 // differs from the recorded one, a missing or misshapen tensor: ConfigError or DataError naming
 // the checkpoint and the problem, thrown on every rank together. host_world: the world's host
 // group (nullptr for a world of one). weights_only (`kiln eval`): optimizer.safetensors is neither
-// needed nor read, and the AdamW state stays as built; the rest as above.
+// needed nor read, and the AdamW state stays as built; the rest as above. A tensor that holds NaN
+// or infinity (weights or AdamW state) refuses the checkpoint, naming it (runtime/checkpoint/
+// finite_check.h). `flag`: the command's flag for a checkpoint, which the hints name (--resume;
+// kiln eval's --checkpoint).
 std::optional<Resumed> resume_training(const std::string& resume, const std::string& save_dir, WholeModel& state,
-                                       Communicator* host_world, bool weights_only = false);
+                                       Communicator* host_world, bool weights_only = false,
+                                       const std::string& flag = "--resume");
 
 // Collective over the world. The weights of `dir` only (its model.safetensors in Hugging Face
 // GPT2LMHeadModel's layout: a kiln checkpoint's, or transformers' save_pretrained's) into every
@@ -175,8 +179,11 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
 // and shape first, then reads one tensor at a time and scatters it); AdamW's state is not touched
 // (a fresh optimizer: fine-tuning, --init-from, runtime/checkpoint/init_from.h). The file's position table
 // may be longer than the model's context: its first seq_len rows are taken (nanoGPT's
-// crop_block_size). A kiln checkpoint's model.safetensors is checked against its recorded CRC-32.
-// Problems are a ConfigError or DataError naming the directory, thrown on every rank together.
-CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* host_world);
+// crop_block_size). A kiln checkpoint's model.safetensors is checked against its recorded CRC-32,
+// and every tensor for NaN and infinity (runtime/checkpoint/finite_check.h). Problems are a
+// ConfigError or DataError "<flag> <dir>: ..." (the command's flag for the directory: --init-from,
+// kiln eval's --checkpoint), thrown on every rank together.
+CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* host_world,
+                          const std::string& flag = "--init-from");
 
 }  // namespace kiln

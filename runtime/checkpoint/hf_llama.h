@@ -49,6 +49,8 @@
 
 namespace kiln {
 
+class NonFiniteTensors;  // runtime/checkpoint/finite_check.h
+
 // Whether config.json's model_type is one of the family's (llama, mistral, qwen2) -- or mixtral,
 // which hf_llama_config refuses with its own line.
 bool is_hf_llama_family(const nlohmann::json& config);
@@ -70,6 +72,8 @@ class HfWeightFiles {
   bool contains(const std::string& name) const { return where_.count(name) > 0; }
   const TensorSpec& spec(const std::string& name) const;
   at::Tensor read(const std::string& name) const;
+  // The name (within the directory) of the file that holds tensor `name`.
+  std::string file_of(const std::string& name) const;
   int64_t bytes() const { return bytes_; }
 
  private:
@@ -84,9 +88,10 @@ class HfWeightFiles {
 void match_hf_llama(const GPTConfig& cfg, const HfWeightFiles& files);
 
 // Kiln parameter `kiln_name` (whole, `shape`) from its sources: fp32, rows concatenated, the
-// vocabulary's padding rows zero.
+// vocabulary's padding rows zero. Each source that is not finite is noted in `bad`
+// (runtime/checkpoint/finite_check.h).
 at::Tensor read_hf_llama(const HfWeightFiles& files, const std::string& kiln_name, const std::vector<std::string>& sources,
-                         const std::vector<int64_t>& shape);
+                         const std::vector<int64_t>& shape, NonFiniteTensors& bad);
 
 // ---- out: kiln's checkpoints of the family, in the same layout (runtime/checkpoint/checkpoint.h)
 // One Hugging Face tensor of a kiln parameter: its name and shape, and the rows [row, row + rows)

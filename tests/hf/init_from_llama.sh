@@ -18,7 +18,9 @@
 # Mixtral's router jitter, a rope type kiln lacks (yarn), attention biases without MLP ones, a layer count the
 # files do not hold (3, and 1e9: bounded by the files before anything is built), an unexpected
 # tensor, a misshapen one; and an index naming a shard outside the directory (a corrupt
-# file: exit 3, as for kiln's own).
+# file: exit 3, as for kiln's own), and weights that hold NaN or infinity (exit 3, naming the
+# tensor and its shard: --init-from on 2 ranks, kiln eval, kiln sample). kiln eval and kiln sample
+# name their own flag, --checkpoint, in their errors on such a directory (they said --init-from).
 # Skipped (exit 77) when KILN_PYTHON cannot import transformers and safetensors.
 set -euo pipefail
 : "${KILN_BIN:?KILN_BIN must point at the kiln binary}"
@@ -190,4 +192,26 @@ refused wide "tensor 'model.layers.0.mlp.gate_proj.weight' has shape \\[176, 64\
 cp -r llama_sharded escape
 "$py" -c "import json; p = 'escape/model.safetensors.index.json'; j = json.load(open(p)); k = next(iter(j['weight_map'])); j['weight_map'][k] = '../x.safetensors'; json.dump(j, open(p, 'w'))"
 refused escape "maps to \"../x.safetensors\", not a file name of the directory" 3  # a corrupt file: exit 3
+# kiln eval and kiln sample on such a directory: their own flag in the error.
+code=0; "$KILN_BIN" eval --checkpoint yarn --val-data data.bin --device cpu >/dev/null 2>err.txt || code=$?
+[ "$code" -eq 2 ] && grep -q "^kiln: error: --checkpoint yarn: config.json's 'rope_parameters' has rope_type" err.txt || { cat err.txt; fail "eval yarn"; }
+code=0; "$KILN_BIN" sample --checkpoint yarn --device cpu >/dev/null 2>err.txt || code=$?
+[ "$code" -eq 2 ] && grep -q "^kiln: error: --checkpoint yarn: config.json's 'rope_parameters' has rope_type" err.txt || { cat err.txt; fail "sample yarn"; }
+echo "refused (kiln eval, kiln sample): $(grep 'kiln: error' err.txt)"
+# Weights that hold NaN or infinity: refused at load, naming the tensor and its file.
+cp -r llama_sharded nan_sharded
+shard=$(python3 "$here/../cli/plant_nonfinite.py" nan_sharded model.layers.1.mlp.up_proj.weight | cut -d' ' -f1)
+code=0; mpi 2 "${train[@]}" --init-from nan_sharded --micro-batch 4 --zero 3 >/dev/null 2>err.txt || code=$?
+[ "$code" -eq 3 ] && [ "$(grep -c 'kiln: error' err.txt)" -eq 1 ] &&
+  grep -q "kiln: error: --init-from nan_sharded: tensor 'model.layers.1.mlp.up_proj.weight' of $shard holds NaN or infinity" err.txt ||
+  { cat err.txt; fail "NaN in a shard, 2 ranks"; }
+echo "refused (2 ranks): $(grep 'kiln: error' err.txt)"
+code=0; "$KILN_BIN" eval --checkpoint nan_sharded --val-data data.bin --device cpu >/dev/null 2>err.txt || code=$?
+[ "$code" -eq 3 ] && grep -q "^kiln: error: --checkpoint nan_sharded: tensor 'model.layers.1.mlp.up_proj.weight' of $shard holds NaN" err.txt ||
+  { cat err.txt; fail "eval: NaN in a shard"; }
+cp -r llama nan_llama && python3 "$here/../cli/plant_nonfinite.py" nan_llama model.norm.weight inf >/dev/null
+code=0; "$KILN_BIN" sample --checkpoint nan_llama --device cpu >/dev/null 2>err.txt || code=$?
+[ "$code" -eq 3 ] && [ "$(wc -l <err.txt)" -eq 1 ] && grep -q "^kiln: error: kiln sample: nan_llama: tensor 'model.norm.weight' of model.safetensors holds NaN" err.txt ||
+  { cat err.txt; fail "sample: infinity in the weights"; }
+echo "refused (kiln sample): $(cat err.txt)"
 echo PASS
