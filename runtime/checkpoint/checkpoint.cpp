@@ -372,13 +372,13 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
   }
   if (writer_) maybe_crash_in_save(saves_, "weights");
   if (writer_ && !cfg.gpt2_architecture()) {
-    write_synced(tmp + "/config.json", hf_llama_config_json(cfg, eot_, ends_).dump(2) + "\n");
+    write_synced(tmp + "/config.json", hf_llama_config_json(cfg, eot_, ends_, eot_text_).dump(2) + "\n");
     files["config.json"] = crc32_file(tmp + "/config.json");
     write_synced(tmp + "/generation_config.json", hf_llama_generation_config(cfg, eot_, ends_).dump(2) + "\n");
     files["generation_config.json"] = crc32_file(tmp + "/generation_config.json");
   }
   if (writer_ && hf_gpt2_compatible(cfg)) {
-    write_synced(tmp + "/config.json", hf_gpt2_config(cfg, eot_).dump(2) + "\n");
+    write_synced(tmp + "/config.json", hf_gpt2_config(cfg, eot_, eot_text_).dump(2) + "\n");
     files["config.json"] = crc32_file(tmp + "/config.json");
     write_synced(tmp + "/generation_config.json", hf_generation_config(cfg, eot_).dump(2) + "\n");
     files["generation_config.json"] = crc32_file(tmp + "/generation_config.json");

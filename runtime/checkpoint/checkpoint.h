@@ -104,17 +104,20 @@ class Checkpointer {
   // and its end-of-text id `eot`, config.json's bos/eos; `ends`, the ids a sample ends at where
   // they are not eot (Llama 3's: <|end_of_text|>, <|eot_id|>, after documents opened by
   // <|begin_of_text|>), the Llama family's eos. Not called: no such files, and bos = eos =
-  // vocab_size - 1.
-  void set_tokenizer(std::map<std::string, std::string> files, int64_t eot, std::vector<int64_t> ends = {}) {
+  // vocab_size - 1. `eot_text`: eot's token as text (Tokenizer::eot_text), config.json's "prefix".
+  void set_tokenizer(std::map<std::string, std::string> files, int64_t eot, std::vector<int64_t> ends = {},
+                     std::string eot_text = "") {
     tokenizer_files_ = std::move(files);
     eot_ = eot;
     ends_ = std::move(ends);
+    eot_text_ = std::move(eot_text);
   }
 
  private:
   std::map<std::string, std::string> tokenizer_files_;
   int64_t eot_ = -1;
   std::vector<int64_t> ends_;  // empty: eot
+  std::string eot_text_;       // empty: no prefix
   std::string dir_;
   int64_t keep_last_;
   int64_t best_step_ = -1;  // kept by retention

@@ -346,11 +346,12 @@ json eos_ids(int64_t eot, const std::vector<int64_t>& ends) {
 }  // namespace
 
 json hf_llama_generation_config(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends) {
+  // pad: generate() warns on every call without one (and takes eos for it).
   return json{{"bos_token_id", eot >= 0 ? json(eot) : json(nullptr)}, {"eos_token_id", eos_ids(eot, ends)},
-              {"max_length", cfg.seq_len}};
+              {"pad_token_id", eot >= 0 ? json(eot) : json(nullptr)}, {"max_new_tokens", hf_max_new_tokens(cfg)}};
 }
 
-json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends) {
+json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends, const std::string& prefix) {
   const bool qwen2 = cfg.bias == "qkv";
   json rope{{"rope_type", cfg.rope_factor != 0.0 ? "llama3" : "default"}, {"rope_theta", cfg.rope_theta}};
   json scaling = nullptr;
@@ -383,6 +384,9 @@ json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<i
          {"attention_dropout", 0.0},
          {"bos_token_id", eot >= 0 ? json(eot) : json(nullptr)},
          {"eos_token_id", eos_ids(eot, ends)},
+         // transformers' text-generation pipeline puts prefix before the prompt, as kiln sample
+         // puts the document token: without it their greedy texts differed.
+         {"prefix", prefix.empty() ? json(nullptr) : json(prefix)},
          {"dtype", "float32"},
          {"torch_dtype", "float32"}};
   if (mixtral) {

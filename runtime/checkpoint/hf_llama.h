@@ -111,9 +111,13 @@ at::Tensor hf_rows_view(const at::Tensor& whole);
 // (rope_parameters) and 4.x's (rope_theta, rope_scaling), tie_word_embeddings, the biases, bos =
 // `eot` (the token that opens documents; -1: none) and eos = `ends` (the ids kiln sample ends at:
 // Llama 3's <|end_of_text|> and <|eot_id|>, a list where there are several; empty: eot), dtype
-// float32.
-nlohmann::json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends = {});
-// Its generation_config.json: bos, eos (as config.json's) and max_length = the context.
+// float32, and "prefix": `prefix` (null when empty): the document token as text
+// (Tokenizer::eot_text: Llama 3's "<|begin_of_text|>"), which transformers' text-generation
+// pipeline puts before every prompt, as kiln sample does (hf_gpt2_config's, for the family).
+nlohmann::json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends = {},
+                                    const std::string& prefix = "");
+// Its generation_config.json: bos, eos (as config.json's), pad = bos, and max_new_tokens
+// (runtime/checkpoint/hf_gpt2.h: hf_max_new_tokens).
 nlohmann::json hf_llama_generation_config(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends = {});
 
 // Tensors of these byte sizes (in order) into shards as save_pretrained makes them: a new shard

@@ -439,7 +439,7 @@ void Trainer::load_checkpoint() {
   }
   if (!cfg_.save_dir.empty()) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last, proc_.rank == 0);
   if (r.checkpointer && r.tokenizer) r.checkpointer->set_tokenizer(tokenizer_files(*r.tokenizer, cfg_.gpt.seq_len), r.tokenizer->eot(),
-                                                                  r.tokenizer->end_tokens());
+                                                                  r.tokenizer->end_tokens(), r.tokenizer->eot_text());
   // --async-save (runtime/checkpoint/async_save.h): the background thread's gathers go over MPI twins
   // of the mesh and the world, with a watchdog of their own at --save-timeout.
   if (r.checkpointer && cfg_.async_save && !evaluating_) {
