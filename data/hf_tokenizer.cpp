@@ -125,7 +125,10 @@ BpeTokenizer::BpeTokenizer(std::string path, std::string json_text) : path_(std:
   if (eot_ < 0) {
     if (auto it = model["vocab"].find(kEotToken); it != model["vocab"].end()) eot_ = it->get<int64_t>();
   }
-  if (eot_ < 0 && special_ids.count("<|begin_of_text|>")) eot_ = special_ids["<|begin_of_text|>"];  // Llama 3's BOS
+  if (eot_ < 0 && special_ids.count("<|begin_of_text|>")) {  // Llama 3's BOS
+    eot_ = special_ids["<|begin_of_text|>"];
+    eot_text_ = "<|begin_of_text|>";
+  }
   if (eot_ < 0) {
     throw ConfigError(where + ": the tokenizer has no " + std::string(kEotToken) +
                       " token (nor Llama 3's <|begin_of_text|>; kiln puts it before every document)");
@@ -211,9 +214,9 @@ std::string byte_level_tokenizer_json() {
 
 std::map<std::string, std::string> tokenizer_files(const Tokenizer& tok, int64_t model_max_length) {
   const ordered_json config{{"tokenizer_class", "PreTrainedTokenizerFast"},
-                            {"bos_token", kEotToken},
-                            {"eos_token", kEotToken},
-                            {"unk_token", kEotToken},
+                            {"bos_token", tok.eot_text()},
+                            {"eos_token", tok.eot_text()},
+                            {"unk_token", tok.eot_text()},
                             {"model_max_length", model_max_length},
                             {"add_prefix_space", false},
                             {"clean_up_tokenization_spaces", false}};

@@ -14,6 +14,7 @@ namespace kiln {
 
 int64_t ByteTokenizer::vocab_size() const { return kByteVocab; }
 int64_t ByteTokenizer::eot() const { return kByteEot; }
+std::string Tokenizer::eot_text() const { return kEotToken; }
 
 std::vector<int64_t> ByteTokenizer::encode(const std::string& text) const {
   std::vector<int64_t> ids;

@@ -23,6 +23,9 @@ class Tokenizer {
   // Ids are in [0, vocab_size()); a model's vocabulary must hold them all.
   virtual int64_t vocab_size() const = 0;
   virtual int64_t eot() const = 0;  // end-of-text: precedes every document in the training data
+  // eot's token as text ("<|endoftext|>"; Llama 3's "<|begin_of_text|>"): the prefix transformers'
+  // text-generation pipeline puts before a prompt, as kiln sample puts eot (config.json's "prefix").
+  virtual std::string eot_text() const;
   // The ids that end a sampled text: eot, and a tokenizer's own ends where its documents are
   // opened by another token (Llama 3: <|end_of_text|>, <|eot_id|>).
   virtual std::vector<int64_t> end_tokens() const { return {eot()}; }

@@ -123,7 +123,7 @@ const std::vector<Flag>& train_flags() {
       {"pp", Kind::Int, "pipeline-parallel size (1F1B; --grad-accum micro-batches per step)", field(&TrainConfig::pp)},
       {"pp-split", Kind::String, "blocks per pipeline stage, e.g. 4,4,3 (default: balanced by count, extras to the middle stages); per virtual stage under --pp-virtual", field(&TrainConfig::pp_split)},
       {"pp-virtual", Kind::Int, "model chunks a pipeline rank holds (interleaved 1F1B: the bubble shrinks V-fold; --grad-accum a multiple of --pp)", field(&TrainConfig::pp_virtual)},
-      {"pp-schedule", Kind::String, "auto | 1f1b | interleaved | zb-h1 (auto: interleaved when --pp-virtual > 1, else 1f1b; zb-h1: each backward split in input and weight passes, a third of 1F1B's bubble)", field(&TrainConfig::pp_schedule)},
+      {"pp-schedule", Kind::String, "auto | 1f1b | interleaved | zb-h1 (default auto: interleaved when --pp-virtual > 1, else 1f1b; zb-h1: each backward split in input and weight passes, a third of 1F1B's bubble)", field(&TrainConfig::pp_schedule)},
       {"zero", Kind::Int, "ZeRO stage 0-3", field(&TrainConfig::zero)},
       {"offload", Kind::String, "none | optimizer (ZeRO 1-3) | all (ZeRO-3): optimizer state and step on the host; all: parameters too", field(&TrainConfig::offload)},
       {"zero-accum", Kind::String, "reduce | local: ZeRO-2/3 with --grad-accum > 1 reduce-scatters every micro-step, or accumulates a full local buffer and reduces once", field(&TrainConfig::zero_accum)},
@@ -155,7 +155,7 @@ const std::vector<Flag>& train_flags() {
       {"keep-best", Kind::Bool, "save a checkpoint at every new lowest val loss, name it in --save-dir's 'best', and never delete it", field(&TrainConfig::keep_best)},
       {"early-stop", Kind::Int, "end the run after N evaluations without a lower val loss (0: never)", field(&TrainConfig::early_stop)},
       {"resume", Kind::String, "auto (latest in --save-dir, if any) | none | PATH (a checkpoint or a save dir)", field(&TrainConfig::resume)},
-      {"init-from", Kind::String, "start from the weights of DIR (Hugging Face GPT-2 or kiln checkpoint; shape from its config.json), fresh optimizer, step 0", field(&TrainConfig::init_from)},
+      {"init-from", Kind::String, "start from the weights of DIR (a Hugging Face GPT-2, Llama, Mistral, Qwen2 or Mixtral directory, or a kiln checkpoint; the shape from its config.json), fresh optimizer, step 0", field(&TrainConfig::init_from)},
       {"log-json", Kind::String, "JSONL log file (rank 0)", field(&TrainConfig::log_json)},
       {"tensorboard", Kind::String, "TensorBoard directory: the log's scalars as an event file (rank 0)", field(&TrainConfig::tensorboard)},
       {"log-every", Kind::Int, "console line every N steps", field(&TrainConfig::log_every)},
@@ -463,7 +463,7 @@ TrainArgs parse_eval_args(const std::vector<std::string>& args) {
       out.config.resume = "none";
       out.config.save_dir.clear();
       out.config.log_every = 1;
-      apply_init_from(values, out.config);
+      apply_init_from(values, out.config, "--checkpoint");
       out.config.data = out.config.val_data;  // the training data is not read
       out.config.steps = 1;
       out.config.validate();

@@ -321,6 +321,19 @@ TEST(Cli, Help) {
   EXPECT_TRUE(contains(args.help_text, "--micro-batch"));
 }
 
+// The help says what the code does (issue 48): --pp-schedule's default is auto (its record, the
+// resolved 1f1b, was shown as the default), and --init-from takes the Llama family's directories.
+TEST(Cli, HelpStatesTheDefaultsAndInputsTheCodeHas) {
+  std::string text;  // the help with its line wrapping undone
+  for (const char c : parse_train_args({"--help"}).help_text)
+    if (!std::isspace(static_cast<unsigned char>(c)) || (!text.empty() && text.back() != ' ')) text += std::isspace(static_cast<unsigned char>(c)) ? ' ' : c;
+  const auto entry = [&](const std::string& flag) { return text.substr(text.find(flag + " arg"), 400); };
+  EXPECT_EQ(kiln::TrainConfig().pp_schedule, "auto");
+  EXPECT_TRUE(contains(entry("--pp-schedule"), "default auto")) << entry("--pp-schedule");
+  EXPECT_FALSE(contains(entry("--pp-schedule"), "(default: 1f1b)")) << entry("--pp-schedule");
+  EXPECT_TRUE(contains(entry("--init-from"), "Llama, Mistral, Qwen2 or Mixtral")) << entry("--init-from");
+}
+
 TEST(Metrics, FlopsPerTokenFollowsPaLMConvention) {
   // gpt2-124m: N = 124,475,904 - 1024*768 = 123,689,472; 6N + 12*12*768*1024 = 855,383,040.
   EXPECT_DOUBLE_EQ(kiln::flops_per_token(kiln::GPTConfig::preset("gpt2-124m")), 855383040.0);

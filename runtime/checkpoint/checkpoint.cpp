@@ -27,6 +27,7 @@
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/hf_gpt2.h"
 #include "runtime/checkpoint/checkpoint_files.h"
+#include "runtime/checkpoint/finite_check.h"
 #include "runtime/checkpoint/hf_llama.h"
 #include "runtime/checkpoint/hf_llama_weights.h"
 #include "runtime/checkpoint/safetensors.h"
@@ -146,8 +147,9 @@ struct OpenCheckpoint {
 };
 
 // "; older checkpoints beside it: step_A, step_B (--resume DIR/step_B)" for the complete
-// checkpoints of dir's save directory before dir's step, or "".
-std::string older_checkpoints(const std::string& dir) {
+// checkpoints of dir's save directory before dir's step, or "". `flag`: the command's own flag
+// for a checkpoint (--resume; kiln eval's --checkpoint).
+std::string older_checkpoints(const std::string& dir, const std::string& flag) {
   const fs::path p(dir);
   const std::string parent = p.parent_path().string().empty() ? "." : p.parent_path().string();
   const std::string name = p.filename().string();
@@ -160,10 +162,11 @@ std::string older_checkpoints(const std::string& dir) {
     newest = parent + "/" + step_name(step);
   }
   if (list.empty()) return "; no older checkpoint beside it";
-  return "; older checkpoints beside it: " + list + " (--resume " + newest + ")";
+  return "; older checkpoints beside it: " + list + " (" + flag + " " + newest + ")";
 }
 
-OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, const GPTConfig& cfg, bool weights_only) {
+OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, const GPTConfig& cfg, bool weights_only,
+                               const std::string& flag) {
   const std::string where = "checkpoint " + dir;
   const std::string state_path = dir + "/trainer_state.json";
   if (!fs::exists(state_path)) throw ConfigError(where + ": no trainer_state.json (not a kiln checkpoint, or an incomplete one)");
@@ -193,7 +196,7 @@ OpenCheckpoint open_checkpoint(const std::string& dir, const WholeModel& whole, 
   // Every file against the CRC-32 recorded when it was written (read through, a buffer at a time).
   c.bytes = check_recorded_files(
       dir, c.state.at("files"), where, [&](const std::string& f) { return !(weights_only && f == "optimizer.safetensors"); },
-      [](const std::string&) { return false; }, older_checkpoints(dir));
+      [](const std::string&) { return false; }, older_checkpoints(dir, flag));
   // Every tensor there, with its shape, before anything is loaded.
   try {
     if (!cfg.gpt2_architecture()) {  // transformers' Llama layout, one file or shards
@@ -259,14 +262,18 @@ at::Tensor read_weight(const SafetensorsReader& file, const std::string& file_na
   return whole;
 }
 
-// The weights, one tensor at a time: rank 0 reads each from `file` (its tensor names[kiln name])
-// and every rank keeps its part. `file` is used on rank 0 only.
+// The weights, one tensor at a time: rank 0 reads each from `file` (its tensor names[kiln name]),
+// notes the first that is not finite in `bad`, and every rank keeps its part. `file` is used on
+// rank 0 only.
 void stream_weights(WholeModel& state, const SafetensorsReader* file, const std::map<std::string, std::string>& names,
-                    PeakTracker& peak) {
+                    PeakTracker& peak, NonFiniteTensors& bad) {
   at::Tensor scratch;
   for (const auto& [pname, shape] : state.params()) {
     at::Tensor whole;
-    if (state.writer()) whole = read_weight(*file, names.at(pname), pname, shape, state.config(), scratch);
+    if (state.writer()) {
+      whole = read_weight(*file, names.at(pname), pname, shape, state.config(), scratch);
+      bad.note(whole, "model.safetensors", names.at(pname));
+    }
     peak.sample();
     state.scatter(pname, CheckpointPart::Param, whole);
   }
@@ -365,13 +372,13 @@ std::string Checkpointer::save(WholeModel& state, const TrainProgress& progress,
   }
   if (writer_) maybe_crash_in_save(saves_, "weights");
   if (writer_ && !cfg.gpt2_architecture()) {
-    write_synced(tmp + "/config.json", hf_llama_config_json(cfg, eot_, ends_).dump(2) + "\n");
+    write_synced(tmp + "/config.json", hf_llama_config_json(cfg, eot_, ends_, eot_text_).dump(2) + "\n");
     files["config.json"] = crc32_file(tmp + "/config.json");
     write_synced(tmp + "/generation_config.json", hf_llama_generation_config(cfg, eot_, ends_).dump(2) + "\n");
     files["generation_config.json"] = crc32_file(tmp + "/generation_config.json");
   }
   if (writer_ && hf_gpt2_compatible(cfg)) {
-    write_synced(tmp + "/config.json", hf_gpt2_config(cfg, eot_).dump(2) + "\n");
+    write_synced(tmp + "/config.json", hf_gpt2_config(cfg, eot_, eot_text_).dump(2) + "\n");
     files["config.json"] = crc32_file(tmp + "/config.json");
     write_synced(tmp + "/generation_config.json", hf_generation_config(cfg, eot_).dump(2) + "\n");
     files["generation_config.json"] = crc32_file(tmp + "/generation_config.json");
@@ -547,7 +554,7 @@ std::string resolve_resume(const std::string& resume, const std::string& save_di
 }
 
 std::optional<Resumed> resume_training(const std::string& resume, const std::string& save_dir, WholeModel& state,
-                                       Communicator* world, bool weights_only) {
+                                       Communicator* world, bool weights_only, const std::string& flag) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool root = state.writer();
   const GPTConfig& cfg = state.config();
@@ -562,7 +569,7 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
       if (dir.empty()) {
         verdict = "F";
       } else {
-        c = open_checkpoint(dir, state, cfg, weights_only);
+        c = open_checkpoint(dir, state, cfg, weights_only, flag);
         verdict = "L" + dir;
       }
     } catch (const ConfigError& e) {
@@ -580,9 +587,11 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   if (kind == 'F') return std::nullopt;
   json st = multi ? json::parse(broadcast_string(*world, root ? c.state.dump() : std::string())) : c.state;
 
-  // The tensors, one at a time: rank 0 reads each and every rank keeps its part.
-  if (!state.config().gpt2_architecture()) stream_hf_llama(state, c.llama.get(), peak);
-  else stream_weights(state, c.model.get(), c.model_names, peak);
+  // The tensors, one at a time: rank 0 reads each and every rank keeps its part; a tensor that is
+  // not finite refuses the checkpoint once all are streamed (runtime/checkpoint/finite_check.h).
+  NonFiniteTensors bad;
+  if (!state.config().gpt2_architecture()) stream_hf_llama(state, c.llama.get(), peak, bad);
+  else stream_weights(state, c.model.get(), c.model_names, peak, bad);
   for (const auto& [pname, shape] : state.params()) {
     if (weights_only) break;  // kiln eval: AdamW's state is not needed
     for (const auto& [prefix, part] : kOptimizerParts) {
@@ -595,11 +604,13 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
         } else {
           whole = c.optimizer->read(key).to(at::kFloat);
         }
+        bad.note(whole, "optimizer.safetensors", key);
       }
       peak.sample();
       state.scatter(pname, part, whole);
     }
   }
+  bad.decide(world, "checkpoint " + rest);
   Resumed r;
   r.dir = rest;
   r.notice = notice;
@@ -616,11 +627,11 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
   return r;
 }
 
-CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* world) {
+CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* world, const std::string& flag) {
   const auto t0 = std::chrono::steady_clock::now();
   // The Llama family's weights are in transformers' layout, in its directories and kiln's alike.
-  if (!state.config().gpt2_architecture()) return load_hf_llama_weights(dir, state, world);
-  const std::string where = "--init-from " + dir;
+  if (!state.config().gpt2_architecture()) return load_hf_llama_weights(dir, state, world, flag);
+  const std::string where = flag + " " + dir;
   PeakTracker peak;
   std::unique_ptr<SafetensorsReader> file;
   std::map<std::string, std::string> names;
@@ -654,7 +665,9 @@ CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicato
     }
     io.bytes = static_cast<int64_t>(fs::file_size(path));
   });
-  stream_weights(state, file.get(), names, peak);
+  NonFiniteTensors bad;
+  stream_weights(state, file.get(), names, peak, bad);
+  bad.decide(world, where);
   io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   io.peak_extra_bytes = peak.peak;
   return io;

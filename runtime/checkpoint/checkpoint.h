@@ -105,17 +105,20 @@ class Checkpointer {
   // and its end-of-text id `eot`, config.json's bos/eos; `ends`, the ids a sample ends at where
   // they are not eot (Llama 3's: <|end_of_text|>, <|eot_id|>, after documents opened by
   // <|begin_of_text|>), the Llama family's eos. Not called: no such files, and bos = eos =
-  // vocab_size - 1.
-  void set_tokenizer(std::map<std::string, std::string> files, int64_t eot, std::vector<int64_t> ends = {}) {
+  // vocab_size - 1. `eot_text`: eot's token as text (Tokenizer::eot_text), config.json's "prefix".
+  void set_tokenizer(std::map<std::string, std::string> files, int64_t eot, std::vector<int64_t> ends = {},
+                     std::string eot_text = "") {
     tokenizer_files_ = std::move(files);
     eot_ = eot;
     ends_ = std::move(ends);
+    eot_text_ = std::move(eot_text);
   }
 
  private:
   std::map<std::string, std::string> tokenizer_files_;
   int64_t eot_ = -1;
   std::vector<int64_t> ends_;  // empty: eot
+  std::string eot_text_;       // empty: no prefix
   std::string dir_;
   int64_t keep_last_;
   int64_t best_step_ = -1;  // kept by retention
@@ -166,9 +169,13 @@ struct Resumed {
 // differs from the recorded one, a missing or misshapen tensor: ConfigError or DataError naming
 // the checkpoint and the problem, thrown on every rank together. host_world: the world's host
 // group (nullptr for a world of one). weights_only (`kiln eval`): optimizer.safetensors is neither
-// needed nor read, and the AdamW state stays as built; the rest as above.
+// needed nor read, and the AdamW state stays as built; the rest as above. A tensor that holds NaN
+// or infinity (weights or AdamW state) refuses the checkpoint, naming it (runtime/checkpoint/
+// finite_check.h). `flag`: the command's flag for a checkpoint, which the hints name (--resume;
+// kiln eval's --checkpoint).
 std::optional<Resumed> resume_training(const std::string& resume, const std::string& save_dir, WholeModel& state,
-                                       Communicator* host_world, bool weights_only = false);
+                                       Communicator* host_world, bool weights_only = false,
+                                       const std::string& flag = "--resume");
 
 // Collective over the world. The weights of `dir` only (its model.safetensors in Hugging Face
 // GPT2LMHeadModel's layout: a kiln checkpoint's, or transformers' save_pretrained's) into every
@@ -176,8 +183,11 @@ std::optional<Resumed> resume_training(const std::string& resume, const std::str
 // and shape first, then reads one tensor at a time and scatters it); AdamW's state is not touched
 // (a fresh optimizer: fine-tuning, --init-from, runtime/checkpoint/init_from.h). The file's position table
 // may be longer than the model's context: its first seq_len rows are taken (nanoGPT's
-// crop_block_size). A kiln checkpoint's model.safetensors is checked against its recorded CRC-32.
-// Problems are a ConfigError or DataError naming the directory, thrown on every rank together.
-CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* host_world);
+// crop_block_size). A kiln checkpoint's model.safetensors is checked against its recorded CRC-32,
+// and every tensor for NaN and infinity (runtime/checkpoint/finite_check.h). Problems are a
+// ConfigError or DataError "<flag> <dir>: ..." (the command's flag for the directory: --init-from,
+// kiln eval's --checkpoint), thrown on every rank together.
+CheckpointIo load_weights(const std::string& dir, WholeModel& state, Communicator* host_world,
+                          const std::string& flag = "--init-from");
 
 }  // namespace kiln

@@ -1,12 +1,12 @@
 // runtime/checkpoint/hf_gpt2.cpp -- the kiln <-> GPT2LMHeadModel weight mapping and config.json.
 #include "runtime/checkpoint/hf_gpt2.h"
 
+#include <algorithm>
 #include <set>
 #include <vector>
 
 #include <ATen/ATen.h>
 
-#include "data/hf_tokenizer.h"
 #include "distributed/error.h"
 
 namespace kiln {
@@ -196,7 +196,7 @@ bool hf_gpt2_compatible(const GPTConfig& cfg) {
   return cfg.n_kv_head == cfg.n_head && !cfg.is_moe() && cfg.gpt2_architecture();
 }
 
-nlohmann::json hf_gpt2_config(const GPTConfig& cfg, int64_t eot) {
+nlohmann::json hf_gpt2_config(const GPTConfig& cfg, int64_t eot, const std::string& prefix) {
   if (cfg.is_moe()) {
     throw ConfigError("GPT2LMHeadModel has no Mixture-of-Experts layers (" + std::to_string(cfg.n_experts) +
                       " experts): no config.json for this model (its checkpoint holds the experts under kiln's names)");
@@ -235,18 +235,17 @@ nlohmann::json hf_gpt2_config(const GPTConfig& cfg, int64_t eot) {
       {"eos_token_id", eos},
       // transformers' text-generation pipeline puts config.prefix before the prompt: the context
       // kiln sample gives the model (end-of-text, then the prompt), so the two continue alike.
-      {"prefix", eot >= 0 ? nlohmann::json(kEotToken) : nlohmann::json(nullptr)},
+      {"prefix", prefix.empty() ? nlohmann::json(nullptr) : nlohmann::json(prefix)},
       {"torch_dtype", "float32"},
       {"dtype", "float32"},
   };
 }
 
+int64_t hf_max_new_tokens(const GPTConfig& cfg) { return std::min<int64_t>(256, std::max<int64_t>(1, cfg.seq_len / 4)); }
+
 nlohmann::json hf_generation_config(const GPTConfig& cfg, int64_t eot) {
   const int64_t eos = eot >= 0 ? eot : cfg.vocab_size - 1;
-  // With a tokenizer, config.json's prefix puts end-of-text before the prompt (one token), and the
-  // pipeline adds the prefix's length to max_length: the context less one keeps the total within it.
-  return nlohmann::json{{"bos_token_id", eos}, {"eos_token_id", eos}, {"pad_token_id", eos},
-                        {"max_length", eot >= 0 ? cfg.seq_len - 1 : cfg.seq_len}};
+  return nlohmann::json{{"bos_token_id", eos}, {"eos_token_id", eos}, {"pad_token_id", eos}, {"max_new_tokens", hf_max_new_tokens(cfg)}};
 }
 
 }  // namespace kiln

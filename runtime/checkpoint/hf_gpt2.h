@@ -90,15 +90,21 @@ bool hf_gpt2_compatible(const GPTConfig& cfg);
 // real vocabulary), layer_norm_epsilon, activation_function "gelu_new" (GELU, tanh approximation),
 // resid/embd/attn_pdrop = dropout, tie_word_embeddings true, bos = eos = `eot` (the tokenizer's
 // end-of-text id, which the checkpoint's tokenizer.json holds; -1: vocab_size - 1, which is 50256
-// for GPT-2's vocabulary), torch_dtype / dtype float32. Throws ConfigError for a grouped-query
-// model (see hf_gpt2_compatible), which GPT2LMHeadModel cannot load.
-nlohmann::json hf_gpt2_config(const GPTConfig& cfg, int64_t eot = -1);
-// With a tokenizer (eot >= 0) config.json also has "prefix": "<|endoftext|>", which transformers'
-// text-generation pipeline puts before every prompt, as kiln sample does (null without one).
+// for GPT-2's vocabulary), torch_dtype / dtype float32, and "prefix": `prefix` (null when empty):
+// with a tokenizer, its end-of-text token as text (Tokenizer::eot_text, "<|endoftext|>"), which
+// transformers' text-generation pipeline puts before every prompt, as kiln sample puts eot. Throws
+// ConfigError for a grouped-query model (see hf_gpt2_compatible), which GPT2LMHeadModel cannot load.
+nlohmann::json hf_gpt2_config(const GPTConfig& cfg, int64_t eot = -1, const std::string& prefix = "");
 
-// generation_config.json beside it: bos = eos = pad = the end-of-text id, and max_length the
-// context (less the prefix's one token with a tokenizer), so generate() and the pipeline stop
-// within the positions the model has (transformers' defaults ran past them: IndexError).
+// The new tokens generate() and the pipeline make when the call gives no length: a quarter of the
+// context, at most 256 (the pipeline's own default). transformers' defaults (256 new tokens) ran
+// past a small model's positions (IndexError); a total max_length bounded them, but made every
+// call that gives max_new_tokens warn that both are set: max_new_tokens does not. A prompt of up
+// to three quarters of the context, prefix included, stays within it.
+int64_t hf_max_new_tokens(const GPTConfig& cfg);
+
+// generation_config.json beside it: bos = eos = pad = the end-of-text id, and max_new_tokens
+// (hf_max_new_tokens).
 nlohmann::json hf_generation_config(const GPTConfig& cfg, int64_t eot = -1);
 
 }  // namespace kiln

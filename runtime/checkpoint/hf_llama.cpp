@@ -12,6 +12,8 @@
 #include <c10/util/Exception.h>
 
 #include "distributed/error.h"
+#include "runtime/checkpoint/hf_gpt2.h"  // hf_max_new_tokens
+#include "runtime/checkpoint/finite_check.h"
 
 namespace kiln {
 
@@ -232,6 +234,11 @@ std::vector<TensorSpec> HfWeightFiles::specs() const {
 
 const TensorSpec& HfWeightFiles::spec(const std::string& name) const { return where_.at(name)->spec(name); }
 
+std::string HfWeightFiles::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  return it == where_.end() ? std::string() : fs::path(it->second->path()).filename().string();
+}
+
 at::Tensor HfWeightFiles::read(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end()) throw DataError("no tensor '" + name + "' in the model's files");
@@ -339,11 +346,12 @@ json eos_ids(int64_t eot, const std::vector<int64_t>& ends) {
 }  // namespace
 
 json hf_llama_generation_config(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends) {
+  // pad: generate() warns on every call without one (and takes eos for it).
   return json{{"bos_token_id", eot >= 0 ? json(eot) : json(nullptr)}, {"eos_token_id", eos_ids(eot, ends)},
-              {"max_length", cfg.seq_len}};
+              {"pad_token_id", eot >= 0 ? json(eot) : json(nullptr)}, {"max_new_tokens", hf_max_new_tokens(cfg)}};
 }
 
-json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends) {
+json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends, const std::string& prefix) {
   const bool qwen2 = cfg.bias == "qkv";
   json rope{{"rope_type", cfg.rope_factor != 0.0 ? "llama3" : "default"}, {"rope_theta", cfg.rope_theta}};
   json scaling = nullptr;
@@ -376,6 +384,9 @@ json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<i
          {"attention_dropout", 0.0},
          {"bos_token_id", eot >= 0 ? json(eot) : json(nullptr)},
          {"eos_token_id", eos_ids(eot, ends)},
+         // transformers' text-generation pipeline puts prefix before the prompt, as kiln sample
+         // puts the document token: without it their greedy texts differed.
+         {"prefix", prefix.empty() ? json(nullptr) : json(prefix)},
          {"dtype", "float32"},
          {"torch_dtype", "float32"}};
   if (mixtral) {
@@ -416,12 +427,13 @@ std::string hf_shard_name(int shard, int shards) {
 }
 
 at::Tensor read_hf_llama(const HfWeightFiles& files, const std::string& kiln_name, const std::vector<std::string>& sources,
-                         const std::vector<int64_t>& shape) {
+                         const std::vector<int64_t>& shape, NonFiniteTensors& bad) {
   at::Tensor whole = at::zeros(shape, at::TensorOptions().dtype(at::kFloat));
   const at::Tensor rows = hf_rows_view(whole);
   int64_t row = 0;
   for (const auto& s : sources) {
     const at::Tensor t = files.read(s);
+    bad.note(t, files.file_of(s), s);
     const int64_t n = t.dim() == 0 ? 1 : t.size(0);
     rows.narrow(0, row, n).copy_(t);  // the dtype converted; wte / lm_head: the rows past V stay zero
     row += n;

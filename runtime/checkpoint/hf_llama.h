@@ -49,6 +49,8 @@
 
 namespace kiln {
 
+class NonFiniteTensors;  // runtime/checkpoint/finite_check.h
+
 // Whether config.json's model_type is one of the family's (llama, mistral, qwen2) -- or mixtral,
 // which hf_llama_config refuses with its own line.
 bool is_hf_llama_family(const nlohmann::json& config);
@@ -70,6 +72,8 @@ class HfWeightFiles {
   bool contains(const std::string& name) const { return where_.count(name) > 0; }
   const TensorSpec& spec(const std::string& name) const;
   at::Tensor read(const std::string& name) const;
+  // The name (within the directory) of the file that holds tensor `name`.
+  std::string file_of(const std::string& name) const;
   int64_t bytes() const { return bytes_; }
 
  private:
@@ -84,9 +88,10 @@ class HfWeightFiles {
 void match_hf_llama(const GPTConfig& cfg, const HfWeightFiles& files);
 
 // Kiln parameter `kiln_name` (whole, `shape`) from its sources: fp32, rows concatenated, the
-// vocabulary's padding rows zero.
+// vocabulary's padding rows zero. Each source that is not finite is noted in `bad`
+// (runtime/checkpoint/finite_check.h).
 at::Tensor read_hf_llama(const HfWeightFiles& files, const std::string& kiln_name, const std::vector<std::string>& sources,
-                         const std::vector<int64_t>& shape);
+                         const std::vector<int64_t>& shape, NonFiniteTensors& bad);
 
 // ---- out: kiln's checkpoints of the family, in the same layout (runtime/checkpoint/checkpoint.h)
 // One Hugging Face tensor of a kiln parameter: its name and shape, and the rows [row, row + rows)
@@ -106,9 +111,13 @@ at::Tensor hf_rows_view(const at::Tensor& whole);
 // (rope_parameters) and 4.x's (rope_theta, rope_scaling), tie_word_embeddings, the biases, bos =
 // `eot` (the token that opens documents; -1: none) and eos = `ends` (the ids kiln sample ends at:
 // Llama 3's <|end_of_text|> and <|eot_id|>, a list where there are several; empty: eot), dtype
-// float32.
-nlohmann::json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends = {});
-// Its generation_config.json: bos, eos (as config.json's) and max_length = the context.
+// float32, and "prefix": `prefix` (null when empty): the document token as text
+// (Tokenizer::eot_text: Llama 3's "<|begin_of_text|>"), which transformers' text-generation
+// pipeline puts before every prompt, as kiln sample does (hf_gpt2_config's, for the family).
+nlohmann::json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends = {},
+                                    const std::string& prefix = "");
+// Its generation_config.json: bos, eos (as config.json's), pad = bos, and max_new_tokens
+// (runtime/checkpoint/hf_gpt2.h: hf_max_new_tokens).
 nlohmann::json hf_llama_generation_config(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends = {});
 
 // Tensors of these byte sizes (in order) into shards as save_pretrained makes them: a new shard

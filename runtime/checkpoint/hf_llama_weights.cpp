@@ -16,6 +16,7 @@
 #include "distributed/rank0_verdict.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/finite_check.h"
 #include "runtime/checkpoint/hf_gpt2.h"  // hf_safetensors_metadata
 #include "runtime/checkpoint/hf_llama.h"
 #include "runtime/checkpoint/safetensors.h"
@@ -38,11 +39,11 @@ int64_t hf_shard_bytes() {
 
 }  // namespace
 
-void stream_hf_llama(WholeModel& state, const HfWeightFiles* files, PeakTracker& peak) {
+void stream_hf_llama(WholeModel& state, const HfWeightFiles* files, PeakTracker& peak, NonFiniteTensors& bad) {
   const auto sources = hf_llama_sources(state.config());
   for (const auto& [pname, shape] : state.params()) {
     at::Tensor whole;
-    if (state.writer()) whole = read_hf_llama(*files, pname, sources.at(pname), shape);
+    if (state.writer()) whole = read_hf_llama(*files, pname, sources.at(pname), shape, bad);
     peak.sample();
     state.scatter(pname, CheckpointPart::Param, whole);
   }
@@ -102,9 +103,9 @@ void write_hf_llama_weights(const std::string& tmp, WholeModel& state, bool writ
 
 // A Hugging Face Llama-family directory (runtime/checkpoint/hf_llama.h): each kiln parameter made
 // on rank 0 from its source tensors, then scattered as load_weights does.
-CheckpointIo load_hf_llama_weights(const std::string& dir, WholeModel& state, Communicator* world) {
+CheckpointIo load_hf_llama_weights(const std::string& dir, WholeModel& state, Communicator* world, const std::string& flag) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string where = "--init-from " + dir;
+  const std::string where = flag + " " + dir;
   PeakTracker peak;
   std::unique_ptr<HfWeightFiles> files;
   CheckpointIo io;
@@ -127,7 +128,9 @@ CheckpointIo load_hf_llama_weights(const std::string& dir, WholeModel& state, Co
     }
     io.bytes = files->bytes();
   });
-  stream_hf_llama(state, files.get(), peak);
+  NonFiniteTensors bad;
+  stream_hf_llama(state, files.get(), peak, bad);
+  bad.decide(world, where);
   io.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   io.peak_extra_bytes = peak.peak;
   return io;

@@ -21,19 +21,23 @@ namespace kiln {
 
 class Communicator;
 class HfWeightFiles;
+class NonFiniteTensors;
 class WholeModel;
 struct CheckpointIo;
 
 // Each kiln parameter of `state` made on rank 0 from its Hugging Face tensors in `files` (used
-// there only, checked already), then scattered: every rank keeps its part.
-void stream_hf_llama(WholeModel& state, const HfWeightFiles* files, PeakTracker& peak);
+// there only, checked already), then scattered: every rank keeps its part. The first tensor that
+// is not finite is noted in `bad` (rank 0), for the caller to decide on.
+void stream_hf_llama(WholeModel& state, const HfWeightFiles* files, PeakTracker& peak, NonFiniteTensors& bad);
 
 // Writes the weights into `tmp` (rank 0, `writer`; every rank takes part in the gathers) and
 // records each file's CRC-32 in `files`. Throws kiln::Error on any I/O failure.
 void write_hf_llama_weights(const std::string& tmp, WholeModel& state, bool writer, nlohmann::json& files, PeakTracker& peak);
 
 // Loads `dir`'s weights into `state` (every rank's part). Throws ConfigError / DataError naming
-// the file or tensor that does not fit, on every rank.
-CheckpointIo load_hf_llama_weights(const std::string& dir, WholeModel& state, Communicator* world);
+// the file or tensor that does not fit or is not finite, on every rank, prefixed "<flag> <dir>"
+// (the command's flag for the directory: --init-from, kiln eval's --checkpoint).
+CheckpointIo load_hf_llama_weights(const std::string& dir, WholeModel& state, Communicator* world,
+                                   const std::string& flag = "--init-from");
 
 }  // namespace kiln

@@ -1,4 +1,5 @@
-// runtime/checkpoint/init_from.cpp -- --init-from: the model's shape from a GPT-2 config.json.
+// runtime/checkpoint/init_from.cpp -- --init-from: the model's shape from a directory's config.json
+// (GPT-2 or the Llama family) or a kiln checkpoint's trainer_state.json.
 #include "runtime/checkpoint/init_from.h"
 
 #include <unistd.h>
@@ -35,8 +36,8 @@ json read_json(const std::string& path, const std::string& where) {
 }
 
 // The directory that holds the weights: DIR itself, or the checkpoint DIR/latest names.
-std::string resolve_dir(const std::string& dir) {
-  const std::string where = "--init-from " + dir;
+std::string resolve_dir(const std::string& dir, const std::string& flag) {
+  const std::string where = flag + " " + dir;
   if (!fs::is_directory(dir)) throw ConfigError(where + ": no such directory");
   if (fs::exists(fs::path(dir) / "model.safetensors")) return dir;
   // A sharded Hugging Face model (its index names the shards; runtime/checkpoint/hf_llama.h).
@@ -229,10 +230,10 @@ void check_weights_header(const std::string& dir, const GPTConfig& g, const std:
 
 }  // namespace
 
-void apply_init_from(const std::map<std::string, json>& given, TrainConfig& config) {
+void apply_init_from(const std::map<std::string, json>& given, TrainConfig& config, const std::string& flag) {
   if (config.init_from.empty()) return;
-  const std::string dir = resolve_dir(config.init_from);
-  const std::string where = "--init-from " + dir;
+  const std::string dir = resolve_dir(config.init_from, flag);
+  const std::string where = flag + " " + dir;
   double dropout = 0.0;
   std::string dropout_note;
   GPTConfig file;
@@ -275,7 +276,7 @@ void apply_init_from(const std::map<std::string, json>& given, TrainConfig& conf
     if ((preset || given.count(f.flag)) && f.want != f.have) {
       const std::string by = given.count(f.flag) ? std::string("--") + f.flag : "--model " + config.model + "'s " + f.flag;
       throw ConfigError(where + ": " + by + " " + std::to_string(f.want) + " contradicts its config.json (" + f.key +
-                        " " + std::to_string(f.have) + "); the shape comes from --init-from: leave the flag out");
+                        " " + std::to_string(f.have) + "); the shape comes from " + flag + ": leave the flag out");
     }
   }
   // Mixture-of-Experts: the experts come from the file (an HF GPT-2 has none); the routing and the
@@ -288,7 +289,7 @@ void apply_init_from(const std::map<std::string, json>& given, TrainConfig& conf
                       " cannot seed " + (now.is_moe() ? "an MoE model of " + std::to_string(now.n_experts) + " experts every " +
                                                             std::to_string(now.moe_every) + " blocks"
                                                       : std::string("a dense model")) +
-                      ": the experts come from --init-from, leave --model / --n-experts / --moe-every out");
+                      ": the experts come from " + flag + ", leave --model / --n-experts / --moe-every out");
   }
   if (given.count("top-k")) file.top_k = now.top_k;
   if (given.count("moe-capacity-factor")) file.moe_capacity_factor = now.moe_capacity_factor;

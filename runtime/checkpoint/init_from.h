@@ -49,8 +49,10 @@ namespace kiln {
 // When config.init_from is set: resolves it (a save directory to its latest checkpoint), reads
 // and checks its config.json, and sets config.gpt's shape and dropout from it. `given` holds the
 // settings the command line and --config gave, by flag name ("n-layer", "seq-len", "dropout",
-// "model", ...). Throws ConfigError with one line naming DIR and the problem. Does nothing when
-// config.init_from is empty.
-void apply_init_from(const std::map<std::string, nlohmann::json>& given, TrainConfig& config);
+// "model", ...). Throws ConfigError with one line "<flag> DIR: <problem>". Does nothing when
+// config.init_from is empty. `flag`: how the command names the directory (--init-from; kiln eval's
+// and kiln sample's --checkpoint, which read a Hugging Face directory this way too).
+void apply_init_from(const std::map<std::string, nlohmann::json>& given, TrainConfig& config,
+                     const std::string& flag = "--init-from");
 
 }  // namespace kiln

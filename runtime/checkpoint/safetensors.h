@@ -118,6 +118,7 @@ class SafetensorsReader {
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
 
+  const std::string& path() const { return path_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // The tensors' names, dtypes and shapes, in header order.
   const std::vector<TensorSpec>& specs() const { return specs_; }

@@ -11,6 +11,7 @@
 #include "distributed/error.h"
 #include "parallel/tensor_parallel.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/finite_check.h"
 #include "runtime/checkpoint/hf_gpt2.h"
 #include "runtime/checkpoint/hf_llama.h"
 #include "runtime/checkpoint/init_from.h"
@@ -89,10 +90,11 @@ CheckpointModel load_checkpoint_model(const std::string& path, c10::Device devic
   const fs::path dir(out.dir);
   if (is_hf_model_dir(out.dir)) {
     // A Hugging Face directory: the shape from config.json, checked as --init-from checks it
-    // (runtime/checkpoint/init_from.h); step 0; no recorded CRC-32s to compare with.
+    // (runtime/checkpoint/init_from.h), its errors named by --checkpoint; step 0; no recorded
+    // CRC-32s to compare with.
     TrainConfig tc;
     tc.init_from = out.dir;
-    apply_init_from({}, tc);
+    apply_init_from({}, tc, "--checkpoint");
     out.config = tc.gpt;
     out.config.dropout = 0.0;
     out.config.validate();
@@ -101,6 +103,10 @@ CheckpointModel load_checkpoint_model(const std::string& path, c10::Device devic
   }
   const GPTConfig& cfg = out.config;
   const int64_t t = tp ? tp->size() : 1, r = tp ? tp->rank() : 0;
+  // Every rank reads the whole files: each finds a tensor that is not finite alike, and refuses the
+  // load alone once all are read (runtime/checkpoint/finite_check.h).
+  NonFiniteTensors bad;
+  const std::string where = command + ": " + out.dir;
   // Built on the host, filled from the file one whole tensor at a time, moved to the device.
   out.model = std::make_shared<GPT>(cfg, at::TensorOptions(), t > 1 ? make_tensor_parallel_shard(cfg, tp) : ModelShard{});
   if (!cfg.gpt2_architecture()) {  // the Llama family's layout, its directories' and kiln's (runtime/checkpoint/hf_llama.h)
@@ -111,9 +117,10 @@ CheckpointModel load_checkpoint_model(const std::string& path, c10::Device devic
     const GPT whole_shapes(cfg, at::TensorOptions().device(at::kMeta));  // the whole parameters' shapes
     const auto whole = whole_shapes.named_parameters(/*recurse=*/true);
     for (auto& item : out.model->named_parameters(/*recurse=*/true)) {
-      const at::Tensor w = read_hf_llama(files, item.key(), sources.at(item.key()), whole[item.key()].sizes().vec());
+      const at::Tensor w = read_hf_llama(files, item.key(), sources.at(item.key()), whole[item.key()].sizes().vec(), bad);
       item.value().copy_(tp_slice_of(item.key(), w, cfg, t, r));  // this rank's part under tp
     }
+    bad.decide(nullptr, where);
     module_to_device(*out.model, device);
     out.model->eval();
     return out;
@@ -124,10 +131,13 @@ CheckpointModel load_checkpoint_model(const std::string& path, c10::Device devic
     at::NoGradGuard no_grad;
     for (auto& item : out.model->named_parameters(/*recurse=*/true)) {
       const std::string& name = item.key();
-      const at::Tensor whole = from_hf_layout(name, file.read(names.at(name)), cfg);
+      const at::Tensor hf = file.read(names.at(name));
+      bad.note(hf, "model.safetensors", names.at(name));
+      const at::Tensor whole = from_hf_layout(name, hf, cfg);
       item.value().copy_(tp_slice_of(name, whole, cfg, t, r));
     }
   }
+  bad.decide(nullptr, where);
   module_to_device(*out.model, device);
   out.model->eval();
   return out;

@@ -32,7 +32,7 @@ struct CheckpointModel {
 // The model of checkpoint `path` (resolved as above) on `device`; tp: its tensor-parallel group
 // (null or size 1: the whole model). ConfigError for a malformed trainer_state.json or a model
 // the file does not match (runtime/checkpoint/hf_gpt2.h: load_hf_gpt2's checks); DataError for a missing or
-// corrupt model.safetensors.
+// corrupt model.safetensors, or a weight that holds NaN or infinity (runtime/checkpoint/finite_check.h).
 CheckpointModel load_checkpoint_model(const std::string& path, c10::Device device, const std::shared_ptr<Communicator>& tp,
                                       const std::string& command);
 

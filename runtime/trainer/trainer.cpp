@@ -401,9 +401,12 @@ void Trainer::load_checkpoint() {
   {
     Watchdog::Window window(r.watchdog.get(), std::max(cfg_.save_timeout, cfg_.comm_init_timeout),
                             "--save-timeout: rank 0 reads the checkpoint meanwhile");
-    resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.state, r.host_world.get(), /*weights_only=*/evaluating_);
+    // kiln eval names its checkpoint --checkpoint, in its hints too.
+    const std::string flag = evaluating_ ? "--checkpoint" : "--resume";
+    resumed = resume_training(cfg_.resume, cfg_.save_dir, *r.state, r.host_world.get(), /*weights_only=*/evaluating_, flag);
     // --init-from seeds only a fresh run (runtime/checkpoint/init_from.h): its weights, a fresh optimizer, step 0.
-    if (!resumed && !cfg_.init_from.empty()) r.init_io = load_weights(cfg_.init_from, *r.state, r.host_world.get());
+    if (!resumed && !cfg_.init_from.empty())
+      r.init_io = load_weights(cfg_.init_from, *r.state, r.host_world.get(), evaluating_ ? "--checkpoint" : "--init-from");
   }
   if (resumed) {
     // The resumed run must be the uninterrupted one continued: settings that would change what it
@@ -441,7 +444,7 @@ void Trainer::load_checkpoint() {
   }
   if (!cfg_.save_dir.empty()) r.checkpointer = std::make_unique<Checkpointer>(cfg_.save_dir, cfg_.keep_last, proc_.rank == 0);
   if (r.checkpointer && r.tokenizer) r.checkpointer->set_tokenizer(tokenizer_files(*r.tokenizer, cfg_.gpt.seq_len), r.tokenizer->eot(),
-                                                                  r.tokenizer->end_tokens());
+                                                                  r.tokenizer->end_tokens(), r.tokenizer->eot_text());
   // --async-save (runtime/checkpoint/async_save.h): the background thread's gathers go over MPI twins
   // of the mesh and the world, with a watchdog of their own at --save-timeout.
   if (r.checkpointer && cfg_.async_save && !evaluating_) {

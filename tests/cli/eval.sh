@@ -9,6 +9,10 @@
 # evaluation, so --early-stop 2 ends the run two evaluations later (exit 0, not a stop to resume),
 # and --keep-best's checkpoint of the first one survives --keep-last 1; while it falls, best
 # follows the newest evaluation; a resume carries the best so far.
+# Weights that hold a NaN or an infinity (their CRC-32 right: saved so) are refused at load with one
+# line naming the tensor and the file, exit 3, by kiln eval, --resume (AdamW's state too) and
+# --init-from alike (eval printed "val loss -nan" and exited 0; --init-from stopped at step 1); a
+# corrupt checkpoint's hint names kiln eval's own flag, --checkpoint (it said --resume).
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -83,11 +87,13 @@ assert open("falling/best").read().strip() == "step_00000010"
 print(f"--early-stop 2 at --lr 0: ended after step 6, best step 2 kept beside --keep-last 1; falling val loss: best follows it to step 10 across a resume")
 PY
 
-refuse() {
+refuse() {  # refuse [--code N] REGEX ARGS...: `kiln ARGS` exits N (2) with one matching line; ARGS without a command: eval
+  local want=2; [ "$1" = --code ] && { want=$2; shift 2; }
   local regex=$1; shift
+  case "$1" in train|eval|sample) ;; *) set -- eval "$@" ;; esac
   local code=0
-  "$KILN_BIN" eval "$@" >/dev/null 2>err || code=$?
-  [ "$code" -eq 2 ] && [ "$(wc -l <err)" -eq 1 ] && grep -Eq "kiln: error: .*$regex" err || { cat err; fail "eval $* (want exit 2, '$regex')"; }
+  "$KILN_BIN" "$@" >/dev/null 2>err || code=$?
+  [ "$code" -eq "$want" ] && [ "$(wc -l <err)" -eq 1 ] && grep -Eq "kiln: error: .*$regex" err || { cat err; fail "$* (want exit $want, '$regex')"; }
   echo "refused: $(cat err)"
 }
 refuse "give --checkpoint" --val-data shards/val_000000.bin
@@ -98,4 +104,18 @@ printf 'x' | dd of=weights/model.safetensors bs=1 seek=100 conv=notrunc 2>/dev/n
 code=0; "$KILN_BIN" eval --checkpoint weights >/dev/null 2>err || code=$?
 [ "$code" -ne 0 ] && grep -q "model.safetensors is corrupt" err || { cat err; fail "a flipped byte of a weights-only checkpoint"; }
 echo "refused: $(cat err)"
+# A corrupt checkpoint beside older ones: the hint names kiln eval's --checkpoint.
+cp -r flat flat_corrupt
+printf 'x' | dd of=flat_corrupt/step_00000008/model.safetensors bs=1 seek=100 conv=notrunc 2>/dev/null
+refuse --code 3 "model.safetensors is corrupt .*older checkpoints beside it: step_00000002 \(--checkpoint flat_corrupt/step_00000002\)$" --checkpoint flat_corrupt
+# Non-finite weights and AdamW state, saved so (the CRC-32 recorded over them).
+plant() { python3 "$(dirname "$0")/plant_nonfinite.py" "$@" >/dev/null; }
+cp -r ck nan && plant nan/step_00000020 transformer.h.1.mlp.c_fc.weight
+cp -r ck inf && plant inf/step_00000020 transformer.h.0.attn.c_attn.bias inf
+cp -r ck nan_adam && plant nan_adam/step_00000020 exp_avg_sq/h.0.attn.c_attn.weight
+R=(--data "shards/train_*.bin" --steps 21)
+refuse --code 3 "checkpoint nan/step_00000020: tensor 'transformer.h.1.mlp.c_fc.weight' of model.safetensors holds NaN or infinity" --checkpoint nan
+refuse --code 3 "checkpoint nan/step_00000020: tensor 'transformer.h.1.mlp.c_fc.weight' of model.safetensors holds NaN or infinity" train "${R[@]}" --device cpu --resume nan
+refuse --code 3 "--init-from inf/step_00000020: tensor 'transformer.h.0.attn.c_attn.bias' of model.safetensors holds NaN or infinity" train "${R[@]}" --device cpu --init-from inf
+refuse --code 3 "tensor 'exp_avg_sq/h.0.attn.c_attn.weight' of optimizer.safetensors holds NaN or infinity" train "${R[@]}" --device cpu --resume nan_adam
 echo PASS

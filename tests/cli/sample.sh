@@ -9,7 +9,8 @@
 # split over 2 ranks (`mpirun -np 2 kiln sample --tp 2`) gives the 1-rank tokens, and a checkpoint
 # trained with --tp 2 samples on 1 rank as on 2; transformers' GPT2LMHeadModel, decoding greedily
 # from the same checkpoint, gives the same ids (when KILN_PYTHON has transformers); bad input is
-# one line and exit 2 (3 for a corrupt weights file). tests/test_generate.cpp compares the cached
+# one line and exit 2 (3 for a corrupt weights file, or one whose weights hold NaN or infinity:
+# greedy sampling printed nothing and exited 0, temperature 1 ended with LibTorch's message, exit 70). tests/test_generate.cpp compares the cached
 # logits with the full forward's position by position.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
@@ -184,6 +185,9 @@ b = bytearray(open(p, "rb").read()); b[-100] ^= 0x01
 open(p, "wb").write(b)
 PY
 refuse 3 "model.safetensors is corrupt \(CRC-32" --checkpoint flipped
+cp -r ck/step_00000150 nan && python3 "$(dirname "$0")/plant_nonfinite.py" nan transformer.h.1.mlp.c_proj.weight >/dev/null
+refuse 3 "kiln sample: nan: tensor 'transformer.h.1.mlp.c_proj.weight' of model.safetensors holds NaN or infinity" --checkpoint nan --temperature 0
+refuse 3 "holds NaN or infinity" --checkpoint nan --temperature 1
 long=$(python3 -c "print('the quick brown fox ' * 10)")
 "$KILN_BIN" sample --checkpoint ck --prompt "$long" --temperature 0 --max-new-tokens 5 >long.out 2>long.err ||
   { cat long.err; fail "a prompt longer than the context"; }

@@ -27,8 +27,9 @@
 #    its second (AdamW's moments and step count start fresh). The learning rate is held constant
 #    (--min-lr = --lr, --warmup 0), so the schedule cannot be what differs. A save directory that
 #    holds a checkpoint makes the same command resume it (resume wins; the console says so).
-# 3. Bad input: one line `kiln: error: ...`, exit 2 (3 for a corrupt checkpoint file), on 1 rank and
-#    under mpirun.
+# 3. Bad input: one line `kiln: error: ...`, exit 2 (3 for a corrupt checkpoint file, or weights
+#    that hold NaN or infinity: refused at load naming the tensor), on 1 rank and under mpirun.
+#    kiln eval on such a directory names its own flag, --checkpoint (it said --init-from).
 #
 # Skipped (exit 77) when KILN_PYTHON cannot import transformers and safetensors.
 set -euo pipefail
@@ -188,4 +189,15 @@ cp -r ck/step_00000003 corrupt
 "$py" -c "
 f = open('corrupt/model.safetensors', 'r+b'); f.seek(-4, 2); b = f.read(1); f.seek(-4, 2); f.write(bytes([b[0] ^ 1]))"
 refuse 2 3 "--init-from corrupt: model.safetensors is corrupt" --init-from corrupt --zero 3 --micro-batch 4
+cp -r hf nanhf && python3 "$here/../cli/plant_nonfinite.py" nanhf transformer.h.1.attn.c_attn.weight >/dev/null
+refuse 2 3 "--init-from nanhf: tensor 'transformer.h.1.attn.c_attn.weight' of model.safetensors holds NaN or infinity" --init-from nanhf --tp 2
+eval_refused() {  # eval_refused EXIT REGEX DIR: kiln eval --checkpoint DIR exits EXIT with one matching line
+  local code=0
+  "$KILN_BIN" eval --checkpoint "$3" --val-data data.bin --device cpu >/dev/null 2>err || code=$?
+  [ "$code" -eq "$1" ] && [ "$(grep -c '^kiln: error' err)" -eq 1 ] && grep -Eq "^kiln: error: $2" err ||
+    { cat err; fail "eval --checkpoint $3 (want exit $1, one line '$2')"; }
+  echo "refused: $(grep '^kiln: error' err)"
+}
+eval_refused 3 "--checkpoint nanhf: tensor 'transformer.h.1.attn.c_attn.weight' of model.safetensors holds NaN or infinity" nanhf
+eval_refused 2 "--checkpoint wide: checkpoint tensor 'transformer.wte.weight' has shape" wide
 echo PASS

@@ -14,11 +14,15 @@
 # `kiln eval --checkpoint llama` gives the same loss. One AdamW step equals PyTorch's, and greedy
 # kiln sample equals transformers' generate (with and without the KV cache, tp 2); kiln's own
 # checkpoints of the family load in transformers (one file, and sharded with an index; Mixtral's
-# experts one by one, as save_pretrained writes them). Bad input, one line and exit 2 each:
+# experts one by one, as save_pretrained writes them), whose loss on them is the one the saving
+# run itself computed with those weights -- not kiln's reload of the same files, which would read
+# an export's mistake (gate and up swapped) as the export wrote it. Bad input, one line and exit 2 each:
 # Mixtral's router jitter, a rope type kiln lacks (yarn), attention biases without MLP ones, a layer count the
 # files do not hold (3, and 1e9: bounded by the files before anything is built), an unexpected
 # tensor, a misshapen one; and an index naming a shard outside the directory (a corrupt
-# file: exit 3, as for kiln's own).
+# file: exit 3, as for kiln's own), and weights that hold NaN or infinity (exit 3, naming the
+# tensor and its shard: --init-from on 2 ranks, kiln eval, kiln sample). kiln eval and kiln sample
+# name their own flag, --checkpoint, in their errors on such a directory (they said --init-from).
 # Skipped (exit 77) when KILN_PYTHON cannot import transformers and safetensors.
 set -euo pipefail
 : "${KILN_BIN:?KILN_BIN must point at the kiln binary}"
@@ -82,20 +86,15 @@ PY
 
 # Out: kiln's checkpoints of the family are transformers' layout. Two steps from Llama (written in
 # shards: KILN_TEST_HF_SHARD_BYTES=100000 makes the 0.5 MB model a several-file one with its index)
-# and from Qwen2 (one file, tied) and Llama-3.1's scaling (its rope keys), saved; transformers loads each step directory with
-# from_pretrained (no missing or unexpected key) and its loss on the 8 samples equals kiln's first
-# loss starting from that checkpoint (--init-from), within the same 1e-5.
+# and from Qwen2 (one file, tied), Llama-3.1's scaling (its rope keys) and Mixtral, the first step's
+# weights saved (--save-every 1); transformers loads that step directory with from_pretrained (no
+# missing or unexpected key) and its loss on the 8 samples equals the loss the run logged at its
+# second step -- those weights, the same 8 samples -- within the same 1e-5.
 KILN_TEST_HF_SHARD_BYTES=100000 "$KILN_BIN" train --device cpu --data data.bin --steps 2 --dropout 0 --init-from llama \
-  --micro-batch 8 "${O[@]}" --save-dir out_llama >/dev/null
+  --micro-batch 8 "${O[@]}" --save-dir out_llama --save-every 1 --log-json out_llama.jsonl >/dev/null
 for m in qwen2 llama31 mixtral; do
   "$KILN_BIN" train --device cpu --data data.bin --steps 2 --dropout 0 --init-from "$m" --micro-batch 8 "${O[@]}" \
-    --save-dir "out_$m" >/dev/null
-done
-for m in llama qwen2 llama31 mixtral; do
-  ck="out_$m/$(cat "out_$m/latest")"
-  echo "$ck" >"ck_$m.path"
-  "$KILN_BIN" train --device cpu --data data.bin --steps 1 --dropout 0 --init-from "$ck" --micro-batch 8 \
-    --log-json "back_$m.jsonl" >/dev/null
+    --save-dir "out_$m" --save-every 1 --log-json "out_$m.jsonl" >/dev/null
 done
 "$py" - <<'PY'
 import json, os, struct
@@ -107,7 +106,7 @@ n = struct.unpack("<256i", raw[:1024])[2]
 tokens = torch.tensor(struct.unpack(f"<{n}H", raw[1024:1024 + 2 * n]), dtype=torch.long)
 x = torch.stack([tokens[i * 64:i * 64 + 65] for i in range(8)])
 for m in ("llama", "qwen2", "llama31", "mixtral"):
-    ck = open(f"ck_{m}.path").read().strip()
+    ck = f"out_{m}/step_00000001"
     files = sorted(os.listdir(ck))
     if m == "llama":
         assert "model.safetensors.index.json" in files and sum(f.startswith("model-0") for f in files) > 1, files
@@ -119,10 +118,11 @@ for m in ("llama", "qwen2", "llama31", "mixtral"):
     with torch.no_grad():
         logits = model(input_ids=x[:, :64]).logits.float()
     hf = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)).item()
-    kiln = next(r for r in map(json.loads, open(f"back_{m}.jsonl")) if r["type"] == "step")["loss"]
+    kiln = next(r for r in map(json.loads, open(f"out_{m}.jsonl")) if r["type"] == "step" and r["step"] == 2)["loss"]
     rel = abs(hf - kiln) / hf
     shards = sum(f.startswith("model") and f.endswith(".safetensors") for f in files)
-    print(f"{m}: kiln's checkpoint ({shards} safetensors file(s)) loaded by transformers: loss {hf:.7f}, kiln's {kiln:.7f} ({rel:.1e})")
+    print(f"{m}: kiln's step-1 checkpoint ({shards} safetensors file(s)) loaded by transformers: loss {hf:.7f}, "
+          f"the run's own at step 2 {kiln:.7f} ({rel:.1e})")
     assert rel <= 1e-5, (m, hf, kiln)
 PY
 
@@ -190,4 +190,26 @@ refused wide "tensor 'model.layers.0.mlp.gate_proj.weight' has shape \\[176, 64\
 cp -r llama_sharded escape
 "$py" -c "import json; p = 'escape/model.safetensors.index.json'; j = json.load(open(p)); k = next(iter(j['weight_map'])); j['weight_map'][k] = '../x.safetensors'; json.dump(j, open(p, 'w'))"
 refused escape "maps to \"../x.safetensors\", not a file name of the directory" 3  # a corrupt file: exit 3
+# kiln eval and kiln sample on such a directory: their own flag in the error.
+code=0; "$KILN_BIN" eval --checkpoint yarn --val-data data.bin --device cpu >/dev/null 2>err.txt || code=$?
+[ "$code" -eq 2 ] && grep -q "^kiln: error: --checkpoint yarn: config.json's 'rope_parameters' has rope_type" err.txt || { cat err.txt; fail "eval yarn"; }
+code=0; "$KILN_BIN" sample --checkpoint yarn --device cpu >/dev/null 2>err.txt || code=$?
+[ "$code" -eq 2 ] && grep -q "^kiln: error: --checkpoint yarn: config.json's 'rope_parameters' has rope_type" err.txt || { cat err.txt; fail "sample yarn"; }
+echo "refused (kiln eval, kiln sample): $(grep 'kiln: error' err.txt)"
+# Weights that hold NaN or infinity: refused at load, naming the tensor and its file.
+cp -r llama_sharded nan_sharded
+shard=$(python3 "$here/../cli/plant_nonfinite.py" nan_sharded model.layers.1.mlp.up_proj.weight | cut -d' ' -f1)
+code=0; mpi 2 "${train[@]}" --init-from nan_sharded --micro-batch 4 --zero 3 >/dev/null 2>err.txt || code=$?
+[ "$code" -eq 3 ] && [ "$(grep -c 'kiln: error' err.txt)" -eq 1 ] &&
+  grep -q "kiln: error: --init-from nan_sharded: tensor 'model.layers.1.mlp.up_proj.weight' of $shard holds NaN or infinity" err.txt ||
+  { cat err.txt; fail "NaN in a shard, 2 ranks"; }
+echo "refused (2 ranks): $(grep 'kiln: error' err.txt)"
+code=0; "$KILN_BIN" eval --checkpoint nan_sharded --val-data data.bin --device cpu >/dev/null 2>err.txt || code=$?
+[ "$code" -eq 3 ] && grep -q "^kiln: error: --checkpoint nan_sharded: tensor 'model.layers.1.mlp.up_proj.weight' of $shard holds NaN" err.txt ||
+  { cat err.txt; fail "eval: NaN in a shard"; }
+cp -r llama nan_llama && python3 "$here/../cli/plant_nonfinite.py" nan_llama model.norm.weight inf >/dev/null
+code=0; "$KILN_BIN" sample --checkpoint nan_llama --device cpu >/dev/null 2>err.txt || code=$?
+[ "$code" -eq 3 ] && [ "$(wc -l <err.txt)" -eq 1 ] && grep -q "^kiln: error: kiln sample: nan_llama: tensor 'model.norm.weight' of model.safetensors holds NaN" err.txt ||
+  { cat err.txt; fail "sample: infinity in the weights"; }
+echo "refused (kiln sample): $(cat err.txt)"
 echo PASS

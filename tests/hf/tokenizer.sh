@@ -16,8 +16,10 @@
 #    is exactly the decoding of GPT2LMHeadModel's greedy ids (tests/hf/greedy_generate.py, the full
 #    forward each step) on end-of-text + the prompt's ids (config.json's prefix). kiln sample
 #    --temperature 0 on 1 rank and on tp 2 gives the same ids from the same context, and the
-#    pipeline's text; README's pipeline line with transformers' defaults stays within the
-#    context (generation_config.json); kiln eval on 1 rank and tp 2 agree within 1e-5 relative (tp splits
+#    pipeline's text, and the pipeline's calls warn of nothing (a max_length in
+#    generation_config.json made every call that gives max_new_tokens warn: issue 48); README's
+#    pipeline line with transformers' defaults stays within the context (generation_config.json's
+#    max_new_tokens); kiln eval on 1 rank and tp 2 agree within 1e-5 relative (tp splits
 #    each matmul's sum over two ranks: a few ulps, as tests/cli/eval.sh states).
 # 4. The byte-level default travels too: a synthetic run's checkpoint and a run on `kiln prep`'s
 #    byte-level shards carry the byte-level tokenizer.json; AutoTokenizer encodes UTF-8 text to its
@@ -110,11 +112,17 @@ prompt="the quick brown"
 "$KILN_BIN" sample --checkpoint ck --prompt "$prompt" --temperature 0 --max-new-tokens 24 --json >s1.json
 mpi 2 "$KILN_BIN" sample --checkpoint ck --prompt "$prompt" --temperature 0 --max-new-tokens 24 --tp 2 --json >s2.json
 "$py" - "$ckpt" "$prompt" "$here/greedy_generate.py" <<'PY'
-import json, subprocess, sys
+import json, logging, subprocess, sys, warnings
 import transformers
 from transformers import AutoTokenizer, pipeline
 from tokenizers import Tokenizer
 transformers.utils.logging.disable_progress_bar()
+transformers.utils.logging.set_verbosity_warning()
+said = []  # what transformers warns of
+class Keep(logging.Handler):
+    def emit(self, record):
+        said.append(record.getMessage())
+logging.getLogger("transformers").addHandler(Keep())
 ckpt, prompt, greedy = sys.argv[1:4]
 lib = Tokenizer.from_file("tok/tokenizer.json")
 cfg = json.load(open(f"{ckpt}/config.json"))
@@ -131,7 +139,12 @@ def transformers_greedy(context, n):
 # context kiln sample gives it, end-of-text then the prompt (config.json's prefix).
 assert cfg["prefix"] == "<|endoftext|>", cfg.get("prefix")
 gen = pipeline("text-generation", model=ckpt)
-got = gen(prompt, max_new_tokens=24, do_sample=False)[0]["generated_text"]
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    said.clear()
+    got = gen(prompt, max_new_tokens=24, do_sample=False)[0]["generated_text"]
+    said += [str(x.message) for x in w]
+assert not said, said
 hf = transformers_greedy([0] + ids, 24)
 want = prompt + at.decode(hf)
 assert got == want, (got, want)
@@ -145,15 +158,21 @@ assert s1["text"] == at.decode(hf) == s2["text"], (s1["text"], at.decode(hf))
 assert prompt + s1["text"] == got, (prompt + s1["text"], got)
 print(f"kiln sample (1 rank, tp 2) = transformers' greedy ids = the pipeline's text: {prompt!r} + {s1['text']!r}")
 # README's line as written, transformers' defaults (sampling, no length given): it stops within
-# the context (generation_config.json's max_length; the defaults ran past the 64 positions:
-# IndexError), and greedily to the last position.
+# the context (generation_config.json's max_new_tokens, a quarter of it; the pipeline's default
+# of 256 ran past the 64 positions: IndexError), greedily too, and for a prompt of 3/4 of it.
 g = json.load(open(f"{ckpt}/generation_config.json"))
-assert g["max_length"] == 63 and g["eos_token_id"] == g["pad_token_id"] == g["bos_token_id"] == 0, g
+assert g["max_new_tokens"] == 16 and "max_length" not in g and g["eos_token_id"] == g["pad_token_id"] == g["bos_token_id"] == 0, g
 out = gen(prompt)[0]["generated_text"]
 assert isinstance(out, str) and out.startswith(prompt), out
 full = gen(prompt, do_sample=False, return_tensors=True)[0]["generated_token_ids"]
 assert full[0] == 0 and full[1:len(ids) + 1] == ids and len(full) <= 64, (full, ids)
-print(f"pipeline(prompt) with transformers' defaults: ran; greedy to {len(full)} ids (end-of-text first), within the context of 64")
+long = prompt
+while len(at.encode(long + " " + prompt)) <= 47:
+    long += " " + prompt
+full = gen(long, do_sample=False, return_tensors=True)[0]["generated_token_ids"]
+assert len(full) <= 64, len(full)
+print(f"pipeline(prompt) with transformers' defaults: ran; greedy to {len(full)} ids from a prompt of "
+      f"{len(at.encode(long))} (end-of-text first), within the context of 64")
 PY
 "$KILN_BIN" eval --checkpoint ck --log-json e1.jsonl >/dev/null
 mpi 2 "$KILN_BIN" eval --checkpoint ck --tp 2 --log-json e2.jsonl >/dev/null

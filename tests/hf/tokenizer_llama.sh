@@ -7,7 +7,10 @@
 #     library's, document by document. tiny-llama trains on them; its checkpoint carries the
 #     tokenizer.json as it was, config.json's bos (<|begin_of_text|>) and eos (<|end_of_text|>,
 #     <|eot_id|>) name its tokens, and kiln sample encodes a prompt
-#     to the library's ids.
+#     to the library's ids. Where KILN_PYTHON has transformers, its text-generation pipeline on the
+#     checkpoint as it is continues the prompt greedily with kiln sample's text: config.json's
+#     prefix puts <|begin_of_text|> first, as kiln sample does (without it they differed, issue 48),
+#     and the pipeline's calls warn of nothing (generation_config.json's max_new_tokens and pad).
 #   - SentencePiece's kind (Metaspace; Llama 2's and Mistral's): refused with one line, exit 2, by
 #     kiln prep (the library's path) and kiln train --tokenizer (kiln's own reader).
 # Skipped (exit 77) when KILN_PYTHON cannot import tokenizers.
@@ -63,7 +66,8 @@ PY
 "$KILN_BIN" train --device cpu --model tiny-llama --vocab-size 324 --data "shards/train_*.bin" --steps 3 --save-dir ck >/dev/null
 ck="ck/$(cat ck/latest)"
 cmp "$ck/tokenizer.json" llama3.json || fail "the checkpoint's tokenizer.json is not the one the data was made with"
-"$KILN_BIN" sample --checkpoint ck --device cpu --prompt "the quick" --max-new-tokens 8 --json >sample.json 2>/dev/null || fail "kiln sample"
+"$KILN_BIN" sample --checkpoint ck --device cpu --prompt "the quick" --temperature 0 --max-new-tokens 16 --json >sample.json 2>/dev/null ||
+  fail "kiln sample"
 "$py" - "$ck" <<'PY'
 import json, sys
 from tokenizers import Tokenizer
@@ -80,6 +84,39 @@ assert s["prompt_ids"] == want, (s["prompt_ids"], want)
 print(f"checkpoint: tokenizer.json as given, bos {bos} and eos {ends} in config.json and generation_config.json; "
       f"kiln sample's prompt ids {want} are the library's")
 PY
+if "$py" -c 'import transformers' >/dev/null 2>&1; then
+  "$py" - "$ck" <<'PY'
+import json, logging, sys, warnings
+import transformers
+from transformers import pipeline
+transformers.utils.logging.disable_progress_bar()
+transformers.utils.logging.set_verbosity_warning()
+said = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        said.append(record.getMessage())
+logging.getLogger("transformers").addHandler(Keep())
+ck = sys.argv[1]
+s = json.loads(open("sample.json").read().strip().splitlines()[-1])
+assert json.load(open(f"{ck}/config.json"))["prefix"] == "<|begin_of_text|>"
+gen = pipeline("text-generation", model=ck)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    said.clear()
+    ids = gen("the quick", max_new_tokens=16, do_sample=False, return_tensors=True)[0]["generated_token_ids"]
+    text = gen("the quick", max_new_tokens=16, do_sample=False)[0]["generated_text"]
+    said += [str(x.message) for x in w]
+# The pipeline's context is kiln sample's, <|begin_of_text|> (0) first; both stop at an end token.
+assert ids[:1 + len(s["prompt_ids"])] == [0] + s["prompt_ids"], (ids, s["prompt_ids"])
+got = ids[1 + len(s["prompt_ids"]):]
+assert got[:len(s["ids"])] == s["ids"] and len(got) - len(s["ids"]) <= 1, (got, s["ids"])
+assert text == "the quick" + s["text"], (text, s["text"])
+assert not said, said
+print(f"transformers' pipeline: greedy text {text!r} = kiln sample's, no warning")
+PY
+else
+  echo "transformers: not importable by KILN_PYTHON='${py}'; the pipeline's comparison skipped"
+fi
 code=0
 "$KILN_BIN" prep --input "doc*.txt" --out sp_shards --tokenizer sp.json >/dev/null 2>err.txt || code=$?
 [ "$code" -eq 2 ] && [ "$(grep -c 'kiln: error' err.txt)" -eq 1 ] && grep -q "a SentencePiece-based tokenizer" err.txt || { cat err.txt; fail "prep: SentencePiece not refused"; }
