@@ -81,8 +81,10 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
       for (const auto& line : kiln::deepspeed_console_lines(args.config.deepspeed_used)) std::printf("kiln: deepspeed: %s\n", line.c_str());
     }
     const auto summary = kiln::Trainer(args.config, proc).run();
-    // Stopped on request (a signal, --max-wall-time): saved, and to be resumed.
-    return summary.value("stopped", nlohmann::json()).is_null() ? 0 : kiln::kExitStopped;
+    // Stopped on request (a signal, --max-wall-time): saved, and to be resumed (75) -- or, with
+    // no --save-dir, nothing to resume (every rank knows it; the checkpoint path is rank 0's).
+    if (summary.value("stopped", nlohmann::json()).is_null()) return 0;
+    return args.config.save_dir.empty() ? kiln::kExitStoppedUnsaved : kiln::kExitStopped;
   }
   if (cmd == "bench") {
     auto args = kiln::parse_bench_args(rest);

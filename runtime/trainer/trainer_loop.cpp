@@ -627,8 +627,9 @@ json Trainer::finish_run(Loop& loop) {
   }
   if (rank0 && !loop.stop_reason.empty()) {
     if (loop.last_saved.empty()) {
-      std::printf("kiln: interrupted at step %lld (%s); nothing saved (no --save-dir)\n", static_cast<long long>(loop.stopped_at),
-                  loop.stop_reason.c_str());
+      std::printf("kiln: interrupted at step %lld (%s); nothing saved (no --save-dir): exit %d, not %d -- there is nothing to "
+                  "resume, a rerun starts again from step 0\n",
+                  static_cast<long long>(loop.stopped_at), loop.stop_reason.c_str(), kExitStoppedUnsaved, kExitStopped);
     } else {
       std::printf("kiln: interrupted at step %lld (%s), saved %s\n", static_cast<long long>(loop.stopped_at),
                   loop.stop_reason.c_str(), loop.last_saved.c_str());

@@ -3,7 +3,8 @@
 #   SIGTERM at step N: the step finishes, a checkpoint of step N is saved, the summary says why,
 #     "interrupted at step N, saved ..." and exit 75; the resume replays the uninterrupted run bit
 #     for bit (steps N+1..40 and the final weights), its log marked by a "resume" record. A second
-#     SIGINT ends the process at once (130). --max-wall-time stops and saves before the limit.
+#     SIGINT ends the process at once (130). --max-wall-time stops and saves before the limit; a
+#     stop with nothing saved (no --save-dir) exits 7, not 75 (nothing to resume).
 #   One job per save directory: a second job on the same --save-dir is refused (exit 2, naming the
 #     holder) while the first runs, and the first's checkpoints are intact; a lock left by a job that
 #     did not end cleanly is taken over with a notice; an unwritable --save-dir fails at start-up.
@@ -181,9 +182,12 @@ code=0; "$KILN_BIN" "${D[@]}" --data "$work/dd/train_000001.bin" --save-dir "$wo
 echo "refused: $(cat "$work/err")"
 
 # ---- settings that do nothing
-"$KILN_BIN" "${T[@]}" --steps 3 --warmup 5 --eval-every 2 --save-every 2 >"$work/out"
+# ... and a stop with nothing saved (--max-wall-time without --save-dir): not exit 75, which a
+# requeue loop takes for "saved, resume" (issue 48: it restarted from scratch forever), but 7.
+code=0; "$KILN_BIN" "${T[@]}" --steps 3 --warmup 5 --eval-every 2 --save-every 2 --max-wall-time 0.001 >"$work/out" || code=$?
+[ "$code" -eq 7 ] || { cat "$work/out"; fail "a stop with nothing saved: exit $code (want 7)"; }
 for want in "warning: --eval-every 2 does nothing without --val-data" "warning: --save-every 2 does nothing without --save-dir" \
-            "warning: --warmup 5 is longer than --steps 3"; do
+            "warning: --warmup 5 is longer than --steps 3" "interrupted at step 1 (--max-wall-time); nothing saved (no --save-dir): exit 7, not 75"; do
   grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "no '$want'"; }
 done
 # ... and a warm-up as long as the run (the default --warmup 20 with --steps 20 said nothing).
