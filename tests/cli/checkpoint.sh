@@ -9,7 +9,7 @@
 #     checkpoint intact: `latest` still names it, it loads, and the resumed run replays exactly.
 #   Refused with one line and kiln's exit code: --resume none over existing checkpoints, another
 #     model shape, a corrupt file (naming the older checkpoints beside it), a missing tensor, a path
-#     with no checkpoint.
+#     with no checkpoint; a refused run leaves no save directory it created.
 source "$(dirname "$0")/common.sh"
 
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100)
@@ -107,7 +107,9 @@ expect_fail() {  # expect_fail CODE REGEX ARGS...
 }
 expect_fail 2 "already holds checkpoints" "${T[@]}" --steps 12 --save-dir "$work/ck" --resume none
 expect_fail 2 "another model shape: n_layer 4 \(this run: 3\)" "${T[@]}" --steps 22 --n-layer 3 --resume "$work/ck"
-expect_fail 2 "no checkpoint there" "${T[@]}" --steps 5 --resume "$work/nothing"
+# ... and a refused run leaves no save directory it created, nor its lock (issue 48: it left both).
+expect_fail 2 "no checkpoint there" "${T[@]}" --steps 5 --resume "$work/nothing" --save-dir "$work/refused/sub"
+[ ! -e "$work/refused" ] || fail "the refused run left $(find "$work/refused")"
 cp -r "$work/ck/step_00000020" "$work/bad"
 python3 - "$work/bad/model.safetensors" <<'PY'
 import sys

@@ -7,7 +7,8 @@
 #     stop with nothing saved (no --save-dir) exits 7, not 75 (nothing to resume).
 #   One job per save directory: a second job on the same --save-dir is refused (exit 2, naming the
 #     holder) while the first runs, and the first's checkpoints are intact; a lock left by a job that
-#     did not end cleanly is taken over with a notice; an unwritable --save-dir fails at start-up.
+#     did not end cleanly is taken over with a notice (a run refused at set-up leaves it as it was);
+#     an unwritable --save-dir fails at start-up.
 #   A fresh run never truncates an earlier log: it is moved aside, and said so.
 #   Resume guards: a changed seed, learning rate or global batch is refused with one line listing
 #     each change, unless --allow-config-change (then listed in the config record); more steps are
@@ -88,6 +89,10 @@ steps=$(ls "$work/lk" | grep -c '^step_')
 [ "$steps" -ge 1 ] && [ -f "$work/lk/$(cat "$work/lk/latest")/trainer_state.json" ] || fail "the first job's checkpoints are not intact"
 echo "second job refused: $(cat "$work/err")"
 echo "pid 4242 on host elsewhere since yesterday: kiln train" >"$work/lk/.kiln.lock"
+# A run refused at set-up leaves the directory as it found it: the stale holder's record too.
+code=0; "$KILN_BIN" "${T[@]}" --steps 5 --save-dir "$work/lk" --resume "$work/nothing" >/dev/null 2>"$work/err" || code=$?
+[ "$code" -eq 2 ] && [ "$(cat "$work/lk/.kiln.lock")" = "pid 4242 on host elsewhere since yesterday: kiln train" ] ||
+  { cat "$work/err"; fail "a refused run (exit $code) changed the lock file: '$(cat "$work/lk/.kiln.lock")'"; }
 "$KILN_BIN" "${T[@]}" --steps 100000 --stop-at-step 1 --save-dir "$work/lk" >"$work/out" 2>&1 ||
   { cat "$work/out"; fail "a stale lock was not taken over"; }
 grep -q "the lock of $work/lk was left by a job that did not end cleanly (pid 4242 on host elsewhere" "$work/out" ||

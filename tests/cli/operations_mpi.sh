@@ -6,7 +6,7 @@
 #     stops the job the same way.
 #   An error every rank finds alike (a layout that does not divide the world, a missing data
 #     file) ends the job with one `kiln: error:` line, a clean MPI finalisation and exit 2 or 3:
-#     no MPI_Abort banner.
+#     no MPI_Abort banner; the user's save directory is left as it was (no lock file).
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
@@ -51,16 +51,19 @@ code=0; wait "$launcher" || code=$?
   { cat "$work/usr1.out"; fail "SIGUSR1 to mpirun: exit $code"; }
 echo "SIGUSR1 to mpirun: every rank stopped and saved"
 
-# Errors every rank finds: one line, no MPI_Abort banner, the error's exit code.
+# Errors every rank finds: one line, no MPI_Abort banner, the error's exit code. The user's save
+# directory is left as it was: no lock file in it (issue 48: a refused run left its .kiln.lock).
+mkdir "$work/mine"
 for case in "2|--tp 3|layout does not divide the world" "3|--data $work/none_*.bin|no file matches"; do
   IFS='|' read -r want flags msg <<<"$case"
   code=0
   # shellcheck disable=SC2086
-  mpi 2 "$KILN_BIN" train --device cpu --steps 2 $flags >"$work/out" 2>"$work/err" || code=$?
+  mpi 2 "$KILN_BIN" train --device cpu --steps 2 --save-dir "$work/mine" $flags >"$work/out" 2>"$work/err" || code=$?
   [ "$code" -eq "$want" ] || { cat "$work/err"; fail "$flags: exit $code (want $want)"; }
   [ "$(grep -c '^kiln: error:' "$work/err")" -eq 1 ] && grep -q "^kiln: error: .*$msg" "$work/err" ||
     { cat "$work/err"; fail "$flags: want one error line"; }
   ! grep -q "MPI_ABORT\|ORTE_ERROR_LOG" "$work/err" || { cat "$work/err"; fail "$flags: ended with MPI_Abort"; }
+  [ -d "$work/mine" ] && [ -z "$(ls -A "$work/mine")" ] || fail "$flags: the refused run left $(ls -A "$work/mine") in the save directory"
   echo "ok ($code): $(grep '^kiln: error:' "$work/err")"
 done
 echo "PASS"
