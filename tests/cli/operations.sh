@@ -15,7 +15,8 @@
 #     fine and logged. A resume with another global batch reads on from the checkpoint's samples.
 #     The data is compared by its files' token counts and fingerprints, not by the --data text.
 #   Settings that do nothing get a warning: --eval-every without --val-data, --save-every without
-#     --save-dir, --warmup as long as --steps or longer.
+#     --save-dir, --warmup as long as --steps or longer. A run without --save-dir ends saying how to
+#     keep the model.
 source "$(dirname "$0")/common.sh"
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100)
 
@@ -200,4 +201,8 @@ done
 # ... and a warm-up as long as the run (the default --warmup 20 with --steps 20 said nothing).
 "$KILN_BIN" "${T[@]}" --steps 3 --warmup 3 >"$work/out"
 grep -qF -- "warning: --warmup 3 is all of --steps 3: the whole run is warm-up" "$work/out" || { cat "$work/out"; fail "no warning for --warmup = --steps"; }
+# A run without --save-dir (the default) ends saying how to keep the model (issue 48: it said
+# nothing, and there was nothing for kiln sample).
+tail -n 1 "$work/out" | grep -qF -- "kiln: nothing saved: give --save-dir DIR to keep the model (then: kiln sample --checkpoint DIR" ||
+  { cat "$work/out"; fail "no word of --save-dir at the end of a run that saved nothing"; }
 echo "PASS"
