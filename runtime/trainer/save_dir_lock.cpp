@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -71,7 +72,7 @@ SaveDirLock::SaveDirLock(std::string dir) : dir_(std::move(dir)) {
   try {
     acquire();
   } catch (...) {
-    leave_as_found();  // refused: nothing of this job stays behind
+    leave_as_found(/*failed=*/true);  // refused: nothing of this job stays behind
     throw;
   }
 }
@@ -138,17 +139,18 @@ void SaveDirLock::acquire() {
   ::fsync(fd_);
 }
 
-void SaveDirLock::leave_as_found() {
+void SaveDirLock::leave_as_found(bool failed) {
   if (fd_ >= 0) {
     // Still held while the file goes: a job waiting to open it finds it gone (acquire's check).
     if (created_file_) {
       ::unlink((dir_ + "/.kiln.lock").c_str());
     } else if (wrote_ && ::ftruncate(fd_, 0) == 0) {
-      const ssize_t ignored = ::pwrite(fd_, previous_.data(), previous_.size(), 0);
-      (void)ignored;
-      if (!previous_.empty()) {
-        const ssize_t nl = ::pwrite(fd_, "\n", 1, static_cast<off_t>(previous_.size()));
-        (void)nl;
+      // A failed job puts back the record it found (a crashed holder's details stay for the next
+      // job to report); a clean end leaves it empty, as always.
+      if (failed && !previous_.empty()) {
+        const std::string text = previous_ + "\n";
+        const ssize_t ignored = ::pwrite(fd_, text.data(), text.size(), 0);
+        (void)ignored;
       }
       ::fsync(fd_);
     }
@@ -169,9 +171,10 @@ void SaveDirLock::leave_as_found() {
 
 SaveDirLock::~SaveDirLock() {
   if (fd_ < 0) return;
-  // A job that changed nothing here (refused, or failed before its first save) takes away what it added.
+  // A job that changed nothing here (refused, failed before its first save, or had nothing to
+  // train) takes away what it added. Destroyed while an exception is in flight: the job failed.
   if (entries_of(dir_) == entries_) {
-    leave_as_found();
+    leave_as_found(/*failed=*/std::uncaught_exceptions() > 0);
     return;
   }
   // A clean end: the record says nobody holds it (a crash leaves the holder's details behind).

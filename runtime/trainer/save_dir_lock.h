@@ -11,9 +11,10 @@
 // Writability is checked in the same place: a probe file is created and removed, so a read-only
 // or unwritable directory ends the job at start-up (exit 2), not at its first save hours later.
 // A job that changed nothing in the directory -- refused at set-up (a bad flag, a layout that does
-// not fit, a refused resume), or failed before its first save -- leaves it as it found it: the
-// lock file removed if this job created it (its former text back otherwise), the directory
-// removed if this job created it (and its parents it created, each only while empty). Nothing
+// not fit, a refused resume), failed before its first save, or had nothing to train -- leaves it
+// as it found it: the lock file removed if this job created it (a failed job puts back the text
+// it found there), the directory removed if this job created it (and its parents it created,
+// each only while empty). Nothing
 // the directory held before is ever deleted. (A job that opened the lock file just before it was
 // removed finds, once it holds the lock, that the path no longer names its file, and opens it
 // again: two jobs never hold locks on two files of one name.)
@@ -40,7 +41,9 @@ class SaveDirLock {
 
  private:
   void acquire();         // the constructor's work
-  void leave_as_found();  // takes away what this job added: its lock file, the directories it created
+  // Takes away what this job added: its lock file (or, `failed`, puts back the record it found),
+  // the directories it created.
+  void leave_as_found(bool failed);
 
   std::string dir_;
   int fd_ = -1;
