@@ -81,8 +81,17 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
       for (const auto& line : kiln::deepspeed_console_lines(args.config.deepspeed_used)) std::printf("kiln: deepspeed: %s\n", line.c_str());
     }
     const auto summary = kiln::Trainer(args.config, proc).run();
-    // Stopped on request (a signal, --max-wall-time): saved, and to be resumed.
-    return summary.value("stopped", nlohmann::json()).is_null() ? 0 : kiln::kExitStopped;
+    // A run that trained and saved nothing (no --save-dir, the default: a default directory would
+    // make the next `kiln train` resume this one, or be refused by its lock): where to keep it.
+    const bool trained = summary.value("end_step", int64_t{0}) > summary.value("start_step", int64_t{0});
+    if (proc.rank == 0 && trained && args.config.save_dir.empty() && summary.value("stopped", nlohmann::json()).is_null()) {
+      std::printf("kiln: nothing saved: give --save-dir DIR to keep the model (then: kiln sample --checkpoint DIR --prompt TEXT)\n");
+      std::fflush(stdout);
+    }
+    // Stopped on request (a signal, --max-wall-time): saved, and to be resumed (75) -- or, with
+    // no --save-dir, nothing to resume (every rank knows it; the checkpoint path is rank 0's).
+    if (summary.value("stopped", nlohmann::json()).is_null()) return 0;
+    return args.config.save_dir.empty() ? kiln::kExitStoppedUnsaved : kiln::kExitStopped;
   }
   if (cmd == "bench") {
     auto args = kiln::parse_bench_args(rest);

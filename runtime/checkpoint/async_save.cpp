@@ -31,6 +31,7 @@ AsyncSaver::Started AsyncSaver::start(const TrainProgress& progress, const nlohm
   Started s;
   const auto t0 = Clock::now();
   if (thread_.joinable()) {  // at most one save in flight
+    s.write_running = !finished_;
     joining_ = true;
     thread_.join();
     s.waited_s = since(t0);

@@ -63,6 +63,7 @@ class AsyncSaver {
   struct Started {
     double waited_s = 0;    // for the previous save's write
     double snapshot_s = 0;  // the copy into host memory
+    bool write_running = false;  // this rank found the previous save's write still running (it waited)
   };
   // Waits for the save in flight, snapshots this rank's state and starts writing `progress.step`'s
   // checkpoint in the background. Every rank calls it for the same steps.

@@ -526,15 +526,23 @@ std::string recovered_latest(const std::string& save_dir, std::string* notice) {
     if (notice) *notice = "recovered " + latest + " from its aside copy (a save was interrupted between its renames)";
     return latest;
   }
+  // Gone (a save interrupted between its renames), or there without the file a save writes last
+  // (a save that did not finish, a copy cut short, a file deleted): said as it is, with the file.
+  const std::string what = fs::exists(latest) ? "which is incomplete (" + name + "/trainer_state.json is missing)" : "which is gone";
   const auto steps = saved_steps(save_dir);
   if (steps.empty()) {
-    throw ConfigError("--save-dir " + save_dir + ": latest names " + name + ", which is gone, and no complete checkpoint is left");
+    throw ConfigError("--save-dir " + save_dir + ": latest names " + name + ", " + what + ", and no complete checkpoint is left");
   }
   const std::string newest = save_dir + "/" + step_name(steps.back());
   write_synced(save_dir + "/latest.tmp", step_name(steps.back()) + "\n");
   if (std::rename((save_dir + "/latest.tmp").c_str(), (save_dir + "/latest").c_str()) != 0) checkpoint_io_error("cannot rename", save_dir + "/latest.tmp");
   fsync_path(save_dir, true);
-  if (notice) *notice = "latest named " + name + ", which is gone; resuming from the newest complete checkpoint, " + newest;
+  std::string again;  // the steps between the two, which the run trains again
+  if (name.size() == 13 && name.rfind("step_", 0) == 0 && name.find_first_not_of("0123456789", 5) == std::string::npos) {
+    const int64_t lost = std::stoll(name.substr(5));
+    if (lost > steps.back()) again = ": steps " + std::to_string(steps.back() + 1) + "-" + std::to_string(lost) + " are trained again";
+  }
+  if (notice) *notice = "warning: latest named " + name + ", " + what + "; falling back to the newest complete checkpoint, " + newest + again;
   return newest;
 }
 }  // namespace

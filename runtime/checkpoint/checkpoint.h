@@ -34,7 +34,9 @@
 //   4. delete checkpoints older than the newest keep_last (never the one latest names)
 // A crash between the two renames of 2 leaves `latest` naming a step_N that is gone: the next
 // resume moves the complete .old-step_N-* back (or, failing that, takes the newest complete
-// checkpoint) and says so; a save clears .old-* directories whose step is in place again.
+// checkpoint) and says so; a save clears .old-* directories whose step is in place again. A
+// step_N that is there without its trainer_state.json (written last) is incomplete: the resume
+// falls back the same way, with a warning naming the missing file.
 // Dropout needs no saved RNG state: its generator is reseeded every step from (seed, step, dp
 // rank), so the step number is the RNG state. The data order is a pure function of (seed, sample
 // position), so the sample count is the data position.

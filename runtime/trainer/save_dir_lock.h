@@ -10,8 +10,17 @@
 // the NFS lock manager; a file system without locks makes the lock fail with its reason.)
 // Writability is checked in the same place: a probe file is created and removed, so a read-only
 // or unwritable directory ends the job at start-up (exit 2), not at its first save hours later.
+// A job that changed nothing in the directory -- refused at set-up (a bad flag, a layout that does
+// not fit, a refused resume), failed before its first save, or had nothing to train -- leaves it
+// as it found it: the lock file removed if this job created it (a failed job puts back the text
+// it found there), the directory removed if this job created it (and its parents it created,
+// each only while empty). Nothing
+// the directory held before is ever deleted. (A job that opened the lock file just before it was
+// removed finds, once it holds the lock, that the path no longer names its file, and opens it
+// again: two jobs never hold locks on two files of one name.)
 #pragma once
 
+#include <set>
 #include <string>
 
 namespace kiln {
@@ -22,7 +31,7 @@ class SaveDirLock {
   // the holder. Throws ConfigError naming the directory and the reason (another live holder, not
   // writable, cannot lock).
   explicit SaveDirLock(std::string dir);
-  ~SaveDirLock();  // empties the holder record and releases the lock
+  ~SaveDirLock();  // empties the holder record and releases the lock (or leaves the directory as found)
   SaveDirLock(const SaveDirLock&) = delete;
   SaveDirLock& operator=(const SaveDirLock&) = delete;
 
@@ -31,9 +40,19 @@ class SaveDirLock {
   const std::string& notice() const { return notice_; }
 
  private:
+  void acquire();         // the constructor's work
+  // Takes away what this job added: its lock file (or, `failed`, puts back the record it found),
+  // the directories it created.
+  void leave_as_found(bool failed);
+
   std::string dir_;
   int fd_ = -1;
   std::string notice_;
+  std::string created_;            // the topmost directory this job created for dir_ ("" when dir_ was there)
+  bool created_file_ = false;      // the lock file is this job's (absent before)
+  bool wrote_ = false;             // this job's details replaced previous_ in the lock file
+  std::string previous_;           // the lock file's text before: a crashed holder's details, or ""
+  std::set<std::string> entries_;  // dir_'s entries when the lock was taken (the lock file aside)
 };
 
 }  // namespace kiln

@@ -8,7 +8,8 @@
 // group, runtime/trainer/trainer_loop.cpp: a signal that reached one rank stops every rank after the
 // same step), the job saves a checkpoint
 // when --save-dir is set, logs its summary with the reason, prints "interrupted at step N, saved
-// DIR/step_N" and exits with kExitStopped. A second SIGINT ends the process at once (its default
+// DIR/step_N" and exits with kExitStopped (kExitStoppedUnsaved, and a line saying so, when nothing
+// was saved). A second SIGINT ends the process at once (its default
 // action is restored after the first). The recorded signal is the one process-wide fact here: a
 // signal is delivered to the process, not to an object. With `announce` (rank 0), the handler
 // says so at once, with write(2) (async-signal-safe): "kiln: SIGINT: stopping after this step and
@@ -26,8 +27,11 @@
 
 namespace kiln {
 
-// The exit code of a job stopped on request (EX_TEMPFAIL: "try again later" -- resume it).
+// The exit code of a job stopped on request and saved (EX_TEMPFAIL: "try again later" -- resume it).
 constexpr int kExitStopped = 75;
+// The exit code of a job stopped on request with nothing saved (no --save-dir): not 75, which a
+// requeue script takes for "saved, resume it" -- a rerun would start again from step 0, forever.
+constexpr int kExitStoppedUnsaved = 7;
 
 class StopRequests {
  public:

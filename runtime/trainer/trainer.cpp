@@ -98,6 +98,23 @@ json data_sources_record(const TokenDataset& data) {
   return out;
 }
 
+// A refused change of the global batch (micro-batch x grad-accum x dp): the flags that keep the
+// checkpoint's `global` on this run's dp -- --grad-accum alone where the micro-batch divides it,
+// else --micro-batch alone, else both (the largest micro-batch up to this one that divides it).
+std::string keep_global_batch(int64_t global, int64_t micro_batch, int64_t grad_accum, int dp) {
+  const std::string at = " keeps it at " + std::to_string(global) + " on dp " + std::to_string(dp);
+  if (global % dp != 0) {
+    return "no --micro-batch x --grad-accum keeps " + std::to_string(global) + " on dp " + std::to_string(dp) +
+           " (not a multiple of it): resume on a dp that divides it";
+  }
+  const int64_t per_rank = global / dp;
+  if (per_rank % micro_batch == 0) return "--grad-accum " + std::to_string(per_rank / micro_batch) + at;
+  if (per_rank % grad_accum == 0) return "--micro-batch " + std::to_string(per_rank / grad_accum) + at;
+  int64_t m = std::min(micro_batch, per_rank);
+  while (per_rank % m != 0) --m;
+  return "--micro-batch " + std::to_string(m) + " --grad-accum " + std::to_string(per_rank / m) + at;
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainConfig cfg, ProcessInfo proc) : cfg_(std::move(cfg)), proc_(proc) {}
@@ -415,7 +432,11 @@ void Trainer::load_checkpoint() {
     r.config_changes = config_changes(saved, cfg_, r.shape.dp, r.data_sources);
     std::string breaking;
     for (const auto& c : r.config_changes) {
-      if (c.breaks_replay) breaking += (breaking.empty() ? "" : ", ") + c.key + " " + c.saved.dump() + " -> " + c.now.dump();
+      if (!c.breaks_replay) continue;
+      breaking += (breaking.empty() ? "" : ", ") + c.key + " " + c.saved.dump() + " -> " + c.now.dump();
+      if (c.key == "global batch" && c.saved.is_number_integer() && c.saved.get<int64_t>() > 0) {
+        breaking += " (" + keep_global_batch(c.saved.get<int64_t>(), cfg_.micro_batch, cfg_.grad_accum, r.shape.dp) + ")";
+      }
     }
     if (!breaking.empty() && !cfg_.allow_config_change) {
       throw ConfigError("resuming " + resumed->dir + " with settings it was not saved with: " + breaking +

@@ -399,7 +399,9 @@ void Trainer::save_checkpoint(Loop& loop, int64_t step) {
     s.waited_s = std::chrono::duration<double>(Clock::now() - t0).count() - s.snapshot_s;  // the previous write, on any rank
     loop.save_stalls[step + 1] = s;
     loop.last_save_s = std::max(loop.last_save_s, s.waited_s + s.snapshot_s);
-    if (s.waited_s > 0.0 && proc_.rank == 0) {
+    // Said only when there was a wait: rank 0's write (the last to finish) was still running.
+    // Otherwise waited_s is the barrier's few milliseconds ("waited 0.00 s" at every save).
+    if (s.write_running && proc_.rank == 0) {
       std::printf("kiln: step %lld's save waited %.2f s for the previous one's write (at most one in flight)\n",
                   static_cast<long long>(step + 1), s.waited_s);
       std::fflush(stdout);
@@ -627,8 +629,9 @@ json Trainer::finish_run(Loop& loop) {
   }
   if (rank0 && !loop.stop_reason.empty()) {
     if (loop.last_saved.empty()) {
-      std::printf("kiln: interrupted at step %lld (%s); nothing saved (no --save-dir)\n", static_cast<long long>(loop.stopped_at),
-                  loop.stop_reason.c_str());
+      std::printf("kiln: interrupted at step %lld (%s); nothing saved (no --save-dir): exit %d, not %d -- there is nothing to "
+                  "resume, a rerun starts again from step 0\n",
+                  static_cast<long long>(loop.stopped_at), loop.stop_reason.c_str(), kExitStoppedUnsaved, kExitStopped);
     } else {
       std::printf("kiln: interrupted at step %lld (%s), saved %s\n", static_cast<long long>(loop.stopped_at),
                   loop.stop_reason.c_str(), loop.last_saved.c_str());

@@ -11,7 +11,8 @@
 #   - resume from an asynchronous checkpoint at another layout replays the run (relative 1e-5, the
 #     layouts' parity tolerance);
 #   - at most one save in flight: saves every step with writes held back 2 s wait for each other
-#     (waited_s > 0, the console says so), and every one is complete;
+#     (waited_s > 0, the console says so), and every one is complete; a save with no write before
+#     it says no wait;
 #   - a stop signal waits for the write: exit 75, the stopped step's checkpoint committed;
 #   - kill -9 of rank 0 mid-write (KILN_TEST_CRASH_IN_SAVE=2): the previous checkpoint stays
 #     `latest`, whole (its CRC-32s), and resumes;
@@ -104,6 +105,8 @@ code=0; wait "$launcher" || code=$?
 n=$(grep '"type":"step"' "$work/sig.jsonl" | tail -n 1 | python3 -c 'import json, sys; print(json.loads(sys.stdin.read())["step"])')
 grep -q "interrupted at step $n (SIGTERM), saved $work/sig/step_$(printf %08d "$n")" "$work/sig.out" || fail "$(cat "$work/sig.out")"
 [ "$(cat "$work/sig/latest")" = "step_$(printf %08d "$n")" ] || fail "latest is $(cat "$work/sig/latest")"
+# Its one save had no previous write to wait for: no "save waited 0.00 s" (issue 48: said at every save).
+! grep -q "save waited" "$work/sig.out" || fail "a wait said where there was none: $(grep "save waited" "$work/sig.out")"
 echo "SIGTERM: stopped after step $n, its checkpoint written in the background and committed before the exit"
 
 # --- kill -9 of rank 0 in its second save's write: the first checkpoint stays latest and resumes

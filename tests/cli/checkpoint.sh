@@ -4,12 +4,13 @@
 #     run, schedule and all, stopped at 10), resume, 10 more: the losses of
 #     steps 11-20 and the final weights are bit-identical (==), with dropout on, in fp32 and in
 #     fp16 (whose loss scaler state travels in the checkpoint).
-#   The file layout, `latest`, and --keep-last.
+#   The file layout, `latest`, and --keep-last. An incomplete latest checkpoint is named with its
+#     missing file, and the resume falls back to the newest complete one, saying so.
 #   A process killed in the middle of a save (SIGKILL, test hook) leaves the previous
 #     checkpoint intact: `latest` still names it, it loads, and the resumed run replays exactly.
 #   Refused with one line and kiln's exit code: --resume none over existing checkpoints, another
 #     model shape, a corrupt file (naming the older checkpoints beside it), a missing tensor, a path
-#     with no checkpoint.
+#     with no checkpoint; a refused run leaves no save directory it created.
 source "$(dirname "$0")/common.sh"
 
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100)
@@ -50,6 +51,14 @@ done
 [ "$(cd "$work/keep" && ls -d step_* | tr '\n' ' ')" = "step_00000008 step_00000010 " ] ||
   fail "keep-last 2 left: $(ls "$work/keep")"
 echo "layout, latest and --keep-last as documented"
+# An incomplete latest checkpoint (its directory there, without trainer_state.json, which a save
+# writes last): the resume says which file is missing and that it falls back (issue 48: it said
+# "gone").
+cp -r "$work/keep" "$work/inc" && rm "$work/inc/step_00000010/trainer_state.json"
+"$KILN_BIN" "${T[@]}" --steps 10 --save-every 2 --keep-last 2 --save-dir "$work/inc" >"$work/out"
+grep -q "^kiln: warning: latest named step_00000010, which is incomplete (step_00000010/trainer_state.json is missing); falling back to the newest complete checkpoint, $work/inc/step_00000008: steps 9-10 are trained again$" "$work/out" &&
+  grep -q "resumed from $work/inc/step_00000008 at step 8" "$work/out" || { cat "$work/out"; fail "no word of the incomplete latest checkpoint"; }
+[ -f "$work/inc/step_00000010/trainer_state.json" ] || fail "step 10 was not saved again whole"
 
 # ---- replay, fp16 (the scaler's scale, hysteresis and growth clock are saved)
 F=(--precision fp16 --n-layer 1 --initial-scale-power 20 --loss-scale-window 3)
@@ -90,7 +99,7 @@ grep -q "recovered .*step_00000010 from its aside copy" "$work/out" || { cat "$w
 compare "$work/straight.jsonl" "$work/aside.jsonl" 11
 ! ls -a "$work/aside" | grep -q '^\.old-' || fail "the aside copy was not cleared"
 "$KILN_BIN" "${T[@]}" --steps 20 --save-dir "$work/aside2" --log-json "$work/aside2.jsonl" >"$work/out"
-grep -q "latest named step_00000010, which is gone; resuming from the newest complete checkpoint" "$work/out" ||
+grep -q "latest named step_00000010, which is gone; falling back to the newest complete checkpoint, .*step_00000005: steps 6-10 are trained again" "$work/out" ||
   { cat "$work/out"; fail "no fallback notice"; }
 compare "$work/straight.jsonl" "$work/aside2.jsonl" 6
 echo "a crash between a save's renames: the aside copy moved back, or the newest complete checkpoint taken"
@@ -107,7 +116,9 @@ expect_fail() {  # expect_fail CODE REGEX ARGS...
 }
 expect_fail 2 "already holds checkpoints" "${T[@]}" --steps 12 --save-dir "$work/ck" --resume none
 expect_fail 2 "another model shape: n_layer 4 \(this run: 3\)" "${T[@]}" --steps 22 --n-layer 3 --resume "$work/ck"
-expect_fail 2 "no checkpoint there" "${T[@]}" --steps 5 --resume "$work/nothing"
+# ... and a refused run leaves no save directory it created, nor its lock (issue 48: it left both).
+expect_fail 2 "no checkpoint there" "${T[@]}" --steps 5 --resume "$work/nothing" --save-dir "$work/refused/sub"
+[ ! -e "$work/refused" ] || fail "the refused run left $(find "$work/refused")"
 cp -r "$work/ck/step_00000020" "$work/bad"
 python3 - "$work/bad/model.safetensors" <<'PY'
 import sys

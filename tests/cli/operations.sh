@@ -3,10 +3,12 @@
 #   SIGTERM at step N: the step finishes, a checkpoint of step N is saved, the summary says why,
 #     "interrupted at step N, saved ..." and exit 75; the resume replays the uninterrupted run bit
 #     for bit (steps N+1..40 and the final weights), its log marked by a "resume" record. A second
-#     SIGINT ends the process at once (130). --max-wall-time stops and saves before the limit.
+#     SIGINT ends the process at once (130). --max-wall-time stops and saves before the limit; a
+#     stop with nothing saved (no --save-dir) exits 7, not 75 (nothing to resume).
 #   One job per save directory: a second job on the same --save-dir is refused (exit 2, naming the
 #     holder) while the first runs, and the first's checkpoints are intact; a lock left by a job that
-#     did not end cleanly is taken over with a notice; an unwritable --save-dir fails at start-up.
+#     did not end cleanly is taken over with a notice (a run refused at set-up leaves it as it was);
+#     an unwritable --save-dir fails at start-up.
 #   A fresh run never truncates an earlier log: it is moved aside, and said so.
 #   Resume guards: a changed seed, learning rate or global batch is refused with one line listing
 #     each change, unless --allow-config-change (then listed in the config record); more steps are
@@ -14,7 +16,8 @@
 #     The data is compared by its files' token counts and fingerprints, not by the --data text.
 #   Settings that do nothing get a warning: --eval-every without --val-data, --save-every without
 #     --save-dir, --warmup as long as --steps or longer, --check-replicas with a single replica; the
-#     start-up line names the preset with the fields changed in it.
+#     start-up line names the preset with the fields changed in it. A run without --save-dir ends
+#     saying how to keep the model.
 source "$(dirname "$0")/common.sh"
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 4 --warmup 5 --log-every 100)
 
@@ -88,6 +91,10 @@ steps=$(ls "$work/lk" | grep -c '^step_')
 [ "$steps" -ge 1 ] && [ -f "$work/lk/$(cat "$work/lk/latest")/trainer_state.json" ] || fail "the first job's checkpoints are not intact"
 echo "second job refused: $(cat "$work/err")"
 echo "pid 4242 on host elsewhere since yesterday: kiln train" >"$work/lk/.kiln.lock"
+# A run refused at set-up leaves the directory as it found it: the stale holder's record too.
+code=0; "$KILN_BIN" "${T[@]}" --steps 5 --save-dir "$work/lk" --resume "$work/nothing" >/dev/null 2>"$work/err" || code=$?
+[ "$code" -eq 2 ] && [ "$(cat "$work/lk/.kiln.lock")" = "pid 4242 on host elsewhere since yesterday: kiln train" ] ||
+  { cat "$work/err"; fail "a refused run (exit $code) changed the lock file: '$(cat "$work/lk/.kiln.lock")'"; }
 "$KILN_BIN" "${T[@]}" --steps 100000 --stop-at-step 1 --save-dir "$work/lk" >"$work/out" 2>&1 ||
   { cat "$work/out"; fail "a stale lock was not taken over"; }
 grep -q "the lock of $work/lk was left by a job that did not end cleanly (pid 4242 on host elsewhere" "$work/out" ||
@@ -110,7 +117,9 @@ echo "an earlier log moved aside to log.jsonl.1"
 "$KILN_BIN" "${T[@]}" --steps 20 --stop-at-step 5 --save-dir "$work/g" >/dev/null
 code=0; "$KILN_BIN" "${T[@]}" --steps 20 --save-dir "$work/g" --seed 7 --lr 2e-3 --micro-batch 2 >"$work/out" 2>"$work/err" || code=$?
 [ "$code" -eq 2 ] && [ "$(wc -l <"$work/err")" -eq 1 ] ||  { cat "$work/err"; fail "changed settings: exit $code"; }
-for want in "lr 0.001 -> 0.002" "seed 1337 -> 7" "global batch 4 -> 2" "--allow-config-change"; do
+# The global batch's refusal names the flag that keeps it (issue 48: a 2-rank checkpoint on one rank
+# was refused without a word of --grad-accum).
+for want in "lr 0.001 -> 0.002" "seed 1337 -> 7" "global batch 4 -> 2 (--grad-accum 2 keeps it at 4 on dp 1)" "--allow-config-change"; do
   grep -qF -- "$want" "$work/err" || { cat "$work/err"; fail "the refusal does not name '$want'"; }
 done
 echo "refused: $(cat "$work/err")"
@@ -182,13 +191,20 @@ code=0; "$KILN_BIN" "${D[@]}" --data "$work/dd/train_000001.bin" --save-dir "$wo
 echo "refused: $(cat "$work/err")"
 
 # ---- settings that do nothing
-"$KILN_BIN" "${T[@]}" --steps 3 --warmup 5 --eval-every 2 --save-every 2 --check-replicas 1 >"$work/out"
+# ... and a stop with nothing saved (--max-wall-time without --save-dir): not exit 75, which a
+# requeue loop takes for "saved, resume" (issue 48: it restarted from scratch forever), but 7.
+code=0; "$KILN_BIN" "${T[@]}" --steps 3 --warmup 5 --eval-every 2 --save-every 2 --check-replicas 1 --max-wall-time 0.001 >"$work/out" || code=$?
+[ "$code" -eq 7 ] || { cat "$work/out"; fail "a stop with nothing saved: exit $code (want 7)"; }
 for want in "warning: --eval-every 2 does nothing without --val-data" "warning: --save-every 2 does nothing without --save-dir" \
             "warning: --warmup 5 is longer than --steps 3" "warning: --check-replicas 1 does nothing with a single replica (dp 1, cp 1)" \
-            "kiln: tiny (with dropout 0.1), "; do
+            "kiln: tiny (with dropout 0.1), " "interrupted at step 1 (--max-wall-time); nothing saved (no --save-dir): exit 7, not 75"; do
   grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "no '$want'"; }
 done
 # ... and a warm-up as long as the run (the default --warmup 20 with --steps 20 said nothing).
 "$KILN_BIN" "${T[@]}" --steps 3 --warmup 3 >"$work/out"
 grep -qF -- "warning: --warmup 3 is all of --steps 3: the whole run is warm-up" "$work/out" || { cat "$work/out"; fail "no warning for --warmup = --steps"; }
+# A run without --save-dir (the default) ends saying how to keep the model (issue 48: it said
+# nothing, and there was nothing for kiln sample).
+tail -n 1 "$work/out" | grep -qF -- "kiln: nothing saved: give --save-dir DIR to keep the model (then: kiln sample --checkpoint DIR" ||
+  { cat "$work/out"; fail "no word of --save-dir at the end of a run that saved nothing"; }
 echo "PASS"
