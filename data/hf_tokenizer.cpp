@@ -127,7 +127,8 @@ BpeTokenizer::BpeTokenizer(std::string path, std::string json_text) : path_(std:
   }
   if (eot_ < 0 && special_ids.count("<|begin_of_text|>")) {  // Llama 3's BOS
     eot_ = special_ids["<|begin_of_text|>"];
-    eot_text_ = "<|begin_of_text|>";
+    eot_text_ = eos_text_ = "<|begin_of_text|>";
+    if (special_ids.count("<|end_of_text|>")) eos_text_ = "<|end_of_text|>";
   }
   if (eot_ < 0) {
     throw ConfigError(where + ": the tokenizer has no " + std::string(kEotToken) +
@@ -213,13 +214,15 @@ std::string byte_level_tokenizer_json() {
 }
 
 std::map<std::string, std::string> tokenizer_files(const Tokenizer& tok, int64_t model_max_length) {
-  const ordered_json config{{"tokenizer_class", "PreTrainedTokenizerFast"},
-                            {"bos_token", tok.eot_text()},
-                            {"eos_token", tok.eot_text()},
-                            {"unk_token", tok.eot_text()},
-                            {"model_max_length", model_max_length},
-                            {"add_prefix_space", false},
-                            {"clean_up_tokenization_spaces", false}};
+  ordered_json config{{"tokenizer_class", "PreTrainedTokenizerFast"},
+                      {"bos_token", tok.eot_text()},
+                      {"eos_token", tok.eos_text()}};
+  // GPT-2's files name <|endoftext|> as the unknown token too; Llama 3's name none (a byte-level
+  // vocabulary has no unknown text), nor does kiln for them.
+  if (tok.eot_text() == kEotToken) config["unk_token"] = tok.eot_text();
+  config["model_max_length"] = model_max_length;
+  config["add_prefix_space"] = false;
+  config["clean_up_tokenization_spaces"] = false;
   return {{"tokenizer.json", tok.hf_json()}, {"tokenizer_config.json", config.dump(2) + "\n"}};
 }
 

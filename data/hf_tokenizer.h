@@ -46,6 +46,7 @@ class BpeTokenizer : public Tokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(bytes_.size()); }
   int64_t eot() const override { return eot_; }
   std::string eot_text() const override { return eot_text_; }
+  std::string eos_text() const override { return eos_text_; }
   std::vector<int64_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int64_t>& ids) const override;
   std::string hf_json() const override { return text_; }
@@ -58,6 +59,7 @@ class BpeTokenizer : public Tokenizer {
   std::vector<char> known_;         // id -> 1 if the vocabulary holds it
   int64_t eot_ = -1;
   std::string eot_text_ = kEotToken;  // <|begin_of_text|> where that is eot
+  std::string eos_text_ = kEotToken;  // then <|end_of_text|> where the vocabulary has it
 };
 
 // The tokenizer of the tokenizer.json at `path`: ByteTokenizer if it is kiln's byte-level one
@@ -69,9 +71,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 std::string byte_level_tokenizer_json();
 
 // The files that make a directory loadable by AutoTokenizer.from_pretrained: tokenizer.json
-// (tok.hf_json()) and tokenizer_config.json (PreTrainedTokenizerFast, bos = eos = unk = the
-// tokenizer's end-of-text token, tok.eot_text(): <|endoftext|>, or Llama 3's <|begin_of_text|>,
-// never a token the vocabulary lacks; model_max_length: the model's context). File name -> contents.
+// (tok.hf_json()) and tokenizer_config.json (PreTrainedTokenizerFast; bos = eos = unk =
+// <|endoftext|> for GPT-2's kind; Llama 3's bos <|begin_of_text|>, eos <|end_of_text|>, no unk, as
+// its own files say: never a token the vocabulary lacks; model_max_length: the model's context).
+// File name -> contents.
 std::map<std::string, std::string> tokenizer_files(const Tokenizer& tok, int64_t model_max_length);
 
 }  // namespace kiln

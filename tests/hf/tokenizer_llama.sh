@@ -78,6 +78,8 @@ bos, ends = tok.token_to_id("<|begin_of_text|>"), [tok.token_to_id("<|end_of_tex
 # documents open with <|begin_of_text|>; generate stops at <|end_of_text|> or <|eot_id|>, as kiln sample does
 assert (c["bos_token_id"], c["eos_token_id"], c["model_type"]) == (bos, ends, "llama"), c
 assert (g["bos_token_id"], g["eos_token_id"]) == (bos, ends), g
+t = json.load(open(f"{sys.argv[1]}/tokenizer_config.json"))  # Llama 3's own: bos opens, eos ends, no unk
+assert (t["bos_token"], t["eos_token"], "unk_token" in t) == ("<|begin_of_text|>", "<|end_of_text|>", False), t
 s = json.loads(open("sample.json").read().strip().splitlines()[-1])
 want = Tokenizer.from_file("llama3.json").encode("the quick").ids
 assert s["prompt_ids"] == want, (s["prompt_ids"], want)
