@@ -447,6 +447,9 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
 
   if (!p.fits()) {  // no step time: the layout would not run (run_plan points at --search)
     o += "\nstep time\n  none: " + does_not_fit(p) + "\n\n";
+    // The budget is the model's and the cluster's, whatever the layout: said as such, not as this
+    // layout's time.
+    o += "(the cluster's budget at its achieved rate, for a layout that fits; this one does not)\n";
     o += totals_text(totals, c);
     return o;
   }
