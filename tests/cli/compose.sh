@@ -21,18 +21,19 @@
 # products in another order; measured ~1e-7); MoE: the routing figures (dropped fraction, max and
 # min load, by layer) exactly equal every step, the balance and z losses within 1e-5 -- the
 # ranks' parts of each sequence's losses add up to the single process's.
-# kiln plan --compare on every run: every exact row equal (model state, comm_bytes; with ep the
-# traffic less the all-to-alls' rows, an estimate).
+# kiln plan --compare on every run (one invocation): every exact row equal (model state, comm_bytes;
+# with ep the traffic less the all-to-alls' rows, an estimate).
+# Every process computes on one thread (OMP_NUM_THREADS=1); the single-process runs go two at a time.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 600 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
+export OMP_NUM_THREADS=1
 D=(train --device cpu --model tiny --steps 10 --log-every 100 --micro-batch 2)
 L=(train --device cpu --model tiny-llama --steps 10 --log-every 100 --micro-batch 2)
 M=(train --device cpu --model tiny-moe --steps 10 --log-every 100 --micro-batch 2 --moe-aux-loss-coef 0.01 --moe-z-loss-coef 0.001)
 
 "$KILN_BIN" "${D[@]}" --grad-accum 4 --log-json "$work/ref.jsonl" >/dev/null & bg=($!)
 "$KILN_BIN" "${L[@]}" --grad-accum 4 --log-json "$work/ref_llama.jsonl" >/dev/null
-"$KILN_BIN" "${M[@]}" --grad-accum 4 --log-json "$work/ref_moe.jsonl" >/dev/null
 wait "${bg[@]}"
 mpi 4 "$KILN_BIN" "${D[@]}" --grad-accum 4 --cp 2 --tp 2 --sp --log-json "$work/cp_sp.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${L[@]}" --grad-accum 4 --cp 2 --tp 2 --sp --log-json "$work/llama_cp_sp.jsonl" >/dev/null
@@ -48,17 +49,21 @@ mpi 4 "$KILN_BIN" "${M[@]}" --grad-accum 2 --cp 2 --ep 2 --log-json "$work/moe_c
 mpi 2 "$KILN_BIN" "${M[@]}" --grad-accum 4 --cp 2 --zero 3 --log-json "$work/moe_cp_z3.jsonl" >/dev/null
 mpi 16 "$KILN_BIN" "${M[@]}" --grad-accum 2 --ep 2 --cp 2 --tp 2 --sp --pp 2 --zero 1 --log-json "$work/moe_5d.jsonl" >/dev/null
 "$KILN_BIN" "${D[@]}" --grad-accum 4 --resume "$work/5d/step_00000005" --save-dir "$work/from_5d" \
-  --log-json "$work/from_5d.jsonl" >/dev/null
+  --log-json "$work/from_5d.jsonl" >/dev/null & bg=($!)
+"$KILN_BIN" "${M[@]}" --grad-accum 4 --log-json "$work/ref_moe.jsonl" >/dev/null
+wait "${bg[@]}"
 names=(cp_sp llama_cp_sp cp_sp_pp dp_cp_sp_z1 5d moe_sp moe_cp moe_cp_sp moe_sp_ac moe_cp_ep moe_cp_z3 moe_5d)
-for name in "${names[@]}"; do
-  "$KILN_BIN" plan --compare "$work/$name.jsonl" --json >"$work/$name.cmp.json" || fail "kiln plan --compare $name"
-done
+"$KILN_BIN" plan $(printf -- "--compare $work/%s.jsonl " "${names[@]}") --json >"$work/cmp.json" || fail "kiln plan --compare ${names[*]}"
 
 python3 - "$work" "$(dirname "$0")" "${names[@]}" <<'PY'
 import json, sys
 d, here, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.path.insert(0, here)
 from zero_expect import load, compare, steps, check_plan_compare
+docs = json.load(open(f"{d}/cmp.json"))  # kiln plan's reports, in the order of its --compare flags
+assert [c["log"] for c in docs] == [f"{d}/{n}.jsonl" for n in names], [c["log"] for c in docs]
+for name, c in zip(names, docs):
+    json.dump(c, open(f"{d}/{name}.cmp.json", "w"))
 refs = {"tiny": load(f"{d}/ref.jsonl"), "tiny-llama": load(f"{d}/ref_llama.jsonl"), "tiny-moe": load(f"{d}/ref_moe.jsonl")}
 want = {  # name: (dp, cp, tp, sp, pp, ep)
     "cp_sp": (1, 2, 2, True, 1, 1), "llama_cp_sp": (1, 2, 2, True, 1, 1), "cp_sp_pp": (1, 2, 2, True, 2, 1),

@@ -8,13 +8,15 @@
 #   (their gradient reaches the router in the weight pass).
 # Tolerance: relative 1e-5 on loss, gradient norm and the weights' fingerprint (the pipeline's:
 # the split backward sums the same products, measured ~1e-7); bf16 2e-3 (tests/cli/pipeline_zero3.sh).
-# Exactly: kiln plan --compare's rows (comm_bytes: the split adds no traffic), the record's bubble
+# Exactly: kiln plan --compare's rows (one invocation for every log) (comm_bytes: the split adds no traffic), the record's bubble
 # (zb_h1_bubble_fraction), stage 0's pp_live_max (min(pp, m), as 1F1B's stage 0). Checkpoints: the
 # pp 2 run's step 5 resumed in one process. Bad input: zb-h1 without pp, with --pp-virtual, with
 # ZeRO-3, with full recomputation.
+# Every process computes on one thread (OMP_NUM_THREADS=1); the single-process runs go two at a time.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
+export OMP_NUM_THREADS=1
 T=(train --device cpu --model tiny --steps 10 --log-every 100 --micro-batch 2)
 B=(train --device cpu --model tiny --steps 5 --log-every 100 --micro-batch 2 --precision bf16 --param-dtype bf16)
 M=(train --device cpu --model tiny-moe --steps 10 --log-every 100 --micro-batch 2 --moe-aux-loss-coef 0.01 --moe-z-loss-coef 0.001)
@@ -22,7 +24,6 @@ Z=(--pp-schedule zb-h1)
 
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/ref" --save-every 5 --keep-last 0 --log-json "$work/ref.jsonl" >/dev/null & bg=($!)
 "$KILN_BIN" "${B[@]}" --grad-accum 4 --log-json "$work/ref_bf16.jsonl" >/dev/null
-"$KILN_BIN" "${M[@]}" --grad-accum 4 --log-json "$work/ref_moe.jsonl" >/dev/null
 wait "${bg[@]}"
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --pp 2 "${Z[@]}" --save-dir "$work/zb" --save-every 5 --keep-last 0 \
   --log-json "$work/pp2.jsonl" >"$work/pp2.out"
@@ -37,19 +38,23 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --pp 2 --cp 2 "${Z[@]}" --log-json "$
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --pp 2 "${Z[@]}" --activation-checkpointing selective --log-json "$work/sel.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${B[@]}" --grad-accum 4 --pp 2 "${Z[@]}" --log-json "$work/bf16.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${M[@]}" --grad-accum 4 --pp 2 "${Z[@]}" --log-json "$work/moe.jsonl" >/dev/null
-"$KILN_BIN" "${T[@]}" --grad-accum 4 --resume "$work/zb/step_00000005" --save-dir "$work/from_zb" --log-json "$work/from_zb.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --resume "$work/zb/step_00000005" --save-dir "$work/from_zb" --log-json "$work/from_zb.jsonl" >/dev/null & bg=($!)
+"$KILN_BIN" "${M[@]}" --grad-accum 4 --log-json "$work/ref_moe.jsonl" >/dev/null
+wait "${bg[@]}"
 grep -q "ZB-H1 over 4 micro-batches: bubble 7.7% of each step (equal forward, input and weight passes; 1F1B 20.0%)" "$work/pp2.out" ||
   fail "no ZB-H1 pipeline line: $(cat "$work/pp2.out")"
 names=(pp2 pp4 pp4_m8 dp2 dp2_z1 dp2_z2 tp2 sp cp2 sel bf16 moe)
-for name in "${names[@]}"; do
-  "$KILN_BIN" plan --compare "$work/$name.jsonl" --json >"$work/$name.cmp.json" || fail "kiln plan --compare $name"
-done
+"$KILN_BIN" plan $(printf -- "--compare $work/%s.jsonl " "${names[@]}") --json >"$work/cmp.json" || fail "kiln plan --compare ${names[*]}"
 
 python3 - "$work" "$(dirname "$0")" "${names[@]}" <<'PY'
 import json, sys
 d, here, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.path.insert(0, here)
 from zero_expect import load, compare, check_resumed, check_plan_compare
+docs = json.load(open(f"{d}/cmp.json"))  # kiln plan's reports, in the order of its --compare flags
+assert [c["log"] for c in docs] == [f"{d}/{n}.jsonl" for n in names], [c["log"] for c in docs]
+for name, c in zip(names, docs):
+    json.dump(c, open(f"{d}/{name}.cmp.json", "w"))
 refs = {"fp32": load(f"{d}/ref.jsonl"), "bf16": load(f"{d}/ref_bf16.jsonl"), "moe": load(f"{d}/ref_moe.jsonl")}
 for name in names:
     run = load(f"{d}/{name}.jsonl")

@@ -15,14 +15,16 @@
 # pipeline's, tests/cli/pipeline.sh; measured ~1e-7). bf16: 2e-3 (the stages sum the tied gradient
 # in another order, which flips bf16 roundings of the weights: docs/pipeline.md measured 4e-4 over
 # 10 steps without ZeRO; here 2.9e-4 over 5).
-# kiln plan --compare: every exact row equal (the stages' ZeRO-3 traffic: each unit gathered for
+# kiln plan --compare (one invocation for every log): every exact row equal (the stages' ZeRO-3 traffic: each unit gathered for
 # every forward and again for every backward, the outer units and the stage's last block once a
 # micro-batch; model state P psi'/N).
 # Checkpoints: a dp 2 x pp 2 ZeRO-3 run's step 5 resumed in one process, and the reference's
 # resumed at dp 2 x pp 2 ZeRO-3 offload all: steps 6-10 within 1e-5, the step-10 weights within 1e-5.
+# Every process computes on one thread (OMP_NUM_THREADS=1); the single-process runs go two at a time.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
+export OMP_NUM_THREADS=1
 T=(train --device cpu --model tiny --steps 10 --log-every 100)
 B=(train --device cpu --model tiny --steps 5 --log-every 100 --precision bf16 --param-dtype bf16)
 M=(train --device cpu --model tiny-moe --steps 10 --log-every 100)
@@ -30,7 +32,6 @@ M=(train --device cpu --model tiny-moe --steps 10 --log-every 100)
 "$KILN_BIN" "${T[@]}" --micro-batch 2 --grad-accum 4 --save-dir "$work/ref" --save-every 5 --keep-last 0 \
   --log-json "$work/ref.jsonl" >/dev/null & bg=($!)
 "$KILN_BIN" "${B[@]}" --micro-batch 2 --grad-accum 4 --log-json "$work/ref_bf16.jsonl" >/dev/null
-"$KILN_BIN" "${M[@]}" --micro-batch 2 --grad-accum 4 --log-json "$work/refmoe.jsonl" >/dev/null
 wait "${bg[@]}"
 mpi 4 "$KILN_BIN" "${T[@]}" --micro-batch 2 --grad-accum 2 --pp 2 --zero 3 --save-dir "$work/z3" --save-every 5 \
   --keep-last 0 --log-json "$work/z3.jsonl" >/dev/null
@@ -45,18 +46,23 @@ mpi 4 "$KILN_BIN" "${T[@]}" --micro-batch 2 --grad-accum 4 --pp 2 --tp 2 --zero 
 mpi 8 "$KILN_BIN" "${M[@]}" --micro-batch 1 --grad-accum 2 --pp 2 --ep 2 --zero 3 --log-json "$work/z3_moe.jsonl" >/dev/null
 # Checkpoints both ways.
 "$KILN_BIN" "${T[@]}" --micro-batch 2 --grad-accum 4 --resume "$work/z3/step_00000005" --save-dir "$work/from_z3" \
-  --log-json "$work/from_z3.jsonl" >/dev/null
+  --log-json "$work/from_z3.jsonl" >/dev/null & bg=($!)
+"$KILN_BIN" "${M[@]}" --micro-batch 2 --grad-accum 4 --log-json "$work/refmoe.jsonl" >/dev/null
+wait "${bg[@]}"
 mpi 4 "$KILN_BIN" "${T[@]}" --micro-batch 2 --grad-accum 2 --pp 2 --zero 3 --offload all --resume "$work/ref/step_00000005" \
   --save-dir "$work/to_z3" --log-json "$work/to_z3.jsonl" >/dev/null
-for name in z3 z3_local z3_off z3_ac z3_dp1 z3_v2 z3_v2_off z3_tp2 z3_moe; do
-  "$KILN_BIN" plan --compare "$work/$name.jsonl" --json >"$work/$name.cmp.json" || fail "kiln plan --compare $name"
-done
+names=(z3 z3_local z3_off z3_ac z3_dp1 z3_v2 z3_v2_off z3_tp2 z3_moe)
+"$KILN_BIN" plan $(printf -- "--compare $work/%s.jsonl " "${names[@]}") --json >"$work/cmp.json" || fail "kiln plan --compare ${names[*]}"
 
-python3 - "$work" "$(dirname "$0")" <<'PY'
+python3 - "$work" "$(dirname "$0")" "${names[@]}" <<'PY'
 import json, sys
-d, here = sys.argv[1], sys.argv[2]
+d, here, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.path.insert(0, here)
 from zero_expect import load, compare, check_resumed
+docs = json.load(open(f"{d}/cmp.json"))  # kiln plan's reports, in the order of its --compare flags
+assert [c["log"] for c in docs] == [f"{d}/{n}.jsonl" for n in names], [c["log"] for c in docs]
+for name, c in zip(names, docs):
+    json.dump(c, open(f"{d}/{name}.cmp.json", "w"))
 refs = {"tiny": load(f"{d}/ref.jsonl"), "bf16": load(f"{d}/ref_bf16.jsonl"), "moe": load(f"{d}/refmoe.jsonl")}
 runs = {  # name: (reference, tolerance, dp, tp, pp, V)
     "z3": ("tiny", 1e-5, 2, 1, 2, 1), "z3_local": ("tiny", 1e-5, 2, 1, 2, 1), "z3_off": ("tiny", 1e-5, 2, 1, 2, 1),

@@ -5,7 +5,7 @@
 #   tp 2        2 ranks (dp 1), 2 x 4; and with --activation-checkpointing full, selective
 #   tp 4        4 ranks (dp 1), 2 x 4
 #   tp 2 dp 2   4 ranks, 2 x 2 (DDP over dp)
-# Checked over 20 steps: loss and gradient norm per step and the final weights' fingerprint
+# Checked over 10 steps: loss and gradient norm per step and the final weights' fingerprint
 # (split parameters summed over tp) within a relative 1e-5, the DDP parity tolerance
 # (tests/cli/ddp_parity.sh): the split layers sum the same products in another order (partial
 # sums over tp, then an all-reduce), measured 2.5e-7 on losses at tp 2. A missing all-reduce, a
@@ -17,18 +17,23 @@
 # all-reduce counted twice (distributed/comm.h). With dp 2, DDP's 2 x 4 psi_local + 16 on top; with
 # full activation checkpointing the recomputed forward's 2 all-reduces per block again.
 # ZeRO-1, and ZeRO-3 with --offload all, over dp 2 of tp 2: parity as above.
-# Checkpoints: a tp 1 checkpoint resumed at tp 2, a tp 2 x dp 2 ZeRO-3 one at tp 1 (one process):
-# steps 11-20 within 1e-5 and the consolidated step-20 weights within 1e-5 of the reference's.
+# Checkpoints: a tp 1 checkpoint resumed at tp 2, the tp 2 x dp 2 ZeRO-3 (--offload all) run's at tp 1
+# (one process), both from step 5: steps 6-10 within 1e-5 and the consolidated step-10 weights within
+# 1e-5 of the reference's.
 # GQA with tp above the kv heads (replicated): kv 1 at tp 2 (and its checkpoint), kv 2 at tp 4.
 # ZeRO-1 and ZeRO-3 over dp 2 of tp 2 with the kv head replicated: parity as above.
 # Bad input: tp not dividing the heads; tp and the kv heads not dividing one another; tp x pp
 # not dividing the world.
+# Every process computes on one thread (OMP_NUM_THREADS=1); the single-process runs go two at a time.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
-T=(train --device cpu --model tiny --steps 20 --log-every 100 --micro-batch 2)
+export OMP_NUM_THREADS=1
+T=(train --device cpu --model tiny --steps 10 --log-every 100 --micro-batch 2)
 
-"$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/ref" --save-every 10 --keep-last 0 --log-json "$work/ref.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/ref" --save-every 5 --keep-last 0 --log-json "$work/ref.jsonl" >/dev/null & bg=($!)
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --n-kv-head 1 --save-dir "$work/ref_kv1" --log-json "$work/ref_kv1.jsonl" >/dev/null
+wait "${bg[@]}"
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --log-json "$work/tp2.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --activation-checkpointing full --log-json "$work/tp2_ac.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --activation-checkpointing selective --log-json "$work/tp2_sel.jsonl" >/dev/null
@@ -43,20 +48,21 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 4 --log-json "$work/tp4.jsonl" >
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --log-json "$work/tp2dp2.jsonl" >/dev/null
 # ZeRO over dp of each tp slice.
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --zero 1 --log-json "$work/tp2dp2_z1.jsonl" >/dev/null
-mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --zero 3 --offload all --log-json "$work/tp2dp2_z3.jsonl" >/dev/null
+mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --zero 3 --offload all --save-dir "$work/tp2dp2_z3" --save-every 5 \
+  --keep-last 0 --log-json "$work/tp2dp2_z3.jsonl" >/dev/null
 # Grouped-query attention with more tp ranks than kv heads: the kv heads are replicated.
-"$KILN_BIN" "${T[@]}" --grad-accum 4 --n-kv-head 1 --save-dir "$work/ref_kv1" --log-json "$work/ref_kv1.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --n-kv-head 1 --tp 2 --save-dir "$work/kv1_tp2" --log-json "$work/kv1_tp2.jsonl" >/dev/null
-"$KILN_BIN" "${T[@]}" --grad-accum 4 --n-kv-head 2 --log-json "$work/ref_kv2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 4 --n-kv-head 2 --tp 4 --log-json "$work/kv2_tp4.jsonl" >/dev/null
 # ... under ZeRO over dp: the replicated kv rows count KV/tp in the sharded norm and fingerprint.
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --n-kv-head 1 --tp 2 --zero 1 --log-json "$work/kv1_tp2_z1.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --n-kv-head 1 --tp 2 --zero 3 --log-json "$work/kv1_tp2_z3.jsonl" >/dev/null
-# Checkpoints across tp sizes: tp 1 -> tp 2 (from the reference's step 10), tp 2 x dp 2 -> tp 1.
-mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --resume "$work/ref/step_00000010" --save-dir "$work/to_tp2" \
+# Checkpoints across tp sizes: tp 1 -> tp 2 (from the reference's step 5), tp 2 x dp 2 -> tp 1.
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 4 --tp 2 --resume "$work/ref/step_00000005" --save-dir "$work/to_tp2" \
   --log-json "$work/to_tp2.jsonl" >/dev/null
-mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --zero 3 --stop-at-step 10 --save-dir "$work/to_tp1" >/dev/null
-"$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/to_tp1" --log-json "$work/to_tp1.jsonl" >/dev/null
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --resume "$work/tp2dp2_z3/step_00000005" --save-dir "$work/to_tp1" \
+  --log-json "$work/to_tp1.jsonl" >/dev/null & bg=($!)
+"$KILN_BIN" "${T[@]}" --grad-accum 4 --n-kv-head 2 --log-json "$work/ref_kv2.jsonl" >/dev/null
+wait "${bg[@]}"
 
 python3 - "$work" "$(dirname "$0")" <<'PY'
 import sys
@@ -89,9 +95,9 @@ from zero_expect import max_weight_diff
 for name, ref_name in (("kv1_tp2", "ref_kv1"), ("kv2_tp4", "ref_kv2"), ("kv1_tp2_z1", "ref_kv1"), ("kv1_tp2_z3", "ref_kv1")):
     line = f"{name}: within {compare(load(f'{d}/{ref_name}.jsonl'), load(f'{d}/{name}.jsonl'), name, 1e-5):.1e} of the single process"
     if name == "kv1_tp2":  # the replicated kv rows reassembled into the whole checkpoint
-        w = max_weight_diff(f"{d}/ref_kv1/step_00000020/model.safetensors", f"{d}/kv1_tp2/step_00000020/model.safetensors")
+        w = max_weight_diff(f"{d}/ref_kv1/step_00000010/model.safetensors", f"{d}/kv1_tp2/step_00000010/model.safetensors")
         assert w <= 1e-5, (name, w)
-        line += f"; step-20 weights within {w:.1e}"
+        line += f"; step-10 weights within {w:.1e}"
     print(line)
 losses = lambda n: [r["loss"] for r in load(f"{d}/{n}.jsonl") if r["type"] == "step"]
 assert losses("drop_a") == losses("drop_b"), "dropout under tp is not reproducible"
@@ -102,11 +108,11 @@ print(f"dropout under tp 2: reproducible, recomputation within {worst:.1e}")
 from zero_expect import max_weight_diff, steps
 for name in ("to_tp2", "to_tp1"):
     run = load(f"{d}/{name}.jsonl")
-    assert sorted(steps(run)) == list(range(11, 21)) and run[0]["resumed_from"], name
-    worst = compare(ref, run, name, 1e-5, first=11)
-    w = max_weight_diff(f"{d}/ref/step_00000020/model.safetensors", f"{d}/{name}/step_00000020/model.safetensors")
+    assert sorted(steps(run)) == list(range(6, 11)) and run[0]["resumed_from"], name
+    worst = compare(ref, run, name, 1e-5, first=6)
+    w = max_weight_diff(f"{d}/ref/step_00000010/model.safetensors", f"{d}/{name}/step_00000010/model.safetensors")
     assert w <= 1e-5, (name, w)
-    print(f"{name}: resumed, steps 11-20 within {worst:.1e}; step-20 weights within {w:.1e}")
+    print(f"{name}: resumed, steps 6-10 within {worst:.1e}; step-10 weights within {w:.1e}")
 PY
 
 expect_refused 2 "--tp 2 does not divide the attention heads \(--n-head\) \(3\); --tp values this model splits into: 1$" "${T[@]}" --tp 2 --n-head 3 --n-kv-head 3 --d-model 96
