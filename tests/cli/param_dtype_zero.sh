@@ -45,13 +45,15 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
 cd "$work"
 T=(train --device cpu --log-every 20 --dropout 0 --micro-batch 4)
-# 20 steps in bf16; 10 in fp16 at a context of 64, which this CPU computes 13x slower than bf16
-# (param_dtype.sh).
-steps_of() { if [ "$1" = fp16 ]; then echo 10; else echo 20; fi; }
+# 10 steps, in bf16 and in fp16 (fp16 at a context of 64: this CPU computes it 13x slower than bf16,
+# param_dtype.sh). The tolerances below were measured over 20 bf16 steps; a defect they guard
+# shows within the first steps (a ZeRO reduce-scatter rounded to bf16 planted in zero.cpp failed
+# bf16_np2_z1_reduce_none at step 2).
+steps_of() { echo 10; }
 shape_of() { if [ "$1" = fp16 ]; then echo --seq-len 64; fi; }
-run() {  # run NAME NP FLAGS...; STEPS (default 20) steps
+run() {  # run NAME NP FLAGS...; STEPS (default 10) steps
   local name=$1 np=$2; shift 2
-  mpi "$np" "$KILN_BIN" "${T[@]}" --steps "${STEPS:-20}" "$@" --log-json "$name.jsonl" >/dev/null || fail "$name: kiln exited $?"
+  mpi "$np" "$KILN_BIN" "${T[@]}" --steps "${STEPS:-10}" "$@" --log-json "$name.jsonl" >/dev/null || fail "$name: kiln exited $?"
 }
 
 # 1.
@@ -64,7 +66,7 @@ for p in bf16 fp16; do
   "$KILN_BIN" "${T[@]}" --steps "$(steps_of "$p")" --precision "$p" --param-dtype "$p" $(shape_of "$p") --grad-accum 4 --grad-clip 0 \
     --log-json "ref_$p.jsonl" >/dev/null & refs+=($!)
 done
-"$KILN_BIN" "${T[@]}" --steps 20 --precision bf16 --param-dtype bf16 --grad-accum 4 --log-json ref_clip.jsonl >/dev/null & refs+=($!)
+"$KILN_BIN" "${T[@]}" --steps 10 --precision bf16 --param-dtype bf16 --grad-accum 4 --log-json ref_clip.jsonl >/dev/null & refs+=($!)
 names=()
 for cfg in "bf16 2 1 reduce none" "bf16 2 2 reduce none" "bf16 2 2 local none" "bf16 2 3 reduce none" "bf16 2 3 local none" \
            "bf16 2 1 reduce optimizer" "bf16 2 2 reduce optimizer" "bf16 2 3 reduce optimizer" "bf16 2 3 reduce all" \
@@ -95,7 +97,7 @@ for name, p, t in cases:
     c = run[0]
     assert c["config"]["param_dtype"] == (p if p != "clip" else "bf16") and c["config"]["zero"] > 0, c["config"]
     assert (c["config"]["grad_clip"] == 0) == (p != "clip"), c["config"]
-    check(load(f"ref_{p}"), run, t, f"{name} vs one process", n_steps=10 if p == "fp16" else 20)
+    check(load(f"ref_{p}"), run, t, f"{name} vs one process", n_steps=10)
 PY
 
 # 2. The fp32-weights twins of two ZeRO-3 runs, and the bf16 reduction.
@@ -144,34 +146,41 @@ worst = max(abs(x["loss"] - y["loss"]) / x["loss"] for x, y in zip(steps(a), ste
 assert worst <= 1e-2, worst
 print(f"ZeRO-2 --reduce-dtype bf16: comm_bytes {steps(a)[0]['comm_bytes']} -> {steps(b)[0]['comm_bytes']} (reduce-scatters halved); losses within {worst:.1e}")
 PY
-for log in bf16_np2_z1_reduce_none bf16_np2_z2_local_none bf16_np4_z3_reduce_none bf16_np4_z3_reduce_all fp16_np4_z2_reduce_optimizer \
-           fp32w_np2_z3 bf16_np2_z2_red16 clip_tp2_z1 clip_3d_z1; do
-  "$KILN_BIN" plan --compare "$log.jsonl" --json >"$log.cmp.json"
-  python3 "$here/compare_exact.py" "$log.cmp.json" "$log"
-done
+# kiln plan --compare, one call for the nine logs (its --json: one report per --compare, in order).
+logs=(bf16_np2_z1_reduce_none bf16_np2_z2_local_none bf16_np4_z3_reduce_none bf16_np4_z3_reduce_all fp16_np4_z2_reduce_optimizer
+      fp32w_np2_z3 bf16_np2_z2_red16 clip_tp2_z1 clip_3d_z1)
+"$KILN_BIN" plan $(printf -- "--compare %s.jsonl " "${logs[@]}") --json >cmp.json || fail "kiln plan --compare ${logs[*]}"
+python3 - "${logs[@]}" <<'PY'
+import json, sys
+docs = json.load(open("cmp.json"))
+assert [c["log"] for c in docs] == [f"{n}.jsonl" for n in sys.argv[1:]], [c["log"] for c in docs]
+for name, c in zip(sys.argv[1:], docs):
+    json.dump(c, open(f"{name}.cmp.json", "w"))
+PY
+for log in "${logs[@]}"; do python3 "$here/compare_exact.py" "$log.cmp.json" "$log"; done
 
 # 3.
 R=(--precision bf16 --param-dtype bf16 --grad-clip 0)
 run full 2 "${R[@]}" --grad-accum 2 --zero 3
-mpi 2 "$KILN_BIN" "${T[@]}" --steps 20 "${R[@]}" --grad-accum 2 --zero 3 --save-dir ck --save-every 10 --stop-at-step 15 >/dev/null
-run resumed 2 "${R[@]}" --grad-accum 2 --zero 3 --save-dir ck --resume ck/step_00000010
-run moved 4 "${R[@]}" --grad-accum 1 --zero 1 --save-dir ck4 --resume ck/step_00000010 --allow-config-change
-run upcast 2 --precision bf16 --param-dtype fp32 --grad-clip 0 --grad-accum 2 --zero 2 --save-dir ck5 --resume ck/step_00000010 \
+mpi 2 "$KILN_BIN" "${T[@]}" --steps 10 "${R[@]}" --grad-accum 2 --zero 3 --save-dir ck --save-every 5 --stop-at-step 8 >/dev/null
+run resumed 2 "${R[@]}" --grad-accum 2 --zero 3 --save-dir ck --resume ck/step_00000005
+run moved 4 "${R[@]}" --grad-accum 1 --zero 1 --save-dir ck4 --resume ck/step_00000005 --allow-config-change
+run upcast 2 --precision bf16 --param-dtype fp32 --grad-clip 0 --grad-accum 2 --zero 2 --save-dir ck5 --resume ck/step_00000005 \
   --allow-config-change
 python3 - <<'PY'
 import json
 s = lambda n: {r["step"]: r for r in map(json.loads, open(f"{n}.jsonl")) if r["type"] == "step"}
 full, resumed, moved, upcast = s("full"), s("resumed"), s("moved"), s("upcast")
-assert sorted(resumed) == list(range(11, 21)) and sorted(moved) == list(range(11, 21))
+assert sorted(resumed) == list(range(6, 11)) and sorted(moved) == list(range(6, 11))
 assert all(resumed[k]["loss"] == full[k]["loss"] and resumed[k]["grad_norm"] == full[k]["grad_norm"] for k in resumed), "not replay-exact"
 worst = max(abs(moved[k]["loss"] - full[k]["loss"]) / full[k]["loss"] for k in moved)
 assert worst <= 1e-5, worst
 # Under the other policy (fp32 weights, ZeRO-2): the same fp32 masters, no longer rounded to bf16
 # for the forward -- within bf16's rounding of the weights (param_dtype.sh's 1e-2).
-assert sorted(upcast) == list(range(11, 21))
-rel = abs(upcast[11]["loss"] - full[11]["loss"]) / full[11]["loss"]
-assert rel <= 1e-2, (upcast[11]["loss"], full[11]["loss"])
+assert sorted(upcast) == list(range(6, 11))
+rel = abs(upcast[6]["loss"] - full[6]["loss"]) / full[6]["loss"]
+assert rel <= 1e-2, (upcast[6]["loss"], full[6]["loss"])
 print(f"checkpoint: ZeRO-3 dp 2 resumes replay-exact; on ZeRO-1 dp 4 within {worst:.1e}; "
-      f"under fp32 weights on ZeRO-2 step 11 within {rel:.1e}")
+      f"under fp32 weights on ZeRO-2 step 6 within {rel:.1e}")
 PY
 echo "PASS"
