@@ -10,7 +10,8 @@
 #               ep 4 with dp 4, dropless ep 4, ep 2 x tp 2 (4 ranks); with ZeRO-1 at dp 2 and
 #               dp 4, ZeRO-2 offloaded at dp 4, ZeRO-1 x tp 2, ZeRO-3 at dp 2 and dp 4; with pp 2 (DDP and ZeRO-1); with
 #               full recomputation, and ZeRO-2 with selective
-# Checked over 10 steps: loss and gradient norm per step and the final weights' fingerprint within
+# At a context of 64 (tiny-moe's is 128; the capacity, per sequence, then admits 20 of 64 x 2 / 8
+# assignments an expert; a quarter less compute a run). Checked over 10 steps: loss and gradient norm per step and the final weights' fingerprint within
 # a relative 1e-5 (the DDP parity tolerance, tests/cli/ddp_parity.sh: the same products summed in
 # another order); the routing figures of every step (moe_dropped, moe_max_load, moe_min_load,
 # per-layer loads) EXACTLY equal -- capacity is per sequence (models/moe.h), so every layout
@@ -44,7 +45,7 @@ source "$(dirname "$0")/common.sh"
 # multi-rank ones where nothing waits for them (one thread: the same arithmetic whatever runs beside).
 export OMP_NUM_THREADS=1
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
-T=(train --device cpu --model tiny-moe --steps 10 --log-every 100 --micro-batch 2)
+T=(train --device cpu --model tiny-moe --steps 10 --log-every 100 --micro-batch 2 --seq-len 64)
 bg=()
 
 "$KILN_BIN" "${T[@]}" --grad-accum 4 --save-dir "$work/ref" --save-every 5 --keep-last 0 --sample-every 10 --log-json "$work/ref.jsonl" >/dev/null
@@ -80,13 +81,13 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --zero 1 --log-json "$w
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --activation-checkpointing full --log-json "$work/ep2ac.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --zero 2 --activation-checkpointing selective --log-json "$work/ep2z2sel.jsonl" >/dev/null
 # bf16, 5 steps (bf16 is slow on this CPU).
-B=(train --device cpu --model tiny-moe --steps 5 --log-every 100 --micro-batch 2 --precision bf16)
+B=(train --device cpu --model tiny-moe --steps 5 --log-every 100 --micro-batch 2 --seq-len 64 --precision bf16)
 "$KILN_BIN" "${B[@]}" --grad-accum 4 --log-json "$work/ref_bf16.jsonl" >/dev/null & bg+=($!)
 mpi 2 "$KILN_BIN" "${B[@]}" --grad-accum 2 --zero 1 --log-json "$work/z1_bf16.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${B[@]}" --grad-accum 2 --ep 2 --log-json "$work/ep2_bf16.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${B[@]}" --grad-accum 1 --ep 2 --zero 2 --reduce-dtype bf16 --log-json "$work/ep2z2_bf16.jsonl" >/dev/null
 # fp16 (dynamic loss scaling; the router losses' gradients take the loss scale): ep 2 x ZeRO-1 at dp 4.
-F=(train --device cpu --model tiny-moe --steps 5 --log-every 100 --micro-batch 2 --precision fp16)
+F=(train --device cpu --model tiny-moe --steps 5 --log-every 100 --micro-batch 2 --seq-len 64 --precision fp16)
 "$KILN_BIN" "${F[@]}" --grad-accum 4 --log-json "$work/ref_fp16.jsonl" >/dev/null & bg+=($!)
 mpi 4 "$KILN_BIN" "${F[@]}" --grad-accum 1 --ep 2 --zero 1 --log-json "$work/ep2z1_fp16.jsonl" >/dev/null
 # Training: 100 steps of tiny-moe against the dense tiny model, one thread each, side by side.
@@ -133,7 +134,7 @@ st = json.load(open(f"{dst}/trainer_state.json"))
 st["files"]["model.safetensors"] = zlib.crc32(bytes(data)) & 0xffffffff
 json.dump(st, open(f"{dst}/trainer_state.json", "w"))
 PY
-S=(train --device cpu --model tiny-moe --steps 3 --log-every 100 --micro-batch 2 --init-from "$work/skew")
+S=(train --device cpu --model tiny-moe --steps 3 --log-every 100 --micro-batch 2 --seq-len 64 --init-from "$work/skew")
 "$KILN_BIN" "${S[@]}" --grad-accum 4 --log-json "$work/skew1.jsonl" >/dev/null
 mpi 2 "$KILN_BIN" "${S[@]}" --grad-accum 2 --ep 2 --comm-timeout 30 --comm-init-timeout 60 --log-json "$work/skew_ep2.jsonl" >/dev/null 2>"$work/skew.err" ||
   { cat "$work/skew.err"; fail "ep 2 with rank 1's experts starved did not finish"; }
@@ -165,7 +166,7 @@ def same_routing(ref, run, name, first=1):
 
 ref = load(f"{d}/ref.jsonl")
 c0 = ref[0]
-assert c0["params"] == 4567296 and c0["params_active"] == 1406208, (c0["params"], c0["params_active"])
+assert c0["params"] == 4567296 - 64 * 128 and c0["params_active"] == 1406208 - 64 * 128  # wpe: 64 positions, (c0["params"], c0["params_active"])
 L, E = c0["config"]["n_layer"], c0["config"]["n_experts"]
 assert all(0 < r["moe_dropped"] < 0.5 for r in steps(ref).values()), "capacity 1.25 drops some assignments"
 # --sample-every under expert parallelism: the sample the first ep group draws together is the
@@ -304,5 +305,5 @@ expect_refused 1 "--moe-every must be positive" train --device cpu --model tiny-
 expect_refused 1 "--n-experts must be 0" train --device cpu --model tiny --steps 1 --n-experts -2
 "$KILN_BIN" train --device cpu --model tiny --steps 1 --save-dir "$work/dense" >/dev/null
 expect_refused 1 "a dense model cannot seed an MoE model" train --device cpu --model tiny-moe --steps 1 --init-from "$work/dense"
-expect_refused 1 "is for another model shape: n_experts 8 \(this run: dense\)" train --device cpu --model tiny --steps 6 --resume "$work/ref/step_00000005"
+expect_refused 1 "is for another model shape: n_experts 8 \(this run: dense\)" train --device cpu --model tiny --seq-len 64 --steps 6 --resume "$work/ref/step_00000005"
 echo "PASS moe"
