@@ -148,7 +148,7 @@ const std::vector<Flag>& train_flags() {
       {"check-replicas", Kind::Int, "every N steps and before every save, the data-parallel replicas compare a hash of each weight; a mismatch (silent data corruption) ends the job (exit 4) naming the ranks and the tensor (0: never)", field(&TrainConfig::check_replicas)},
       {"straggler-factor", Kind::Float, "the summary names any rank whose median compute time a step is over this many times its pipeline stage's median (default 1.2)", field(&TrainConfig::straggler_factor)},
       {"max-skipped-steps", Kind::Int, "with --on-nonfinite skip: this many non-finite steps in a row end the run (exit 4, nothing saved), naming the rank and parameter it came from", field(&TrainConfig::max_skipped_steps)},
-      {"save-dir", Kind::String, "checkpoint directory", field(&TrainConfig::save_dir)},
+      {"save-dir", Kind::String, "checkpoint directory (none by default: a run without it saves nothing to resume or sample)", field(&TrainConfig::save_dir)},
       {"save-every", Kind::Int, "steps between checkpoints (0: only after the last step)", field(&TrainConfig::save_every)},
       {"stop-at-step", Kind::Int, "end this invocation after step N (checkpointed with --save-dir); the schedule still spans --steps (0: run to --steps)", field(&TrainConfig::stop_at_step)},
       {"keep-last", Kind::Int, "checkpoints kept in --save-dir (older ones are deleted; 0: keep all)", field(&TrainConfig::keep_last)},
