@@ -59,11 +59,8 @@ python3 - "$work" "$(dirname "$0")" "${names[@]}" <<'PY'
 import json, sys
 d, here, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.path.insert(0, here)
-from zero_expect import load, compare, steps, check_plan_compare
-docs = json.load(open(f"{d}/cmp.json"))  # kiln plan's reports, in the order of its --compare flags
-assert [c["log"] for c in docs] == [f"{d}/{n}.jsonl" for n in names], [c["log"] for c in docs]
-for name, c in zip(names, docs):
-    json.dump(c, open(f"{d}/{name}.cmp.json", "w"))
+from zero_expect import load, compare, steps, check_plan_compare, plan_reports
+plan_reports(f"{d}/cmp.json", d, names)  # one kiln plan call's reports, one file each
 refs = {"tiny": load(f"{d}/ref.jsonl"), "tiny-llama": load(f"{d}/ref_llama.jsonl"), "tiny-moe": load(f"{d}/ref_moe.jsonl")}
 want = {  # name: (dp, cp, tp, sp, pp, ep)
     "cp_sp": (1, 2, 2, True, 1, 1), "llama_cp_sp": (1, 2, 2, True, 1, 1), "cp_sp_pp": (1, 2, 2, True, 2, 1),

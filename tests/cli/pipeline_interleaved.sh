@@ -153,12 +153,12 @@ PY
 # blocks, model state, ZeRO's padded count, comm_bytes) equal; the peak memory printed.
 names=(v2 v2_m2 dp2v2_z1 dp2v2_z2 tp2v2 sp2v2 cp2v2 pp4v2_m8 moe_v2)
 "$KILN_BIN" plan $(printf -- "--compare $work/%s.jsonl " "${names[@]}") --json >"$work/cmp.json" || fail "kiln plan --compare ${names[*]}"
-python3 - "$work" "${names[@]}" <<'PY'
-import json, sys
-d, names = sys.argv[1], sys.argv[2:]
-docs = json.load(open(f"{d}/cmp.json"))
-assert [c["log"] for c in docs] == [f"{d}/{n}.jsonl" for n in names], [c["log"] for c in docs]
-for name, c in zip(names, docs):
+python3 - "$work" "$(dirname "$0")" "${names[@]}" <<'PY'
+import sys
+d, here, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+sys.path.insert(0, here)
+from zero_expect import plan_reports
+for name, c in plan_reports(f"{d}/cmp.json", d, names).items():
     rows = {r["name"]: r for r in c["rows"]}
     assert c["exact_ok"], (name, [r for r in c["rows"] if r["exact"] and r["equal"] is False])
     comm = rows["comm_bytes"]

@@ -58,11 +58,8 @@ python3 - "$work" "$(dirname "$0")" "${names[@]}" <<'PY'
 import json, sys
 d, here, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.path.insert(0, here)
-from zero_expect import load, compare, check_resumed
-docs = json.load(open(f"{d}/cmp.json"))  # kiln plan's reports, in the order of its --compare flags
-assert [c["log"] for c in docs] == [f"{d}/{n}.jsonl" for n in names], [c["log"] for c in docs]
-for name, c in zip(names, docs):
-    json.dump(c, open(f"{d}/{name}.cmp.json", "w"))
+from zero_expect import load, compare, check_resumed, plan_reports
+plan_reports(f"{d}/cmp.json", d, names)  # one kiln plan call's reports, one file each
 refs = {"tiny": load(f"{d}/ref.jsonl"), "bf16": load(f"{d}/ref_bf16.jsonl"), "moe": load(f"{d}/refmoe.jsonl")}
 runs = {  # name: (reference, tolerance, dp, tp, pp, V)
     "z3": ("tiny", 1e-5, 2, 1, 2, 1), "z3_local": ("tiny", 1e-5, 2, 1, 2, 1), "z3_off": ("tiny", 1e-5, 2, 1, 2, 1),

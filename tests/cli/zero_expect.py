@@ -117,6 +117,20 @@ def check_resumed(ref, d, name, first, last, ref_dir, tol=1e-5):
     print(f"{name}: resumed, steps {first}-{last} within {worst:.1e}; step-{last} weights within {wd:.1e}")
 
 
+def plan_reports(path, d, names):
+    """One `kiln plan --compare A.jsonl --compare B.jsonl ... --json` call's output at `path`: a list
+    of reports in the order of its --compare flags. Checks that order against `names` (the logs'
+    file names without .jsonl), writes each report to d/NAME.cmp.json (what one call per log wrote)
+    and returns them by name."""
+    import os
+    docs = json.load(open(path))
+    docs = docs if isinstance(docs, list) else [docs]  # one --compare: one report
+    assert [os.path.basename(c["log"]) for c in docs] == [f"{n}.jsonl" for n in names], [c["log"] for c in docs]
+    for name, c in zip(names, docs):
+        json.dump(c, open(os.path.join(d, f"{name}.cmp.json"), "w"))
+    return dict(zip(names, docs))
+
+
 def check_plan_compare(path, name, comm_exact=True):
     """`kiln plan --compare --json`'s output at `path`: every exact row equal, and (comm_exact)
     comm_bytes as predicted -- with --ep the all-to-alls' rows are an estimate, left out. Returns
