@@ -14,7 +14,8 @@
 # by a bf16 ulp (2^-8). Measured over 20 steps (loss / norm / fingerprint): DDP 2 and 4, ZeRO-1
 # 2.0e-5 / 5.1e-4 / 1.6e-5; ZeRO-2 offload optimizer, ZeRO-3 offload all 1.9e-5 / 7.2e-4 / 3.4e-5;
 # tp 2 4.1e-5 / 7.3e-4 / 6.7e-6; pp 2 3.0e-5 / 4.4e-4 / 8.3e-6; dp2 x tp2 x pp2 2.7e-5 / 5.4e-4 /
-# 1.5e-5 (the run is 10 steps since: a defect shows in the first ones). A lost micro-step or a wrong mean moves the loss or the norm by 1e-2 or more.
+# 1.5e-5 (the run is 10 steps since: a defect shows in the first ones). A lost micro-step or a
+# wrong mean moves the loss or the norm by 1e-2 or more.
 source "$(dirname "$0")/common.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 : "${MPIEXEC:=mpirun}"
