@@ -15,10 +15,13 @@ PY
 }
 # expect_refused NP REGEX ARGS...: `mpi NP kiln ARGS` (the calling script's mpi function) must exit
 # 2 (a configuration error) with one "kiln: error:" line matching REGEX.
+# mpirun ends a job whose rank exits non-zero with SIGTERM to every rank, then sleeps
+# odls_base_sigkill_timeout (1 s) twice before it exits, even when every rank is gone already: 2 s
+# of a refused run's 3 (strace, 2026-11-28). A refusal has nothing to flush, so no grace here.
 expect_refused() {
   local np=$1 regex=$2; shift 2
   local code=0
-  mpi "$np" "$KILN_BIN" "$@" >/dev/null 2>"$work/err" || code=$?
+  OMPI_MCA_odls_base_sigkill_timeout=0 mpi "$np" "$KILN_BIN" "$@" >/dev/null 2>"$work/err" || code=$?
   [ "$code" -eq 2 ] && grep -Eq "kiln: error: .*$regex" "$work/err" || { cat "$work/err" >&2; fail "$* (want exit 2, '$regex')"; }
   echo "refused: $(grep 'kiln: error' "$work/err" | head -n 1)"
 }
