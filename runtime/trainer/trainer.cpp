@@ -506,7 +506,12 @@ void Trainer::build_observers() {
     if (rank == proc_.rank) (factor ? r.test_slow_factor : r.test_slow_ms) = value;
   }
   r.peak = cfg_.peak_tflops > 0 ? std::optional<double>(cfg_.peak_tflops) : peak_tflops_for(r.dev.name);
-  r.log = (cfg_.log_json.empty() || proc_.rank != 0) ? LogSink() : LogSink(cfg_.log_json, /*append=*/!r.resumed_from.empty());
+  // Rank 0 alone opens the log (its --log-json alone counts: the other ranks' may differ); its
+  // verdict ends every rank alike (thrown on rank 0 only, the job waited 10 s for the others to
+  // fail too, then aborted with a banner: launch/main.cpp's fail()).
+  decide_on_rank0(r.host_world.get(), [&] {
+    if (!cfg_.log_json.empty()) r.log = LogSink(cfg_.log_json, /*append=*/!r.resumed_from.empty());
+  });
   if (!cfg_.tensorboard.empty()) {  // rank 0 writes the event file; its verdict ends every rank alike
     decide_on_rank0(r.host_world.get(), [&] { r.log.also_to(std::make_unique<TensorBoardWriter>(cfg_.tensorboard, r.progress.step)); });
   }

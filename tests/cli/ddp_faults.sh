@@ -58,11 +58,16 @@ wait_job 30
 echo "SIGKILL: job ended in ${elapsed}s with exit $code"
 
 # --- an error on one rank only (rank 0 alone opens the log): the job ends at once, one line.
+# Rank 0's verdict reaches every rank (distributed/rank0_verdict.h), so the line is the one every
+# rank agrees on, without "rank 0:" -- thrown on rank 0 alone it waited 10 s for the other rank to
+# fail too (launch/main.cpp), then aborted the job naming the rank.
 code=0
 timeout 60 "$MPIEXEC" --allow-run-as-root -np 2 "$KILN_BIN" train --device cpu --steps 5 \
   --log-json /nonexistent-dir/run.jsonl >/dev/null 2>"$work/one.err" || code=$?
 [ "$code" -eq 2 ] || fail "an error on rank 0 alone: exit $code (want 2), $(cat "$work/one.err")"
 [ "$(grep -c '^kiln: error:' "$work/one.err")" -eq 1 ] || fail "want one kiln line: $(cat "$work/one.err")"
+grep -q '^kiln: error: --log-json /nonexistent-dir/run.jsonl: cannot open' "$work/one.err" ||
+  fail "rank 0's error was not every rank's verdict: $(cat "$work/one.err")"
 echo "error on one rank: exit $code, $(grep '^kiln: error' "$work/one.err")"
 
 # --- ranks started with different settings (an MPMD launch): refused before any other collective,
