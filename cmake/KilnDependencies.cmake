@@ -4,7 +4,9 @@
 # install or the variable to set. `launch/setup.sh` installs all of them on Debian.
 #
 # Targets provided:
-#   kiln::torch     LibTorch 2.x (torch + c10, and c10_cuda / torch_cuda when it has CUDA)
+#   kiln::torch     LibTorch 2.x (torch_cpu + c10, and c10_cuda when it has CUDA; torch_cuda is
+#                   loaded at run time, distributed/cuda_backend.h)
+#   kiln::torch_cuda libtorch_cuda itself (CUDA LibTorch only), for a test that calls into it
 #   kiln::openmp    the OpenMP runtime LibTorch uses (link only; KILN_OPENMP_FLAGS to compile)
 #   MPI::MPI_CXX    Open MPI
 #   cxxopts::cxxopts, nlohmann_json::nlohmann_json, GTest::gtest / GTest::gtest_main
@@ -31,7 +33,20 @@ if(Torch_VERSION VERSION_LESS 2.4)
     "Point Torch_DIR at the pinned torch wheel (launch/setup.sh).")
 endif()
 add_library(kiln_torch INTERFACE)
-target_link_libraries(kiln_torch INTERFACE ${TORCH_LIBRARIES})
+if(TARGET torch_cuda AND TARGET torch_cpu_library AND TARGET c10_cuda)
+  # Everything of LibTorch but libtorch_cuda.so (and libtorch.so, which only names it): that one
+  # brings cuBLAS, cuDNN, cuFFT, cuSPARSE and nvJitLink, 0.15 s of every process's start-up, and
+  # kiln loads it when a command may use a GPU (distributed/cuda_backend.h). Its compile
+  # definitions stay, so every file compiles as before. kiln::torch_cuda: for a program (a GPU
+  # test) that calls into it directly.
+  target_link_libraries(kiln_torch INTERFACE torch_cpu_library c10_cuda)
+  target_compile_definitions(kiln_torch INTERFACE $<TARGET_PROPERTY:torch_cuda,INTERFACE_COMPILE_DEFINITIONS>)
+  add_library(kiln_torch_cuda INTERFACE)
+  target_link_libraries(kiln_torch_cuda INTERFACE torch_cuda_library)
+  add_library(kiln::torch_cuda ALIAS kiln_torch_cuda)
+else()
+  target_link_libraries(kiln_torch INTERFACE ${TORCH_LIBRARIES})
+endif()
 target_include_directories(kiln_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 # TORCH_CXX_FLAGS carries the C++ ABI define the library was built with.
 separate_arguments(_kiln_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "distributed/cuda_backend.h"
 #include "distributed/device_check.h"
 #include "distributed/error.h"
 
@@ -20,7 +21,9 @@ namespace kiln {
 
 DeviceInfo select_device(const std::string& choice, int local_rank) {
   DeviceInfo info;
-  const bool have_gpu = torch::cuda::is_available();
+  // --device cpu asks nothing of CUDA (its LibTorch half stays unloaded: distributed/cuda_backend.h);
+  // otherwise the half is loaded first (main() did, for the kiln commands), then asked.
+  const bool have_gpu = choice != "cpu" && load_cuda_backend() && torch::cuda::is_available();
   if (choice == "cpu" || (choice == "auto" && !have_gpu)) {
     // The test suite's check that every collective's tensor is on the run's device (a no-op
     // distinction on a CPU otherwise): distributed/device_check.h.
@@ -32,7 +35,11 @@ DeviceInfo select_device(const std::string& choice, int local_rank) {
   if (choice != "auto" && choice.rfind("cuda", 0) != 0) {
     throw ConfigError("--device must be auto, cpu, cuda or cuda:N (got '" + choice + "')");
   }
-  if (!have_gpu) throw ConfigError("--device " + choice + ": no CUDA GPU is visible to LibTorch");
+  if (!have_gpu) {
+    const std::string why = cuda_backend_error();
+    throw ConfigError("--device " + choice + ": no CUDA GPU is visible to LibTorch" +
+                      (why.empty() ? (cuda_backend_built() ? "" : " (this kiln was built without CUDA)") : " (" + why + ")"));
+  }
   int index = local_rank % static_cast<int>(torch::cuda::device_count());
   if (choice.size() > 4 && choice[4] == ':') {
     const std::string n = choice.substr(5);

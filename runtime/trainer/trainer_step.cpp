@@ -16,11 +16,11 @@
 
 #include <ATen/ATen.h>
 #if defined(KILN_WITH_CUDA)
-#include <ATen/cuda/Sleep.h>
 #include <cuda_runtime_api.h>
 #endif
 
 #include "data/prefetch.h"
+#include "distributed/cuda_backend.h"
 #include "distributed/device_check.h"
 #include "distributed/error.h"
 #include "distributed/host_memory.h"
@@ -63,7 +63,7 @@ void slow_down_for_test(c10::Device device, double ms) {
       (void)cudaGetLastError();
       khz = 1'500'000;
     }
-    at::cuda::sleep(static_cast<int64_t>(ms * khz));
+    cuda_spin(static_cast<int64_t>(ms * khz));  // at::cuda::sleep
     return;
   }
 #endif
