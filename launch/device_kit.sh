@@ -113,7 +113,8 @@ pack() {
   done
   local bins=("$build/kiln" "$build/kiln_adamw_bench" "$build/tests/test_comm_nccl")
   for b in "${bins[@]}"; do [ -x "$b" ] || die "missing $b (need a CUDA-enabled build: ${bins[*]})"; done
-  needed "$build/kiln" | grep -qx 'libtorch_cuda.so' || die "$build/kiln is not linked against libtorch_cuda.so (a CPU-only LibTorch build)"
+  # libc10_cuda.so: a CUDA build (libtorch_cuda.so itself is loaded at run time, distributed/cuda_backend.h)
+  needed "$build/kiln" | grep -qx 'libc10_cuda.so' || die "$build/kiln is not linked against libc10_cuda.so (a CPU-only LibTorch build)"
   local t0=$SECONDS
 
   # The kit must stay out of git: an anchored pattern in the shared info/exclude covers every
