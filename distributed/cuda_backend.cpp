@@ -67,7 +67,7 @@ std::string cuda_backend_error() { return g_error; }
 bool command_may_use_cuda(const std::vector<std::string>& args) {
   if (args.empty()) return false;
   const std::string& cmd = args[0];
-  if (cmd == "plan" || cmd == "prep" || cmd == "report" || cmd == "version" || cmd.rfind("-", 0) == 0) return false;
+  if (cmd != "train" && cmd != "eval" && cmd != "sample" && cmd != "bench") return false;
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--device=cpu" || (args[i] == "--device" && i + 1 < args.size() && args[i + 1] == "cpu")) return false;
   }

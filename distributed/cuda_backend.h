@@ -7,7 +7,8 @@
 // 16k). A CPU run, `kiln plan`, `prep`, `report` and the test suite's few thousand processes never
 // need it. A command that may use a GPU loads it (dlopen, global symbols) before it touches
 // anything of LibTorch's: LibTorch fixes its CUDA hooks at their first use, so a backend loaded
-// after a query would leave CUDA off for the process (`cuda_backend_loaded` then throws).
+// after a query would leave CUDA off for the process (`load_cuda_backend` then returns false, and
+// `cuda_backend_error` says so).
 #pragma once
 
 #include <cstdint>
@@ -31,8 +32,8 @@ bool cuda_backend_loaded();
 // Why the load failed ("" when it did not fail or was not tried).
 std::string cuda_backend_error();
 
-// Whether `kiln ARGS` (ARGS without the program name) may compute on a GPU: every command but
-// plan, prep, report and version, unless it says --device cpu.
+// Whether `kiln ARGS` (ARGS without the program name) may compute on a GPU: train, eval, sample and
+// bench, unless it says --device cpu.
 bool command_may_use_cuda(const std::vector<std::string>& args);
 
 // at::cuda::sleep (libtorch_cuda): a kernel spinning `cycles` clock cycles on the current stream,

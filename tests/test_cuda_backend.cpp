@@ -33,6 +33,7 @@ TEST(CudaBackend, WhichCommandsMayUseAGpu) {
   EXPECT_FALSE(command_may_use_cuda({"report"}));
   EXPECT_FALSE(command_may_use_cuda({"version"}));
   EXPECT_FALSE(command_may_use_cuda({"--help"}));
+  EXPECT_FALSE(command_may_use_cuda({"trian", "--device", "cuda"}));  // refused before any device
   EXPECT_FALSE(command_may_use_cuda({}));
 }
 
