@@ -89,6 +89,7 @@ json measure(TrainConfig t, const BenchConfig& b, const ProcessInfo& proc, int i
   json out{{"model", t.model},
            {"params", config["params"]},
            {"precision", t.precision},
+           {"kernels", config.value("kernels", std::string("reference"))},  // what ran (kernels/kernel_choice.h)
            {"micro_batch", t.micro_batch},
            {"grad_accum", t.grad_accum},
            {"activation_checkpointing", t.activation_checkpointing},
@@ -213,8 +214,10 @@ json run_bench(const BenchConfig& cfg, const ProcessInfo& proc) {
     if (!best || r["tokens_per_s"].get<double>() > (*best)["tokens_per_s"].get<double>()) best = &r;
   }
   const json& first = runs.front();
-  std::printf("\nkiln bench: %s, %s, %lld rank(s), %lld measured steps after %lld warm-up, on %s x %lld\n",
-              cfg.train.model.c_str(), cfg.train.precision.c_str(), static_cast<long long>(proc.world_size),
+  std::printf("\nkiln bench: %s, %s, %s kernels, %lld rank(s), %lld measured steps after %lld warm-up, on %s x %lld\n",
+              cfg.train.model.c_str(), cfg.train.precision.c_str(),
+              first.contains("kernels") ? first["kernels"].get<std::string>().c_str() : "?",
+              static_cast<long long>(proc.world_size),
               static_cast<long long>(cfg.measure), static_cast<long long>(cfg.warmup),
               first.contains("device") ? first["device"].get<std::string>().c_str() : "?",
               first.contains("devices") ? static_cast<long long>(first["devices"].get<int64_t>()) : 0LL);

@@ -139,6 +139,7 @@ const std::vector<Flag>& train_flags() {
       {"min-loss-scale", Kind::Float, "smallest dynamic scale", field(&TrainConfig::min_loss_scale)},
       {"activation-checkpointing", Kind::String, "none | full | selective", field(&TrainConfig::activation_checkpointing)},
       {"deterministic", Kind::Bool, "deterministic kernels (LibTorch's deterministic algorithms, cuBLAS's fixed workspace): on a GPU a replay from a checkpoint is bit-identical, at some cost in speed (docs/checkpoints.md)", field(&TrainConfig::deterministic)},
+      {"kernels", Kind::String, "fused | reference (default fused): kiln's own CUDA kernels for the norms, SwiGLU and the loss's softmax, or the composite LibTorch ops they replace (the CPU always runs these; the config record's \"kernels\" says what ran)", field(&TrainConfig::kernels)},
       {"loss-chunk-rows", Kind::Int, "rows per chunk of the output layer + cross-entropy (0: 256 MiB of fp32 logits; -1: the plain whole-logits way, to compare)", field(&TrainConfig::loss_chunk_rows)},
       {"on-nonfinite", Kind::String, "stop | skip: a non-finite loss or gradient norm (bf16, fp32) stops the run, or skips the step", field(&TrainConfig::on_nonfinite)},
       {"spike-rollback", Kind::Float, "Z: when the loss is Z running standard deviations above its running mean for --spike-patience steps, reload the last checkpoint before it in place and skip the data since (0: off)", field(&TrainConfig::spike_rollback)},

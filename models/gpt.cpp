@@ -9,6 +9,8 @@
 #include <ATen/autocast_mode.h>
 
 #include "distributed/error.h"
+#include "kernels/norm.h"
+#include "kernels/swiglu.h"
 #include "models/linear_cross_entropy.h"
 
 namespace kiln {
@@ -26,16 +28,11 @@ LayerNormImpl::LayerNormImpl(int64_t d, double eps_, const at::TensorOptions& op
 }
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& x) const {
-  if (rms) {
-    if (fp32_under_autocast && at::autocast::is_autocast_enabled(x.device().type())) {
-      return at::rms_norm(x.to(at::kFloat), {weight.size(0)}, weight.to(at::kFloat), eps);
-    }
-    return at::rms_norm(x, {weight.size(0)}, weight, eps);
-  }
   if (fp32_under_autocast && at::autocast::is_autocast_enabled(x.device().type())) {
-    return at::layer_norm(x.to(at::kFloat), {weight.size(0)}, weight.to(at::kFloat), bias.to(at::kFloat), eps);
+    return norm(x.to(at::kFloat), weight.to(at::kFloat), rms ? at::Tensor() : bias.to(at::kFloat), eps, rms,
+                Kernels::reference);
   }
-  return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+  return norm(x, weight, bias, eps, rms, kernels);
 }
 
 AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard,
@@ -129,8 +126,7 @@ at::Tensor MLPImpl::forward_with(const at::Tensor& x, const LayerOps& ops) const
   const auto h = ops.column ? ops.column(x, *c_fc) : c_fc->forward(x);  // [B, T, 4d / tp] ([B, T, 2F / tp] SwiGLU)
   at::Tensor g;
   if (swiglu_) {
-    const auto gate_up = h.chunk(2, -1);
-    g = at::silu(gate_up[0]) * gate_up[1];
+    g = kiln::swiglu(h, kernels);
   } else {
     g = at::gelu(h, "tanh");
   }
@@ -319,7 +315,16 @@ at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets) {
   if (shard_.ops->loss) return shard_.ops->loss(x, w, targets);
   const auto x2 = x.reshape({-1, x.size(-1)});
   if (loss_chunk_rows < 0) return plain_linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size);
-  return linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows);
+  return linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows, kernels_);
+}
+
+void GPT::set_kernels(Kernels k) {
+  kernels_ = k;
+  for (const auto& m : modules(/*include_self=*/false)) {
+    if (auto* n = dynamic_cast<LayerNormImpl*>(m.get())) n->kernels = k;
+    else if (auto* p = dynamic_cast<MLPImpl*>(m.get())) p->kernels = k;
+    else if (auto* e = dynamic_cast<MoEImpl*>(m.get())) e->kernels = k;
+  }
 }
 
 int64_t GPT::num_params() const {

@@ -53,6 +53,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include "kernels/kernel_choice.h"
 #include "models/gpt_config.h"
 #include "models/moe.h"
 #include "models/rotary.h"
@@ -174,6 +175,9 @@ class LayerNormImpl : public torch::nn::Module {
   // Tests only: under autocast, compute in fp32 and return fp32, as CUDA's autocast runs
   // layer_norm (the CPU's keeps the input dtype), so a CPU test sees the dtypes a GPU run sees.
   bool fp32_under_autocast = false;
+  // kiln's norm kernel on CUDA (kernels/norm.h: 16-bit in and out, fp32 statistics) or the
+  // composite op (GPT::set_kernels sets it).
+  Kernels kernels = Kernels::reference;
 };
 
 // The attention core: causal softmax(q k^T / sqrt(h)) v, dropout p on the probabilities, by
@@ -233,6 +237,7 @@ class MLPImpl : public torch::nn::Module {
   // The same through `ops` (the KV cache's unsplit ones), without the hook.
   at::Tensor forward_with(const at::Tensor& x, const LayerOps& ops) const;
   std::shared_ptr<LinearImpl> c_fc, c_proj;  // SwiGLU: c_fc [2F, d] holds gate's rows, then up's
+  Kernels kernels = Kernels::reference;       // SwiGLU's silu(gate) * up: kernels/swiglu.h
   // Hook for gelu_tanh(h) W^T + b with W, b = c_proj's, called as gelu_proj(h, W, b) with
   // h = c_fc(x) [B, T, 4d / tp]; under tensor parallelism b is zero (the bias is added once,
   // after LayerOps::reduce). Empty: the plain ops. (Set by parallel/activation_checkpoint.h;
@@ -330,8 +335,15 @@ class GPT : public torch::nn::Module {
   // by size (256 MiB of fp32 logits per chunk); -1 runs the plain, whole-logits way (kept to
   // compare against: `kiln train --loss-chunk-rows -1`).
   int64_t loss_chunk_rows = 0;
+  // Which implementation of the fused ops runs (kernels/kernel_choice.h): the norms, SwiGLU (the
+  // dense MLP's and the experts') and the loss's softmax. Sets every module's choice; the loss's
+  // is kernels() itself. Reference by default (the composite ops: what a model without the choice
+  // computes).
+  void set_kernels(Kernels k);
+  Kernels kernels() const { return kernels_; }
 
  private:
+  Kernels kernels_ = Kernels::reference;
   GPTConfig cfg_;
   ModelShard shard_;
   std::shared_ptr<RotaryEmbedding> rope_;  // rotary positions' tables (null: learned positions)

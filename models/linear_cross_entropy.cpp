@@ -2,12 +2,13 @@
 #include "models/linear_cross_entropy.h"
 
 #include <algorithm>
-#include <limits>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
+
+#include "kernels/classifier.h"
 
 namespace kiln {
 
@@ -27,7 +28,7 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
   // caller (need_grad), where grad mode still says it: under evaluation's no-grad, wte keeps its
   // requires_grad, and only the mode tells that no backward will come.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                            int64_t vocab, int64_t chunk_rows, bool need_grad) {
+                            int64_t vocab, int64_t chunk_rows, bool need_grad, Kernels kernels) {
     const int64_t N = x.size(0), Vp = weight.size(0), V = vocab;
     // The products' operands, cast once to the compute dtype (autocast's when it is on).
     const at::ScalarType dtype = compute_dtype_of(x);
@@ -57,17 +58,9 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
       // pass 1: the logits [c, Vp] in fp32
       const at::Tensor xa = xc.narrow(0, a, c);
       at::Tensor z = !fp32_product ? at::mm(xa, wc.t()) : x.is_cuda() ? at::mm(xa, wc.t(), at::kFloat) : at::mm(xa.to(at::kFloat), w32.t());
-      // The padding columns at -inf: they drop out of the log-sum-exp and their softmax is 0, so
-      // the padding rows of W get a zero gradient, with no copy of the real columns.
-      if (Vp > V) z.narrow(1, V, Vp - V).fill_(-std::numeric_limits<double>::infinity());
-      const at::Tensor lsm = at::_log_softmax(z, 1, false);  // pass 2: [c, Vp] fp32
-      const at::Tensor lt = lsm.gather(1, t);                      // [c, 1]: log p of the targets
-      loss_sum.sub_(lt.sum());
-      if (need_grad) {
-        at::Tensor g = G.narrow(0, a, c);
-        at::exp_out(g, lsm);                                       // pass 3: softmax, rounded once
-        g.scatter_(1, t, at::expm1(lt).to(g.scalar_type()));       // p - 1 at the targets, from fp32
-      }
+      // passes 2 and 3 (kernels/classifier.h): the loss of the chunk's rows and their rows of G --
+      // log-softmax and exp composite, or kiln's kernel reading z twice on CUDA
+      loss_sum.add_(softmax_cross_entropy_rows(z, t, V, need_grad ? G.narrow(0, a, c) : at::Tensor(), kernels));
     }
     if (need_grad) {
       // dloss/dx = (1/N) G W, dloss/dW = (1/N) G^T x: beta 0, so the uninitialised outputs are
@@ -83,7 +76,7 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& g = grad_outputs[0];  // 0-dim: d(whatever backward started from)/dloss
     return {saved[0] * g.to(saved[0].scalar_type()), saved[1] * g.to(saved[1].scalar_type()), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -98,10 +91,10 @@ at::Tensor plain_linear_cross_entropy(const at::Tensor& x, const at::Tensor& wei
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                                int64_t vocab, int64_t chunk_rows) {
+                                int64_t vocab, int64_t chunk_rows, Kernels kernels) {
   if (compute_dtype_of(x) == at::kHalf) return plain_linear_cross_entropy(x, weight, targets, vocab);
   const bool need_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  return LinearCrossEntropyFunction::apply(x, weight, targets, vocab, chunk_rows, need_grad);
+  return LinearCrossEntropyFunction::apply(x, weight, targets, vocab, chunk_rows, need_grad, kernels);
 }
 
 }  // namespace kiln

@@ -43,6 +43,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kernels/kernel_choice.h"
+
 namespace kiln {
 
 // The mean cross-entropy over the first `vocab` columns of x W^T. x [N, d] (any float dtype; the
@@ -50,7 +52,7 @@ namespace kiln {
 // targets [N] int64. chunk_rows <= 0: rows per chunk such that a chunk's fp32 logits take at
 // most 256 MiB.
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                                int64_t vocab, int64_t chunk_rows = 0);
+                                int64_t vocab, int64_t chunk_rows = 0, Kernels kernels = Kernels::reference);
 
 // The plain way, for comparison and for fp16: cross_entropy(linear(x, W)[:, :V].float(), t).
 at::Tensor plain_linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,

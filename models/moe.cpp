@@ -12,6 +12,7 @@
 #include <torch/autograd.h>
 
 #include "distributed/device_check.h"
+#include "kernels/swiglu.h"
 #include "distributed/error.h"
 #include "models/gpt.h"
 #include "models/gpt_config.h"
@@ -93,8 +94,7 @@ at::Tensor MoEImpl::run_experts(const at::Tensor& rows, const std::vector<int64_
   auto expert = [&](size_t e, const at::Tensor& r) {
     const at::Tensor u = at::linear(r, fw[e], fb[e]);
     if (!cfg_.swiglu) return at::linear(at::gelu(u, "tanh"), pw[e], pb[e]);
-    const auto gate_up = u.chunk(2, -1);
-    return at::linear(at::silu(gate_up[0]) * gate_up[1], pw[e], pb[e]);
+    return at::linear(swiglu(u, kernels), pw[e], pb[e]);
   };
   std::vector<at::Tensor> outs;
   int64_t offset = 0;

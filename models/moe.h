@@ -61,6 +61,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include "kernels/kernel_choice.h"
+
 namespace kiln {
 
 struct GPTConfig;
@@ -110,6 +112,8 @@ class MoEImpl : public torch::nn::Module {
   MoEStats stats;               // the last call's
   at::Tensor step_stats;        // [moe_stats_width(E)] float, summed over grad-mode calls; undefined: none yet
   double loss_backward_scale = 1.0;
+  // The experts' SwiGLU: kiln's kernel on CUDA or the composite ops (kernels/swiglu.h).
+  Kernels kernels = Kernels::reference;
   const MoEConfig& config() const { return cfg_; }
 
  private:

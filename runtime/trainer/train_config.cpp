@@ -94,6 +94,7 @@ void TrainConfig::validate_comm_and_precision() const {
                       param_dtype + " (got --precision " + precision + ")");
   }
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
+  one_of("kernels", kernels, {"fused", "reference"});
 }
 
 // The parallel layout: tp, sp, cp, ep, pp and ZeRO, and what each composes with.
@@ -280,6 +281,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["max_rollbacks"] = max_rollbacks;
   j["loss_chunk_rows"] = loss_chunk_rows;
   j["deterministic"] = deterministic;
+  j["kernels"] = kernels;  // asked for; the config record's top-level "kernels" is what ran
   j["save_dir"] = save_dir;
   j["save_every"] = save_every;
   j["keep_last"] = keep_last;

@@ -86,6 +86,7 @@ struct TrainConfig {
   int64_t max_skipped_steps = 10;             // bf16/fp32 with skip: this many skipped steps in a row end the run
   int64_t loss_chunk_rows = 0;  // output layer + loss in chunks of rows: 0 = by size, -1 = whole logits (plain)
   bool deterministic = false;   // deterministic kernels: GPU replay bit-identical (distributed/device.h)
+  std::string kernels = "fused";  // fused | reference: kiln's CUDA kernels or the composite ops (kernels/kernel_choice.h)
 
   // ---- checkpoints and logs
   std::string save_dir;        // empty = no checkpoints

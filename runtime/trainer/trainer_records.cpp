@@ -87,6 +87,7 @@ json Trainer::config_record() const {
                                  {"rule", r.threads.rule}}},
                {"peak_tflops", r.peak ? json(*r.peak) : json(nullptr)},
                {"compute_dtype", c10::toString(compute_dtype(r.precision))},
+               {"kernels", kernels_name(r.model->kernels())},  // what ran: fused only on CUDA (kernels/kernel_choice.h)
                {"resumed_from", r.resumed_from.empty() ? json(nullptr) : json(r.resumed_from)},
                {"initialised_from", r.init_io ? json(cfg_.init_from) : json(nullptr)},
                {"config_changes", changes_json(r.config_changes)},

@@ -5,12 +5,13 @@ Each source folder is one floor; a file may include its own folder and the floor
 never a floor above nor a sibling on its own floor. The floors, written once:
 
     distributed/                          0   the ground floor
-    models/  optim/  data/                1   (siblings: none includes another)
-    parallel/                             2
-    plan/                                 3   torch-free, never the trainer
-    runtime/ (trainer/ checkpoint/        4   one floor: its parts include each other
+    kernels/                              1   kiln's CUDA kernels and their composite references
+    models/  optim/  data/                2   (siblings: none includes another)
+    parallel/                             3
+    plan/                                 4   torch-free, never the trainer
+    runtime/ (trainer/ checkpoint/        5   one floor: its parts include each other
               inference/ observe/)
-    launch/                               5   main() and the commands
+    launch/                               6   main() and the commands
 
 bench/, tests/, examples/ and tools/ stand outside the house and may include anything; no floor
 may include them. Exits 1 naming every climbing include (file:line: include), 0 otherwise.
@@ -20,7 +21,8 @@ import os
 import re
 import sys
 
-FLOORS = {"distributed": 0, "models": 1, "optim": 1, "data": 1, "parallel": 2, "plan": 3, "runtime": 4, "launch": 5}
+FLOORS = {"distributed": 0, "kernels": 1, "models": 2, "optim": 2, "data": 2, "parallel": 3, "plan": 4, "runtime": 5,
+          "launch": 6}
 OUTSIDE = {"bench", "tests", "examples", "tools", "cmake"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
