@@ -25,12 +25,14 @@
 #                                                      env.txt,results.tar} (3 files). Steps are
 #                                                      numbered from 0 (the tests); FIRST..LAST picks.
 #   bash launch/device_kit.sh quick OUTDIR            there: the 15-minute visit (issue 33), one call
-#                                                      of timeout_s 560: check, the gpu tests at 100 s
-#                                                      at most each, gpt2-124m against PyTorch eager
-#                                                      and compiled, the plain loss, gpt2-1.5b with
-#                                                      full recomputation and ZeRO-3 offloaded under
-#                                                      a 24 GB cap (core limits: 600 s), then extras
-#                                                      while they fit in KILN_DEVKIT_BUDGET (540 s);
+#                                                      of timeout_s 590: check, gpu.kernels and
+#                                                      gpu.kernels_train (issue 49), gpt2-124m and
+#                                                      llama3-1b with --kernels fused and reference
+#                                                      against their PyTorch peers (core limits:
+#                                                      560 s), then extras while they fit in
+#                                                      KILN_DEVKIT_BUDGET (540 s): the fused 124m
+#                                                      profile, gpt2-1.5b A/B, issue 48's GPU checks,
+#                                                      the other gpu tests;
 #                                                      OUTDIR/{session.log,env.txt,results.tar,
 #                                                      trace.json.gz}, the tar rewritten per step.
 #
@@ -40,7 +42,8 @@
 # KILN_DEVKIT_STEP_TIMEOUT (s per benchmark run; default: each run's own, 120-570 s),
 # KILN_DEVKIT_ALLOW_NO_GPU=1 (let `session` and `quick` run without a GPU: for checking the script
 # itself), KILN_DEVKIT_BUDGET (s: quick's extra steps start only while they end within it, default
-# 540), KILN_DEVKIT_QUICK_MODEL (rehearsal: quick's models replaced by this one, e.g. tiny).
+# 540), KILN_DEVKIT_QUICK_MODEL (rehearsal: quick's models replaced by this one, e.g. tiny; the
+# Llama ones by KILN_DEVKIT_QUICK_LLAMA, default tiny-llama).
 # Any failure ends with one line "device_kit: error: ..." on stderr and a non-zero exit.
 set -euo pipefail
 
@@ -111,7 +114,7 @@ pack() {
   for t in readelf strip dpkg dpkg-deb apt-get sha256sum; do
     command -v "$t" >/dev/null || die "pack needs '$t' (a Debian machine with binutils and apt)"
   done
-  local bins=("$build/kiln" "$build/kiln_adamw_bench" "$build/tests/test_comm_nccl")
+  local bins=("$build/kiln" "$build/kiln_adamw_bench" "$build/tests/test_comm_nccl" "$build/tests/test_kernels_gpu")
   for b in "${bins[@]}"; do [ -x "$b" ] || die "missing $b (need a CUDA-enabled build: ${bins[*]})"; done
   # libc10_cuda.so: a CUDA build (libtorch_cuda.so itself is loaded at run time, distributed/cuda_backend.h)
   needed "$build/kiln" | grep -qx 'libc10_cuda.so' || die "$build/kiln is not linked against libc10_cuda.so (a CPU-only LibTorch build)"
@@ -364,10 +367,13 @@ gpu_test_cmd() {
     gpu.sync_moe) echo "bash $root/tests/cli/gpu_sync_moe.sh" ;;
     gpu.llama) echo "bash $root/tests/cli/gpu_llama.sh" ;;
     gpu.guards) echo "bash $root/tests/cli/gpu_guards.sh" ;;
+    gpu.kernels) echo "$kit/bin/test_kernels_gpu" ;;
+    gpu.kernels_train) echo "bash $root/tests/cli/gpu_kernels.sh" ;;
     *) die "no gpu test $1" ;;
   esac
 }
-gpu_test_names=(gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share gpu.sync_moe gpu.llama gpu.guards)
+gpu_test_names=(gpu.kernels gpu.kernels_train gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share gpu.sync_moe gpu.llama
+                gpu.guards)
 
 gpu_tests() {   # LOGDIR
   local logdir=$1 name; mkdir -p "$logdir"
@@ -442,38 +448,43 @@ session() {
 quick_core=()
 quick_extra=()
 quick_plan() {
-  local a=gpt2-124m b=gpt2-1.5b peer="${KILN_PYTHON:-python3} $root/bench/pytorch_gpt2.py"
-  if [ -n "${KILN_DEVKIT_QUICK_MODEL:-}" ]; then a=$KILN_DEVKIT_QUICK_MODEL; b=$KILN_DEVKIT_QUICK_MODEL; fi
+  local a=gpt2-124m b=gpt2-1.5b l=llama3-1b peer="${KILN_PYTHON:-python3} $root/bench/pytorch_gpt2.py"
+  local lpeer="${KILN_PYTHON:-python3} $root/bench/pytorch_llama.py"
+  if [ -n "${KILN_DEVKIT_QUICK_MODEL:-}" ]; then a=$KILN_DEVKIT_QUICK_MODEL; b=$KILN_DEVKIT_QUICK_MODEL; l=${KILN_DEVKIT_QUICK_LLAMA:-tiny-llama}; fi
   local k124="kiln bench --model $a --precision bf16 --micro-batch 16"
   local k1558="kiln bench --model $b --precision bf16 --warmup 2 --measure 5"
+  # llama3-1b at the peer's shape: context 2048, micro-batch 8 (16K tokens a step, as 124m's)
+  local kl="kiln bench --model $l --precision bf16 --seq-len 2048 --micro-batch 8 --warmup 2 --measure 5"
+  local lp="$lpeer --model $l --seq-len 2048 --micro-batch 8"
+  # Issue 49 first: the kernels against their references, then the A/B (fused vs reference) with
+  # both peers, eager and compiled, in the same call; issue 48's checks and the rest after.
   quick_core=(
-    "30|test gpu.comm_nccl.np1|"
-    "45|test gpu.train_smoke|"
-    "100|test gpu.paths|"
-    "60|test gpu.mpi_share|"
-    "60|test gpu.sync_moe|"
-    "40|kiln 124m|$k124 --json b124.json"
+    "75|test gpu.kernels|"
+    "110|test gpu.kernels_train|"
+    "35|kiln 124m fused|$k124 --kernels fused --json b124.json"
+    "35|kiln 124m reference|$k124 --kernels reference --json b124_reference.json"
     "30|peer eager|$peer --model $a --micro-batch 16 --warmup-steps 5 --steps 20 > peer_eager.json"
     "85|peer compile|$peer --model $a --micro-batch 16 --warmup-steps 3 --steps 20 --compile > peer_compile.json"
-    "30|kiln 124m plain loss|$k124 --loss-chunk-rows -1 --json b124_loss_plain.json"
-    "45|kiln 1.5b full AC|$k1558 --activation-checkpointing full --micro-batch 8 --json b1558.json"
-    "60|kiln 1.5b ZeRO-3 offload all, 24 GB cap|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload all --device-memory-cap-gb 24 --warmup 1 --measure 3 --json b1558_z3_offload_all_cap24.json"
+    "45|kiln llama3-1b fused|$kl --kernels fused --json bl1b.json"
+    "45|kiln llama3-1b reference|$kl --kernels reference --json bl1b_reference.json"
+    "100|peer llama compile|$lp --warmup-steps 3 --steps 10 --compile > peer_llama_compile.json"
   )
   quick_extra=(
+    "35|profile of 124m fused|$k124 --kernels fused --warmup 3 --measure 3 --profile trace.json --json b124_profiled.json"
+    "45|peer llama eager|$lp --warmup-steps 3 --steps 10 > peer_llama_eager.json"
+    "45|kiln 1.5b fused, no AC|$k1558 --micro-batch 8 --kernels fused --json b1558_ac_none.json"
+    "45|kiln 1.5b reference, no AC|$k1558 --micro-batch 8 --kernels reference --json b1558_ac_none_reference.json"
+    "60|test gpu.sync_moe|"
     "45|test gpu.guards|"
     "100|pp 4 bubble on the host's cores (issues 36, 48)|for s in '--pp-schedule 1f1b' '--pp-schedule zb-h1' '--pp-virtual 2'; do OMP_NUM_THREADS=1 timeout 40 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS kiln train --device cpu --model tiny --n-layer 8 --d-model 256 --n-head 4 --steps 25 --log-every 100 --micro-batch 2 --grad-accum 8 --pp 4 \$s --log-json \"pp4_\${s##* }.jsonl\" || exit 1; done"
-    "40|profile of 124m|$k124 --warmup 3 --measure 3 --profile trace.json --json b124_profiled.json"
-    "40|kiln 1.5b no AC|$k1558 --micro-batch 8 --json b1558_ac_none.json"
-    "30|kiln 124m --deterministic (issue 34: its cost)|$k124 --deterministic --json b124_deterministic.json"
+    "100|test gpu.paths|"
     "30|kiln 124m fp32 weights under autocast (the peer's recipe)|$k124 --param-dtype fp32 --json b124_param_fp32.json"
-    "30|kiln 124m DDP over NCCL, world of one|mpirun -np 1 $k124 --backend nccl --json b124_ddp_nccl.json"
-    "30|kiln 124m micro-batch 32|kiln bench --model $a --precision bf16 --micro-batch 32 --json b124_mb32.json"
-    "50|kiln 1.5b ZeRO-3 offload optimizer|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload optimizer --warmup 1 --measure 3 --json b1558_z3_offload_opt.json"
-    "25|host AdamW, 16 cores|kiln_adamw_bench --n 100000000 --iters 5"
-    "30|kiln 124m fp16|kiln bench --model $a --precision fp16 --micro-batch 16 --json b124_fp16.json"
-    "30|kiln 124m ZeRO-1|mpirun -np 1 $k124 --zero 1 --json b124_zero1.json"
-    "30|kiln 350m|kiln bench --model ${KILN_DEVKIT_QUICK_MODEL:-gpt2-350m} --precision bf16 --micro-batch 16 --json b350.json"
-    "30|kiln 124m selective AC|$k124 --activation-checkpointing selective --json b124_ac_selective.json"
+    "45|test gpu.train_smoke|"
+    "60|test gpu.mpi_share|"
+    "30|test gpu.comm_nccl.np1|"
+    "45|kiln 1.5b full AC|$k1558 --activation-checkpointing full --micro-batch 8 --json b1558.json"
+    "60|kiln 1.5b ZeRO-3 offload all, 24 GB cap|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload all --device-memory-cap-gb 24 --warmup 1 --measure 3 --json b1558_z3_offload_all_cap24.json"
+    "30|kiln 124m plain loss|$k124 --loss-chunk-rows -1 --json b124_loss_plain.json"
   )
 }
 
@@ -498,7 +509,9 @@ for n in sorted(glob.glob(os.path.join(w, "*.json"))):
     print(f"{name:34s} {r['tokens_per_s']:10.0f} tok/s  {r.get('tflops') or 0:7.1f} TFLOP/s  MFU {100 * (mfu or 0):5.1f}%  "
           f"peak {r.get('peak_mem_gb') or 0:6.2f} GB  J/token {r.get('joules_per_token') if r.get('joules_per_token') is not None else '-'}")
 t = {r[0]: r[1] for r in rows}
-for a, b in [("b124", "peer_eager"), ("b124", "peer_compile"), ("b124", "b124_loss_plain"),
+for a, b in [("b124", "b124_reference"), ("b124", "peer_eager"), ("b124", "peer_compile"),
+             ("b124_reference", "peer_compile"), ("bl1b", "bl1b_reference"), ("bl1b", "peer_llama_eager"),
+             ("bl1b", "peer_llama_compile"), ("b1558_ac_none", "b1558_ac_none_reference"), ("b124", "b124_loss_plain"),
              ("b1558_z3_offload_all_cap24", "b1558")]:
     if a in t and b in t:
         print(f"ratio {a} / {b}: {t[a] / t[b]:.3f}")
