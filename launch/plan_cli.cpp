@@ -88,6 +88,7 @@ const std::vector<FlagHelp> kLayoutSwitches = {
 const std::vector<FlagHelp> kRunFlags = {
     {"precision", "fp32 | bf16 | fp16 (default bf16)"},
     {"attention", "auto | flash | math: the attention kernel, for activation memory (default auto = flash)"},
+    {"kernels", "fused | reference: kiln's CUDA kernels or the composite ops, for activation memory and tp's bytes (default fused, kiln train's on a GPU)"},
     {"save-every", "steps between checkpoints: their stall, per step, in the step time (default 0: none)"},
     {"async-save", "with --save-every: checkpoints written in the background, as kiln train's default (true): the stall is a "
                    "host copy, and each rank's snapshot pool is held in host memory; =false: synchronous saves"},
@@ -355,6 +356,9 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   const std::string attention = v.has("attention") ? v.text("attention") : "auto";
   base.attention = attention == "auto" ? plan::Attention::Flash : plan::parse_attention(attention);
   base.dropout = out.model.dropout > 0;
+  const std::string kernels = v.has("kernels") ? v.text("kernels") : "fused";
+  if (kernels != "fused" && kernels != "reference") throw ConfigError("--kernels must be fused or reference (got '" + kernels + "')");
+  base.fused_kernels = kernels == "fused";
 
   // ---- layout
   if (out.mode == PlanArgs::Mode::Layout) {

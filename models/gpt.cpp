@@ -9,6 +9,7 @@
 #include <ATen/autocast_mode.h>
 
 #include "distributed/error.h"
+#include "kernels/gelu_mlp.h"
 #include "kernels/norm.h"
 #include "kernels/swiglu.h"
 #include "models/linear_cross_entropy.h"
@@ -134,6 +135,11 @@ at::Tensor MLPImpl::forward_with(const at::Tensor& x, const LayerOps& ops) const
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  if (!swiglu_ && gelu_epilogue && kernels == Kernels::fused && !gelu_proj && !ops_->column && !ops_->row &&
+      c_fc->bias.defined() && c_proj->bias.defined()) {
+    return gelu_mlp(x.reshape({-1, x.size(-1)}), c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, kernels)
+        .view(x.sizes());
+  }
   if (swiglu_ || !gelu_proj) return forward_with(x, *ops_);
   auto h = ops_->column ? ops_->column(x, *c_fc) : c_fc->forward(x);  // [B, T, 4d / tp]
   if (ops_->row && !c_proj->bias.defined()) return ops_->reduce(gelu_proj(h, c_proj->weight, at::Tensor()));
@@ -318,11 +324,16 @@ at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets) {
   return linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows, kernels_);
 }
 
-void GPT::set_kernels(Kernels k) {
+void GPT::set_kernels(Kernels k, bool gelu_epilogue) {
   kernels_ = k;
+  if (rope_) rope_->kernels = k;
   for (const auto& m : modules(/*include_self=*/false)) {
-    if (auto* n = dynamic_cast<LayerNormImpl*>(m.get())) n->kernels = k;
-    else if (auto* p = dynamic_cast<MLPImpl*>(m.get())) p->kernels = k;
+    if (auto* n = dynamic_cast<LayerNormImpl*>(m.get())) {
+      n->kernels = k;
+    } else if (auto* p = dynamic_cast<MLPImpl*>(m.get())) {
+      p->kernels = k;
+      p->gelu_epilogue = gelu_epilogue && k == Kernels::fused;
+    }
     else if (auto* e = dynamic_cast<MoEImpl*>(m.get())) e->kernels = k;
   }
 }

@@ -238,6 +238,9 @@ class MLPImpl : public torch::nn::Module {
   at::Tensor forward_with(const at::Tensor& x, const LayerOps& ops) const;
   std::shared_ptr<LinearImpl> c_fc, c_proj;  // SwiGLU: c_fc [2F, d] holds gate's rows, then up's
   Kernels kernels = Kernels::reference;       // SwiGLU's silu(gate) * up: kernels/swiglu.h
+  // With kernels fused: GELU's bias + activation inside cuBLASLt's products (kernels/gelu_mlp.h),
+  // where the layer is whole (no tp ops) and no hook replaces c_proj(gelu(.)).
+  bool gelu_epilogue = false;
   // Hook for gelu_tanh(h) W^T + b with W, b = c_proj's, called as gelu_proj(h, W, b) with
   // h = c_fc(x) [B, T, 4d / tp]; under tensor parallelism b is zero (the bias is added once,
   // after LayerOps::reduce). Empty: the plain ops. (Set by parallel/activation_checkpoint.h;
@@ -339,7 +342,9 @@ class GPT : public torch::nn::Module {
   // dense MLP's and the experts') and the loss's softmax. Sets every module's choice; the loss's
   // is kernels() itself. Reference by default (the composite ops: what a model without the choice
   // computes).
-  void set_kernels(Kernels k);
+  // gelu_epilogue: also GELU's bias and activation inside the products (kernels/gelu_mlp.h;
+  // --gelu-epilogue), with k fused.
+  void set_kernels(Kernels k, bool gelu_epilogue = false);
   Kernels kernels() const { return kernels_; }
 
  private:

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/rope.h"
+
 
 namespace kiln {
 
@@ -58,14 +60,7 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::apply(const at::Tensor& q, co
   const bool cast = q.scalar_type() != at::kFloat;
   const at::Tensor& cos = cast ? cos_cast_ : cos_;
   const at::Tensor& sin = cast ? sin_cast_ : sin_;
-  const int64_t T = q.size(2);
-  const at::Tensor c = positions.defined() ? cos.index_select(0, positions) : cos.narrow(0, 0, T);
-  const at::Tensor s = positions.defined() ? sin.index_select(0, positions) : sin.narrow(0, 0, T);
-  auto turn = [&](const at::Tensor& x) {
-    const auto halves = x.chunk(2, -1);
-    return x * c + at::cat({-halves[1], halves[0]}, -1) * s;
-  };
-  return {turn(q), turn(k)};
+  return {rope(q, cos, sin, positions, kernels), rope(k, cos, sin, positions, kernels)};
 }
 
 }  // namespace kiln

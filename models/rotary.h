@@ -28,6 +28,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kernels/kernel_choice.h"
 #include "models/gpt_config.h"
 
 namespace kiln {
@@ -40,6 +41,10 @@ class RotaryEmbedding {
   // q [B, H, T, h] and k [B, KV, T, h] turned by the angles of `positions` (int64 [T] on their
   // device; undefined: 0 .. T-1).
   std::pair<at::Tensor, at::Tensor> apply(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions = {});
+
+  // kiln's kernel on CUDA (kernels/rope.h: one pass each way) or the composite ops
+  // (GPT::set_kernels sets it).
+  Kernels kernels = Kernels::reference;
 
   // The fp32 frequencies [h / 2] (tests compare them with transformers').
   const at::Tensor& inv_freq() const { return inv_freq_; }

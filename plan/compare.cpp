@@ -96,6 +96,8 @@ Run run_of(const json& config, const std::string& where) {
   l.reduce_bytes = c.value("reduce_dtype", std::string("fp32")) == "fp32" ? 4 : 2;
   l.dropout = model.dropout > 0;
   l.cpu = cpu;
+  // the kernels that ran (the record's top-level "kernels"; absent: a kiln from before them)
+  l.fused_kernels = !cpu && config.value("kernels", std::string("reference")) == "fused";
   // CPU SDPA runs its flash kernel only without dropout (grouped kv heads included: LibTorch
   // 2.11's CPU flash kernel takes enable_gqa; measured, tests/test_activation_checkpoint.cpp).
   l.attention = (!cpu || !l.dropout) ? Attention::Flash : Attention::Math;

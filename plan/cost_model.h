@@ -352,6 +352,9 @@ struct Layout {
   Attention attention = Attention::Flash;
   bool dropout = false;                 // dropout > 0 (masks kept)
   bool cpu = false;                     // runs on the CPU: 4-byte dropout masks, no CUDA generator
+  bool fused_kernels = false;           // kiln's CUDA kernels ran (kernels/; --kernels fused on a GPU): the norms
+                                        // answer in the residual stream's dtype and keep x and fp32 mean, rstd; SwiGLU
+                                        // keeps [gate | up] alone (docs/plan.md s3)
   bool comm_in_world_of_one = false;    // a communicator exists even with dp = 1 (mpirun + --backend)
   bool plain_loss = false;              // the whole-logits loss (fp16, --loss-chunk-rows -1); else chunked but under tp
   double base_bytes = 0;                // resident bytes outside the model (CPU runs: LibTorch, ~0.4 GB)

@@ -200,12 +200,15 @@ int64_t cast_copy_bytes(const GPTConfig& m, const Layout& l, int64_t blocks, int
 
 double norm_output_bytes(const GPTConfig& m, const Layout& l) {
   // CUDA autocast runs layer_norm on its fp32 list (LibTorch 2.11's AT_FORALL_FP32; rms_norm is
-  // not on it); the CPU's runs both in their input's dtype, the residual stream's
-  if (l.cpu || m.rmsnorm()) return static_cast<double>(l.param_bytes);
+  // not on it); the CPU's runs both in their input's dtype, the residual stream's, and so do
+  // kiln's fused norms (kernels/norm.h)
+  if (l.cpu || m.rmsnorm() || l.fused_kernels) return static_cast<double>(l.param_bytes);
   return 4.0;
 }
 
 double norm_kept_bytes(const GPTConfig& m, const Layout& l, double r) {
+  // kiln's fused norm (kernels/norm.h), LayerNorm or RMSNorm: its input as it is, fp32 mean and rstd
+  if (l.fused_kernels && !l.cpu) return r * static_cast<double>(m.d_model) + 8.0;
   // LayerNorm: its input (on a GPU the fp32 copy autocast's fp32 policy makes of a 16-bit one),
   // fp32 mean and rstd
   if (!m.rmsnorm()) return (l.cpu ? r : std::max(r, 4.0)) * static_cast<double>(m.d_model) + 8.0;
@@ -250,7 +253,8 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
     // --ep: the arrived rows' (l, j) order, an int64 per row this rank's experts run (kept by
     // index_select and index_copy, one tensor), k per token at a balanced load
     const double ep_order = l.ep > 1 ? 8.0 : 0.0;
-    const double hidden = (m.swiglu() ? 4.0 : 2.0) * a * F;
+    // (SwiGLU fused, kernels/swiglu.h: [gate | up] and the product, no silu(gate))
+    const double hidden = (m.swiglu() ? (l.fused_kernels && !l.cpu ? 3.0 : 4.0) : 2.0) * a * F;
     out.replicated += (4.0 - a) * d + 8.0 * E + 4.0 + topk + k * (2.0 * a * d + hidden + ln * d + a + 16.0 + ep_order);
     // Per layer and micro-batch: the 16-bit casts of the experts' fp32 weights, saved by their
     // linears (not autocast's cache: the slices fc_w[e] are not leaves), every expert (the rank's
@@ -273,8 +277,10 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
     core = 3.0 * a * d + a * H * T + (l.dropout ? (mk + a) * H * T : 0.0);
   }
   // the feed-forward: GELU keeps h and gelu(h) (selective recomputes gelu(h)); SwiGLU keeps
-  // h = [gate | up], silu(gate) and the product (all of them under selective too: not recomputed)
-  const double mlp_kept = m.swiglu() ? 4.0 * a * F : a * F + (mode == Recompute::Selective ? 0.0 : a * F);
+  // h = [gate | up], silu(gate) and the product (all of them under selective too: not recomputed);
+  // kiln's fused SwiGLU (kernels/swiglu.h) keeps h and the product, no silu(gate)
+  const double swiglu_kept = (l.fused_kernels && !l.cpu ? 3.0 : 4.0) * a * F;
+  const double mlp_kept = m.swiglu() ? swiglu_kept : a * F + (mode == Recompute::Selective ? 0.0 : a * F);
   // an MoE block has no split MLP (its experts are in `replicated`, kept under selective too)
   out.split = core + a * d /* attention out */ + (moe ? 0.0 : mlp_kept);
   if (l.cp > 1) {

@@ -12,9 +12,12 @@
 
 #include "distributed/error.h"
 #include "kernels/classifier.h"
+#include "kernels/gelu_mlp.h"
 #include "kernels/kernel_choice.h"
 #include "kernels/norm.h"
 #include "kernels/norm_math.cuh"
+#include "kernels/rope.h"
+#include "kernels/rope_math.cuh"
 #include "kernels/softmax_math.cuh"
 #include "kernels/swiglu.h"
 #include "kernels/swiglu_math.cuh"
@@ -195,6 +198,41 @@ TEST(KernelMath, SwiGLUElements) {
   expect_close(db, b64.grad(), 16.0, 1e-7, "swiglu db");
 }
 
+// The rotary turn (kernels/rope_math.cuh), forward and (turned by -angle) backward, against the
+// composite rule and its autograd gradient in fp64, at given positions: fp32 to 4 ulps (two
+// products and a sum).
+TEST(KernelMath, RopePairs) {
+  at::manual_seed(9);
+  const int64_t B = 2, H = 3, T = 5, h = 8, rows = 11;
+  const at::Tensor angles = at::rand({rows, h / 2}, at::kDouble) * 6;
+  const at::Tensor cos = at::cat({angles.cos(), angles.cos()}, -1), sin = at::cat({angles.sin(), angles.sin()}, -1);
+  const at::Tensor pos = at::tensor(std::vector<int64_t>{3, 0, 10, 7, 7});
+  const at::Tensor x = at::randn({B, H, T, h}), dy = at::randn({B, H, T, h});
+  at::Tensor x64 = x.to(at::kDouble).requires_grad_(true);
+  const at::Tensor y64 = kiln::rope(x64, cos, sin, pos, kiln::Kernels::reference);
+  y64.backward(dy.to(at::kDouble));
+  const at::Tensor c32 = cos.to(at::kFloat), s32 = sin.to(at::kFloat);
+  at::Tensor y = at::empty_like(x), dx = at::empty_like(x);
+  const auto X = x.accessor<float, 4>(), DY = dy.accessor<float, 4>();
+  auto Y = y.accessor<float, 4>(), DX = dx.accessor<float, 4>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t k = 0; k < H; ++k)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < h / 2; ++j) {
+          const int64_t p = pos[t].item<int64_t>();
+          const float c = c32[p][j].item<float>(), sn = s32[p][j].item<float>();
+          kk::rope_turn(X[b][k][t][j], X[b][k][t][j + h / 2], c, sn, Y[b][k][t][j], Y[b][k][t][j + h / 2]);
+          kk::rope_turn(DY[b][k][t][j], DY[b][k][t][j + h / 2], c, -sn, DX[b][k][t][j], DX[b][k][t][j + h / 2]);
+        }
+  // The tables rounded to fp32 as the kernel reads them: the fp64 rule with those tables.
+  at::Tensor x64b = x.to(at::kDouble).requires_grad_(true);
+  const at::Tensor yb = kiln::rope(x64b, c32.to(at::kDouble), s32.to(at::kDouble), pos, kiln::Kernels::reference);
+  yb.backward(dy.to(at::kDouble));
+  expect_close(y, yb.detach(), 4.0, 1e-7, "rope y");
+  expect_close(dx, x64b.grad(), 4.0, 1e-7, "rope dx");
+  EXPECT_LT((y64.detach() - yb.detach()).abs().max().item<double>(), 1e-6);  // the tables' rounding alone
+}
+
 // On the CPU the entries run the composite ops whatever they are asked: bit for bit the plain
 // ops, forward and backward.
 TEST(KernelEntries, CpuRunsTheCompositeOps) {
@@ -216,6 +254,14 @@ TEST(KernelEntries, CpuRunsTheCompositeOps) {
   at::Tensor h = at::randn({3, 4, 16});
   const auto parts = h.chunk(2, -1);
   EXPECT_TRUE(at::equal(kiln::swiglu(h, kiln::Kernels::fused), at::silu(parts[0]) * parts[1]));
+  const at::Tensor x = at::randn({5, 16}), wf = at::randn({64, 16}), bf = at::randn({64}), wp = at::randn({16, 64}),
+                   bp = at::randn({16});
+  EXPECT_TRUE(at::equal(kiln::gelu_mlp(x, wf, bf, wp, bp, kiln::Kernels::fused),
+                        at::linear(at::gelu(at::linear(x, wf, bf), "tanh"), wp, bp)));
+  const at::Tensor q = at::randn({2, 4, 6, 8}), cs = at::randn({6, 8}), sn = at::randn({6, 8});
+  const auto qh = q.chunk(2, -1);
+  EXPECT_TRUE(at::equal(kiln::rope(q, cs, sn, at::Tensor(), kiln::Kernels::fused),
+                        q * cs + at::cat({-qh[1], qh[0]}, -1) * sn));
 }
 
 // The classifier's composite path: the loss sum and softmax - onehot over the real columns, 0 in
@@ -276,6 +322,38 @@ TEST(KernelEntries, ModelTakesTheChoice) {
     return out;
   };
   const auto a = run(kiln::Kernels::fused), b = run(kiln::Kernels::reference);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << i;
+}
+
+// GPT-2's shape with the GELU epilogue asked for: every MLP takes it (fused only), and the CPU
+// runs the composite ops, bit for bit.
+TEST(KernelEntries, GeluEpilogueReachesTheMLPs) {
+  kiln::GPTConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_kv_head = 2;
+  cfg.d_model = 16;
+  cfg.seq_len = 8;
+  cfg.vocab_size = 50;
+  auto run = [&](kiln::Kernels k, bool epilogue) {
+    kiln::GPT m(cfg, at::TensorOptions());
+    m.init_weights(1);
+    m.set_kernels(k, epilogue);
+    int with = 0;
+    for (const auto& mod : m.modules(false))
+      if (auto* p = dynamic_cast<kiln::MLPImpl*>(mod.get())) with += p->gelu_epilogue;
+    EXPECT_EQ(with, epilogue && k == kiln::Kernels::fused ? 2 : 0);
+    at::manual_seed(2);
+    const at::Tensor idx = at::randint(0, 50, {2, 8}, at::kLong), tgt = at::randint(0, 50, {2, 8}, at::kLong);
+    at::Tensor loss = m.loss(idx, tgt);
+    loss.backward();
+    std::vector<at::Tensor> out{loss.detach()};
+    for (const auto& p : m.parameters()) out.push_back(p.grad().clone());
+    return out;
+  };
+  const auto a = run(kiln::Kernels::fused, true), b = run(kiln::Kernels::reference, false);
+  run(kiln::Kernels::reference, true);  // the epilogue needs the fused kernels
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << i;
 }

@@ -24,7 +24,9 @@
 #include <torch/cuda.h>
 
 #include "kernels/classifier.h"
+#include "kernels/gelu_mlp.h"
 #include "kernels/norm.h"
+#include "kernels/rope.h"
 #include "kernels/swiglu.h"
 #include "models/linear_cross_entropy.h"
 
@@ -178,6 +180,79 @@ TEST(GpuKernels, SwiGLU) {
       const auto [y64, dh64] = run(Kernels::reference, at::kDouble);
       check(what + " y", yf, yr, y64, 1e-6);
       check(what + " dh", dhf, dhr, dh64, 1e-6);
+    }
+  }
+}
+
+TEST(GpuKernels, Rope) {
+  // q and k as the model hands them over: views [B, heads, T, h] of the qkv product [B, T, (H + 2
+  // KV) h] (not contiguous), with and without positions (context parallelism's rows).
+  at::manual_seed(5);
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (auto [B, H, KV, T, h] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
+             {1, 1, 1, 1, 2}, {2, 4, 2, 7, 64}, {3, 32, 8, 129, 128}, {1, 6, 6, 1000, 80}}) {
+      const std::string what = std::string("rope ") + c10::toString(dtype) + " B" + std::to_string(B) + " H" +
+                               std::to_string(H) + " T" + std::to_string(T) + " h" + std::to_string(h);
+      const int64_t rows = T + 5;
+      const at::Tensor angles = at::rand({rows, h / 2}, cuda(at::kFloat)) * 50;
+      const at::Tensor cos = at::cat({angles.cos(), angles.cos()}, -1).to(dtype);
+      const at::Tensor sin = at::cat({angles.sin(), angles.sin()}, -1).to(dtype);
+      const at::Tensor qkv = at::randn({B, T, (H + 2 * KV) * h}, cuda(at::kFloat)).to(dtype);
+      const at::Tensor pos = at::randperm(rows, cuda(at::kLong)).narrow(0, 0, T);
+      for (bool with_pos : {false, true}) {
+        const at::Tensor p = with_pos ? pos : at::Tensor();
+        const at::Tensor dy = at::randn({B, H, T, h}, cuda(at::kFloat)).to(dtype);
+        auto run = [&](Kernels k, at::ScalarType as) {
+          at::Tensor src = qkv.to(as).requires_grad_(true);
+          const at::Tensor q = src.narrow(-1, 0, H * h).view({B, T, H, h}).transpose(1, 2);
+          at::Tensor y = kiln::rope(q, cos.to(as), sin.to(as), p, k);
+          y.backward(dy.to(as));
+          return std::make_tuple(y.detach(), src.grad().narrow(-1, 0, H * h));
+        };
+        const auto [yf, gf] = run(Kernels::fused, dtype);
+        const auto [yr, gr] = run(Kernels::reference, dtype);
+        const auto [y64, g64] = run(Kernels::reference, at::kDouble);
+        const std::string w = what + (with_pos ? " positions" : "");
+        check(w + " y", yf, yr, y64, 1e-6);
+        check(w + " dx", gf, gr, g64, 1e-6);
+        EXPECT_TRUE(yf.is_contiguous()) << w;
+      }
+    }
+  }
+}
+
+TEST(GpuKernels, GeluMLP) {
+  // GPT-2's feed-forward with bias and GELU in cuBLASLt's epilogues. Both paths round h and g to
+  // 16 bits inside (the fused one from fp32 in the epilogue, the composite one after each op),
+  // each 2^-8 relative for bf16 (2^-11 fp16), carried through the second product's sum: the
+  // bound is 4 ulps of the output plus 2^-7 (bf16; 2^-10 fp16) of the output's scale.
+  at::manual_seed(6);
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    for (auto [N, d] : std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {7, 768}, {4099, 1600}, {1024, 768}}) {
+      const int64_t F = 4 * d;
+      const std::string what = std::string("gelu mlp ") + c10::toString(dtype) + " " + std::to_string(N) + "x" + std::to_string(d);
+      const auto o = cuda(at::kFloat);
+      const at::Tensor x0 = at::randn({N, d}, o).to(dtype), wf0 = (at::randn({F, d}, o) * 0.05).to(dtype);
+      const at::Tensor bf0 = (at::randn({F}, o) * 0.1).to(dtype), wp0 = (at::randn({d, F}, o) * 0.02).to(dtype);
+      const at::Tensor bp0 = (at::randn({d}, o) * 0.1).to(dtype), dy = at::randn({N, d}, o).to(dtype);
+      auto run = [&](Kernels k, at::ScalarType as) {
+        std::vector<at::Tensor> in;
+        for (const at::Tensor& t : {x0, wf0, bf0, wp0, bp0}) in.push_back(t.to(as).requires_grad_(true));
+        at::Tensor y = kiln::gelu_mlp(in[0], in[1], in[2], in[3], in[4], k);
+        y.backward(dy.to(as));
+        std::vector<at::Tensor> out{y.detach()};
+        for (const at::Tensor& t : in) out.push_back(t.grad());
+        return out;
+      };
+      const auto f = run(Kernels::fused, dtype), r = run(Kernels::reference, dtype), t = run(Kernels::reference, at::kDouble);
+      const double slack = dtype == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+      const char* names[] = {"out", "dx", "dw_fc", "db_fc", "dw_proj", "db_proj"};
+      for (size_t i = 0; i < f.size(); ++i) {
+        const double k = 4.0;
+        const double wf = worst(f[i], t[i], k, slack), wr = worst(r[i], t[i], k, slack);
+        std::printf("  %-58s fused %.3f  reference %.3f  (of the bound)\n", (what + " " + names[i]).c_str(), wf, wr);
+        EXPECT_LE(wf, 1.0) << what << " " << names[i];
+      }
     }
   }
 }

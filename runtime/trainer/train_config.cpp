@@ -282,6 +282,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["loss_chunk_rows"] = loss_chunk_rows;
   j["deterministic"] = deterministic;
   j["kernels"] = kernels;  // asked for; the config record's top-level "kernels" is what ran
+  j["gelu_epilogue"] = gelu_epilogue;
   j["save_dir"] = save_dir;
   j["save_every"] = save_every;
   j["keep_last"] = keep_last;

@@ -87,6 +87,7 @@ struct TrainConfig {
   int64_t loss_chunk_rows = 0;  // output layer + loss in chunks of rows: 0 = by size, -1 = whole logits (plain)
   bool deterministic = false;   // deterministic kernels: GPU replay bit-identical (distributed/device.h)
   std::string kernels = "fused";  // fused | reference: kiln's CUDA kernels or the composite ops (kernels/kernel_choice.h)
+  bool gelu_epilogue = false;     // with kernels fused: GELU's bias + activation inside cuBLASLt's products (kernels/gelu_mlp.h)
 
   // ---- checkpoints and logs
   std::string save_dir;        // empty = no checkpoints

@@ -3,7 +3,8 @@
 # (kernels/) against the composite ops they replace (--kernels reference), on CUDA (labels gpu,
 # mpi). Exits 77 (CTest skip) with the reason when no GPU is visible. gpu.kernels checks each
 # kernel alone; this checks them in place, in the layouts that reshape their inputs:
-#   gpt2-style tiny (LayerNorm, GELU) and tiny-llama (RMSNorm, SwiGLU, rope), bf16, 50 steps;
+#   gpt2-style tiny (LayerNorm, GELU; and with --gelu-epilogue) and tiny-llama (RMSNorm, SwiGLU,
+#   rope), bf16, 50 steps;
 #   tiny-moe (the experts' SwiGLU), bf16, 20 steps; tiny fp32, 50 steps;
 #   tp 2 + sp (norms over a rank's rows; two ranks on the one GPU over MPI), tiny-llama, 20 steps;
 #   full activation checkpointing with the fused kernels equal to none (the recomputed forward
@@ -24,6 +25,9 @@ both() {  # NAME ARGS...: the run fused and reference
 }
 K=train
 both gpt2 "$KILN_BIN" $K --device cuda --model tiny --precision bf16 --micro-batch 8 --steps 50 --log-every 100
+"$KILN_BIN" $K --device cuda --model tiny --precision bf16 --micro-batch 8 --steps 50 --log-every 100 --kernels fused \
+  --gelu-epilogue --log-json "$work/gelu_fused.jsonl" >/dev/null
+cp "$work/gpt2_reference.jsonl" "$work/gelu_reference.jsonl"
 both llama "$KILN_BIN" $K --device cuda --model tiny-llama --precision bf16 --micro-batch 8 --steps 50 --log-every 100
 both moe "$KILN_BIN" $K --device cuda --model tiny-moe --precision bf16 --micro-batch 4 --steps 20 --log-every 100
 both fp32 "$KILN_BIN" $K --device cuda --model tiny --precision fp32 --micro-batch 8 --steps 50 --log-every 100
@@ -36,8 +40,9 @@ d = sys.argv[1]
 load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
 steps = lambda rs: [r for r in rs if r["type"] == "step"]
 bad = []
-for name, n, tol in (("gpt2", 50, 1e-2), ("llama", 50, 1e-2), ("moe", 20, 1e-2), ("fp32", 50, 1e-4), ("tpsp", 20, 1e-2)):
+for name, n, tol in (("gpt2", 50, 1e-2), ("gelu", 50, 1e-2), ("llama", 50, 1e-2), ("moe", 20, 1e-2), ("fp32", 50, 1e-4), ("tpsp", 20, 1e-2)):
     f, r = load(f"{name}_fused"), load(f"{name}_reference")
+    if name == "gelu" and f[0]["config"]["gelu_epilogue"] is not True: bad.append((name, "gelu_epilogue not recorded"))
     if f[0]["kernels"] != "fused" or r[0]["kernels"] != "reference":
         bad.append((name, "recorded kernels", f[0]["kernels"], r[0]["kernels"]))
     sf, sr = steps(f), steps(r)
