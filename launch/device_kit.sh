@@ -460,10 +460,9 @@ quick_plan() {
   # both peers, eager and compiled, in the same call; issue 48's checks and the rest after.
   quick_core=(
     "75|test gpu.kernels|"
-    "110|test gpu.kernels_train|"
+    "140|test gpu.kernels_train|"
     "35|kiln 124m fused|$k124 --kernels fused --json b124.json"
     "35|kiln 124m reference|$k124 --kernels reference --json b124_reference.json"
-    "30|peer eager|$peer --model $a --micro-batch 16 --warmup-steps 5 --steps 20 > peer_eager.json"
     "85|peer compile|$peer --model $a --micro-batch 16 --warmup-steps 3 --steps 20 --compile > peer_compile.json"
     "45|kiln llama3-1b fused|$kl --kernels fused --json bl1b.json"
     "45|kiln llama3-1b reference|$kl --kernels reference --json bl1b_reference.json"
@@ -471,6 +470,7 @@ quick_plan() {
   )
   quick_extra=(
     "35|kiln 124m fused + GELU epilogue|$k124 --kernels fused --gelu-epilogue --json b124_gelu_epilogue.json"
+    "30|peer eager|$peer --model $a --micro-batch 16 --warmup-steps 5 --steps 20 > peer_eager.json"
     "35|profile of 124m fused|$k124 --kernels fused --warmup 3 --measure 3 --profile trace.json --json b124_profiled.json"
     "45|peer llama eager|$lp --warmup-steps 3 --steps 10 > peer_llama_eager.json"
     "45|kiln 1.5b fused, no AC|$k1558 --micro-batch 8 --kernels fused --json b1558_ac_none.json"
