@@ -20,7 +20,10 @@ at::Tensor softmax_cross_entropy_rows(at::Tensor z, const at::Tensor& targets, i
                                       Kernels kernels) {
   const int64_t c = z.size(0), Vp = z.size(1);
 #ifdef KILN_WITH_KERNELS
+  // (targets on z's device: the kernel reads them there; a host tensor takes the composite path,
+  // whose gather names the mismatch)
   if (kernels == Kernels::fused && z.is_cuda() && z.scalar_type() == at::kFloat && z.is_contiguous() &&
+      targets.device() == z.device() && targets.scalar_type() == at::kLong &&
       (!grad.defined() || (kernels::supported_dtype(grad) && grad.stride(1) == 1))) {
     const c10::cuda::CUDAGuard guard(z.device());
     const at::Tensor t = targets.reshape({-1}).contiguous();

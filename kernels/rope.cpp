@@ -57,7 +57,8 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 #ifdef KILN_WITH_KERNELS
   if (kernels == Kernels::fused && x.is_cuda() && x.dim() == 4 && kernels::supported_dtype(x) && x.stride(3) == 1 &&
       x.size(3) % 2 == 0 && cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
-      cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == x.size(3)) {
+      cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == x.size(3) && cos.device() == x.device() &&
+      sin.device() == x.device() && (!positions.defined() || positions.device() == x.device())) {
     return FusedRope::apply(x, cos, sin, positions.defined() ? positions.contiguous() : positions);
   }
 #endif
