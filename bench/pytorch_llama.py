@@ -11,7 +11,7 @@ separate q / k / v / o projections, grouped-query attention through causal SDPA
 (F.scaled_dot_product_attention(..., enable_gqa=True): flash on a GPU; k and v repeated on a torch
 without enable_gqa), a SwiGLU feed-forward down(silu(gate x) * up x), no biases (q, k, v biases
 for qwen2-0.5b), an lm_head of its own unless the preset ties it to the token embedding, the
-vocabulary padded to a multiple of 128 as kiln pads it. Training exactly as bench/pytorch_gpt2.py:
+vocabulary padded to a multiple of 128 as kiln pads it. Training exactly as bench/pytorch_gpt2.py (bench/peer_loop.py):
 bf16 autocast (fp32 weights), AdamW(fused=True on CUDA) with kiln's defaults (betas 0.9/0.95,
 weight decay 0.1 on matrices and embeddings only), gradient clipping at 1.0, random tokens.
 
@@ -23,14 +23,13 @@ counted once); MFU = tokens/s x F / peak, peak 989 TFLOP/s for H100 / H200 (dens
 prints params and flops_per_token only. Otherwise prints one JSON line as pytorch_gpt2.py does.
 tests/cli/pytorch_peer.sh checks on the CPU that N and F equal kiln's.
 """
-import argparse
-import json
 import math
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import peer_loop
 
 
 def llama_ffn_hidden(d, multiplier, multiple_of):  # models/gpt_config.cpp's llama_ffn_hidden
@@ -47,7 +46,6 @@ PRESETS = {
     "mistral-7b": (32, 32, 8, 4096, 14336, 8192, 32000, 1e4, 0.0, 1e-5, False, False),
     "qwen2-0.5b": (24, 14, 2, 896, 4864, 8192, 151936, 1e6, 0.0, 1e-6, True, True),
 }
-PEAKS = [("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0)]
 
 
 def sdpa_has_gqa():
@@ -147,79 +145,16 @@ class Llama(nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="llama3-1b", choices=sorted(PRESETS))
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=0, help="default: the preset's context")
-    ap.add_argument("--steps", type=int, default=30, help="timed steps (0: print the counts and exit)")
-    ap.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first (compilation)")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="autocast dtype (fp32: none)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--peak-tflops", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=1337)
-    args = ap.parse_args()
-
+    args = peer_loop.parse_args(__doc__, PRESETS, "llama3-1b", 4)
     layers, heads, kv_heads, d, ffn, seq_len, vocab, theta, rope_factor, eps, tied, qkv_bias = PRESETS[args.model]
     seq_len = args.seq_len or seq_len
-    torch.manual_seed(args.seed)
-    dev = torch.device(args.device)
-    cuda = dev.type == "cuda"
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    dev = peer_loop.device(args)
     with torch.device("meta" if args.steps == 0 else dev):  # made (and initialised) where it runs
         model = Llama(layers, heads, kv_heads, d, ffn, seq_len, vocab, theta, rope_factor, eps, tied, qkv_bias)
     params = sum(p.numel() for p in model.parameters())
     lookup = 0 if tied else model.embed_tokens.weight.numel()  # untied: the token embedding is not a matmul
     flops_per_token = 6 * (params - lookup) + 12 * layers * d * seq_len
-    if args.steps == 0:
-        print(json.dumps({"model": args.model, "seq_len": seq_len, "params": params, "flops_per_token": flops_per_token}))
-        return
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
-    step_fn = torch.compile(model) if args.compile else model
-    x = torch.randint(0, vocab, (args.micro_batch, seq_len), device=dev)
-    y = torch.randint(0, vocab, (args.micro_batch, seq_len), device=dev)
-    amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
-
-    def step():
-        with amp:
-            loss = step_fn(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    losses = []
-    for _ in range(args.warmup_steps):
-        losses.append(step().item())
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    last = loss.item()  # synchronises once, after the timed steps
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
-    tokens_per_s = args.steps * args.micro_batch * seq_len / seconds
-    name = torch.cuda.get_device_name(dev) if cuda else "cpu"
-    peak = args.peak_tflops or next((v for k, v in PEAKS if k in name), 0.0)
-    tflops = tokens_per_s * flops_per_token / 1e12
-    print(json.dumps({
-        "peer": "pytorch" + ("+compile" if args.compile else " eager"),
-        "torch": torch.__version__, "device": name, "model": args.model, "micro_batch": args.micro_batch,
-        "seq_len": seq_len, "dtype": args.dtype, "params": params, "flops_per_token": flops_per_token,
-        "steps": args.steps, "step_ms": 1e3 * seconds / args.steps, "tokens_per_s": tokens_per_s, "tflops": tflops,
-        "mfu": tflops / peak if peak else None,
-        "peak_mem_gb": torch.cuda.max_memory_allocated(dev) / 1e9 if cuda else None,
-        "loss_first": losses[0] if losses else None, "loss_last": last,
-    }))
+    peer_loop.run(args, dev, model, seq_len, vocab, params, flops_per_token)
 
 
 if __name__ == "__main__":
