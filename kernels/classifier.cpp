@@ -18,7 +18,7 @@ namespace kiln {
 
 at::Tensor softmax_cross_entropy_rows(at::Tensor z, const at::Tensor& targets, int64_t vocab, at::Tensor grad,
                                       Kernels kernels) {
-  const int64_t c = z.size(0), Vp = z.size(1);
+  const int64_t Vp = z.size(1);
 #ifdef KILN_WITH_KERNELS
   // (targets on z's device: the kernel reads them there; a host tensor takes the composite path,
   // whose gather names the mismatch)
@@ -27,6 +27,7 @@ at::Tensor softmax_cross_entropy_rows(at::Tensor z, const at::Tensor& targets, i
       (!grad.defined() || (kernels::supported_dtype(grad) && grad.stride(1) == 1))) {
     const c10::cuda::CUDAGuard guard(z.device());
     const at::Tensor t = targets.reshape({-1}).contiguous();
+    const int64_t c = z.size(0);
     at::Tensor loss_rows = at::empty({c}, z.options());
     kernels::check_launch(kernels::softmax_xent_cuda(z.data_ptr<float>(), Vp, t.data_ptr<int64_t>(), c, vocab, Vp - vocab,
                                                      loss_rows.data_ptr<float>(),
@@ -38,7 +39,6 @@ at::Tensor softmax_cross_entropy_rows(at::Tensor z, const at::Tensor& targets, i
     return loss_rows.sum();
   }
 #endif
-  (void)c;
   // The padding columns at -inf: they drop out of the log-sum-exp and their softmax is 0, so the
   // padding rows of W get a zero gradient, with no copy of the real columns.
   if (Vp > vocab) z.narrow(1, vocab, Vp - vocab).fill_(-std::numeric_limits<double>::infinity());

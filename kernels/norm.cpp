@@ -51,20 +51,19 @@ struct FusedNorm : public torch::autograd::Function<FusedNorm> {
         "norm forward");
     ctx->save_for_backward({x, w, mean, rstd});
     ctx->saved_data["rms"] = rms;
-    ctx->saved_data["bias"] = bias.defined();
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
-    const bool rms = ctx->saved_data["rms"].toBool(), has_bias = ctx->saved_data["bias"].toBool();
+    const bool rms = ctx->saved_data["rms"].toBool();
     const at::Tensor dy = grads[0].to(x.scalar_type()).contiguous();
     const int64_t d = w.size(0), rows = mean.size(0);
     const c10::cuda::CUDAGuard guard(x.device());
     at::Tensor dx = ctx->needs_input_grad(0) ? at::empty_like(x) : at::Tensor();
     at::Tensor dw = ctx->needs_input_grad(1) ? at::empty_like(w) : at::Tensor();
-    at::Tensor db = has_bias && ctx->needs_input_grad(2) ? at::empty_like(w) : at::Tensor();
+    at::Tensor db = ctx->needs_input_grad(2) ? at::empty_like(w) : at::Tensor();  // false without a bias
     at::Tensor scratch;
     if (dw.defined() || db.defined())
       scratch = at::empty({kernels::norm_backward_scratch_floats(rows, static_cast<int>(d))}, mean.options());

@@ -52,21 +52,35 @@ struct FusedRope : public torch::autograd::Function<FusedRope> {
 
 }  // namespace
 
-at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
-                Kernels kernels) {
 #ifdef KILN_WITH_KERNELS
-  if (kernels == Kernels::fused && x.is_cuda() && x.dim() == 4 && kernels::supported_dtype(x) && x.stride(3) == 1 &&
-      x.size(3) % 2 == 0 && cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
-      cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == x.size(3) && cos.device() == x.device() &&
-      sin.device() == x.device() && (!positions.defined() || positions.device() == x.device())) {
-    return FusedRope::apply(x, cos, sin, positions.defined() ? positions.contiguous() : positions);
+namespace {
+// What the kernel takes: [B, heads, T, h] on CUDA, h even and contiguous, the tables of x's dtype
+// and contiguous on x's device (with the positions).
+bool fusable(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions) {
+  return x.is_cuda() && x.dim() == 4 && kernels::supported_dtype(x) && x.stride(3) == 1 && x.size(3) % 2 == 0 &&
+         cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() && cos.is_contiguous() &&
+         sin.is_contiguous() && cos.size(1) == x.size(3) && cos.device() == x.device() && sin.device() == x.device() &&
+         (!positions.defined() || positions.device() == x.device());
+}
+}  // namespace
+#endif
+
+std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                       const at::Tensor& sin, const at::Tensor& positions, Kernels kernels) {
+#ifdef KILN_WITH_KERNELS
+  if (kernels == Kernels::fused && fusable(q, cos, sin, positions) && fusable(k, cos, sin, positions)) {
+    const at::Tensor p = positions.defined() ? positions.contiguous() : positions;
+    return {FusedRope::apply(q, cos, sin, p), FusedRope::apply(k, cos, sin, p)};
   }
 #endif
-  const int64_t T = x.size(2);
+  const int64_t T = q.size(2);
   const at::Tensor c = positions.defined() ? cos.index_select(0, positions) : cos.narrow(0, 0, T);
   const at::Tensor s = positions.defined() ? sin.index_select(0, positions) : sin.narrow(0, 0, T);
-  const auto halves = x.chunk(2, -1);
-  return x * c + at::cat({-halves[1], halves[0]}, -1) * s;
+  auto turn = [&](const at::Tensor& x) {
+    const auto halves = x.chunk(2, -1);
+    return x * c + at::cat({-halves[1], halves[0]}, -1) * s;
+  };
+  return {turn(q), turn(k)};
 }
 
 }  // namespace kiln

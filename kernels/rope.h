@@ -1,12 +1,16 @@
-// kernels/rope.h -- rotary position embeddings applied to queries or keys, fused or composite
+// kernels/rope.h -- rotary position embeddings applied to queries and keys, fused or composite
 // (kernels/kernel_choice.h; the rule and the tables: models/rotary.h).
 //
-// x [B, heads, T, h] (its last dimension contiguous: a view of the qkv product is taken as it
-// is), cos and sin [rows, h] in x's dtype on x's device (row p: position p's angles), positions
-// [T] int64 (undefined: 0 .. T-1) -> x * cos[pos] + rotate_half(x) * sin[pos], contiguous.
-// Fused (x on CUDA): kiln's kernel (kernels/rope.cu), one pass each way, fp32 inside, one rounding.
-// Reference: the composite ops (index_select or narrow of the tables, cat, products, sum).
+// q [B, H, T, h] and k [B, KV, T, h] (their last dimension contiguous: views of the qkv product
+// are taken as they are), cos and sin [rows, h] in their dtype on their device (row p: position
+// p's angles), positions [T] int64 (undefined: 0 .. T-1) -> each x * cos[pos] +
+// rotate_half(x) * sin[pos], contiguous.
+// Fused (on CUDA): kiln's kernel (kernels/rope.cu), one pass each way per tensor, fp32 inside,
+// one rounding. Reference: the composite ops (the tables' rows taken once for both, cat,
+// products, sum).
 #pragma once
+
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
@@ -14,7 +18,7 @@
 
 namespace kiln {
 
-at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
-                Kernels kernels);
+std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                       const at::Tensor& sin, const at::Tensor& positions, Kernels kernels);
 
 }  // namespace kiln

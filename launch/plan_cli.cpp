@@ -10,6 +10,7 @@
 #include "launch/flags.h"
 
 #include "distributed/error.h"
+#include "kernels/kernel_choice.h"
 #include "models/flops.h"
 #include "plan/compare.h"
 #include "plan/report.h"
@@ -356,9 +357,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   const std::string attention = v.has("attention") ? v.text("attention") : "auto";
   base.attention = attention == "auto" ? plan::Attention::Flash : plan::parse_attention(attention);
   base.dropout = out.model.dropout > 0;
-  const std::string kernels = v.has("kernels") ? v.text("kernels") : "fused";
-  if (kernels != "fused" && kernels != "reference") throw ConfigError("--kernels must be fused or reference (got '" + kernels + "')");
-  base.fused_kernels = kernels == "fused";
+  base.fused_kernels = parse_kernels(v.has("kernels") ? v.text("kernels") : "fused") == Kernels::fused;
 
   // ---- layout
   if (out.mode == PlanArgs::Mode::Layout) {

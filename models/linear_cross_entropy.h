@@ -29,6 +29,9 @@
 // rounded once to the compute dtype. The loss is -mean(log p at the targets), and G's target
 // entries are overwritten with expm1(log p_t) = p_t - 1 from fp32. G stays unscaled (in [-1, 1]);
 // the two products after the last chunk read it once each and apply 1/N as cuBLAS's alpha.
+// With kiln's kernels on CUDA (`kernels`: fused; kernels/classifier.h) passes 2 and 3 are one
+// kernel that reads z twice (the second time mostly from L2) and writes G's rows: no -inf fill,
+// no log p in memory.
 //
 // Numerics: the logits are the products of the 16-bit operands accumulated and kept in fp32 (not
 // rounded to the compute dtype as the plain way's are: closer to the exact loss), on CUDA and the

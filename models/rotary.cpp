@@ -60,7 +60,7 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::apply(const at::Tensor& q, co
   const bool cast = q.scalar_type() != at::kFloat;
   const at::Tensor& cos = cast ? cos_cast_ : cos_;
   const at::Tensor& sin = cast ? sin_cast_ : sin_;
-  return {rope(q, cos, sin, positions, kernels), rope(k, cos, sin, positions, kernels)};
+  return rope(q, k, cos, sin, positions, kernels);
 }
 
 }  // namespace kiln

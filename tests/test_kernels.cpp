@@ -86,6 +86,29 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, double k_ulps, 
   expect_close(got, want, k_ulps, at::scalar_tensor(slack * want.abs().max().item<double>(), at::kDouble), what);
 }
 
+// A two-block model of width 16 (GPT-2's shape; the tests change the fields they need).
+kiln::GPTConfig tiny_gpt() {
+  kiln::GPTConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_kv_head = 2;
+  cfg.d_model = 16;
+  cfg.seq_len = 8;
+  cfg.vocab_size = 50;
+  return cfg;
+}
+
+// The loss of one fixed batch, then every parameter's gradient.
+std::vector<at::Tensor> loss_and_grads(kiln::GPT& m) {
+  at::manual_seed(2);
+  const at::Tensor idx = at::randint(0, 50, {2, 8}, at::kLong), tgt = at::randint(0, 50, {2, 8}, at::kLong);
+  at::Tensor loss = m.loss(idx, tgt);
+  loss.backward();
+  std::vector<at::Tensor> out{loss.detach()};
+  for (const auto& p : m.parameters()) out.push_back(p.grad().clone());
+  return out;
+}
+
 }  // namespace
 
 TEST(KernelChoice, ParsesAndResolves) {
@@ -209,7 +232,7 @@ TEST(KernelMath, RopePairs) {
   const at::Tensor pos = at::tensor(std::vector<int64_t>{3, 0, 10, 7, 7});
   const at::Tensor x = at::randn({B, H, T, h}), dy = at::randn({B, H, T, h});
   at::Tensor x64 = x.to(at::kDouble).requires_grad_(true);
-  const at::Tensor y64 = kiln::rope(x64, cos, sin, pos, kiln::Kernels::reference);
+  const at::Tensor y64 = kiln::rope(x64, x64, cos, sin, pos, kiln::Kernels::reference).first;
   y64.backward(dy.to(at::kDouble));
   const at::Tensor c32 = cos.to(at::kFloat), s32 = sin.to(at::kFloat);
   at::Tensor y = at::empty_like(x), dx = at::empty_like(x);
@@ -226,7 +249,7 @@ TEST(KernelMath, RopePairs) {
         }
   // The tables rounded to fp32 as the kernel reads them: the fp64 rule with those tables.
   at::Tensor x64b = x.to(at::kDouble).requires_grad_(true);
-  const at::Tensor yb = kiln::rope(x64b, c32.to(at::kDouble), s32.to(at::kDouble), pos, kiln::Kernels::reference);
+  const at::Tensor yb = kiln::rope(x64b, x64b, c32.to(at::kDouble), s32.to(at::kDouble), pos, kiln::Kernels::reference).first;
   yb.backward(dy.to(at::kDouble));
   expect_close(y, yb.detach(), 4.0, 1e-7, "rope y");
   expect_close(dx, x64b.grad(), 4.0, 1e-7, "rope dx");
@@ -258,10 +281,11 @@ TEST(KernelEntries, CpuRunsTheCompositeOps) {
                    bp = at::randn({16});
   EXPECT_TRUE(at::equal(kiln::gelu_mlp(x, wf, bf, wp, bp, kiln::Kernels::fused),
                         at::linear(at::gelu(at::linear(x, wf, bf), "tanh"), wp, bp)));
-  const at::Tensor q = at::randn({2, 4, 6, 8}), cs = at::randn({6, 8}), sn = at::randn({6, 8});
-  const auto qh = q.chunk(2, -1);
-  EXPECT_TRUE(at::equal(kiln::rope(q, cs, sn, at::Tensor(), kiln::Kernels::fused),
-                        q * cs + at::cat({-qh[1], qh[0]}, -1) * sn));
+  const at::Tensor q = at::randn({2, 4, 6, 8}), kk2 = at::randn({2, 2, 6, 8}), cs = at::randn({6, 8}), sn = at::randn({6, 8});
+  const auto qh = q.chunk(2, -1), kh = kk2.chunk(2, -1);
+  const auto [qr, kr] = kiln::rope(q, kk2, cs, sn, at::Tensor(), kiln::Kernels::fused);
+  EXPECT_TRUE(at::equal(qr, q * cs + at::cat({-qh[1], qh[0]}, -1) * sn));
+  EXPECT_TRUE(at::equal(kr, kk2 * cs + at::cat({-kh[1], kh[0]}, -1) * sn));
 }
 
 // The classifier's composite path: the loss sum and softmax - onehot over the real columns, 0 in
@@ -284,13 +308,7 @@ TEST(KernelEntries, SoftmaxCrossEntropyReference) {
 // GPT::set_kernels reaches every norm, MLP and MoE layer; on the CPU the loss and gradients are the
 // reference's bit for bit.
 TEST(KernelEntries, ModelTakesTheChoice) {
-  kiln::GPTConfig cfg;
-  cfg.n_layer = 2;
-  cfg.n_head = 2;
-  cfg.n_kv_head = 2;
-  cfg.d_model = 16;
-  cfg.seq_len = 8;
-  cfg.vocab_size = 50;
+  kiln::GPTConfig cfg = tiny_gpt();
   cfg.position = "rope";
   cfg.norm = "rmsnorm";
   cfg.mlp = "swiglu";
@@ -313,13 +331,7 @@ TEST(KernelEntries, ModelTakesTheChoice) {
     EXPECT_EQ(mlps, 1);
     EXPECT_EQ(moes, 1);
     EXPECT_EQ(m.kernels(), k);
-    at::manual_seed(2);
-    const at::Tensor idx = at::randint(0, 50, {2, 8}, at::kLong), tgt = at::randint(0, 50, {2, 8}, at::kLong);
-    at::Tensor loss = m.loss(idx, tgt);
-    loss.backward();
-    std::vector<at::Tensor> out{loss.detach()};
-    for (const auto& p : m.parameters()) out.push_back(p.grad().clone());
-    return out;
+    return loss_and_grads(m);
   };
   const auto a = run(kiln::Kernels::fused), b = run(kiln::Kernels::reference);
   ASSERT_EQ(a.size(), b.size());
@@ -329,13 +341,7 @@ TEST(KernelEntries, ModelTakesTheChoice) {
 // GPT-2's shape with the GELU epilogue asked for: every MLP takes it (fused only), and the CPU
 // runs the composite ops, bit for bit.
 TEST(KernelEntries, GeluEpilogueReachesTheMLPs) {
-  kiln::GPTConfig cfg;
-  cfg.n_layer = 2;
-  cfg.n_head = 2;
-  cfg.n_kv_head = 2;
-  cfg.d_model = 16;
-  cfg.seq_len = 8;
-  cfg.vocab_size = 50;
+  kiln::GPTConfig cfg = tiny_gpt();
   auto run = [&](kiln::Kernels k, bool epilogue) {
     kiln::GPT m(cfg, at::TensorOptions());
     m.init_weights(1);
@@ -344,13 +350,7 @@ TEST(KernelEntries, GeluEpilogueReachesTheMLPs) {
     for (const auto& mod : m.modules(false))
       if (auto* p = dynamic_cast<kiln::MLPImpl*>(mod.get())) with += p->gelu_epilogue;
     EXPECT_EQ(with, epilogue && k == kiln::Kernels::fused ? 2 : 0);
-    at::manual_seed(2);
-    const at::Tensor idx = at::randint(0, 50, {2, 8}, at::kLong), tgt = at::randint(0, 50, {2, 8}, at::kLong);
-    at::Tensor loss = m.loss(idx, tgt);
-    loss.backward();
-    std::vector<at::Tensor> out{loss.detach()};
-    for (const auto& p : m.parameters()) out.push_back(p.grad().clone());
-    return out;
+    return loss_and_grads(m);
   };
   const auto a = run(kiln::Kernels::fused, true), b = run(kiln::Kernels::reference, false);
   run(kiln::Kernels::reference, true);  // the epilogue needs the fused kernels

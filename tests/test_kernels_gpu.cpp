@@ -21,6 +21,7 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
+#include <torch/autograd.h>
 #include <torch/cuda.h>
 
 #include "kernels/classifier.h"
@@ -202,20 +203,24 @@ TEST(GpuKernels, Rope) {
       for (bool with_pos : {false, true}) {
         const at::Tensor p = with_pos ? pos : at::Tensor();
         const at::Tensor dy = at::randn({B, H, T, h}, cuda(at::kFloat)).to(dtype);
+        const at::Tensor dyk = at::randn({B, KV, T, h}, cuda(at::kFloat)).to(dtype);
         auto run = [&](Kernels k, at::ScalarType as) {
           at::Tensor src = qkv.to(as).requires_grad_(true);
           const at::Tensor q = src.narrow(-1, 0, H * h).view({B, T, H, h}).transpose(1, 2);
-          at::Tensor y = kiln::rope(q, cos.to(as), sin.to(as), p, k);
-          y.backward(dy.to(as));
-          return std::make_tuple(y.detach(), src.grad().narrow(-1, 0, H * h));
+          const at::Tensor kv = src.narrow(-1, H * h, KV * h).view({B, T, KV, h}).transpose(1, 2);
+          auto [y, yk] = kiln::rope(q, kv, cos.to(as), sin.to(as), p, k);
+          // backward through both: the gradients of q's and k's columns of the product
+          torch::autograd::backward({y, yk}, {dy.to(as), dyk.to(as)});
+          return std::make_tuple(at::cat({y.detach().flatten(), yk.detach().flatten()}),
+                                 src.grad().narrow(-1, 0, (H + KV) * h), y.is_contiguous() && yk.is_contiguous());
         };
-        const auto [yf, gf] = run(Kernels::fused, dtype);
-        const auto [yr, gr] = run(Kernels::reference, dtype);
-        const auto [y64, g64] = run(Kernels::reference, at::kDouble);
+        const auto [yf, gf, contiguous] = run(Kernels::fused, dtype);
+        const auto [yr, gr, unused_r] = run(Kernels::reference, dtype);
+        const auto [y64, g64, unused_64] = run(Kernels::reference, at::kDouble);
         const std::string w = what + (with_pos ? " positions" : "");
         check(w + " y", yf, yr, y64, 1e-6);
         check(w + " dx", gf, gr, g64, 1e-6);
-        EXPECT_TRUE(yf.is_contiguous()) << w;
+        EXPECT_TRUE(contiguous) << w << ": q and k turned into contiguous tensors";
       }
     }
   }
