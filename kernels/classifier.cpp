@@ -2,6 +2,7 @@
 // elsewhere (the reference, which is the CPU's path).
 #include "kernels/classifier.h"
 
+#include <algorithm>
 #include <limits>
 
 #include <ATen/ATen.h>
@@ -49,6 +50,68 @@ at::Tensor softmax_cross_entropy_rows(at::Tensor z, const at::Tensor& targets, i
     grad.scatter_(1, targets, at::expm1(lt).to(grad.scalar_type()));  // p - 1 at the targets, from fp32
   }
   return lt.sum().neg_();
+}
+
+namespace {
+#ifdef KILN_WITH_KERNELS
+bool rows_fused(const at::Tensor& z, Kernels kernels) {
+  return kernels == Kernels::fused && z.is_cuda() && z.dim() == 2 && z.is_contiguous() && kernels::supported_dtype(z);
+}
+#endif
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> softmax_row_stats(const at::Tensor& z, int64_t cols, Kernels kernels) {
+  const int64_t N = z.size(0);
+  const auto f32 = z.options().dtype(at::kFloat);
+#ifdef KILN_WITH_KERNELS
+  if (rows_fused(z, kernels)) {
+    const c10::cuda::CUDAGuard guard(z.device());
+    at::Tensor m = at::empty({N}, f32), s = at::empty({N}, f32);
+    kernels::check_launch(kernels::softmax_row_stats_cuda(kernels::dtype_of(z), z.data_ptr(), z.size(1), N, cols,
+                                                          m.data_ptr<float>(), s.data_ptr<float>(),
+                                                          c10::cuda::getCurrentCUDAStream(z.device().index()).stream()),
+                          "softmax row stats");
+    return {m, s};
+  }
+#else
+  (void)kernels;
+#endif
+  if (cols <= 0) return {at::full({N}, -std::numeric_limits<float>::infinity(), f32), at::zeros({N}, f32)};
+  const at::Tensor zr = z.narrow(1, 0, cols).to(at::kFloat);
+  const at::Tensor m = std::get<0>(zr.max(1));
+  return {m, (zr - m.unsqueeze(1)).exp().sum(1)};
+}
+
+at::Tensor softmax_xent_grad(const at::Tensor& z, int64_t cols, const at::Tensor& lse, const at::Tensor& local_targets,
+                             const at::Tensor& scale, Kernels kernels) {
+  const int64_t N = z.size(0), width = z.size(1);
+  cols = std::clamp<int64_t>(cols, 0, width);
+#ifdef KILN_WITH_KERNELS
+  if (rows_fused(z, kernels) && lse.device() == z.device() && local_targets.device() == z.device() &&
+      scale.device() == z.device() && lse.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat &&
+      local_targets.scalar_type() == at::kLong) {
+    const c10::cuda::CUDAGuard guard(z.device());
+    at::Tensor g = at::empty_like(z);
+    const at::Tensor l = lse.contiguous(), t = local_targets.contiguous();
+    kernels::check_launch(kernels::softmax_xent_grad_cuda(kernels::dtype_of(z), z.data_ptr(), width, N, cols, width - cols,
+                                                          l.data_ptr<float>(), t.data_ptr<int64_t>(), scale.data_ptr<float>(),
+                                                          g.data_ptr(), width,
+                                                          c10::cuda::getCurrentCUDAStream(z.device().index()).stream()),
+                          "softmax cross-entropy gradient");
+    return g;
+  }
+#endif
+  at::Tensor g = at::zeros({N, width}, z.options().dtype(at::kFloat));
+  if (cols > 0) {
+    const at::Tensor x = z.narrow(1, 0, cols).to(at::kFloat) - lse.unsqueeze(1);
+    at::Tensor p = x.exp();
+    const at::Tensor held = local_targets.ge(0).logical_and(local_targets.lt(cols));
+    const at::Tensor t = local_targets.masked_fill(held.logical_not(), 0).unsqueeze(1);
+    const at::Tensor at_target = at::where(held.unsqueeze(1), at::expm1(x.gather(1, t)), p.gather(1, t));
+    p.scatter_(1, t, at_target);
+    g.narrow(1, 0, cols).copy_(p * scale);
+  }
+  return g.to(z.scalar_type());
 }
 
 }  // namespace kiln

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
@@ -21,5 +22,19 @@ namespace kiln {
 
 at::Tensor softmax_cross_entropy_rows(at::Tensor z, const at::Tensor& targets, int64_t vocab, at::Tensor grad,
                                       Kernels kernels);
+
+// The vocabulary-parallel loss's local passes (parallel/tensor_parallel.h's two-pass way; the
+// math: kernels/classifier.cu). z [N, c'] this rank's logit columns in their own dtype, the first
+// `cols` of them real vocabulary. Fused (z on CUDA, contiguous, fp32 / bf16 / fp16): kiln's
+// kernels; reference: the same math in ATen ops, in fp32.
+// Row stats: (m, s) [N] fp32, m = max_j z_j and s = sum_j exp(z_j - m) over the real columns
+// ((-inf, 0) for a rank holding none).
+std::pair<at::Tensor, at::Tensor> softmax_row_stats(const at::Tensor& z, int64_t cols, Kernels kernels);
+// Gradient [N, c'] in z's dtype: scale (exp(z - lse) - onehot(local_targets)) over the real
+// columns (the target's term as expm1 from fp32), 0 in the others. lse [N] fp32; local_targets
+// [N] int64, outside [0, cols) where the rank does not hold the target; scale 0-dim fp32, all on
+// z's device.
+at::Tensor softmax_xent_grad(const at::Tensor& z, int64_t cols, const at::Tensor& lse, const at::Tensor& local_targets,
+                             const at::Tensor& scale, Kernels kernels);
 
 }  // namespace kiln

@@ -13,6 +13,11 @@
 //             dw / db: reads x and dy once more in a column reduction: 2 rows d e
 //   The composite path under autocast: forward 2 casts (4 rows d (e + 4)) + the fp32 norm
 //   (rows d 8); backward the same order again.
+// With the residual add before the norm (kernels/norm.h's add_norm, the block's x + a then ln_2):
+//   forward   reads x and the residual r, writes s = x + r and y: 4 rows d e (the composite: the
+//             add's 3 and the norm's 2, 5 rows d e)
+//   backward  reads s, dy and ds (s's gradient from the residual stream), writes dx + ds once:
+//             4 rows d e (the composite: the norm's 3 and the gradient sum's 3, 6 rows d e)
 // Layout: one warp per row (8 rows per 256-thread block), lanes striding the columns; dw / db
 // by column tiles of 32 x 8 threads, each tile summing a fixed set of rows, then the R tiles of a
 // column summed in order: the gradients are deterministic run to run, unlike atomics.
@@ -29,14 +34,24 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
+// res non-null: the row is first s = x + res, written to sum (the residual stream's next value),
+// and the norm is of s, read back (from L1) by the passes below. Each lane reads back exactly the
+// columns it wrote (j = lane + 32 k in every pass): its own writes, in program order.
 template <typename T, typename W>
-__global__ void norm_forward_kernel(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b,
-                                    T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                                    int64_t rows, int d, float eps, bool rms) {
+__global__ void norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum,
+                                    const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
+                                    float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int d,
+                                    float eps, bool rms) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;  // the whole warp: a warp owns a row
   const T* xr = x + row * d;
+  if (res != nullptr) {
+    const T* rr = res + row * d;
+    T* sr = sum + row * d;
+    for (int j = lane; j < d; j += 32) sr[j] = residual_add(xr[j], rr[j]);
+    xr = sr;
+  }
   float mean = 0.0f;
   if (!rms) mean = warp_sum(norm_partial_sum(xr, d, lane, 32)) / static_cast<float>(d);
   const float rstd = norm_rstd(warp_sum(norm_partial_sq(xr, d, lane, 32, mean)), d, eps);
@@ -48,10 +63,11 @@ __global__ void norm_forward_kernel(const T* __restrict__ x, const W* __restrict
   }
 }
 
+// dsum non-null: dx_j + dsum_j, added in fp32 before the one rounding (the add's backward).
 template <typename T, typename W>
-__global__ void norm_dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, const W* __restrict__ w,
-                               const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                               int64_t rows, int d, bool rms) {
+__global__ void norm_dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ dsum,
+                               const W* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
+                               T* __restrict__ dx, int64_t rows, int d, bool rms) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -62,7 +78,13 @@ __global__ void norm_dx_kernel(const T* __restrict__ x, const T* __restrict__ dy
   norm_partial_backward(xr, dyr, w, d, lane, 32, m, r, sg, sgx);
   const float mg = warp_sum(sg) / static_cast<float>(d), mgx = warp_sum(sgx) / static_cast<float>(d);
   T* dxr = dx + row * d;
-  for (int j = lane; j < d; j += 32) dxr[j] = norm_backward_element<T, W>(xr[j], dyr[j], w, j, m, r, mg, mgx, rms);
+  if (dsum != nullptr) {
+    const T* dsr = dsum + row * d;
+    for (int j = lane; j < d; j += 32)
+      dxr[j] = add_norm_backward_element<T, W>(xr[j], dyr[j], dsr[j], w, j, m, r, mg, mgx, rms);
+  } else {
+    for (int j = lane; j < d; j += 32) dxr[j] = norm_backward_element<T, W>(xr[j], dyr[j], w, j, m, r, mg, mgx, rms);
+  }
 }
 
 // Column partials: tile (blockIdx.x: 32 columns, blockIdx.y: one of R row sets). Thread (tx, ty)
@@ -118,25 +140,26 @@ int row_sets(int64_t rows) { return static_cast<int>(std::clamp<int64_t>((rows +
 
 }  // namespace
 
-cudaError_t norm_forward_cuda(DType xt, DType wt, const void* x, const void* w, const void* b, void* y, float* mean,
-                              float* rstd, int64_t rows, int d, float eps, bool rms, cudaStream_t stream) {
+cudaError_t norm_forward_cuda(DType xt, DType wt, const void* x, const void* res, void* sum, const void* w, const void* b,
+                              void* y, float* mean, float* rstd, int64_t rows, int d, float eps, bool rms,
+                              cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return dispatch_xw(xt, wt, [&](auto t, auto u) {
     using T = decltype(t);
     using W = decltype(u);
     norm_forward_kernel<T, W><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const W*>(w), static_cast<const W*>(b), static_cast<T*>(y), mean, rstd,
-        rows, d, eps, rms);
+        static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), static_cast<const W*>(w),
+        static_cast<const W*>(b), static_cast<T*>(y), mean, rstd, rows, d, eps, rms);
     return cudaGetLastError();
   });
 }
 
 int64_t norm_backward_scratch_floats(int64_t rows, int d) { return 2 * static_cast<int64_t>(row_sets(rows)) * d; }
 
-cudaError_t norm_backward_cuda(DType xt, DType wt, const void* x, const void* dy, const void* w, const float* mean,
-                               const float* rstd, void* dx, void* dw, void* db, float* scratch, int64_t rows, int d,
-                               bool rms, cudaStream_t stream) {
+cudaError_t norm_backward_cuda(DType xt, DType wt, const void* x, const void* dy, const void* dsum, const void* w,
+                               const float* mean, const float* rstd, void* dx, void* dw, void* db, float* scratch,
+                               int64_t rows, int d, bool rms, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   return dispatch_xw(xt, wt, [&](auto t, auto u) {
     using T = decltype(t);
@@ -144,8 +167,8 @@ cudaError_t norm_backward_cuda(DType xt, DType wt, const void* x, const void* dy
     if (dx) {
       const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
       norm_dx_kernel<T, W><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<const W*>(w), mean, rstd, static_cast<T*>(dx),
-          rows, d, rms);
+          static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<const T*>(dsum), static_cast<const W*>(w), mean,
+          rstd, static_cast<T*>(dx), rows, d, rms);
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     }
     if (dw || db) {

@@ -66,13 +66,35 @@ KILN_HD void norm_partial_backward(const T* x, const T* dy, const W* w, int d, i
   sum_gx = sgx;
 }
 
-// dx_j from the row's sums; rms drops the mean term.
+// dx_j from the row's sums, in fp32; rms drops the mean term.
+template <typename T, typename W>
+KILN_HD float norm_backward_value(T x, T dy, const W* w, int j, float mean, float rstd, float mean_g, float mean_gx,
+                                  bool rms) {
+  const float g = static_cast<float>(dy) * static_cast<float>(w[j]);
+  const float xhat = (static_cast<float>(x) - mean) * rstd;
+  return rstd * (g - (rms ? 0.0f : mean_g) - xhat * mean_gx);
+}
+
+// dx_j rounded to T.
 template <typename T, typename W>
 KILN_HD T norm_backward_element(T x, T dy, const W* w, int j, float mean, float rstd, float mean_g, float mean_gx,
                                 bool rms) {
-  const float g = static_cast<float>(dy) * static_cast<float>(w[j]);
-  const float xhat = (static_cast<float>(x) - mean) * rstd;
-  return T(rstd * (g - (rms ? 0.0f : mean_g) - xhat * mean_gx));
+  return T(norm_backward_value<T, W>(x, dy, w, j, mean, rstd, mean_g, mean_gx, rms));
+}
+
+// The residual stream's sum before a norm, s = x + r, in fp32 rounded once to T (as the
+// composite add rounds it); the norm then reads s.
+template <typename T>
+KILN_HD T residual_add(T x, T r) {
+  return T(static_cast<float>(x) + static_cast<float>(r));
+}
+
+// Backward of s = x + r followed by the norm: ds_j = dx_j (the norm's) + dsum_j (the gradient s
+// has from its other use, the residual stream), added in fp32 and rounded once.
+template <typename T, typename W>
+KILN_HD T add_norm_backward_element(T x, T dy, T dsum, const W* w, int j, float mean, float rstd, float mean_g,
+                                    float mean_gx, bool rms) {
+  return T(norm_backward_value<T, W>(x, dy, w, j, mean, rstd, mean_g, mean_gx, rms) + static_cast<float>(dsum));
 }
 
 }  // namespace kiln::kernels

@@ -36,6 +36,13 @@ at::Tensor LayerNormImpl::forward(const at::Tensor& x) const {
   return norm(x, weight, bias, eps, rms, kernels);
 }
 
+std::pair<at::Tensor, at::Tensor> LayerNormImpl::forward_add(const at::Tensor& x, const at::Tensor& r) const {
+  if (!fp32_under_autocast && add_norm_fused(x, r, kernels)) return add_norm(x, r, weight, bias, eps, rms, kernels);
+  at::Tensor s = x + r;
+  at::Tensor y = forward(s);
+  return {std::move(s), std::move(y)};
+}
+
 AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard,
                              std::shared_ptr<RotaryEmbedding> rope)
     : n_head_(cfg.n_head / shard.tp),
@@ -166,8 +173,8 @@ BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
   const bool drop = is_training() && dropout_ > 0.0;
   auto a = attn->forward(ln_1->forward(x));
-  auto y = x + (drop ? residual_dropout(a, dropout_, *ops_) : a);
-  auto m = moe ? moe->forward(ln_2->forward(y)) : mlp->forward(ln_2->forward(y));
+  auto [y, h] = ln_2->forward_add(x, drop ? residual_dropout(a, dropout_, *ops_) : a);  // y = x + a, h = ln_2(y)
+  auto m = moe ? moe->forward(h) : mlp->forward(h);
   // The MoE layer answers in its input's dtype: on CUDA, autocast's layer_norm makes that fp32,
   // and y + m promoted the 16-bit residual stream to fp32 for every later block (with pp the
   // stages' exchange then refused it). The residual keeps its dtype, as the dense MLP's does.
@@ -318,7 +325,7 @@ at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets) {
   if (!shard_.head) throw Error("GPT::head_loss: this pipeline stage does not hold the output layer");
   auto x = ln_f->forward(x_in);
   const at::Tensor& w = output_weight();
-  if (shard_.ops->loss) return shard_.ops->loss(x, w, targets);
+  if (shard_.ops->loss) return shard_.ops->loss(x, w, targets, kernels_);
   const auto x2 = x.reshape({-1, x.size(-1)});
   if (loss_chunk_rows < 0) return plain_linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size);
   return linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows, kernels_);

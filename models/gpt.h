@@ -48,6 +48,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -78,8 +79,8 @@ struct LayerOps {
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> embed;
   // Mean cross-entropy of hidden @ wte^T (hidden [B, T_local, d], this rank's rows of ln_f's
   // output) against targets [B, T] over the real vocabulary (fp32), with wte this rank's
-  // vocabulary rows.
-  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> loss;
+  // vocabulary rows; the model's kernels choice (kernels/kernel_choice.h) passed along.
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Kernels)> loss;
   // y = x W^T + b of c_attn when it needs more than `column` (kv heads replicated over tp);
   // empty: `column`.
   std::function<at::Tensor(const at::Tensor&, const LinearImpl&)> qkv;
@@ -169,6 +170,9 @@ class LayerNormImpl : public torch::nn::Module {
  public:
   LayerNormImpl(int64_t d, double eps, const at::TensorOptions& opts, bool rms = false);
   at::Tensor forward(const at::Tensor& x) const;
+  // The residual add before the norm: s = x + r, then (s, norm(s)); one kernel each way when the
+  // kernels are fused and x, r share a dtype (kernels/norm.h's add_norm), else x + r and forward.
+  std::pair<at::Tensor, at::Tensor> forward_add(const at::Tensor& x, const at::Tensor& r) const;
   at::Tensor weight, bias;  // bias undefined for an RMSNorm
   double eps;
   bool rms;

@@ -1,9 +1,11 @@
-// optim/adamw.cpp -- AdamW on LibTorch's fused multi-tensor kernel.
+// optim/adamw.cpp -- AdamW over its two groups, each one multi-tensor update (kernels/adamw.h).
 #include "optim/adamw.h"
 
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+
+#include "kernels/adamw.h"
 
 namespace kiln {
 
@@ -43,32 +45,24 @@ std::pair<size_t, size_t> AdamW::index_of(const at::Tensor& p) const {
   return it->second;
 }
 
-void AdamW::step_group(Group& g, double lr, const at::Tensor& found_inf) {
-  std::vector<at::Tensor> params, grads, m, v, steps, working, masters;  // working[k] takes masters[k]
+void AdamW::step_group(Group& g, double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor) {
+  AdamWGroup u;  // the parameters with a gradient; working[k] takes params[k] (16-bit working weights)
   for (size_t i = 0; i < g.params.size(); ++i) {
     const auto& grad = g.masters[i].grad();
     if (!grad.defined()) continue;
-    params.push_back(g.masters[i]);
-    if (!g.masters[i].is_same(g.params[i])) {
-      working.push_back(g.params[i]);
-      masters.push_back(g.masters[i]);
-    }
-    grads.push_back(grad);
-    m.push_back(g.exp_avg[i]);
-    v.push_back(g.exp_avg_sq[i]);
-    steps.push_back(g.step[i]);
+    u.params.push_back(g.masters[i]);
+    if (!g.masters[i].is_same(g.params[i])) u.working.push_back(g.params[i]);
+    u.grads.push_back(grad);
+    u.exp_avg.push_back(g.exp_avg[i]);
+    u.exp_avg_sq.push_back(g.exp_avg_sq[i]);
+    u.steps.push_back(g.step[i]);
   }
-  if (params.empty()) return;
+  if (u.params.empty()) return;
   at::NoGradGuard no_grad;
-  // The fused kernel expects t already advanced: by 1, or by 1 - found_inf (as torch.optim does).
-  if (found_inf.defined()) at::_foreach_add_(steps, std::vector<at::Tensor>(steps.size(), 1.0 - found_inf));
-  else at::_foreach_add_(steps, 1.0);
-  at::_fused_adamw_(params, grads, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, cfg_.beta1, cfg_.beta2,
-                    g.weight_decay, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
-                    found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt);
-  // 16-bit working weights: the masters' new values, rounded (round to nearest even), in one
-  // multi-tensor copy (it was one copy_ launch per parameter).
-  if (!working.empty()) at::_foreach_copy_(working, masters);
+  // The update expects t already advanced: by 1, or by 1 - found_inf (as torch.optim does).
+  if (found_inf.defined()) at::_foreach_add_(u.steps, std::vector<at::Tensor>(u.steps.size(), 1.0 - found_inf));
+  else at::_foreach_add_(u.steps, 1.0);
+  adamw_update(u, {lr, cfg_.beta1, cfg_.beta2, g.weight_decay, cfg_.eps}, grad_factor, found_inf, kernels_);
 }
 
 AdamW::ParamState AdamW::state_of(const at::Tensor& p) const {
@@ -82,8 +76,8 @@ const at::Tensor& AdamW::grad_target(const at::Tensor& p) const {
   return groups_[gi].masters[i];
 }
 
-void AdamW::step(double lr, const at::Tensor& found_inf) {
-  for (auto& g : groups_) step_group(g, lr, found_inf);
+void AdamW::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor) {
+  for (auto& g : groups_) step_group(g, lr, found_inf, grad_factor);
   ++steps_;  // calls, applied or not (the checkpoints keep the per-parameter counts)
 }
 

@@ -5,9 +5,9 @@
 //   p = p - lr wd p                   (decoupled weight decay; 0 for the no-decay group)
 //   p = p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // Weight decay applies to matrices and embeddings (dim >= 2) only, never to biases and
-// LayerNorm parameters (nanoGPT's and llm.c's rule). The update runs in LibTorch's fused
-// multi-tensor kernel (_fused_adamw_), on CUDA and on CPU alike; the moments are fp32 and live
-// on the parameter's device.
+// LayerNorm parameters (nanoGPT's and llm.c's rule). The update runs in one multi-tensor pass
+// (kernels/adamw.h: kiln's kernel on CUDA, LibTorch's _fused_adamw_ as the reference and on the
+// CPU); the moments are fp32 and live on the parameter's device.
 //
 // 16-bit working weights (--param-dtype bf16 | fp16; Megatron's Float16Optimizer, FSDP's
 // param_dtype): the model computes with bf16 / fp16 parameters, and AdamW keeps, with its
@@ -24,6 +24,8 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include "kernels/kernel_choice.h"
 
 namespace kiln {
 
@@ -50,7 +52,13 @@ class AdamW {
   // parameters' device, 1 or 0; undefined: 0): 1 skips the update inside the fused kernel --
   // parameters, moments and step counts stay as they were -- with no host synchronisation, the
   // way PyTorch's GradScaler hands its verdict to the fused optimizers.
-  void step(double lr, const at::Tensor& found_inf = at::Tensor());
+  // grad_factor (a 0-dim fp32 tensor on that device; undefined: 1) multiplies every gradient
+  // first: the clipping factor over the loss scale (optim/grad_clip.h's clip_factor), applied
+  // inside the update. The update runs in kernels/adamw.h: kiln's one-pass kernel under
+  // set_kernels(fused) on CUDA (gradients read once, clipped, the master, moments and 16-bit copy
+  // written together), else LibTorch's ops (the gradients then left holding factor x g).
+  void step(double lr, const at::Tensor& found_inf = at::Tensor(), const at::Tensor& grad_factor = at::Tensor());
+  void set_kernels(Kernels k) { kernels_ = k; }
   // Where p's gradient is read, and accumulated in fp32: its master (16-bit working weights),
   // else p itself. grad_targets(): the constructor's parameters', in its order.
   const at::Tensor& grad_target(const at::Tensor& p) const;
@@ -74,7 +82,7 @@ class AdamW {
     std::vector<at::Tensor> params, masters, exp_avg, exp_avg_sq, step;  // masters: params for fp32
     double weight_decay;
   };
-  void step_group(Group& g, double lr, const at::Tensor& found_inf);
+  void step_group(Group& g, double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor);
   std::pair<size_t, size_t> index_of(const at::Tensor& p) const;  // (group, position); throws for a stranger
   AdamWConfig cfg_;
   at::ScalarType working_;
@@ -82,6 +90,7 @@ class AdamW {
   std::unordered_map<const void*, std::pair<size_t, size_t>> index_;  // TensorImpl -> (group, position)
   std::vector<Group> groups_;
   int64_t steps_ = 0;
+  Kernels kernels_ = Kernels::reference;
 };
 
 }  // namespace kiln

@@ -55,15 +55,19 @@ at::Tensor weighted_sq_norm(const std::vector<std::pair<at::Tensor, double>>& pi
   return total;
 }
 
-void scale_gradients(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm, double grad_scale) {
-  if (grads.empty()) return;
+at::Tensor clip_factor(const at::Tensor& norm, double max_norm, double grad_scale) {
   if (max_norm > 0.0) {
     auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-    if (grad_scale != 1.0) coef = coef / grad_scale;
-    at::_foreach_mul_(grads, coef);
-  } else if (grad_scale != 1.0) {
-    at::_foreach_mul_(grads, 1.0 / grad_scale);
+    return grad_scale != 1.0 ? coef / grad_scale : coef;
   }
+  if (grad_scale != 1.0) return at::full({}, 1.0 / grad_scale, norm.options().dtype(at::kFloat));
+  return at::Tensor();
+}
+
+void scale_gradients(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm, double grad_scale) {
+  if (grads.empty()) return;
+  const at::Tensor c = clip_factor(norm, max_norm, grad_scale);
+  if (c.defined()) at::_foreach_mul_(grads, c);
 }
 
 }  // namespace kiln

@@ -28,9 +28,14 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm
 // fp64 on the CPU (as grad_norm); squared and summed in fp64. Weights of 0 are left out.
 at::Tensor weighted_sq_norm(const std::vector<std::pair<at::Tensor, double>>& pieces);
 
-// The clipping multiply alone, for callers that compute the norm themselves (tensor parallelism
-// sums it over ranks): grads *= min(1, max_norm / (norm + 1e-6)) / grad_scale, with `norm` the
-// 0-dim norm of the unscaled gradients (no clipping if max_norm <= 0).
+// The clipping multiply's factor, c = min(1, max_norm / (norm + 1e-6)) / grad_scale, a 0-dim
+// fp32 tensor on the norm's device computed there in fp32; `norm`: the 0-dim fp32 norm of the
+// unscaled gradients. No clipping if max_norm <= 0 (c = 1 / grad_scale); undefined when c is 1
+// for certain (no clipping, grad_scale 1). The optimizer applies it as it reads the gradients
+// (AdamW::step's grad_factor): the trainer's update does not pass over the gradients for it.
+at::Tensor clip_factor(const at::Tensor& norm, double max_norm, double grad_scale);
+
+// The clipping multiply alone: grads *= clip_factor(norm, max_norm, grad_scale).
 void scale_gradients(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm, double grad_scale);
 
 }  // namespace kiln

@@ -133,8 +133,8 @@ void scale_expert_gradients(const std::vector<at::Tensor>& expert_grads, int64_t
   if (!defined.empty() && ep > 1) at::_foreach_mul_(defined, 1.0 / static_cast<double>(ep));
 }
 
-at::Tensor clip_grad_norm_ep(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& ep,
-                             const std::shared_ptr<Communicator>& tp, const GradOf& grad_at) {
+at::Tensor grad_norm_ep(GPT& model, double grad_scale, const std::shared_ptr<Communicator>& ep,
+                        const std::shared_ptr<Communicator>& tp, const GradOf& grad_at) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   std::vector<std::pair<at::Tensor, double>> pieces[3];  // tp-split, replicated, experts
@@ -163,7 +163,6 @@ at::Tensor clip_grad_norm_ep(GPT& model, double max_norm, double grad_scale, con
   ep->all_reduce(expert_sum, ReduceOp::Sum)->wait();
   at::Tensor total = (split_sum[0] + sq[1] + expert_sum[0]).sqrt().to(at::kFloat);
   if (grad_scale != 1.0) total = total / grad_scale;
-  scale_gradients(grads, total, max_norm, grad_scale);
   return total;
 }
 

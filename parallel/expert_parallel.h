@@ -105,9 +105,10 @@ void scale_expert_gradients(const std::vector<at::Tensor>& expert_grads, int64_t
 // The global norm of the model's gradients, every parameter once: the experts' squares summed
 // over `ep`; under tensor parallelism (tp non-null) the split parameters' squares summed over tp
 // (parallel/tensor_parallel.h's weighted pieces), the replicated ones' and the experts' (equal on
-// every tp rank) counted once. Then the clipping multiply as optim/grad_clip.h's clip_grad_norm
-// (grad_scale: fp16's loss scale). A 0-dim fp32 tensor on the gradients' device.
-at::Tensor clip_grad_norm_ep(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& ep,
-                             const std::shared_ptr<Communicator>& tp, const GradOf& grad_at);
+// every tp rank) counted once. Returns the norm / grad_scale (fp16's loss scale), a 0-dim fp32
+// tensor on the gradients' device; the clipping is the optimizer's (optim/grad_clip.h's
+// clip_factor, applied by AdamW::step).
+at::Tensor grad_norm_ep(GPT& model, double grad_scale, const std::shared_ptr<Communicator>& ep,
+                        const std::shared_ptr<Communicator>& tp, const GradOf& grad_at);
 
 }  // namespace kiln

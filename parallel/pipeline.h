@@ -142,7 +142,7 @@ std::vector<std::pair<int64_t, double>> count_weights(const std::string& name, c
 // dp x cp x tp x pp world (fp64 scalar on the gradients' device): count_weights' weights, divided
 // by `replicas` = dp x cp (every rank of the dp x cp group holds the same reduced gradients; under
 // expert parallelism an expert's are on dp / ep ranks, so its share is times ep). grads: as
-// clip_grad_norm_tp's.
+// grad_norm_tp's.
 at::Tensor pipeline_grad_sq_norm_share(GPT& model, int64_t replicas, const GradOf& grads = {});
 
 // The stage whose copy of whole-model parameter `name` a checkpoint takes: the first for wte

@@ -5,6 +5,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <ATen/Context.h>
 
 #include "distributed/error.h"
+#include "kernels/classifier.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
@@ -118,6 +120,38 @@ struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParalle
   }
 };
 
+// The two-pass way (the header's second form): the local passes are kernels/classifier.h's.
+struct VocabParallelCrossEntropyTwoPass : public torch::autograd::Function<VocabParallelCrossEntropyTwoPass> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
+                            int64_t vocab_start, int64_t vocab, at::IValue tp_capsule, int64_t kernels) {
+    auto& tp = group_in(tp_capsule);
+    const Kernels k = static_cast<Kernels>(kernels);
+    const at::Tensor z = logits.contiguous();
+    const int64_t cols = std::clamp<int64_t>(vocab - vocab_start, 0, z.size(1));
+    const auto [m, s] = softmax_row_stats(z, cols, k);
+    const at::Tensor M = all_reduced(m, tp, ReduceOp::Max);
+    at::Tensor local = targets - vocab_start;
+    const at::Tensor outside = local.lt(0).logical_or(local.ge(cols));
+    local = local.masked_fill(outside, -1);
+    const at::Tensor zt = z.gather(1, local.clamp_min(0).unsqueeze(1)).squeeze(1).to(at::kFloat).masked_fill(outside, 0.0);
+    // The target logits and the sums rescaled to the common maximum in one all-reduce.
+    const at::Tensor both = all_reduced(at::stack({zt, s * (m - M).exp()}), tp);
+    const at::Tensor lse = M + both[1].log();
+    ctx->save_for_backward({z, lse, local});
+    ctx->saved_data["cols"] = cols;
+    ctx->saved_data["kernels"] = kernels;
+    return (lse - both[0]).mean();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &z = saved[0], &lse = saved[1], &local = saved[2];
+    const at::Tensor scale = (grads[0] / static_cast<double>(z.size(0))).to(at::kFloat);
+    at::Tensor dz = softmax_xent_grad(z, ctx->saved_data["cols"].toInt(), lse, local, scale,
+                                      static_cast<Kernels>(ctx->saved_data["kernels"].toInt()));
+    return {dz, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor copy_to_tp(const at::Tensor& x, const std::shared_ptr<Communicator>& tp) {
@@ -155,7 +189,11 @@ at::Tensor vocab_parallel_embedding(const at::Tensor& ids, const at::Tensor& tab
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
-                                        int64_t vocab, const std::shared_ptr<Communicator>& tp) {
+                                        int64_t vocab, const std::shared_ptr<Communicator>& tp, bool two_pass, Kernels kernels) {
+  if (two_pass) {
+    return VocabParallelCrossEntropyTwoPass::apply(logits, targets, vocab_start, vocab, capsule(tp),
+                                                   static_cast<int64_t>(kernels));
+  }
   return VocabParallelCrossEntropy::apply(logits, targets, vocab_start, vocab, capsule(tp));
 }
 
@@ -241,10 +279,14 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
     ops->embed = [leave, vocab_start](const at::Tensor& idx, const at::Tensor& wte) {
       return leave(partial_embedding(idx, wte, vocab_start));
     };
-    ops->loss = [tp, column, vocab_start, vocab](const at::Tensor& hidden, const at::Tensor& wte, const at::Tensor& targets) {
+    ops->loss = [tp, column, vocab_start, vocab](const at::Tensor& hidden, const at::Tensor& wte, const at::Tensor& targets,
+                                                 Kernels kernels) {
       // The tied output layer is column-parallel (this rank's vocabulary rows); the logits stay split.
+      // Fused kernels on CUDA: the two-pass way, over the logits in their own dtype.
       const at::Tensor logits = column(hidden, wte, at::Tensor());
-      return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), vocab_start, vocab, tp);
+      const bool two_pass = kernels_on(kernels, logits.is_cuda()) == Kernels::fused;
+      return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), vocab_start, vocab, tp,
+                                          two_pass, kernels);
     };
     ops->reduce = leave;
     if (cfg.n_kv_head < t) {
@@ -365,8 +407,7 @@ std::vector<std::pair<at::Tensor, double>> tp_weighted_pieces(const std::string&
           {local.narrow(0, q_rows, local.size(0) - q_rows), static_cast<double>(cfg.n_kv_head) / static_cast<double>(t)}};
 }
 
-at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& tp,
-                             const GradOf& grad_at) {
+at::Tensor grad_norm_tp(GPT& model, double grad_scale, const std::shared_ptr<Communicator>& tp, const GradOf& grad_at) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   std::vector<std::pair<at::Tensor, double>> split_pieces, replicated_pieces;
@@ -391,7 +432,6 @@ at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, con
   tp->all_reduce(split_sum, ReduceOp::Sum)->wait();
   at::Tensor total = (split_sum[0] + replicated_sq).sqrt().to(at::kFloat);
   if (grad_scale != 1.0) total = total / grad_scale;
-  scale_gradients(grads, total, max_norm, grad_scale);
   return total;
 }
 

@@ -38,6 +38,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "distributed/comm.h"
+#include "kernels/kernel_choice.h"
 #include "parallel/main_grads.h"
 
 namespace kiln {
@@ -64,8 +65,18 @@ at::Tensor vocab_parallel_embedding(const at::Tensor& ids, const at::Tensor& tab
 // logits [N, V'/t] this rank's columns (starting at vocab_start); targets [N] int64 in
 // [0, vocab). Columns at or past `vocab` (the padding of V') never enter the softmax.
 // Returns the mean cross-entropy (fp32 scalar), the same on every tp rank.
+// The composite way (Megatron's): the logits in fp32, the global max all-reduced, the shifted
+// exponentials summed and all-reduced with the target logits; the fp32 softmax kept for backward.
+// two_pass (the model's way with fused kernels on CUDA): each rank's (max m, sum s of exp(z - m))
+// per row over its columns (kernels/classifier.h's softmax_row_stats: one read of the logits in
+// their own dtype), M = max over tp of m, then S = sum over tp of s exp(m - M) with the target
+// logits in one all-reduce, lse = M + log S; the logits (their dtype) and lse kept; backward
+// dz = (exp(z - lse) - onehot) / N by softmax_xent_grad, one pass, in the logits' dtype.
+// `kernels` picks the local passes' implementation (the reference runs them in ATen: the CPU
+// tests the two-pass math that way).
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
-                                        int64_t vocab, const std::shared_ptr<Communicator>& tp);
+                                        int64_t vocab, const std::shared_ptr<Communicator>& tp, bool two_pass = false,
+                                        Kernels kernels = Kernels::reference);
 
 // ---- the model ---------------------------------------------------------------------------
 // Runs fn with the device's default generator forked for `rank`: seeded from a hash of the
@@ -114,11 +125,11 @@ bool is_tensor_parallel(const std::string& name);
 // c_attn when tp replicates the kv heads (each held by tp / KV ranks): KV / tp.
 std::vector<std::pair<at::Tensor, double>> tp_weighted_pieces(const std::string& name, const at::Tensor& local,
                                                               const GPT& model);
-// The global gradient norm of a tensor-parallel model, clipped as optim/grad_clip.h does:
-// norm^2 = sum over tp of the split parameters' squares + the replicated ones' (counted once);
-// g <- g min(1, max_norm / (norm + 1e-6)) / grad_scale. Returns the norm / grad_scale.
-// grads: where each parameter's gradient is (parallel/main_grads.h; empty: its .grad()).
-at::Tensor clip_grad_norm_tp(GPT& model, double max_norm, double grad_scale, const std::shared_ptr<Communicator>& tp,
-                             const GradOf& grads = {});
+// The global gradient norm of a tensor-parallel model: norm^2 = sum over tp of the split
+// parameters' squares + the replicated ones' (counted once). Returns the norm / grad_scale (fp16's
+// loss scale), a 0-dim fp32 tensor; the clipping is the optimizer's (optim/grad_clip.h's
+// clip_factor, applied by AdamW::step). grads: where each parameter's gradient is
+// (parallel/main_grads.h; empty: its .grad()).
+at::Tensor grad_norm_tp(GPT& model, double grad_scale, const std::shared_ptr<Communicator>& tp, const GradOf& grads = {});
 
 }  // namespace kiln

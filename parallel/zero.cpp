@@ -12,6 +12,7 @@
 #include "distributed/device_check.h"
 #include "distributed/error.h"
 #include "distributed/host_memory.h"
+#include "kernels/adamw.h"
 #include "models/gpt.h"
 #include "optim/cpu_adamw.h"
 #include "parallel/grad_ready.h"
@@ -489,28 +490,25 @@ void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor
   at::NoGradGuard no_grad;
   if (host_adds_) host_adds_->drain();
   if (cfg_.offload == Offload::None) {
-    std::vector<at::Tensor> p[2], g[2], m[2], v[2], t[2];
-    step_t_.add_(1.0 - found_inf);  // the fused kernel reads t already advanced
+    // One multi-tensor update per decay group over every unit's segments (kernels/adamw.h): the
+    // gradients times grad_factor, AdamW on the fp32 masters, the working shard round16(master).
+    AdamWGroup groups[2];
+    step_t_.add_(1.0 - found_inf);  // the update reads t already advanced
     for (auto& u : units_) {
-      u->grad_shard.mul_(grad_factor);
       auto ps = u->master.defined() ? u->master : param_shard(*u);  // fp32
       for (const auto& s : u->segments) {
-        const int d = s.decay ? 1 : 0;
-        p[d].push_back(ps.narrow(0, s.offset, s.length));
-        g[d].push_back(u->grad_shard.narrow(0, s.offset, s.length));
-        m[d].push_back(u->exp_avg.narrow(0, s.offset, s.length));
-        v[d].push_back(u->exp_avg_sq.narrow(0, s.offset, s.length));
-        t[d].push_back(step_t_);
+        AdamWGroup& g = groups[s.decay ? 1 : 0];
+        g.params.push_back(ps.narrow(0, s.offset, s.length));
+        g.grads.push_back(u->grad_shard.narrow(0, s.offset, s.length));
+        g.exp_avg.push_back(u->exp_avg.narrow(0, s.offset, s.length));
+        g.exp_avg_sq.push_back(u->exp_avg_sq.narrow(0, s.offset, s.length));
+        g.steps.push_back(step_t_);
+        if (sixteen()) g.working.push_back(param_shard(*u).narrow(0, s.offset, s.length));
       }
     }
-    for (int d = 0; d < 2; ++d) {
-      if (p[d].empty()) continue;
-      at::_fused_adamw_(p[d], g[d], m[d], v[d], /*max_exp_avg_sqs=*/{}, t[d], lr, adam_.beta1, adam_.beta2,
-                        d ? adam_.weight_decay : 0.0, adam_.eps, /*amsgrad=*/false, /*maximize=*/false,
-                        /*grad_scale=*/std::nullopt, found_inf);
-    }
-    if (sixteen())
-      for (auto& u : units_) param_shard(*u).copy_(u->master);  // the working shard: round16(master)
+    for (int d = 0; d < 2; ++d)
+      adamw_update(groups[d], {lr, adam_.beta1, adam_.beta2, d ? adam_.weight_decay : 0.0, adam_.eps}, grad_factor, found_inf,
+                   kernels_);
   } else {
     // Offload: the host steps, so it reads the verdict (it waits for the gradients anyway).
     if (to_host(found_inf).item<float>() != 0.0f) return;  // skipped: nothing moves

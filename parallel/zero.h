@@ -194,7 +194,10 @@ class ZeroEngine {
   // are 0-dim fp32 tensors on the device (found_inf 1: the kernel skips the update, and the step
   // count stays), so without offload the step takes no host synchronisation; the offloaded step
   // runs on the host and reads both there.
+  // Without offload the update is kernels/adamw.h's (set_kernels: kiln's one-pass kernel on
+  // CUDA, LibTorch's ops as the reference).
   void step(double lr, const at::Tensor& grad_factor, const at::Tensor& found_inf);
+  void set_kernels(Kernels k) { kernels_ = k; }
 
   // Evaluation without backward under ZeRO-3: gathers unit 0 / frees every gathered unit.
   void begin_forward_only();
@@ -256,6 +259,7 @@ class ZeroEngine {
   std::shared_ptr<Communicator> dp_;
   ZeroConfig cfg_;
   AdamWConfig adam_;
+  Kernels kernels_ = Kernels::reference;  // the step's update (set_kernels)
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<std::vector<size_t>> block_units_;  // block i's units (its dense part, then its experts under --ep)
   std::vector<int> unit_chunk_;                   // the model chunk each unit's parameters belong to

@@ -187,7 +187,13 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
   const ActivationBytes none_moe = layer_activation_bytes(model, l, Recompute::None, /*moe=*/true);
   const double a = l.compute_bytes, r = 4.0;
   const double Vp = static_cast<double>(model.padded_vocab_size()), V = static_cast<double>(model.vocab_size);
-  const double logp = l.tp > 1 ? 4.0 * Vp / static_cast<double>(l.tp) : 4.0 * V;  // fp32 log-probabilities per token
+  // tp's vocabulary-parallel loss with kiln's kernels on a GPU (the two-pass way,
+  // parallel/tensor_parallel.h): the logits kept in the compute dtype and lse (4) per token, in
+  // place of the fp32 log-probabilities
+  const bool two_pass_loss = l.tp > 1 && l.fused_kernels && !l.cpu;
+  const double logp = two_pass_loss ? a * Vp / static_cast<double>(l.tp) + 4.0
+                      : l.tp > 1    ? 4.0 * Vp / static_cast<double>(l.tp)
+                                    : 4.0 * V;  // fp32 log-probabilities per token
   const int64_t G = l.grad_ranks();  // ZeRO's shards: over dp x cp
   // tokens of a micro-batch on this rank (its b T / cp positions), and, under sp, the residual
   // stream's rows of them (b T / t)
@@ -287,7 +293,8 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     double transient = 0;
     // plain: the logits and the log-probabilities' gradient; chunked: G = dloss/dz in the compute
     // dtype, one chunk's fp32 logits (at most 256 MiB), on the CPU under 16-bit autocast W's fp32 copy
-    if (last && !chunked) transient += local * (a * Vp / static_cast<double>(l.tp) + logp);
+    // (two-pass: the logits are kept, so the gradient dz alone)
+  if (last && !chunked) transient += local * (a * Vp / static_cast<double>(l.tp) + (two_pass_loss ? 0.0 : logp));
     if (last && chunked) {
       transient += a * local * Vp + std::min(256.0 * 1024 * 1024, 4.0 * local * Vp) + (l.cpu && a == 2 ? 4.0 * Vp * d : 0.0);
     }

@@ -99,7 +99,9 @@
 //    with transients G (a V' per token) and one chunk's fp32 logits (at most 256 MiB; on the CPU
 //    under 16-bit autocast also W's fp32 copy, 4 V' d); the plain loss (fp16, --loss-chunk-rows -1,
 //    and tp's vocabulary-parallel logits) keeps the fp32 log-probabilities (4 V/token; 4 V'/t
-//    vocabulary-parallel) and the targets, with the logits and their gradient as transients.
+//    vocabulary-parallel) and the targets, with the logits and their gradient as transients;
+//    with kiln's kernels on a GPU tp's loss runs two-pass (parallel/tensor_parallel.h) and keeps
+//    the logits in the compute dtype and lse instead (a V'/t + 4 per token), dz the transient.
 //    Sequence parallelism (--sp; Korthikanti s4.2.2, their 34 s b h / t): the replicated terms
 //    live on the rank's T/t rows, so they divide by t -- the LayerNorm outputs too: c_attn, c_fc
 //    and the head keep their input's rows (in the compute dtype) and gather them again in

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "distributed/error.h"
+#include "kernels/adamw.h"
+#include "kernels/adamw_math.cuh"
 #include "kernels/classifier.h"
 #include "kernels/gelu_mlp.h"
 #include "kernels/kernel_choice.h"
@@ -22,6 +24,7 @@
 #include "kernels/swiglu.h"
 #include "kernels/swiglu_math.cuh"
 #include "models/gpt.h"
+#include "optim/adamw.h"
 
 namespace kk = kiln::kernels;
 
@@ -175,6 +178,49 @@ TEST(KernelMath, NormRowsMatchATen) {
   }
 }
 
+// The residual add before a norm (kernels/norm_math.cuh): s = x + r rounded once, bit for bit
+// ATen's 16-bit add (what the composite path stores); the backward's dx + dsum added in fp32 and
+// rounded once, against fp64 within the bound NormRowsMatchATen gives dx plus the one rounding.
+TEST(KernelMath, AddNormElements) {
+  at::manual_seed(8);
+  const double u = std::ldexp(1.0, -24);
+  for (int d : {5, 67, 768}) {
+    const int64_t rows = 7;
+    const float eps = 1e-5f;
+    const at::Tensor x = (at::randn({rows, d}) * 3).to(at::kBFloat16), r = at::randn({rows, d}).to(at::kBFloat16);
+    at::Tensor s = at::empty_like(x);
+    for (int64_t i = 0; i < x.numel(); ++i)
+      s.data_ptr<at::BFloat16>()[i] = kk::residual_add(x.data_ptr<at::BFloat16>()[i], r.data_ptr<at::BFloat16>()[i]);
+    EXPECT_TRUE(at::equal(s, x + r)) << "d " << d;
+    const at::Tensor w = (at::randn({d}) * 0.5 + 1).to(at::kBFloat16), dy = at::randn({rows, d}).to(at::kBFloat16);
+    const at::Tensor dsum = at::randn({rows, d}).to(at::kBFloat16);
+    at::Tensor dx = at::empty_like(x);
+    const auto* sp = s.data_ptr<at::BFloat16>();
+    const auto* wp = w.data_ptr<at::BFloat16>();
+    for (int64_t row = 0; row < rows; ++row) {
+      const at::BFloat16* sr = sp + row * d;
+      const float m = kk::norm_partial_sum(sr, d, 0, 1) / static_cast<float>(d);
+      const float rs = kk::norm_rstd(kk::norm_partial_sq(sr, d, 0, 1, m), d, eps);
+      float sg, sgx;
+      kk::norm_partial_backward(sr, dy.data_ptr<at::BFloat16>() + row * d, wp, d, 0, 1, m, rs, sg, sgx);
+      for (int j = 0; j < d; ++j) {
+        dx.data_ptr<at::BFloat16>()[row * d + j] = kk::add_norm_backward_element<at::BFloat16, at::BFloat16>(
+            sr[j], dy.data_ptr<at::BFloat16>()[row * d + j], dsum.data_ptr<at::BFloat16>()[row * d + j], wp, j, m, rs,
+            sg / static_cast<float>(d), sgx / static_cast<float>(d), false);
+      }
+    }
+    at::Tensor s64 = s.to(at::kDouble).requires_grad_(true);
+    at::layer_norm(s64, {d}, w.to(at::kDouble), {}, eps).backward(dy.to(at::kDouble));
+    const at::Tensor want = s64.grad() + dsum.to(at::kDouble);
+    const at::Tensor sd = s.to(at::kDouble);
+    const at::Tensor r64 = (sd.var(1, false) + eps).rsqrt();
+    const at::Tensor xhat = (sd - sd.mean(1, true)) * r64.unsqueeze(1);
+    const at::Tensor g64 = dy.to(at::kDouble) * w.to(at::kDouble);
+    const at::Tensor dx_terms = r64 * std::get<0>(g64.abs().max(1)) * (1 + std::get<0>(xhat.abs().max(1)).pow(2));
+    expect_close(dx, want, 1.0, (d + 16) * u * dx_terms.unsqueeze(1), "add-norm dx + dsum d " + std::to_string(d));
+  }
+}
+
 // The online log-sum-exp (kernels/softmax_math.cuh): a row added in one pass, and the same row
 // in three parts merged, against logsumexp in fp64; -inf entries count for nothing.
 TEST(KernelMath, OnlineLogSumExp) {
@@ -256,6 +302,116 @@ TEST(KernelMath, RopePairs) {
   EXPECT_LT((y64.detach() - yb.detach()).abs().max().item<double>(), 1e-6);  // the tables' rounding alone
 }
 
+// AdamW's element math (kernels/adamw_math.cuh) and the entry's reference path (LibTorch's CPU
+// _fused_adamw_ after the clip multiply) against the rule in fp64 from the same fp32 inputs and
+// fp32-rounded hyperparameters, over gradients from 1e-6 to 10, steps 1, 7 and 1000, with and
+// without weight decay. Bounds: the new p, m and v each rounded once more than fp64 and their
+// products and sums in fp32: 2 ulps of the value plus 32 u (u = 2^-24) of the terms' scale --
+// for p, |p| lr wd and the update's size (lr / bc1) |m| / denom; for m and v, the two terms.
+TEST(KernelMath, AdamWElements) {
+  at::manual_seed(17);
+  const int64_t n = 3000;
+  const float lr = 6e-4f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, c = 0.37f;
+  const double u = std::ldexp(1.0, -24);
+  for (const float wd : {0.0f, 0.1f})
+    for (const float t : {1.0f, 7.0f, 1000.0f}) {
+      const at::Tensor p0 = at::randn({n}), m0 = at::randn({n}) * 0.05, v0 = at::rand({n}) * 0.01;
+      const at::Tensor g0 = at::randn({n}) * at::pow(10.0, at::randint(-6, 2, {n}).to(at::kFloat));
+      // The math, element by element, from the clipped gradient float(g c).
+      at::Tensor p = p0.clone(), m = m0.clone(), v = v0.clone();
+      const kk::AdamWScalars sc = kk::adamw_scalars(lr, b1, b2, wd, eps, t);
+      auto P = p.accessor<float, 1>(), M = m.accessor<float, 1>(), V = v.accessor<float, 1>();
+      auto G = g0.accessor<float, 1>();
+      for (int64_t i = 0; i < n; ++i) kk::adamw_element(P[i], G[i] * c, M[i], V[i], sc);
+      // The entry's reference path (what the CPU runs), the clip factor as a 0-dim tensor.
+      kiln::AdamWGroup grp{{p0.clone()}, {g0.clone()}, {m0.clone()}, {v0.clone()}, {at::full({}, t)}, {}};
+      kiln::adamw_update(grp, {lr, b1, b2, wd, eps}, at::full({}, c), at::Tensor(), kiln::Kernels::fused);
+      // fp64 from the same inputs (the clipped gradient as both paths round it).
+      const auto d = [](const at::Tensor& x) { return x.to(at::kDouble); };
+      const at::Tensor g = d(g0 * c), L = at::full({}, static_cast<double>(lr), at::kDouble);
+      const double B1 = b1, B2 = b2, E = eps, W = wd, T = t;
+      const at::Tensor pd = d(p0) - L * W * d(p0);
+      const at::Tensor m64 = B1 * d(m0) + (1 - B1) * g, v64 = B2 * d(v0) + (1 - B2) * g * g;
+      const double bc1 = 1 - std::pow(B1, T), bc2s = std::sqrt(1 - std::pow(B2, T));
+      const at::Tensor upd = (L / bc1) * m64 / (v64.sqrt() / bc2s + E);
+      const at::Tensor p64 = pd - upd;
+      const at::Tensor p_slack = 32 * u * (d(p0).abs() * L * W + upd.abs());
+      const at::Tensor m_slack = 32 * u * (B1 * d(m0).abs() + (1 - B1) * g.abs());
+      const at::Tensor v_slack = 32 * u * (B2 * d(v0) + (1 - B2) * g * g);
+      const std::string at_ = " (wd " + std::to_string(wd) + ", t " + std::to_string(t) + ")";
+      expect_close(p, p64, 2.0, p_slack, "math p" + at_);
+      expect_close(m, m64, 2.0, m_slack, "math m" + at_);
+      expect_close(v, v64, 2.0, v_slack, "math v" + at_);
+      expect_close(grp.params[0], p64, 2.0, p_slack, "reference p" + at_);
+      expect_close(grp.exp_avg[0], m64, 2.0, m_slack, "reference m" + at_);
+      expect_close(grp.exp_avg_sq[0], v64, 2.0, v_slack, "reference v" + at_);
+    }
+}
+
+// The entry's reference path: the gradients left holding c g, the 16-bit working copies the new
+// masters rounded to nearest even, and found_inf = 1 moving nothing; AdamW::step with a factor
+// is the clip multiply then the step, bit for bit.
+TEST(KernelEntries, AdamWUpdateReference) {
+  at::manual_seed(19);
+  auto group = [](int64_t n, at::ScalarType working) {
+    kiln::AdamWGroup g;
+    for (int64_t k : {n, n / 3 + 1}) {
+      g.params.push_back(at::randn({k}));
+      g.grads.push_back(at::randn({k}));
+      g.exp_avg.push_back(at::zeros({k}));
+      g.exp_avg_sq.push_back(at::zeros({k}));
+      g.steps.push_back(at::ones({}));
+      g.working.push_back(g.params.back().to(working));
+    }
+    return g;
+  };
+  for (const auto wt : {at::kBFloat16, at::kHalf}) {
+    kiln::AdamWGroup g = group(100, wt);
+    const std::vector<at::Tensor> grads0 = {g.grads[0].clone(), g.grads[1].clone()};
+    const at::Tensor c = at::full({}, 0.5f);
+    kiln::adamw_update(g, {1e-3, 0.9, 0.95, 0.1, 1e-8}, c, at::zeros({}), kiln::Kernels::fused);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(at::equal(g.grads[i], grads0[i] * c));
+      EXPECT_TRUE(at::equal(g.working[i], g.params[i].to(wt)));
+      EXPECT_GT(g.exp_avg[i].abs().max().item<float>(), 0.0f);
+    }
+    const std::vector<at::Tensor> before = {g.params[0].clone(), g.exp_avg[0].clone(), g.exp_avg_sq[0].clone(), g.working[0].clone()};
+    kiln::adamw_update(g, {1e-3, 0.9, 0.95, 0.1, 1e-8}, c, at::ones({}), kiln::Kernels::fused);
+    EXPECT_TRUE(at::equal(g.params[0], before[0]));
+    EXPECT_TRUE(at::equal(g.exp_avg[0], before[1]));
+    EXPECT_TRUE(at::equal(g.exp_avg_sq[0], before[2]));
+    EXPECT_TRUE(at::equal(g.working[0], before[3]));
+  }
+  kiln::AdamWGroup bad = group(10, at::kBFloat16);
+  bad.steps.pop_back();
+  EXPECT_THROW(kiln::adamw_update(bad, {1e-3, 0.9, 0.95, 0.1, 1e-8}, at::Tensor(), at::Tensor(), kiln::Kernels::fused),
+               std::invalid_argument);
+  // AdamW::step(lr, found_inf, factor) == the gradients times factor, then step(lr, found_inf).
+  auto make = [](at::Tensor& w, at::Tensor& b) {
+    at::manual_seed(23);
+    w = at::randn({8, 6});
+    b = at::randn({6});
+  };
+  at::Tensor w1, b1, w2, b2;
+  make(w1, b1);
+  make(w2, b2);
+  kiln::AdamW o1({w1, b1}, kiln::AdamWConfig{}, at::kBFloat16), o2({w2, b2}, kiln::AdamWConfig{}, at::kBFloat16);
+  o1.set_kernels(kiln::Kernels::fused);
+  for (int s = 0; s < 3; ++s) {
+    const at::Tensor gw = at::randn({8, 6}), gb = at::randn({6}), f = at::full({}, 0.25f + 0.1f * s);
+    o1.grad_target(w1).mutable_grad() = gw.clone();
+    o1.grad_target(b1).mutable_grad() = gb.clone();
+    o2.grad_target(w2).mutable_grad() = gw * f;
+    o2.grad_target(b2).mutable_grad() = gb * f;
+    o1.step(1e-2, at::zeros({}), f);
+    o2.step(1e-2, at::zeros({}));
+  }
+  EXPECT_TRUE(at::equal(w1, w2));
+  EXPECT_TRUE(at::equal(b1, b2));
+  EXPECT_TRUE(at::equal(o1.state_of(w1).master, o2.state_of(w2).master));
+  EXPECT_TRUE(at::equal(o1.state_of(b1).exp_avg_sq, o2.state_of(b2).exp_avg_sq));
+}
+
 // On the CPU the entries run the composite ops whatever they are asked: bit for bit the plain
 // ops, forward and backward.
 TEST(KernelEntries, CpuRunsTheCompositeOps) {
@@ -286,6 +442,28 @@ TEST(KernelEntries, CpuRunsTheCompositeOps) {
   const auto [qr, kr] = kiln::rope(q, kk2, cs, sn, at::Tensor(), kiln::Kernels::fused);
   EXPECT_TRUE(at::equal(qr, q * cs + at::cat({-qh[1], qh[0]}, -1) * sn));
   EXPECT_TRUE(at::equal(kr, kk2 * cs + at::cat({-kh[1], kh[0]}, -1) * sn));
+}
+
+// add_norm on the CPU: x + r then the norm, bit for bit, forward and backward (x and r each get
+// the gradient of s).
+TEST(KernelEntries, AddNormRunsTheCompositeOps) {
+  at::manual_seed(12);
+  for (bool rms : {false, true}) {
+    at::Tensor x1 = at::randn({2, 5, 24}).requires_grad_(true), r1 = at::randn({2, 5, 24}).requires_grad_(true);
+    at::Tensor x2 = x1.detach().clone().requires_grad_(true), r2 = r1.detach().clone().requires_grad_(true);
+    const at::Tensor w = at::randn({24}), b = rms ? at::Tensor() : at::randn({24});
+    EXPECT_FALSE(kiln::add_norm_fused(x1, r1, kiln::Kernels::fused));
+    const auto [s1, y1] = kiln::add_norm(x1, r1, w, b, 1e-5, rms, kiln::Kernels::fused);
+    const at::Tensor s2 = x2 + r2;
+    const at::Tensor y2 = rms ? at::rms_norm(s2, {24}, w, 1e-5) : at::layer_norm(s2, {24}, w, b, 1e-5);
+    EXPECT_TRUE(at::equal(s1, s2));
+    EXPECT_TRUE(at::equal(y1, y2));
+    const at::Tensor gs = at::randn_like(s1), gy = at::randn_like(y1);
+    (s1 * gs + y1 * gy).sum().backward();
+    (s2 * gs + y2 * gy).sum().backward();
+    EXPECT_TRUE(at::equal(x1.grad(), x2.grad()));
+    EXPECT_TRUE(at::equal(r1.grad(), r2.grad()));
+  }
 }
 
 // The classifier's composite path: the loss sum and softmax - onehot over the real columns, 0 in

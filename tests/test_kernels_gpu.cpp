@@ -24,6 +24,7 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include "kernels/adamw.h"
 #include "kernels/classifier.h"
 #include "kernels/gelu_mlp.h"
 #include "kernels/norm.h"
@@ -93,6 +94,53 @@ TEST(GpuKernels, Norms) {
   }
 }
 
+// The residual add with the norm (kernels/norm.h's add_norm): s = x + r equal to the reference's
+// bit for bit (one rounding of the same fp32 sum); y, dw, db to the norm's bounds against fp64
+// from that s; dx = dr = the norm's dx + s's own gradient to the same bounds (the fused path
+// rounds the sum once, the composite twice).
+TEST(GpuKernels, AddNorm) {
+  at::manual_seed(9);
+  const std::vector<std::pair<at::ScalarType, at::ScalarType>> types{
+      {at::kFloat, at::kFloat}, {at::kBFloat16, at::kBFloat16}, {at::kBFloat16, at::kFloat}, {at::kHalf, at::kHalf}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{1, 1}, {7, 33}, {4099, 1600}, {3, 8192}, {257, 4100}};
+  for (bool rms : {false, true}) {
+    for (auto [xt, wt] : types) {
+      for (auto [rows, d] : shapes) {
+        const std::string what = std::string(rms ? "add+rms" : "add+layer") + " " + c10::toString(xt) + "/" +
+                                 c10::toString(wt) + " " + std::to_string(rows) + "x" + std::to_string(d);
+        const at::Tensor x0 = (at::randn({rows, d}, cuda(at::kFloat)) * 3 + 1).to(xt);
+        const at::Tensor r0 = at::randn({rows, d}, cuda(at::kFloat)).to(xt);
+        const at::Tensor w0 = (at::randn({d}, cuda(at::kFloat)) * 0.5 + 1).to(wt);
+        const at::Tensor b0 = rms ? at::Tensor() : at::randn({d}, cuda(at::kFloat)).to(wt);
+        const at::Tensor gs = at::randn({rows, d}, cuda(at::kFloat)).to(xt), gy = at::randn({rows, d}, cuda(at::kFloat)).to(xt);
+        ASSERT_TRUE(kiln::add_norm_fused(x0, r0, Kernels::fused)) << what;
+        auto run = [&](Kernels k) {
+          at::Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+          at::Tensor w = w0.clone().requires_grad_(true), b = rms ? at::Tensor() : b0.clone().requires_grad_(true);
+          auto [sum, y] = kiln::add_norm(x, r, w, b, 1e-5, rms, k);
+          torch::autograd::backward({sum, y}, {gs, gy.to(y.scalar_type())});
+          return std::make_tuple(sum.detach(), y.detach(), x.grad(), r.grad(), w.grad(), rms ? at::Tensor() : b.grad());
+        };
+        const auto [sf, yf, dxf, drf, dwf, dbf] = run(Kernels::fused);
+        const auto [sr, yr, dxr, drr, dwr, dbr] = run(Kernels::reference);
+        // fp64 from the rounded sum: the norm's gradient plus s's own.
+        at::Tensor s64 = sr.to(at::kDouble).requires_grad_(true);
+        at::Tensor w64 = w0.to(at::kDouble).requires_grad_(true);
+        at::Tensor b64 = rms ? at::Tensor() : b0.to(at::kDouble).requires_grad_(true);
+        at::Tensor y64 = kiln::norm(s64, w64, b64, 1e-5, rms, Kernels::reference);
+        y64.backward(gy.to(at::kDouble));
+        const at::Tensor dx64 = s64.grad() + gs.to(at::kDouble);
+        EXPECT_TRUE(at::equal(sf, sr)) << what << ": s = x + r differs from the composite add";
+        EXPECT_TRUE(at::equal(dxf, drf)) << what << ": x and r must get the same gradient";
+        check(what + " y", yf, yr, y64.detach(), 1e-5);
+        check(what + " dx", dxf, dxr, dx64, 1e-5);
+        check(what + " dw", dwf, dwr, w64.grad(), 1e-5);
+        if (!rms) check(what + " db", dbf, dbr, b64.grad(), 1e-5);
+      }
+    }
+  }
+}
+
 TEST(GpuKernels, NormUnderAutocastStaysSixteenBit) {
   // The point of the kernel: under CUDA autocast a bf16 x gives a bf16 y (the composite norm
   // gives fp32: autocast's fp32 list), with the same values to one bf16 ulp.
@@ -134,6 +182,47 @@ TEST(GpuKernels, SoftmaxCrossEntropy) {
       // Without a gradient (evaluation) the loss alone.
       const at::Tensor ln = kiln::softmax_cross_entropy_rows(z.clone(), t, V, at::Tensor(), Kernels::fused);
       EXPECT_EQ(ln.item<float>(), lf.item<float>()) << what;
+    }
+  }
+}
+
+// The vocabulary-parallel loss's local passes (kernels/classifier.h): the row stats (m exact:
+// a max; s against the reference to 1e-5 relative, both fp32 sums of the same exponentials) and
+// the gradient scale (exp(z - lse) - onehot) against fp64 from the same lse: one ulp of the
+// output dtype + 1e-6 of its scale (64 ulps for fp32); padding columns exactly 0; targets held,
+// not held (-1) and past the real columns.
+TEST(GpuKernels, VocabParallelPasses) {
+  at::manual_seed(10);
+  for (auto zt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (auto [rows, width, pad] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {1, 1, 0}, {7, 12576, 47}, {1025, 12576, 0}, {3, 32064, 0}, {5, 100, 100}}) {
+      const int64_t cols = width - pad;
+      const std::string what = std::string("vocab-parallel ") + c10::toString(zt) + " " + std::to_string(rows) + "x" +
+                               std::to_string(width) + " real " + std::to_string(cols);
+      const at::Tensor z = (at::randn({rows, width}, cuda(at::kFloat)) * 4).to(zt);
+      const auto [mf, sf] = kiln::softmax_row_stats(z, cols, Kernels::fused);
+      const auto [mr, sr] = kiln::softmax_row_stats(z, cols, Kernels::reference);
+      EXPECT_TRUE(at::equal(mf, mr)) << what << ": the row maxima";
+      if (cols > 0) EXPECT_LE(((sf - sr).abs() / sr).max().item<double>(), 1e-5) << what << ": the sums";
+      else EXPECT_TRUE(at::equal(sf, sr)) << what;
+      if (cols == 0) continue;
+      const at::Tensor lse = mr + sr.log();
+      at::Tensor t = at::randint(0, cols, {rows}, cuda(at::kLong));
+      if (rows > 2) {
+        t[1] = -1;    // the target on another rank
+        t[2] = cols;  // past this rank's real columns
+      }
+      const at::Tensor scale = at::full({}, 0.37f, cuda(at::kFloat));
+      const at::Tensor gf = kiln::softmax_xent_grad(z, cols, lse, t, scale, Kernels::fused);
+      const at::Tensor gr = kiln::softmax_xent_grad(z, cols, lse, t, scale, Kernels::reference);
+      at::Tensor truth = at::zeros({rows, width}, cuda(at::kDouble));
+      at::Tensor p = (z.narrow(1, 0, cols).to(at::kDouble) - lse.to(at::kDouble).unsqueeze(1)).exp();
+      const at::Tensor held = t.ge(0).logical_and(t.lt(cols));
+      p = p - at::zeros_like(p).scatter_(1, t.clamp(0, cols - 1).unsqueeze(1), held.to(at::kDouble).unsqueeze(1));
+      truth.narrow(1, 0, cols).copy_(p * 0.37);
+      EXPECT_EQ(gf.scalar_type(), zt) << what;
+      check(what + " dz", gf, gr, truth, 1e-6);
+      if (pad > 0) EXPECT_TRUE(at::equal(gf.narrow(1, cols, pad), at::zeros({rows, pad}, cuda(zt)))) << what;
     }
   }
 }
@@ -260,6 +349,97 @@ TEST(GpuKernels, GeluMLP) {
       }
     }
   }
+}
+
+// The one-pass AdamW (kernels/adamw.cu) against the reference (clip multiply, _fused_adamw_,
+// copy into the working weights) on the device, both held to the rule in fp64 from the same
+// inputs, as tests/test_kernels.cpp's KernelMath.AdamWElements on the CPU: 2 fp32 ulps of the new
+// p, m, v plus 32 u (2^-24) of their terms' scale. 130 tensors of awkward sizes (0 to 300,001;
+// more than one launch's batch of 56), fp32 and bf16 gradients, bf16 / fp16 / no working copies,
+// with and without a clip factor; the working copies equal to the fused masters rounded, bit for
+// bit; found_inf = 1 moves nothing.
+TEST(GpuKernels, AdamW) {
+  at::manual_seed(7);
+  const auto o = cuda(at::kFloat);
+  std::vector<int64_t> sizes{1, 7, 0, 4097, 65537, 300001};
+  while (sizes.size() < 130) sizes.push_back(at::randint(0, 3000, {1}).item<int64_t>());
+  const double lr = 6e-4, b1 = 0.9, b2 = 0.95, eps = 1e-8, u = std::ldexp(1.0, -24);
+  for (auto gt : {at::kFloat, at::kBFloat16})
+    for (auto wt : {at::kBFloat16, at::kHalf, at::kFloat})  // kFloat: no working copies
+      for (bool factor : {true, false})
+        for (double wd : {0.1, 0.0}) {
+          const std::string what = std::string("adamw grads ") + c10::toString(gt) + " working " +
+                                   (wt == at::kFloat ? "none" : c10::toString(wt)) + (factor ? " clipped" : "") +
+                                   " wd " + std::to_string(wd);
+          std::vector<at::Tensor> p0, g0, m0, v0;
+          for (int64_t n : sizes) {
+            p0.push_back(at::randn({n}, o));
+            g0.push_back((at::randn({n}, o) * at::pow(10.0, at::randint(-6, 2, {n}, o))).to(gt));
+            m0.push_back(at::randn({n}, o) * 0.05);
+            v0.push_back(at::rand({n}, o) * 0.01);
+          }
+          const float t = 3.0f;
+          const at::Tensor c = factor ? at::full({}, 0.37f, o) : at::Tensor();
+          auto make = [&]() {
+            kiln::AdamWGroup g;
+            for (size_t i = 0; i < sizes.size(); ++i) {
+              g.params.push_back(p0[i].clone());
+              g.grads.push_back(g0[i].clone());
+              g.exp_avg.push_back(m0[i].clone());
+              g.exp_avg_sq.push_back(v0[i].clone());
+              g.steps.push_back(at::full({}, t, o));
+              if (wt != at::kFloat) g.working.push_back(p0[i].to(wt));
+            }
+            return g;
+          };
+          kiln::AdamWGroup f = make(), r = make();
+          ASSERT_TRUE(kiln::adamw_fused_eligible(f, c, at::zeros({}, o))) << what;
+          kiln::adamw_update(f, {lr, b1, b2, wd, eps}, c, at::zeros({}, o), Kernels::fused);
+          kiln::adamw_update(r, {lr, b1, b2, wd, eps}, c, at::zeros({}, o), Kernels::reference);
+          // Every tensor at once: the lists flattened into one vector each.
+          const auto flat = [](const std::vector<at::Tensor>& l) {
+            std::vector<at::Tensor> v;
+            for (const auto& t : l) v.push_back(t.reshape({-1}).to(at::kDouble));
+            return at::cat(v);
+          };
+          const at::Tensor P0 = flat(p0), M0 = flat(m0), V0 = flat(v0);
+          std::vector<at::Tensor> g32;
+          for (const auto& t : g0) g32.push_back(factor ? t.to(at::kFloat) * c : t.to(at::kFloat));
+          const at::Tensor g = flat(g32);
+          const double L = static_cast<float>(lr), B1 = static_cast<float>(b1), B2 = static_cast<float>(b2);
+          const double E = static_cast<float>(eps), W = static_cast<float>(wd);
+          const at::Tensor m64 = B1 * M0 + (1 - B1) * g, v64 = B2 * V0 + (1 - B2) * g * g;
+          const double bc1 = 1 - std::pow(B1, t), bc2s = std::sqrt(1 - std::pow(B2, t));
+          const at::Tensor upd = (L / bc1) * m64 / (v64.sqrt() / bc2s + E);
+          const at::Tensor want[3] = {P0 - L * W * P0 - upd, m64, v64};
+          const at::Tensor slack[3] = {32 * u * (P0.abs() * L * W + upd.abs()), 32 * u * (B1 * M0.abs() + (1 - B1) * g.abs()),
+                                       32 * u * (B2 * V0 + (1 - B2) * g * g)};
+          const at::Tensor got_f[3] = {flat(f.params), flat(f.exp_avg), flat(f.exp_avg_sq)};
+          const at::Tensor got_r[3] = {flat(r.params), flat(r.exp_avg), flat(r.exp_avg_sq)};
+          double wf = 0, wr = 0;
+          for (int k = 0; k < 3; ++k) {
+            const at::Tensor mag = want[k].abs().clamp_min(1e-30);
+            const at::Tensor bound = 2 * at::exp2(at::floor(at::log2(mag)) - 23) + slack[k];
+            wf = std::max(wf, ((got_f[k] - want[k]).abs() / bound).max().item<double>());
+            wr = std::max(wr, ((got_r[k] - want[k]).abs() / bound).max().item<double>());
+          }
+          bool working_exact = true;
+          if (wt != at::kFloat) {
+            std::vector<at::Tensor> rounded;
+            for (const auto& q : f.params) rounded.push_back(q.to(wt));
+            working_exact = at::equal(at::cat(f.working), at::cat(rounded));
+          }
+          std::printf("  %-58s fused %.3f  reference %.3f  (of the bound)\n", what.c_str(), wf, wr);
+          EXPECT_LE(wf, 1.0) << what;
+          EXPECT_TRUE(working_exact) << what << ": a working copy is not its master rounded";
+          // found_inf = 1: nothing moves.
+          const at::Tensor p_before = f.params[4].clone(), m_before = f.exp_avg[4].clone();
+          const at::Tensor w_before = wt != at::kFloat ? f.working[4].clone() : at::Tensor();
+          kiln::adamw_update(f, {lr, b1, b2, wd, eps}, c, at::ones({}, o), Kernels::fused);
+          EXPECT_TRUE(at::equal(f.params[4], p_before)) << what;
+          EXPECT_TRUE(at::equal(f.exp_avg[4], m_before)) << what;
+          if (w_before.defined()) EXPECT_TRUE(at::equal(f.working[4], w_before)) << what;
+        }
 }
 
 int main(int argc, char** argv) {

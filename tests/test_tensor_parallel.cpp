@@ -128,6 +128,34 @@ TEST(TensorParallel, VocabParallelCrossEntropy) {
   expect_close(lp.grad(), s.cols(ld.grad()), "logit gradient columns (zero on the padding)");
 }
 
+// The two-pass way (what the model runs with fused kernels on CUDA; here its local passes in
+// ATen): each rank's (max, sum) rescaled to the common max, the same loss and logit gradient as
+// the whole-vocabulary loss, also when the padding takes every column of the last rank (its
+// (-inf, 0) stats count for nothing), and in bf16 logits (the gradient in bf16, within its
+// rounding).
+TEST(TensorParallel, VocabParallelCrossEntropyTwoPass) {
+  const auto s = slices();
+  at::manual_seed(6);
+  const int64_t n = 24, v = 40 * s.t;
+  for (const int64_t vocab : {v - 3, s.t > 1 ? v - 40 - 2 : v - 5}) {
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      const std::string what = "vocab " + std::to_string(vocab) + " " + c10::toString(dtype);
+      auto logits = (at::randn({n, v}) * 3.0).to(dtype), targets = at::randint(0, vocab, {n}, at::kLong);
+      targets[0] = vocab - 1;
+      auto ld = leaf(logits.to(at::kFloat));
+      auto lossd = at::cross_entropy_loss(ld.narrow(1, 0, vocab), targets);
+      lossd.backward();
+      auto lp = leaf(s.cols(logits));
+      auto lossp = kiln::vocab_parallel_cross_entropy(lp, targets, s.r * (v / s.t), vocab, g_tp, /*two_pass=*/true);
+      lossp.backward();
+      EXPECT_EQ(lp.grad().scalar_type(), dtype) << what;
+      EXPECT_NEAR(lossp.item<double>(), lossd.item<double>(), 1e-5 * lossd.item<double>()) << what;
+      const double tol = dtype == at::kFloat ? 1e-6 : 1.0 / 256 / n;  // bf16: a rounding of values below 1 / n
+      EXPECT_LE((lp.grad().to(at::kFloat) - s.cols(ld.grad())).abs().max().item<double>(), tol) << what;
+    }
+  }
+}
+
 // The tensor-parallel region's random stream: different on each tp rank (each holds other
 // heads), reproducible, and leaving the main stream (replicated dropout) as it found it.
 TEST(TensorParallel, RegionRandomStreamIsPerRank) {
@@ -153,7 +181,7 @@ TEST(TensorParallel, RegionRandomStreamIsPerRank) {
       EXPECT_FALSE(at::equal(all.narrow(0, 16 * i, 16), all.narrow(0, 16 * j, 16))) << "ranks " << i << " and " << j;
 }
 
-// clip_grad_norm_tp on a rank holding no gradients still joins the tp all-reduce (it once
+// grad_norm_tp on a rank holding no gradients still joins the tp all-reduce (it once
 // returned early, leaving its peers waiting in it): rank 0 has a gradient of ones on every
 // parameter, the others none. Every rank's norm^2 is the split parameters' squares summed over
 // tp (rank 0's alone) plus its own replicated ones, so rank 0's exceeds the others' by its
@@ -171,7 +199,7 @@ TEST(TensorParallel, ClipGradNormJoinsTheAllReduceWithoutGradients) {
     if (s.r == 0) p.mutable_grad() = at::ones_like(p);
     if (!kiln::is_tensor_parallel(item.key())) replicated += static_cast<double>(p.numel());
   }
-  const double norm = kiln::clip_grad_norm_tp(model, /*max_norm=*/0.0, /*grad_scale=*/1.0, g_tp, {}).item<double>();
+  const double norm = kiln::grad_norm_tp(model, /*grad_scale=*/1.0, g_tp, {}).item<double>();
   at::Tensor first = at::full({1}, s.r == 0 ? norm * norm : 0.0, at::kDouble), other = at::full({1}, s.r == 1 ? norm * norm : 0.0, at::kDouble);
   g_tp->all_reduce(first, kiln::ReduceOp::Sum)->wait();
   g_tp->all_reduce(other, kiln::ReduceOp::Sum)->wait();

@@ -297,6 +297,7 @@ void Trainer::build_optimizer() {
   // ZeRO-0 steps this AdamW. 16-bit working weights: it keeps the fp32 masters and casts the
   // model's parameters (optim/adamw.h); gradients then accumulate in the masters' fp32 .grad.
   r.optimizer = std::make_unique<AdamW>(r.params, adam, dtype_named(cfg_.resolved_param_dtype()));
+  r.optimizer->set_kernels(r.model->kernels());  // the update in one pass on CUDA (kernels/adamw.h)
   r.grads = r.optimizer->grad_targets();
   if (r.shape.ep > 1) {
     // Expert parallelism: the dense parameters' mean over dp, the experts' over the ranks
@@ -365,6 +366,7 @@ void Trainer::build_zero() {
   zc.param_dtype = dtype_named(cfg_.resolved_param_dtype());  // 16-bit: fp32 master shards with the moments
   zc.reduce_dtype = dtype_named(cfg_.reduce_dtype);
   r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp_cp(), zc, adam);  // sharded over dp x cp
+  r.zero->set_kernels(r.model->kernels());
 }
 
 // What the step uses besides the model: autocast's cast-copy bytes, the pipeline stage, the loss

@@ -193,23 +193,24 @@ void Trainer::finish_reductions() {
   }
 }
 
-// The gradient's norm (clipping it where the norm is local) or this rank's share of its square.
+// The gradient's norm (where it is local) or this rank's share of its square; the clipping is
+// the update's (queue_update).
 at::Tensor Trainer::gradient_norm(double loss_scale) {
   Run& r = *run_;
-  // DDP / one process: every rank holds the whole reduced gradient, so the norm and the clipping
-  // are local. ZeRO: each rank holds a shard; the squared norms are summed with the verdict and
-  // the clipping factor is applied by the sharded step.
+  // DDP / one process: every rank holds the whole reduced gradient, so the norm is local. ZeRO:
+  // each rank holds a shard; the squared norms are summed with the verdict.
   // Pipeline: every stage holds its own parameters, so the squared norm is summed over the world
   // with the verdict (each rank's share weighted so the sum counts every parameter once) and
   // the clipping comes after it.
   // Expert parallelism: ZeRO's shards and the pipeline's shares count each expert once as they
-  // are; DDP's replicated gradients sum the experts' squares over ep (clip_grad_norm_ep).
-  return r.zero             ? r.zero->local_grad_sq_norm()
-         : r.pipe           ? pipeline_grad_sq_norm_share(*r.model, r.shape.grad_ranks(), r.grad_of)
-         : r.shape.ep > 1   ? clip_grad_norm_ep(*r.model, cfg_.grad_clip, loss_scale, r.mesh->ep(),
-                                                r.shape.tp > 1 ? r.mesh->tp() : nullptr, r.grad_of)
-         : r.shape.tp > 1   ? clip_grad_norm_tp(*r.model, cfg_.grad_clip, loss_scale, r.mesh->tp(), r.grad_of)
-                            : clip_grad_norm(r.grads, cfg_.grad_clip, loss_scale);
+  // are; DDP's replicated gradients sum the experts' squares over ep (grad_norm_ep).
+  if (r.zero) return r.zero->local_grad_sq_norm();
+  if (r.pipe) return pipeline_grad_sq_norm_share(*r.model, r.shape.grad_ranks(), r.grad_of);
+  if (r.shape.ep > 1)
+    return grad_norm_ep(*r.model, loss_scale, r.mesh->ep(), r.shape.tp > 1 ? r.mesh->tp() : nullptr, r.grad_of);
+  if (r.shape.tp > 1) return grad_norm_tp(*r.model, loss_scale, r.mesh->tp(), r.grad_of);
+  const at::Tensor n = grad_norm(r.grads);
+  return loss_scale != 1.0 ? n / loss_scale : n;
 }
 
 // The verdict: [mean loss, non-finite, MoE rows, norm] reduced over the ranks that share the
@@ -262,24 +263,25 @@ void Trainer::queue_update(QueuedStep& q) {
   //   found_inf = [anything not finite on any rank]   the fused AdamW kernel skips the update
   //   ZeRO, pp: n = sqrt(sum of squares) / S,  c = min(1, max / (n + 1e-6)) / S  (clip_grad_norm's
   //   rule, in double as the host once did it, then fp32), applied to the reduced gradients.
+  //   The others: c = clip_factor(n) (optim/grad_clip.h, fp32), n the verdict's norm.
+  // The optimizer applies c as it reads the gradients (one pass: AdamW::step, ZeroEngine::step).
   // The learning rate is the schedule's at the updates applied so far: the host has read every
   // earlier step's verdict by now (Trainer::run finishes step N before queueing N + 1's update).
   const at::Tensor found_inf = (q.verdict[1] > 0).to(at::kFloat);
   at::Tensor coef;
-  if (r.zero || r.pipe) {
+  if (r.zero) {
     const at::Tensor n = q.verdict[q.norm_index].to(at::kDouble).sqrt() / q.loss_scale;
     coef = cfg_.grad_clip > 0.0 ? at::clamp_max(cfg_.grad_clip / (n + 1e-6), 1.0) : at::ones_like(n);
     coef = (coef / q.loss_scale).to(at::kFloat);
-    if (r.pipe && !r.zero) {
-      std::vector<at::Tensor> grads;
-      for (const auto& p : r.grads)  // where the gradients are: the fp32 main grads for 16-bit weights
-        if (p.grad().defined()) grads.push_back(p.grad());
-      scale_gradients(grads, n.to(at::kFloat), cfg_.grad_clip, q.loss_scale);
-    }
+  } else if (r.pipe) {
+    const at::Tensor n = (q.verdict[q.norm_index].to(at::kDouble).sqrt() / q.loss_scale).to(at::kFloat);
+    coef = clip_factor(n, cfg_.grad_clip, q.loss_scale);
+  } else {
+    coef = clip_factor(q.verdict[q.norm_index], cfg_.grad_clip, q.loss_scale);  // the local norm (not reduced)
   }
   q.lr = r.schedule->at(r.progress.updates);
   if (r.zero) r.zero->step(q.lr, coef, found_inf);
-  else r.optimizer->step(q.lr, found_inf);
+  else r.optimizer->step(q.lr, found_inf, coef);
   q.host_syncs = host_syncs() - q.host_syncs;
   q.comm_bytes = r.comm_bytes() - q.comm_bytes;
   q.ep_comm_bytes = (r.mesh ? r.mesh->ep_bytes_sent() : 0) - q.ep_comm_bytes;
