@@ -481,7 +481,7 @@ quick_plan() {
     "100|test gpu.paths|"
     "30|kiln 124m fp32 weights under autocast (the peer's recipe)|$k124 --param-dtype fp32 --json b124_param_fp32.json"
     "45|test gpu.train_smoke|"
-    "60|test gpu.mpi_share|"
+    "80|test gpu.mpi_share|"
     "30|test gpu.comm_nccl.np1|"
     "45|kiln 1.5b full AC|$k1558 --activation-checkpointing full --micro-batch 8 --json b1558.json"
     "60|kiln 1.5b ZeRO-3 offload all, 24 GB cap|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload all --device-memory-cap-gb 24 --warmup 1 --measure 3 --json b1558_z3_offload_all_cap24.json"

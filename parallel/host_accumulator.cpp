@@ -1,6 +1,9 @@
 // parallel/host_accumulator.cpp -- page-locked slots, a CUDA event each, one worker thread.
 #include "parallel/host_accumulator.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -25,6 +28,8 @@ struct HostAccumulator::Slot {
 HostAccumulator::HostAccumulator(c10::Device device, int64_t capacity, int slots)
     : device_(device), capacity_(capacity) {
   if (slots < 1) throw Error("host accumulator: needs at least one slot");
+  // Tests only: each add lands this late, so a reader that forgot to drain() reads early for sure.
+  if (const char* d = std::getenv("KILN_TEST_HOST_ADD_DELAY_MS")) test_delay_ms_ = std::max(0, std::atoi(d));
   for (int i = 0; i < slots; ++i) {
     auto s = std::make_unique<Slot>();
     s->buffer = host_buffer(capacity, /*pinned=*/pin_for(device));
@@ -120,6 +125,7 @@ void HostAccumulator::work() {
       if (rc != cudaSuccess) failed = std::string("waiting for a device-to-host copy: ") + cudaGetErrorString(rc);
     }
 #endif
+    if (test_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(test_delay_ms_));
     if (failed.empty()) {
       const float* src = t.slot->buffer.data_ptr<float>();
       float* dst = t.dst;

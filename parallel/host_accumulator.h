@@ -13,8 +13,10 @@
 //   drain()     waits until every add issued has landed in its g: before g is read or zeroed.
 // Adds run in the order issued, so several adds into one g (one per micro-step) are safe.
 // On the CPU the same path runs with pageable slots and a synchronous copy (no event), so CPU
-// tests exercise the slots, the worker and the drain order. Memory: slots x the largest shard of
-// host memory, page-locked on a GPU (2 slots: 2 x 4 n_max bytes).
+// tests exercise the slots, the worker and the drain order; KILN_TEST_HOST_ADD_DELAY_MS delays
+// every add that long (tests only: a reader that does not drain() then reads early every time).
+// Memory: slots x the largest shard of host memory, page-locked on a GPU (2 slots: 2 x 4 n_max
+// bytes).
 #pragma once
 
 #include <condition_variable>
@@ -64,6 +66,7 @@ class HostAccumulator {
   int64_t issued_ = 0, landed_ = 0;
   std::string error_;
   bool stop_ = false;
+  int test_delay_ms_ = 0;  // KILN_TEST_HOST_ADD_DELAY_MS (tests only): the worker sleeps this long before each add
   std::thread worker_;
 };
 

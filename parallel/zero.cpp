@@ -373,7 +373,10 @@ void ZeroEngine::launch_reduction(Unit& u) {
   if (alone(u)) {  // the mean over one rank: the gradient itself (grad_shard is the whole unit)
     at::NoGradGuard no_grad;
     if (streamed()) {
-      u.grad_shard.add_(u.grad_full);
+      // Offload all: grad_shard is on the host and grad_full on the device (an add_ between them
+      // fails on a GPU): the host accumulator's copy and add, as the reduced units' shards take.
+      if (host_adds_) host_adds_->add(u.grad_full, u.grad_shard);
+      else u.grad_shard.add_(u.grad_full);
       u.grad_full = at::Tensor();
     }
     return;
@@ -431,6 +434,9 @@ void ZeroEngine::end_micro(int chunk) {
   wait_reductions(0);
   if (last_micro_ && cfg_.is_expert) {
     // The experts' mean over expert_dp, times 1 / ep: the mean over dp (ZeroConfig::is_expert).
+    // Offload all: after the host accumulator's adds have landed (the multiply would otherwise
+    // race the worker's last adds, and the gradients come out ep times too large).
+    if (host_adds_) host_adds_->drain();
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < units_.size(); ++i)
       if (units_[i]->expert && in_chunk(i, chunk)) units_[i]->grad_shard.mul_(1.0 / static_cast<double>(cfg_.ep->size()));

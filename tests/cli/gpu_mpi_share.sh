@@ -3,8 +3,8 @@
 # staged through pinned host memory) against one process on that GPU, same global batch, and
 # the log counts the one GPU once (labels gpu, mpi): DDP, ZeRO-1, ZeRO-3 and ZeRO-3 with
 # --offload all (the staged reduce-scatter's average: it once summed, so ZeRO drifted from DDP
-# by a factor of dp), and tp 2 / pp 2 saving and resuming by replay (the checkpoint's gathers on
-# CUDA tensors). Exits 77 (CTest skip) with the reason when no GPU is visible.
+# by a factor of dp), tiny-moe ep 2 x ZeRO-3 --offload all (issue 50), and tp 2 / pp 2 saving and
+# resuming by replay (the checkpoint's gathers on CUDA tensors). Exits 77 (CTest skip) with the reason when no GPU is visible.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 need_cuda
@@ -25,6 +25,13 @@ for l in "--tp 2" "--pp 2"; do
   mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 2 $l --stop-at-step 5 --save-dir "$work/ck$n" >/dev/null
   mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 2 $l --save-dir "$work/ck$n" --log-json "$work/${n}_resumed.jsonl" >/dev/null
 done
+# tiny-moe, ZeRO-3 --offload all with --ep 2 at dp = ep 2 (issue 50): the experts' units are alone
+# in their group, and their gradient went from the device straight into the host shard (an add_
+# across devices, which fails on a GPU); fp32, so the routing is the one process's.
+M=(train --device cuda --model tiny-moe --precision fp32 --steps 5 --log-every 10 --seq-len 64)
+"$KILN_BIN" "${M[@]}" --micro-batch 2 --grad-accum 2 --log-json "$work/moe_ref.jsonl" >/dev/null
+mpi2 "${M[@]}" --backend mpi --micro-batch 2 --grad-accum 1 --ep 2 --zero 3 --offload all \
+  --log-json "$work/moe_ep2z3all.jsonl" >/dev/null
 python3 - "$work" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -45,6 +52,12 @@ for name in ("z1", "z3", "z3all"):
     w = max(max(rel(a[k], b[k]) for k in ("loss", "grad_norm")) for a, b in zip(rs, z))
     assert w <= 1e-5, (name, w)
     print(f"{name}: 2 ranks on one GPU match one process within {w:.2e}")
+mr = [r for r in load("moe_ref") if r["type"] == "step"]
+me = [r for r in load("moe_ep2z3all") if r["type"] == "step"]
+assert len(mr) == len(me) == 5, (len(mr), len(me))
+w = max(max(rel(a[k], b[k]) for k in ("loss", "grad_norm")) for a, b in zip(mr, me))
+assert w <= 1e-5, ("tiny-moe ep 2 ZeRO-3 offload all", w)
+print(f"tiny-moe ep 2 x ZeRO-3 --offload all: 2 ranks on one GPU match one process within {w:.2e}")
 for n in ("--tp2", "--pp2"):
     a = {r["step"]: r["loss"] for r in load(f"{n}_straight") if r["type"] == "step"}
     b = {r["step"]: r["loss"] for r in load(f"{n}_resumed") if r["type"] == "step"}

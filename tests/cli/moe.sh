@@ -8,7 +8,7 @@
 #   dropless    --moe-capacity-factor 0: 1 process against dp 2
 #   ep          expert parallelism (parallel/expert_parallel.h): ep 2 over dp 2, ep 2 with dp 4,
 #               ep 4 with dp 4, dropless ep 4, ep 2 x tp 2 (4 ranks); with ZeRO-1 at dp 2 and
-#               dp 4, ZeRO-2 offloaded at dp 4, ZeRO-1 x tp 2, ZeRO-3 at dp 2 and dp 4; with pp 2 (DDP and ZeRO-1); with
+#               dp 4, ZeRO-2 offloaded at dp 4, ZeRO-1 x tp 2, ZeRO-3 at dp 2 and dp 4, ZeRO-3 --offload all at dp 2 and dp 4 (the host adds delayed); with pp 2 (DDP and ZeRO-1); with
 #               full recomputation, and ZeRO-2 with selective
 # At a context of 64 (tiny-moe's is 128; the capacity, per sequence, then admits 20 of 64 x 2 / 8
 # assignments an expert; a quarter less compute a run). Checked over 10 steps: loss and gradient norm per step and the final weights' fingerprint within
@@ -74,6 +74,14 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --off
 # (dp 2: a group of one; dp 4: two), prefetched and freed together; the dp 4 one saved at step 5
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --zero 3 --log-json "$work/ep2z3.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 3 --save-dir "$work/ep2z3dp4" --save-every 5 --log-json "$work/ep2z3dp4.jsonl" >/dev/null
+# ... and with everything offloaded (--offload all, issue 50): dp = ep 2, the experts' units alone
+# in their group (their gradients now reach the host shard through the host accumulator: the
+# add_ of a device tensor into a host one failed on a GPU, which gpu.mpi_share checks); dp 4 > ep 2
+# with every host add delayed 30 ms (tests only), the experts' 1 / ep taken after a drain of the
+# accumulator. (On this model the two slots' waits land the experts' adds before the multiply
+# even without the drain: this run does not reproduce the reported race.)
+mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --zero 3 --offload all --log-json "$work/ep2z3off.jsonl" >/dev/null
+mpi 4 -x KILN_TEST_HOST_ADD_DELAY_MS=30 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 3 --offload all --log-json "$work/ep2z3offdp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --ep 2 --zero 1 --log-json "$work/ep2tp2z1.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --save-dir "$work/ep2pp2" --save-every 5 --log-json "$work/ep2pp2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --zero 1 --log-json "$work/ep2pp2z1.jsonl" >/dev/null
@@ -187,7 +195,8 @@ for name, world in (("dp2", (2, 1, 1)), ("z1", (2, 1, 1)), ("z3", (2, 1, 1)), ("
 for name, ep, dp, r in (("ep2", 2, 2, ref), ("ep2dp4", 2, 4, ref), ("ep4", 4, 4, ref), ("ep4_0", 4, 4, load(f"{d}/ref0.jsonl")),
                         ("ep2tp2", 2, 2, ref), ("ep2z1", 2, 2, ref), ("ep2z1dp4", 2, 4, ref), ("ep2z2", 2, 4, ref),
                         ("ep2tp2z1", 2, 2, ref), ("ep2pp2", 2, 2, ref), ("ep2pp2z1", 2, 2, ref), ("ep2ac", 2, 2, ref),
-                        ("ep2z2sel", 2, 2, ref), ("ep2z3", 2, 2, ref), ("ep2z3dp4", 2, 4, ref)):
+                        ("ep2z2sel", 2, 2, ref), ("ep2z3", 2, 2, ref), ("ep2z3dp4", 2, 4, ref),
+                        ("ep2z3off", 2, 2, ref), ("ep2z3offdp4", 2, 4, ref)):
     run = load(f"{d}/{name}.jsonl")
     assert (run[0]["world"]["dp"], run[0]["config"]["ep"]) == (dp, ep), (name, run[0]["world"])
     # Each rank holds E / ep experts of every MoE layer.
