@@ -34,9 +34,9 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-// res non-null: the norm is of s = x + res, written to sum (the residual stream's next value) in
-// the first pass; the later passes recompute s from x and res (their reads mostly from L1/L2)
-// rather than read back what the warp wrote, so nothing depends on a global write being seen.
+// res non-null: the norm is of s = x + res (kernels/norm_math.cuh's norm_input), written to sum
+// (the residual stream's next value) first; the passes after recompute s from x and res (their
+// reads mostly from L1/L2) rather than read back the warp's own global writes.
 template <typename T, typename W>
 __global__ void norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum,
                                     const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
@@ -46,31 +46,16 @@ __global__ void norm_forward_kernel(const T* __restrict__ x, const T* __restrict
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;  // the whole warp: a warp owns a row
   const T* xr = x + row * d;
-  T* yr = y + row * d;
-  float mean = 0.0f, rstd;
-  if (res == nullptr) {
-    if (!rms) mean = warp_sum(norm_partial_sum(xr, d, lane, 32)) / static_cast<float>(d);
-    rstd = norm_rstd(warp_sum(norm_partial_sq(xr, d, lane, 32, mean)), d, eps);
-    for (int j = lane; j < d; j += 32) yr[j] = norm_forward_element<T, W>(xr[j], mean, rstd, w, b, j);
-  } else {
-    // the same sums as norm_partial_sum / norm_partial_sq over s, lane by lane
-    const T* rr = res + row * d;
+  const T* rr = res != nullptr ? res + row * d : nullptr;
+  if (rr != nullptr) {
     T* sr = sum + row * d;
-    float part = 0.0f;
-    for (int j = lane; j < d; j += 32) {
-      const T v = residual_add(xr[j], rr[j]);
-      sr[j] = v;
-      part += static_cast<float>(v);
-    }
-    if (!rms) mean = warp_sum(part) / static_cast<float>(d);
-    float sq = 0.0f;
-    for (int j = lane; j < d; j += 32) {
-      const float v = static_cast<float>(residual_add(xr[j], rr[j])) - mean;
-      sq += v * v;
-    }
-    rstd = norm_rstd(warp_sum(sq), d, eps);
-    for (int j = lane; j < d; j += 32) yr[j] = norm_forward_element<T, W>(residual_add(xr[j], rr[j]), mean, rstd, w, b, j);
+    for (int j = lane; j < d; j += 32) sr[j] = residual_add(xr[j], rr[j]);
   }
+  float mean = 0.0f;
+  if (!rms) mean = warp_sum(norm_partial_sum(xr, rr, d, lane, 32)) / static_cast<float>(d);
+  const float rstd = norm_rstd(warp_sum(norm_partial_sq(xr, rr, d, lane, 32, mean)), d, eps);
+  T* yr = y + row * d;
+  for (int j = lane; j < d; j += 32) yr[j] = norm_forward_element<T, W>(norm_input(xr, rr, j), mean, rstd, w, b, j);
   if (lane == 0) {
     mean_out[row] = mean;
     rstd_out[row] = rstd;

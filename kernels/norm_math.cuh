@@ -3,7 +3,8 @@
 // warp's 32 lanes each taking every 32nd column and a warp sum after each partial; the CPU test
 // calls it with one lane (lane 0, step 1) and compares with at::layer_norm / at::rms_norm.
 //
-// For a row x [d] with weight w [d] (and bias b [d] for LayerNorm), statistics in fp32:
+// For a row x [d] (or, with a residual row r, s = x + r rounded to x's dtype) with weight w [d]
+// (and bias b [d] for LayerNorm), statistics in fp32:
 //   LayerNorm  mean = (1/d) sum x_j     var = (1/d) sum (x_j - mean)^2   (two passes: no
 //                                                                         cancellation)
 //   RMSNorm    mean = 0                 var = (1/d) sum x_j^2
@@ -22,20 +23,34 @@
 
 namespace kiln::kernels {
 
-// The lane's part of sum_j x_j, over columns j = lane, lane + step, ...
+// The residual stream's sum before a norm, s = x + r, in fp32 rounded once to T (as the
+// composite add rounds it); the norm then reads s (kernels/norm.h's add_norm).
 template <typename T>
-KILN_HD float norm_partial_sum(const T* x, int d, int lane, int step) {
+KILN_HD T residual_add(T x, T r) {
+  return T(static_cast<float>(x) + static_cast<float>(r));
+}
+
+// Column j of the norm's input: x_j, or s_j = x_j + res_j when res is not null (recomputed at
+// each pass rather than read back: the same rounding every time).
+template <typename T>
+KILN_HD T norm_input(const T* x, const T* res, int j) {
+  return res ? residual_add(x[j], res[j]) : x[j];
+}
+
+// The lane's part of sum_j x_j (x: the norm's input, above), over columns j = lane, lane + step, ...
+template <typename T>
+KILN_HD float norm_partial_sum(const T* x, const T* res, int d, int lane, int step) {
   float s = 0.0f;
-  for (int j = lane; j < d; j += step) s += static_cast<float>(x[j]);
+  for (int j = lane; j < d; j += step) s += static_cast<float>(norm_input(x, res, j));
   return s;
 }
 
 // The lane's part of sum_j (x_j - mean)^2.
 template <typename T>
-KILN_HD float norm_partial_sq(const T* x, int d, int lane, int step, float mean) {
+KILN_HD float norm_partial_sq(const T* x, const T* res, int d, int lane, int step, float mean) {
   float s = 0.0f;
   for (int j = lane; j < d; j += step) {
-    const float v = static_cast<float>(x[j]) - mean;
+    const float v = static_cast<float>(norm_input(x, res, j)) - mean;
     s += v * v;
   }
   return s;
@@ -80,13 +95,6 @@ template <typename T, typename W>
 KILN_HD T norm_backward_element(T x, T dy, const W* w, int j, float mean, float rstd, float mean_g, float mean_gx,
                                 bool rms) {
   return T(norm_backward_value<T, W>(x, dy, w, j, mean, rstd, mean_g, mean_gx, rms));
-}
-
-// The residual stream's sum before a norm, s = x + r, in fp32 rounded once to T (as the
-// composite add rounds it); the norm then reads s.
-template <typename T>
-KILN_HD T residual_add(T x, T r) {
-  return T(static_cast<float>(x) + static_cast<float>(r));
 }
 
 // Backward of s = x + r followed by the norm: ds_j = dx_j (the norm's) + dsum_j (the gradient s

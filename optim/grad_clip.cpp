@@ -24,13 +24,6 @@ at::Tensor grad_norm(const std::vector<at::Tensor>& params) {
   return at::stack(norms).norm(2).to(at::kFloat);
 }
 
-at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double grad_scale) {
-  auto total = grad_norm(params);
-  if (grad_scale != 1.0) total = total / grad_scale;
-  scale_gradients(grads_of(params), total, max_norm, grad_scale);
-  return total;
-}
-
 at::Tensor weighted_sq_norm(const std::vector<std::pair<at::Tensor, double>>& pieces) {
   std::vector<double> weights;  // distinct, in first-seen order
   std::vector<std::vector<at::Tensor>> lists;
@@ -62,12 +55,6 @@ at::Tensor clip_factor(const at::Tensor& norm, double max_norm, double grad_scal
   }
   if (grad_scale != 1.0) return at::full({}, 1.0 / grad_scale, norm.options().dtype(at::kFloat));
   return at::Tensor();
-}
-
-void scale_gradients(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm, double grad_scale) {
-  if (grads.empty()) return;
-  const at::Tensor c = clip_factor(norm, max_norm, grad_scale);
-  if (c.defined()) at::_foreach_mul_(grads, c);
 }
 
 }  // namespace kiln

@@ -2,7 +2,8 @@
 //
 //   n = sqrt(sum_p ||g_p||^2)          c = min(1, max_norm / (n + 1e-6))          g_p *= c
 // Everything stays on the device (no host synchronisation): the norm is returned as a 0-dim
-// fp32 tensor, read by the caller once per step together with the loss.
+// fp32 tensor, read by the caller once per step together with the loss; the multiply by c is
+// the optimizer's, as it reads the gradients (optim/adamw.h, kernels/adamw.h).
 #pragma once
 
 #include <utility>
@@ -14,12 +15,6 @@ namespace kiln {
 
 // Global L2 norm of the gradients of `params` (parameters without a gradient are left out).
 at::Tensor grad_norm(const std::vector<at::Tensor>& params);
-
-// Scales the gradients so their global norm is at most max_norm (no clipping if max_norm <= 0)
-// and returns the norm before clipping. With grad_scale S != 1 (FP16 loss scaling) the
-// gradients hold S g: the norm returned is that of g, and the gradients are left holding
-// c g (the unscaling folded into the clipping multiply, one pass over the gradients).
-at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double grad_scale = 1.0);
 
 // sum_i w_i ||t_i||^2 over `pieces` (t_i, w_i), a 0-dim fp64 tensor on their device (undefined
 // when there are none): one multi-tensor norm (_foreach_norm) per distinct weight, where the
@@ -34,8 +29,5 @@ at::Tensor weighted_sq_norm(const std::vector<std::pair<at::Tensor, double>>& pi
 // for certain (no clipping, grad_scale 1). The optimizer applies it as it reads the gradients
 // (AdamW::step's grad_factor): the trainer's update does not pass over the gradients for it.
 at::Tensor clip_factor(const at::Tensor& norm, double max_norm, double grad_scale);
-
-// The clipping multiply alone: grads *= clip_factor(norm, max_norm, grad_scale).
-void scale_gradients(const std::vector<at::Tensor>& grads, const at::Tensor& norm, double max_norm, double grad_scale);
 
 }  // namespace kiln

@@ -136,12 +136,12 @@ void scale_expert_gradients(const std::vector<at::Tensor>& expert_grads, int64_t
 at::Tensor grad_norm_ep(GPT& model, double grad_scale, const std::shared_ptr<Communicator>& ep,
                         const std::shared_ptr<Communicator>& tp, const GradOf& grad_at) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
+  at::Tensor first;  // a gradient, for the device and dtype of the zeros below
   std::vector<std::pair<at::Tensor, double>> pieces[3];  // tp-split, replicated, experts
   for (const auto& item : model.named_parameters()) {
     const at::Tensor g = grad_of(grad_at, item.value());
     if (!g.defined()) continue;
-    grads.push_back(g);
+    if (!first.defined()) first = g;
     const bool split = tp && is_tensor_parallel(item.key());
     const int kind = split ? 0 : is_expert_parameter(item.key()) ? 2 : 1;
     if (!split) {
@@ -155,7 +155,7 @@ at::Tensor grad_norm_ep(GPT& model, double grad_scale, const std::shared_ptr<Com
   // A rank without gradients still joins both all-reduces (its peers wait in them), with zeros on
   // the run's device.
   const auto params = model.parameters();
-  const auto opts = (grads.empty() ? params.front() : grads.front()).options().dtype(at::kDouble);
+  const auto opts = (first.defined() ? first : params.front()).options().dtype(at::kDouble);
   for (auto& t : sq)
     if (!t.defined()) t = at::zeros({}, opts);
   at::Tensor split_sum = sq[0].reshape({1}).clone(), expert_sum = sq[2].reshape({1}).clone();

@@ -409,12 +409,12 @@ std::vector<std::pair<at::Tensor, double>> tp_weighted_pieces(const std::string&
 
 at::Tensor grad_norm_tp(GPT& model, double grad_scale, const std::shared_ptr<Communicator>& tp, const GradOf& grad_at) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
+  at::Tensor first;  // a gradient, for the device and dtype of the zeros below
   std::vector<std::pair<at::Tensor, double>> split_pieces, replicated_pieces;
   for (const auto& item : model.named_parameters()) {
     const at::Tensor g = grad_of(grad_at, item.value());
     if (!g.defined()) continue;
-    grads.push_back(g);
+    if (!first.defined()) first = g;
     if (!is_tensor_parallel(item.key())) {
       replicated_pieces.push_back({g, 1.0});
       continue;
@@ -425,7 +425,7 @@ at::Tensor grad_norm_tp(GPT& model, double grad_scale, const std::shared_ptr<Com
   // A rank without gradients still joins the all-reduce (its tp peers wait in it), with zeros on
   // the run's device (a host zero would be handed to NCCL).
   const auto params = model.parameters();
-  const auto opts = (grads.empty() ? params.front() : grads.front()).options().dtype(at::kDouble);
+  const auto opts = (first.defined() ? first : params.front()).options().dtype(at::kDouble);
   if (!split_sq.defined()) split_sq = at::zeros({}, opts);
   if (!replicated_sq.defined()) replicated_sq = at::zeros({}, opts);
   at::Tensor split_sum = split_sq.reshape({1}).clone();

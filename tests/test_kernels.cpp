@@ -56,8 +56,9 @@ void run_norm_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
   const W* bp = b.defined() ? b.data_ptr<W>() : nullptr;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = xp + r * d;
-    const float m = rms ? 0.0f : kk::norm_partial_sum(xr, d, 0, 1) / static_cast<float>(d);
-    const float s = kk::norm_rstd(kk::norm_partial_sq(xr, d, 0, 1, m), d, eps);
+    const T* none = nullptr;  // no residual
+    const float m = rms ? 0.0f : kk::norm_partial_sum(xr, none, d, 0, 1) / static_cast<float>(d);
+    const float s = kk::norm_rstd(kk::norm_partial_sq(xr, none, d, 0, 1, m), d, eps);
     mean.data_ptr<float>()[r] = m;
     rstd.data_ptr<float>()[r] = s;
     for (int j = 0; j < d; ++j) y.data_ptr<T>()[r * d + j] = kk::norm_forward_element<T, W>(xr[j], m, s, wp, bp, j);
@@ -179,7 +180,8 @@ TEST(KernelMath, NormRowsMatchATen) {
 }
 
 // The residual add before a norm (kernels/norm_math.cuh): s = x + r rounded once, bit for bit
-// ATen's 16-bit add (what the composite path stores); the backward's dx + dsum added in fp32 and
+// ATen's 16-bit add (what the composite path stores); the statistics the kernel takes over (x, r)
+// those of the stored s, bit for bit; the backward's dx + dsum added in fp32 and
 // rounded once, against fp64 within the bound NormRowsMatchATen gives dx plus the one rounding.
 TEST(KernelMath, AddNormElements) {
   at::manual_seed(8);
@@ -199,8 +201,13 @@ TEST(KernelMath, AddNormElements) {
     const auto* wp = w.data_ptr<at::BFloat16>();
     for (int64_t row = 0; row < rows; ++row) {
       const at::BFloat16* sr = sp + row * d;
-      const float m = kk::norm_partial_sum(sr, d, 0, 1) / static_cast<float>(d);
-      const float rs = kk::norm_rstd(kk::norm_partial_sq(sr, d, 0, 1, m), d, eps);
+      const at::BFloat16 *xr = x.data_ptr<at::BFloat16>() + row * d, *rr = r.data_ptr<at::BFloat16>() + row * d;
+      const at::BFloat16* none = nullptr;
+      // The kernel's statistics over (x, r), recomputing s at each pass: those of the stored s, bit for bit.
+      const float m = kk::norm_partial_sum(xr, rr, d, 0, 1) / static_cast<float>(d);
+      const float rs = kk::norm_rstd(kk::norm_partial_sq(xr, rr, d, 0, 1, m), d, eps);
+      EXPECT_EQ(m, kk::norm_partial_sum(sr, none, d, 0, 1) / static_cast<float>(d)) << "d " << d;
+      EXPECT_EQ(rs, kk::norm_rstd(kk::norm_partial_sq(sr, none, d, 0, 1, m), d, eps)) << "d " << d;
       float sg, sgx;
       kk::norm_partial_backward(sr, dy.data_ptr<at::BFloat16>() + row * d, wp, d, 0, 1, m, rs, sg, sgx);
       for (int j = 0; j < d; ++j) {

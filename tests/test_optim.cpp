@@ -218,16 +218,21 @@ TEST(GradClip, NormAndScaling) {
   a.mutable_grad() = at::tensor({3.0f, 0.0f});
   b.mutable_grad() = at::tensor({4.0f});
   EXPECT_NEAR(kiln::grad_norm({a, b, c}).item<double>(), 5.0, 1e-6);
-  // Above the limit: scaled to norm 1 (up to the 1e-6 guard).
-  auto n = kiln::clip_grad_norm({a, b, c}, 1.0);
-  EXPECT_NEAR(n.item<double>(), 5.0, 1e-6);
-  EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-6);
-  EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-6);
-  // Below the limit: untouched.
-  kiln::clip_grad_norm({a, b}, 10.0);
-  EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-6);
-  // Off: the norm is still reported.
-  EXPECT_NEAR(kiln::clip_grad_norm({a, b}, 0.0).item<double>(), 1.0, 1e-5);
+  // The clipping factor (the update applies it, AdamW::step's grad_factor). Above the limit: the
+  // gradients scaled to norm 1 (up to the 1e-6 guard).
+  const at::Tensor n = kiln::grad_norm({a, b, c});
+  const at::Tensor f = kiln::clip_factor(n, 1.0, 1.0);
+  EXPECT_EQ(f.scalar_type(), at::kFloat);
+  EXPECT_NEAR((a.grad()[0] * f).item<double>(), 0.6, 1e-6);
+  EXPECT_NEAR((b.grad()[0] * f).item<double>(), 0.8, 1e-6);
+  // Below the limit: 1.
+  EXPECT_NEAR(kiln::clip_factor(n, 10.0, 1.0).item<double>(), 1.0, 1e-6);
+  // With a loss scale S (the gradients hold S g, n the norm of g): the factor over S; clipping
+  // off: 1 / S; off without a scale: nothing to multiply.
+  EXPECT_NEAR(kiln::clip_factor(n, 1.0, 4.0).item<double>(), 0.05, 1e-7);
+  EXPECT_NEAR(kiln::clip_factor(n, 10.0, 4.0).item<double>(), 0.25, 1e-7);
+  EXPECT_NEAR(kiln::clip_factor(n, 0.0, 4.0).item<double>(), 0.25, 1e-7);
+  EXPECT_FALSE(kiln::clip_factor(n, 0.0, 1.0).defined());
 }
 
 // Scale 16, window 3, hysteresis 2. Each row: overflow in, then expected skip, scale and

@@ -261,7 +261,7 @@ void Trainer::queue_update(QueuedStep& q) {
   Run& r = *run_;
   // The update, decided on the device (no host read before it; docs/precision.md, "The step"):
   //   found_inf = [anything not finite on any rank]   the fused AdamW kernel skips the update
-  //   ZeRO, pp: n = sqrt(sum of squares) / S,  c = min(1, max / (n + 1e-6)) / S  (clip_grad_norm's
+  //   ZeRO, pp: n = sqrt(sum of squares) / S,  c = min(1, max / (n + 1e-6)) / S  (clip_factor's
   //   rule, in double as the host once did it, then fp32), applied to the reduced gradients.
   //   The others: c = clip_factor(n) (optim/grad_clip.h, fp32), n the verdict's norm.
   // The optimizer applies c as it reads the gradients (one pass: AdamW::step, ZeroEngine::step).
