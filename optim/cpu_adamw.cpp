@@ -22,16 +22,16 @@ namespace kiln {
 namespace cpu_adamw_detail {
 
 #if KILN_CPU_ADAMW_AVX2
-void adamw_range_avx2(float* p, const float* g, float* m, float* v, int64_t n, const Coeffs& c);
+void adamw_range_avx2(float* p, const float* g, float* m, float* v, int64_t n, const Coeffs& c, void* out16);
 #endif
 
 namespace {
 
-using RangeFn = void (*)(float*, const float*, float*, float*, int64_t, const Coeffs&);
+using RangeFn = void (*)(float*, const float*, float*, float*, int64_t, const Coeffs&, void*);
 
-void adamw_range_portable(float* p, const float* g, float* m, float* v, int64_t n,
-                          const Coeffs& c) {
-  adamw_range(p, g, m, v, n, c);
+void adamw_range_portable(float* p, const float* g, float* m, float* v, int64_t n, const Coeffs& c,
+                          void* out16) {
+  adamw_range(p, g, m, v, n, c, out16);
 }
 
 // LibTorch's fused kernel runs at the level at::get_cpu_capability() names (the CPU's best,
@@ -42,7 +42,7 @@ RangeFn pick_range_fn() {
 #if KILN_CPU_ADAMW_AVX2
   const std::string level = at::get_cpu_capability();
   if ((level == "AVX2" || level == "AVX512") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma")) {
+      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
     return adamw_range_avx2;
   }
 #endif
@@ -65,6 +65,8 @@ Coeffs coeffs_of(const CpuAdamWStep& s) {
   c.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   c.eps = static_cast<float>(s.eps);
   c.neg_step_size = static_cast<float>(-step_size);
+  c.scale_grad = s.grad_scale != 1.0;
+  c.grad_scale = static_cast<float>(s.grad_scale);
   return c;
 }
 
@@ -72,6 +74,11 @@ Coeffs coeffs_of(const CpuAdamWStep& s) {
 }  // namespace cpu_adamw_detail
 
 void cpu_adamw(float* p, const float* g, float* m, float* v, int64_t n, const CpuAdamWStep& s) {
+  cpu_adamw(p, g, m, v, n, s, nullptr, CpuWorking::none);
+}
+
+void cpu_adamw(float* p, const float* g, float* m, float* v, int64_t n, const CpuAdamWStep& s, void* out16,
+               CpuWorking working) {
   using namespace cpu_adamw_detail;
   if (n < 0) throw std::invalid_argument("cpu_adamw: n = " + std::to_string(n) + " < 0");
   if (s.step < 1) {
@@ -80,7 +87,10 @@ void cpu_adamw(float* p, const float* g, float* m, float* v, int64_t n, const Cp
   }
   if (n == 0) return;
   static const RangeFn range_fn = pick_range_fn();
-  const Coeffs c = coeffs_of(s);
+  Coeffs c = coeffs_of(s);
+  c.working = working == CpuWorking::bf16 ? 1 : working == CpuWorking::fp16 ? 2 : 0;
+  if (c.working != 0 && out16 == nullptr) throw std::invalid_argument("cpu_adamw: a working copy needs out16");
+  auto* out = static_cast<char*>(out16);
 
   // Threads take whole blocks of 16 floats, as LibTorch's kernel does: 64-byte cache lines when
   // the buffers are 64-byte aligned (LibTorch's allocations are), so no two threads write one
@@ -91,7 +101,7 @@ void cpu_adamw(float* p, const float* g, float* m, float* v, int64_t n, const Cp
   at::parallel_for(0, lines, kGrain / kLine, [&](int64_t begin, int64_t end) {
     const int64_t i = begin * kLine;
     const int64_t count = std::min(end * kLine, n) - i;
-    range_fn(p + i, g + i, m + i, v + i, count, c);
+    range_fn(p + i, g + i, m + i, v + i, count, c, out ? out + i * 2 : nullptr);
   });
 }
 

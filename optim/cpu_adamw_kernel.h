@@ -18,6 +18,9 @@
 // LibTorch writes v's line as v * b2 + (1 - b2) * g * g; its compiler (GCC, -ffp-contract=fast)
 // fuses the last multiply into the add, so the FMA is written out here and the build pins
 // -ffp-contract=off: the rounding is this file's, not the compiler's choice.
+// With Coeffs::scale_grad the gradient is first multiplied by grad_scale (g * s, one fp32 product,
+// as at::Tensor::mul_ computes it); with `out16` the updated p is also written rounded to bf16 or
+// fp16 (c10's round to nearest even, as a copy_ into a 16-bit tensor rounds).
 // The last n % 8 elements go through the same vector code with a partial load and store (the
 // unused lanes hold zeros and are never written back), so no element takes a scalar path.
 #pragma once
@@ -25,6 +28,8 @@
 #include <cstdint>
 
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 namespace kiln::cpu_adamw_detail {
 
@@ -38,23 +43,29 @@ struct Coeffs {
   float bias_correction2_sqrt;  // sqrt(1 - b2^t)
   float eps;                    // eps
   float neg_step_size;          // -lr / (1 - b1^t)
+  bool scale_grad = false;      // grad_scale != 1
+  float grad_scale = 1.0f;      // the gradient's factor, rounded to float once
+  int working = 0;              // out16's kind: 0 none, 1 bf16, 2 fp16 (optim/cpu_adamw.h's CpuWorking)
 };
 
 namespace {
 
 // Elements [0, n) of the four arrays; n need not be a multiple of the vector width.
-inline void adamw_range(float* p, const float* g, float* m, float* v, int64_t n, const Coeffs& c) {
+inline void adamw_range(float* p, const float* g, float* m, float* v, int64_t n, const Coeffs& c, void* out16) {
   using Vec = at::vec::Vectorized<float>;
   const Vec decay(c.decay), beta2(c.beta2), one_minus_beta2(c.one_minus_beta2);
   const Vec bc2_sqrt(c.bias_correction2_sqrt), eps(c.eps), neg_step_size(c.neg_step_size);
   const Vec weight(c.lerp_weight);
   const Vec small = weight.abs() < Vec(0.5f);  // all lanes true or all false
   const Vec coeff = Vec::blendv(weight - Vec(1.0f), weight, small);
-  const bool apply_decay = c.apply_decay;
+  const bool apply_decay = c.apply_decay, scale_grad = c.scale_grad;
+  const Vec grad_scale(c.grad_scale);
+  const int working = out16 ? c.working : 0;
 
   auto update = [&](int64_t i, int64_t count) {
     Vec pv = Vec::loadu(p + i, count);
-    const Vec gv = Vec::loadu(g + i, count);
+    Vec gv = Vec::loadu(g + i, count);
+    if (scale_grad) gv = gv * grad_scale;
     Vec mv = Vec::loadu(m + i, count);
     Vec vv = Vec::loadu(v + i, count);
     if (apply_decay) pv = pv * decay;
@@ -65,6 +76,17 @@ inline void adamw_range(float* p, const float* g, float* m, float* v, int64_t n,
     mv.store(m + i, count);
     vv.store(v + i, count);
     pv.store(p + i, count);
+    if (working != 0) {
+      float lanes[Vec::size()];
+      pv.store(lanes, count);
+      if (working == 1) {
+        auto* o = static_cast<c10::BFloat16*>(out16) + i;
+        for (int64_t j = 0; j < count; ++j) o[j] = c10::BFloat16(lanes[j]);
+      } else {
+        auto* o = static_cast<c10::Half*>(out16) + i;
+        for (int64_t j = 0; j < count; ++j) o[j] = c10::Half(lanes[j]);
+      }
+    }
   };
 
   constexpr int64_t W = Vec::size();

@@ -1,47 +1,92 @@
-// parallel/host_accumulator.cpp -- page-locked slots, a CUDA event each, one worker thread.
+// parallel/host_accumulator.cpp -- page-locked slots and CUDA events; the adds run as HostWorker tasks.
 #include "parallel/host_accumulator.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #if defined(KILN_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
 
 #include "distributed/error.h"
 #include "distributed/host_memory.h"
+#include "parallel/host_worker.h"
+
+// at::parallel_for only splits the range in a file compiled with OpenMP (optim/cpu_adamw.cpp says why).
+#if AT_PARALLEL_OPENMP && !defined(_OPENMP)
+#error "parallel/host_accumulator.cpp must be compiled with OpenMP (-fopenmp) to use LibTorch's thread pool"
+#endif
 
 namespace kiln {
 
-struct HostAccumulator::Slot {
-  at::Tensor buffer;        // capacity fp32 elements on the host
-  int64_t ticket = 0;       // the issue number of the add using it (0: none yet)
+namespace {
+
 #if defined(KILN_WITH_CUDA)
-  cudaEvent_t copied = nullptr;  // recorded after the copy into buffer
+// An event recorded on `stream` after the work queued on it so far.
+struct CopyEvent {
+  cudaEvent_t event = nullptr;
+  explicit CopyEvent(cudaStream_t stream) {
+    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw Error("host accumulator: cudaEventCreate failed");
+    }
+    if (cudaEventRecord(event, stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      cudaEventDestroy(event);
+      throw Error("host accumulator: cudaEventRecord failed");
+    }
+  }
+  ~CopyEvent() {
+    if (event) cudaEventDestroy(event);
+  }
+  void wait() const {
+    const cudaError_t rc = cudaEventSynchronize(event);
+    if (rc != cudaSuccess) throw Error(std::string("waiting for a device-to-host copy: ") + cudaGetErrorString(rc));
+  }
+};
+#endif
+
+// dst[i] += src[i] over the intra-op pool, in 64-byte lines so no two threads write one.
+void host_add(float* dst, const float* src, int64_t n) {
+  constexpr int64_t kLine = 16, kGrain = 32768;
+  at::parallel_for(0, (n + kLine - 1) / kLine, kGrain / kLine, [&](int64_t begin, int64_t end) {
+    const int64_t b = std::min(end * kLine, n);
+    for (int64_t i = begin * kLine; i < b; ++i) dst[i] += src[i];
+  });
+}
+
+}  // namespace
+
+struct HostAccumulator::CopyStream {
+#if defined(KILN_WITH_CUDA)
+  c10::cuda::CUDAStream stream;
 #endif
 };
 
-HostAccumulator::HostAccumulator(c10::Device device, int64_t capacity, int slots)
-    : device_(device), capacity_(capacity) {
+struct HostAccumulator::Slot {
+  at::Tensor buffer;   // capacity fp32 elements on the host
+  int64_t ticket = 0;  // the worker's ticket of the add using it (0: none yet)
+};
+
+HostAccumulator::HostAccumulator(HostWorker& worker, c10::Device device, int64_t capacity, int slots)
+    : worker_(worker), device_(device), capacity_(capacity) {
   if (slots < 1) throw Error("host accumulator: needs at least one slot");
   // Tests only: each add lands this late, so a reader that forgot to drain() reads early for sure.
   if (const char* d = std::getenv("KILN_TEST_HOST_ADD_DELAY_MS")) test_delay_ms_ = std::max(0, std::atoi(d));
   for (int i = 0; i < slots; ++i) {
     auto s = std::make_unique<Slot>();
     s->buffer = host_buffer(capacity, /*pinned=*/pin_for(device));
-#if defined(KILN_WITH_CUDA)
-    if (device.is_cuda() && cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming) != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw Error("host accumulator: cudaEventCreate failed");
-    }
-#endif
     slots_.push_back(std::move(s));
   }
-  worker_ = std::thread([this] { work(); });
 }
 
 HostAccumulator::~HostAccumulator() {
@@ -49,95 +94,67 @@ HostAccumulator::~HostAccumulator() {
     drain();
   } catch (...) {
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  worker_.join();
-#if defined(KILN_WITH_CUDA)
-  for (auto& s : slots_)
-    if (s->copied) cudaEventDestroy(s->copied);
-#endif
 }
 
-void HostAccumulator::finish(Slot& s) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return landed_ >= s.ticket || !error_.empty(); });
-  if (!error_.empty()) throw Error("host accumulator: " + error_);
-}
-
-void HostAccumulator::add(const at::Tensor& src, const at::Tensor& dst) {
+void HostAccumulator::add(const at::Tensor& src, const at::Tensor& dst, bool assign) {
   if (src.numel() != dst.numel() || src.numel() > capacity_ || src.scalar_type() != at::kFloat ||
       dst.scalar_type() != at::kFloat || !dst.is_cpu() || !src.is_contiguous() || !dst.is_contiguous()) {
     throw Error("host accumulator: add needs fp32 contiguous tensors of one size, at most " + std::to_string(capacity_) +
                 " elements, the destination on the host");
   }
-  Slot& s = *slots_[next_];
-  next_ = (next_ + 1) % slots_.size();
-  finish(s);  // the slot's previous add has landed: its buffer is free
-  at::Tensor view = s.buffer.narrow(0, 0, src.numel());
+  const int delay = test_delay_ms_;
+  float* out = dst.data_ptr<float>();
+  const int64_t n = src.numel();
+  // The copy, issued here: into g itself (assign), or into the oldest slot once its add has run.
+  at::Tensor target = dst;
+  Slot* slot = nullptr;
+  if (!assign) {
+    slot = slots_[next_].get();
+    next_ = (next_ + 1) % slots_.size();
+    worker_.wait(slot->ticket);  // the slot's previous add has run: its buffer is free
+    target = slot->buffer.narrow(0, 0, n);
+  }
 #if defined(KILN_WITH_CUDA)
+  std::shared_ptr<CopyEvent> copied;
   if (src.is_cuda()) {
-    view.copy_(src, /*non_blocking=*/true);  // page-locked: asynchronous on the current stream
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(src.device().index()).stream();
-    if (cudaEventRecord(s.copied, stream) != cudaSuccess) {
+    // On the copy stream, after what the compute stream has queued so far (src's producer), so
+    // the copy runs beside the backward's next kernels instead of between them. The allocator is
+    // told src is in use there: the compute stream may drop it at once without its memory being
+    // handed out before the copy has read it.
+    const c10::DeviceIndex index = src.device().index();
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(index);
+    if (!copy_stream_) copy_stream_.reset(new CopyStream{c10::cuda::getStreamFromPool(false, index)});
+    const c10::cuda::CUDAStream& copy = copy_stream_->stream;
+    const CopyEvent produced(compute.stream());
+    if (cudaStreamWaitEvent(copy.stream(), produced.event, 0) != cudaSuccess) {
       (void)cudaGetLastError();
-      throw Error("host accumulator: cudaEventRecord failed");
+      throw Error("host accumulator: cudaStreamWaitEvent failed");
     }
+    c10::cuda::CUDACachingAllocator::recordStream(src.storage().data_ptr(), copy);
+    {
+      c10::cuda::CUDAStreamGuard on_copy(copy);
+      target.copy_(src, /*non_blocking=*/true);  // page-locked: asynchronous on the copy stream
+    }
+    copied = std::make_shared<CopyEvent>(copy.stream());
   } else {
-    view.copy_(src);
+    target.copy_(src);
   }
 #else
-  view.copy_(src);
+  target.copy_(src);  // on the CPU in line, as a stream would order it
 #endif
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    s.ticket = ++issued_;
-    queue_.push_back(Task{&s, dst.data_ptr<float>(), src.numel()});
-  }
-  cv_.notify_all();
+  (void)device_;
+  const float* in = target.data_ptr<float>();
+  const int64_t ticket = worker_.post([=] {
+#if defined(KILN_WITH_CUDA)
+    if (copied) copied->wait();
+#endif
+    if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+    if (!assign) host_add(out, in, n);
+  });
+  if (slot) slot->ticket = ticket;
+  last_ = ticket;
 }
 
-void HostAccumulator::drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return landed_ >= issued_ || !error_.empty(); });
-  if (!error_.empty()) throw Error("host accumulator: " + error_);
-}
-
-void HostAccumulator::work() {
-#if defined(KILN_WITH_CUDA)
-  if (device_.is_cuda()) cudaSetDevice(device_.index());  // the events' device, for this thread
-#endif
-  for (;;) {
-    Task t{};
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ with nothing left
-      t = queue_.front();
-      queue_.pop_front();
-    }
-    std::string failed;
-#if defined(KILN_WITH_CUDA)
-    if (t.slot->copied && device_.is_cuda()) {
-      const cudaError_t rc = cudaEventSynchronize(t.slot->copied);
-      if (rc != cudaSuccess) failed = std::string("waiting for a device-to-host copy: ") + cudaGetErrorString(rc);
-    }
-#endif
-    if (test_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(test_delay_ms_));
-    if (failed.empty()) {
-      const float* src = t.slot->buffer.data_ptr<float>();
-      float* dst = t.dst;
-      for (int64_t i = 0; i < t.n; ++i) dst[i] += src[i];
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!failed.empty()) error_ = failed;
-      ++landed_;
-    }
-    cv_.notify_all();
-  }
-}
+void HostAccumulator::drain() { worker_.wait(last_); }
 
 }  // namespace kiln

@@ -17,6 +17,7 @@
 #include "optim/cpu_adamw.h"
 #include "parallel/grad_ready.h"
 #include "parallel/host_accumulator.h"
+#include "parallel/host_worker.h"
 #include "parallel/zero_unit.h"
 
 namespace kiln {
@@ -205,6 +206,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
       u->master = at::empty({u->shard}, dev);
       u->master.copy_(own(whole));
     }
+    if (cfg_.offload == Offload::Optimizer && sixteen()) u->upload = host_buffer(u->shard, pin, cfg_.param_dtype);
     if (on_host) {
       u->host_grad = u->grad_shard.device().is_cpu() && cfg_.offload == Offload::All && streamed()
                          ? u->grad_shard
@@ -219,10 +221,11 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     Unit* u = up.get();
     for (size_t k = 0; k < u->params.size(); ++k) hooks_.add(u->params[k], [this, u, k] { on_grad_ready(*u, k); }, "zero");
   }
+  if (cfg_.offload != Offload::None) host_ = std::make_unique<HostWorker>(device_);
   if (streamed() && cfg_.offload == Offload::All) {
     int64_t largest = 0;
     for (const auto& u : units_) largest = std::max(largest, u->shard);
-    host_adds_ = std::make_unique<HostAccumulator>(device_, largest);
+    host_adds_ = std::make_unique<HostAccumulator>(*host_, device_, largest);
   }
 
   if (cfg_.stage == 3) {
@@ -259,6 +262,10 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
 
 ZeroEngine::~ZeroEngine() {
   model_.block_runner = inner_runner_;
+  try {
+    if (host_) host_->drain();
+  } catch (...) {
+  }
   for (auto* u : in_flight_) {
     try {
       if (u->rs_work) u->rs_work->wait();
@@ -273,7 +280,7 @@ bool ZeroEngine::streamed() const {
   return cfg_.stage >= 2 && (cfg_.accum == ZeroAccum::Reduce || cfg_.grad_accum == 1);
 }
 
-at::Tensor ZeroEngine::param_shard(Unit& u) {
+at::Tensor ZeroEngine::param_shard(Unit& u) const {
   if (cfg_.stage == 3) return u.shard_params;
   return u.flat.narrow(0, static_cast<int64_t>(u.group->rank()) * u.shard, u.shard);
 }
@@ -288,6 +295,7 @@ int64_t ZeroEngine::padded_numel() const {
 
 void ZeroEngine::gather_async(Unit& u) {
   if (u.state != Unit::State::Released) return;
+  finish_update(u);  // offload: the shard the gather reads is the host update's output
   alloc_storage(u.flat);
   u.ag_src = to_device(u.shard_params, device_, /*non_blocking=*/true);
   u.ag_work = u.group->all_gather(u.flat, u.ag_src);
@@ -317,11 +325,11 @@ void ZeroEngine::begin_micro(int64_t micro, int chunk) {
   last_micro_ = micro + 1 == cfg_.grad_accum;
   if (micro == 0) {
     at::NoGradGuard no_grad;
-    if (host_adds_) host_adds_->drain();
     for (size_t i = 0; i < units_.size(); ++i) {
       if (!in_chunk(i, chunk)) continue;
       Unit& u = *units_[i];
-      (u.grad_full.defined() && !streamed() ? u.grad_full : u.grad_shard).zero_();
+      if (host_adds_) u.fresh = true;  // the step's first add copies (host_accumulator.h)
+      else (u.grad_full.defined() && !streamed() ? u.grad_full : u.grad_shard).zero_();
     }
   }
   for (size_t i = 0; i < units_.size(); ++i) {
@@ -375,8 +383,13 @@ void ZeroEngine::launch_reduction(Unit& u) {
     if (streamed()) {
       // Offload all: grad_shard is on the host and grad_full on the device (an add_ between them
       // fails on a GPU): the host accumulator's copy and add, as the reduced units' shards take.
-      if (host_adds_) host_adds_->add(u.grad_full, u.grad_shard);
-      else u.grad_shard.add_(u.grad_full);
+      if (host_adds_) {
+        finish_update(u);  // the assign's copy lands on the stream's time: the last update must be done
+        host_adds_->add(u.grad_full, u.grad_shard, u.fresh);
+        u.fresh = false;
+      } else {
+        u.grad_shard.add_(u.grad_full);
+      }
       u.grad_full = at::Tensor();
     }
     return;
@@ -406,8 +419,13 @@ void ZeroEngine::finish_reduction(Unit& u) {
   if (streamed()) {
     // Offload all: the host shard takes the sum off this thread (parallel/host_accumulator.h);
     // the reduction's output may go at once, its copy ordered on the stream.
-    if (host_adds_) host_adds_->add(u.rs_out.to(at::kFloat), u.grad_shard);
-    else u.grad_shard.add_(u.rs_out);
+    if (host_adds_) {
+      finish_update(u);
+      host_adds_->add(u.rs_out.to(at::kFloat), u.grad_shard, u.fresh);
+      u.fresh = false;
+    } else {
+      u.grad_shard.add_(u.rs_out);
+    }
     u.rs_out = at::Tensor();
     u.grad_full = at::Tensor();  // the unit's full gradient exists only while it is reduced
   } else if (u.rs_out.defined()) {  // a bf16 reduction of the full buffer: its mean into the fp32 shard
@@ -446,7 +464,7 @@ void ZeroEngine::end_micro(int chunk) {
 }
 
 at::Tensor ZeroEngine::grad_shard_of(const at::Tensor& param) const {
-  if (host_adds_) host_adds_->drain();
+  settle();
   for (const auto& u : units_)
     if (u->params.size() == 1 && u->params[0].is_same(param)) return u->grad_shard;
   throw Error("zero: grad_shard_of: the parameter is not alone in a unit");
@@ -454,7 +472,7 @@ at::Tensor ZeroEngine::grad_shard_of(const at::Tensor& param) const {
 
 at::Tensor ZeroEngine::local_grad_sq_norm() const {
   at::NoGradGuard no_grad;
-  if (host_adds_) host_adds_->drain();
+  settle();
   // On the CPU in double, shard by shard: LibTorch's CPU fp32 norm of a long vector is off by up
   // to 1e-6 relative (measured on the tiny model). CUDA reduces in a tree, accurately in fp32.
   // Shards on the host (offload all) sum on the host, and their total crosses to the device once.
@@ -492,9 +510,55 @@ void ZeroEngine::set_steps_taken(int64_t n) {
   step_t_.fill_(static_cast<double>(n));
 }
 
+void ZeroEngine::finish_update(Unit& u) const {
+  if (u.update == 0) return;
+  host_->wait(u.update);
+  u.update = 0;
+  // Offload optimizer: the updated shard up to the device (16-bit weights: the 2-byte copy the
+  // host update wrote); offload all: the host update wrote the host shard the gathers read.
+  if (cfg_.offload == Offload::Optimizer) {
+    at::NoGradGuard no_grad;
+    param_shard(u).copy_(u.upload.defined() ? u.upload : u.master, /*non_blocking=*/true);
+  }
+}
+
+void ZeroEngine::settle() const {
+  if (!host_) return;
+  for (const auto& u : units_) finish_update(*u);
+  host_->drain();
+  for (const auto& u : units_) {
+    if (!u->fresh) continue;  // no gradient reached it this step: it holds the last step's
+    at::NoGradGuard no_grad;
+    u->grad_shard.zero_();
+    u->fresh = false;
+  }
+}
+
+void ZeroEngine::post_update(Unit& u, double lr, double factor) {
+  // The host shards by raw pointer (the task outlives nothing: the engine drains before it dies).
+  float* pm = u.master.data_ptr<float>();
+  const float* pg = u.host_grad.data_ptr<float>();
+  float* pa = u.exp_avg.data_ptr<float>();
+  float* pv = u.exp_avg_sq.data_ptr<float>();
+  // The 16-bit working copy, written by the same pass: offload all's host shard, or offload
+  // optimizer's upload buffer. fp32 weights: the master is the shard (all) or goes up as it is.
+  const at::Tensor out = !sixteen() ? at::Tensor() : cfg_.offload == Offload::All ? u.shard_params : u.upload;
+  char* po = out.defined() ? static_cast<char*>(out.data_ptr()) : nullptr;
+  const CpuWorking working = !out.defined() ? CpuWorking::none
+                             : cfg_.param_dtype == at::kBFloat16 ? CpuWorking::bf16
+                                                                 : CpuWorking::fp16;
+  std::vector<std::pair<Segment, CpuAdamWStep>> work;
+  for (const auto& s : u.segments)
+    work.push_back({s, {lr, adam_.beta1, adam_.beta2, adam_.eps, s.decay ? adam_.weight_decay : 0.0, steps_, factor}});
+  u.update = host_->post([pm, pg, pa, pv, po, working, work = std::move(work)] {
+    for (const auto& [s, st] : work)
+      cpu_adamw(pm + s.offset, pg + s.offset, pa + s.offset, pv + s.offset, s.length, st,
+                po ? po + s.offset * 2 : nullptr, working);
+  });
+}
+
 void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor& found_inf) {
   at::NoGradGuard no_grad;
-  if (host_adds_) host_adds_->drain();
   if (cfg_.offload == Offload::None) {
     // One multi-tensor update per decay group over every unit's segments (kernels/adamw.h): the
     // gradients times grad_factor, AdamW on the fp32 masters, the working shard round16(master).
@@ -517,34 +581,24 @@ void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor
                    kernels_);
   } else {
     // Offload: the host steps, so it reads the verdict (it waits for the gradients anyway).
+    settle();  // every add landed (the last step's updates long since)
     if (to_host(found_inf).item<float>() != 0.0f) return;  // skipped: nothing moves
     const double factor = to_host(grad_factor).item<float>();
     ++steps_;
     step_t_.fill_(static_cast<double>(steps_));
-    // Gradient shards down (all issued first), then per unit the host AdamW and the updated shard
-    // up, so the upload of one unit overlaps the host's work on the next.
+    // Gradient shards down (all issued, then one wait), then one host task per unit, in the
+    // order the next forward needs them ("The overlapped host step").
     for (auto& u : units_)
       if (!u->host_grad.is_same(u->grad_shard)) u->host_grad.copy_(u->grad_shard, /*non_blocking=*/true);
     synchronize(device_);
-    for (auto& u : units_) {
-      if (factor != 1.0) u->host_grad.mul_(factor);
-      float* pm = u->master.data_ptr<float>();
-      const float* pg = u->host_grad.data_ptr<float>();
-      float* pa = u->exp_avg.data_ptr<float>();
-      float* pv = u->exp_avg_sq.data_ptr<float>();
-      for (const auto& s : u->segments) {
-        cpu_adamw(pm + s.offset, pg + s.offset, pa + s.offset, pv + s.offset, s.length,
-                  {lr, adam_.beta1, adam_.beta2, adam_.eps, s.decay ? adam_.weight_decay : 0.0, steps_});
-      }
-      // The working shard from the master (16-bit weights: rounded), on the device or (offload
-      // all) on the host, where the next gathers copy it up from.
-      if (!u->master.is_same(param_shard(*u))) param_shard(*u).copy_(u->master, /*non_blocking=*/true);
-    }
+    for (auto& u : units_) post_update(*u, lr, factor);
   }
   if (cfg_.stage < 3) {
     // Every rank's updated shard to every rank: in place, each rank's shard is its chunk of flat.
+    // Offload: each unit's all-gather as soon as its host update is in (and copied up).
     std::vector<std::shared_ptr<Work>> works;
     for (auto& u : units_) {
+      finish_update(*u);
       if (alone(*u)) continue;
       auto own = u->flat.narrow(0, u->group->rank() * u->shard, u->shard);
       works.push_back(u->group->all_gather(u->flat, own));

@@ -74,12 +74,26 @@
 // Offload (ZeroConfig::offload):
 //   optimizer  the fp32 master copy of the shard, its moments and the optimizer step live on the
 //              host (optim/cpu_adamw.h over pinned buffers); the reduced gradient shard is copied
-//              down, the updated shard copied up (issued per unit, so the copies overlap the
-//              host's AdamW of the next unit; P = 2: rounded to 16 bits on the way).
-//              Host: 4 psi'/N grads + 12 psi'/N optimizer.
+//              down, the updated shard copied up (P = 2: the host update writes round16(master)
+//              into a page-locked 2-byte buffer, and those 2 bytes go up).
+//              Host: 4 psi'/N grads + 12 psi'/N optimizer (+ 2 psi'/N upload buffer when P = 2).
 //   all        (ZeRO-3) the parameter shard lives on the host as well; each gather copies it up
 //              first. P = 4: it is the master copy; P = 2: a 2-byte shard beside the fp32 master
-//              (host: P psi'/N + 4 psi'/N + (8 | 12) psi'/N). Nothing stays on the device.
+//              (host: P psi'/N + 4 psi'/N + (8 | 12) psi'/N). Nothing stays on the device. Each
+//              micro-step's reduced shard reaches the host shard through the host accumulator
+//              (parallel/host_accumulator.h): copied on the step's first micro-step, added after.
+//
+// The overlapped host step (offload). Once the verdict is read (the host needs found_inf and the
+// factor), step() copies the gradient shards down and queues one task per unit, in unit order, on
+// the engine's host worker (parallel/host_worker.h): AdamW with the factor applied as it reads g
+// and the 16-bit copy written in the same pass (cpu_adamw's one-pass form), over the host's cores.
+// step() returns without waiting for them. Each unit's result is waited for where it is next
+// needed -- ZeRO-1/2: the unit's all-gather, issued in order inside step() as each update lands,
+// so unit u's all-gather overlaps the host update of u + 1; ZeRO-3: the unit's next gather, so the
+// next step's forward starts on the first units while the host still updates the last ones.
+// Everything else that touches the host state (the next step, the norm, checkpoints, loads,
+// param_moments) settles first: waits for every update. The arithmetic is the serial step's,
+// element for element (KILN_TEST_HOST_INLINE=1 runs the tasks in line; CPU tests compare).
 //
 // The model is built and initialised on the host; only what the stage keeps on the device is
 // ever moved there (under ZeRO-3, shards and one or two gathered units at a time).
@@ -107,6 +121,7 @@ namespace kiln {
 class GPT;
 class BlockImpl;
 class HostAccumulator;
+class HostWorker;
 
 struct ZeroConfig {
   int stage = 1;                        // 1, 2 or 3
@@ -246,10 +261,16 @@ class ZeroEngine {
   void launch_reduction(Unit& u);
   void finish_reduction(Unit& u);
   void wait_reductions(size_t keep);
+  // Offload: the unit's queued host update has run and (offload optimizer) its result is copied
+  // up; settle: every unit's, every host add landed, and any shard still `fresh` zeroed -- before
+  // anything reads or writes the host state (see "The overlapped host step").
+  void finish_update(Unit& u) const;
+  void settle() const;
+  void post_update(Unit& u, double lr, double factor);
   bool streamed() const;  // gradients reduce-scattered every micro-step (no full local buffer)
   bool sixteen() const { return cfg_.param_dtype != at::kFloat; }  // 16-bit working weights
   static bool alone(const Unit& u);  // an expert unit whose expert-data-parallel group is one rank
-  at::Tensor param_shard(Unit& u);
+  at::Tensor param_shard(Unit& u) const;
   std::pair<Unit*, size_t> locate(const at::Tensor& param) const;
   at::Tensor shard_of(Unit& u, StatePart part);  // this rank's shard of the part (the master for Param)
 
@@ -267,6 +288,7 @@ class ZeroEngine {
   std::vector<size_t> outer_units_;               // the units outside the blocks (wte; wpe, ln_f, lm_head)
   bool in_chunk(size_t unit, int chunk) const { return chunk < 0 || unit_chunk_[unit] == chunk; }
   std::vector<Unit*> in_flight_;  // reductions launched and not yet finished, oldest first
+  std::unique_ptr<HostWorker> host_;             // offload: runs the host adds and the per-unit updates, in order
   std::unique_ptr<HostAccumulator> host_adds_;  // offload all: reduced shards into the host shards
   GradReadyHooks hooks_;
   bool last_micro_ = true;

@@ -69,6 +69,7 @@ int part_index(StatePart part) { return part == StatePart::Param ? 0 : part == S
 
 at::Tensor ZeroEngine::gather_param(const at::Tensor& param, StatePart part) {
   at::NoGradGuard no_grad;
+  settle();  // offload: the last step's host updates in (and copied up)
   auto [u, k] = locate(param);
   const int64_t me = u->group->rank(), start = u->offsets[k], len = param.numel();
   if (part == StatePart::Param && cfg_.stage < 3 && !sixteen()) {
@@ -81,6 +82,7 @@ at::Tensor ZeroEngine::gather_param(const at::Tensor& param, StatePart part) {
 
 void ZeroEngine::snapshot(ZeroSnapshot& into, const std::function<at::Tensor(int64_t)>& alloc) {
   at::NoGradGuard no_grad;
+  settle();
   if (into.shards.empty()) {
     for (const auto& u : units_) into.shards.push_back({alloc(u->shard), alloc(u->shard), alloc(u->shard)});
   }
@@ -113,6 +115,7 @@ at::Tensor ZeroEngine::gather_snapshot(const ZeroSnapshot& s, const at::Tensor& 
 
 void ZeroEngine::load_param(const at::Tensor& param, StatePart part, const at::Tensor& local) {
   at::NoGradGuard no_grad;
+  settle();  // no host update may still write what this loads
   auto [u, k] = locate(param);
   if (local.sizes() != param.sizes()) throw Error("zero: load_param: the tensor's shape is not the parameter's");
   const int64_t me = u->group->rank(), start = u->offsets[k], len = param.numel();
@@ -131,6 +134,7 @@ void ZeroEngine::load_param(const at::Tensor& param, StatePart part, const at::T
 
 std::pair<double, double> ZeroEngine::param_moments() {
   at::NoGradGuard no_grad;
+  settle();
   double sums[2][2] = {{0.0, 0.0}, {0.0, 0.0}};  // [dense, experts][sum, sum of squares]
   for (auto& u : units_) {
     auto d = (u->master.defined() ? u->master : param_shard(*u)).to(at::kDouble);
@@ -169,6 +173,7 @@ ModelStateBytes ZeroEngine::memory() const {
     auto& opt = cfg_.offload == Offload::None ? b.device : b.host;
     opt.optimizer += bytes(u.exp_avg) + bytes(u.exp_avg_sq);
     if (u.master.defined() && !u.master.is_same(u.shard_params)) opt.optimizer += bytes(u.master);
+    b.host.params += bytes(u.upload);  // offload optimizer, 16-bit weights: the 2-byte copy that goes up
   }
   return b;
 }

@@ -39,6 +39,13 @@ struct ZeroEngine::Unit {
                             // offload (the host's, stepped by the CPU AdamW) or 16-bit weights
   at::Tensor host_grad;     // offload: the host copy of grad_shard (may be grad_shard itself)
   at::Tensor exp_avg, exp_avg_sq;
+  at::Tensor upload;        // offload optimizer, 16-bit weights: the host update's round16(master),
+                            // page-locked, copied up into the parameter shard (half of fp32's bytes)
+
+  int64_t update = 0;   // offload: the host worker's ticket of this unit's queued update (0: none
+                        // pending); finish_update waits for it and uploads the result
+  bool fresh = false;   // offload all, streamed: no gradient has reached the host shard this step
+                        // yet (the first add copies instead of adding, so the shard is never zeroed)
 
   int64_t pending = 0;  // gradients not yet landed in this backward
   bool reduced = false; // this micro-step's reduction launched

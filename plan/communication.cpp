@@ -327,7 +327,12 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
       out.push_back(collective("host", std::move(what), 1, bytes, c.host_link, "pcie", w, occ, false));
     };
     const double pb = l.param_bytes;  // the fp32 gradient shard down, the working weights' shard up
-    host("gradient shard to host", 4 * shard, Window::Serial, 1);
+    // Offload all with streamed gradients: every micro-step's reduced shard goes down (the first
+    // copied into the host shard, the rest added by the host worker); else the step's one copy.
+    // Both on the compute stream today: exposed.
+    const bool streamed = l.offload == Offload::All && l.zero >= 2 && (l.zero_accum == ZeroAccum::Reduce || K == 1);
+    if (streamed) host("gradient shard to host (every micro-step)", Kd * 4 * shard, Window::Serial, K);
+    else host("gradient shard to host", 4 * shard, Window::Serial, 1);
     if (l.offload == Offload::Optimizer) {
       host("parameter shard to device", pb * shard, Window::Serial, 1);
     } else {
@@ -336,10 +341,15 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     }
     CommItem adam;
     adam.group = "host";
-    adam.what = "host AdamW over the shard";
+    adam.what = l.zero == 3 ? "host AdamW over the shard (unit by unit, under the next forward's gathers)"
+                            : "host AdamW over the shard";
     adam.link = "host-cpu";
     adam.busbw = c.host_adam_rate / static_cast<double>(std::min(c.devices_per_node, l.devices()));
     adam.seconds = shard / adam.busbw;  // busbw here: parameters/s this rank's share of the host gives
+    // ZeRO-3: the step returns with the updates queued and each unit's next gather waits for its
+    // own, so the next forward's compute hides them (parallel/zero.h, "The overlapped host step").
+    // ZeRO-1/2 all-gather every unit before the next forward: exposed.
+    if (l.zero == 3) adam.window = Window::FirstForward;
     out.push_back(adam);
   }
   return out;
@@ -347,7 +357,7 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
 
 // Serial communication plus what the compute windows cannot hide (section 5).
 double exposed_seconds(const std::vector<CommItem>& items, double t_f, double t_b, int64_t K) {
-  double serial = 0, net_f = 0, net_b = 0, net_last = 0, host_f = 0, host_b = 0, host_last = 0;
+  double serial = 0, net_f = 0, net_b = 0, net_last = 0, host_f = 0, host_b = 0, host_last = 0, first_f = 0;
   for (const auto& it : items) {
     const bool host = it.group == "host";
     const double each = it.seconds / static_cast<double>(std::max<int64_t>(1, it.occurrences));
@@ -356,13 +366,15 @@ double exposed_seconds(const std::vector<CommItem>& items, double t_f, double t_
       case Window::Forward: (host ? host_f : net_f) += each; break;
       case Window::Backward: (host ? host_b : net_b) += each; break;
       case Window::LastBackward: (host ? host_last : net_last) += it.seconds; break;
+      case Window::FirstForward: first_f += it.seconds; break;
     }
   }
   const double Kd = static_cast<double>(K);
   const double fwd = Kd * std::max(0.0, std::max(net_f, host_f) - t_f);
   const double bwd = (Kd - 1) * std::max(0.0, std::max(net_b, host_b) - t_b) +
                      std::max(0.0, std::max(net_b + net_last, host_b + host_last) - t_b);
-  return serial + fwd + bwd;
+  // The host's CPU work under one forward: its cores, not a link the forward's copies use.
+  return serial + fwd + bwd + std::max(0.0, first_f - t_f);
 }
 
 }  // namespace kiln::plan

@@ -482,7 +482,9 @@ struct EpRowBytes {
   int in = 4, out = 4;
 };
 EpRowBytes ep_row_bytes(const Layout& layout);
-enum class Window { Serial, Forward, Backward, LastBackward };  // what compute it can hide behind
+// What compute it can hide behind. FirstForward: the next step's first forward, once (offload's
+// host AdamW under ZeRO-3, which each unit's next gather waits for: parallel/zero.h).
+enum class Window { Serial, Forward, Backward, LastBackward, FirstForward };
 struct CommItem {
   std::string group;       // dp | tp | pp | host
   std::string what;        // "gradient all-reduce", ...

@@ -160,9 +160,10 @@ ModelState model_state(const std::vector<int64_t>& units, const Layout& l, int64
     case Offload::None:
       out.device = {params, grads, optimizer};
       break;
-    case Offload::Optimizer:  // the host master is fp32 under either policy
+    case Offload::Optimizer:  // the host master is fp32 under either policy; 16-bit weights: the
+                              // host update's 2-byte copy, page-locked, that goes up (parallel/zero.h)
       out.device = {params, grads, 0};
-      out.host = {0, 4 * shard, 12 * shard};
+      out.host = {pb == 2 ? 2 * shard : 0, 4 * shard, 12 * shard};
       break;
     case Offload::All:  // the full local accumulation buffer, if any, stays on the device
       out.device = {0, local_full ? 4 * pp_ : 0, 0};

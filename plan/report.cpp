@@ -44,6 +44,7 @@ std::string window_name(Window w) {
     case Window::Forward: return "behind forward";
     case Window::Backward: return "behind backward";
     case Window::LastBackward: return "behind last backward";
+    case Window::FirstForward: return "behind next forward";
   }
   return "?";
 }

@@ -201,3 +201,40 @@ TEST(CpuAdamW, EmptyIsANoOpAndBadArgumentsThrow) {
   st.step = 0;
   EXPECT_THROW(kiln::cpu_adamw(&x, &x, &x, &x, 1, st), std::invalid_argument);
 }
+
+// The offloaded step's one pass (optim/cpu_adamw.h): the factor applied as g is read and the
+// 16-bit copy written beside p must equal the three passes they replace -- g.mul_(factor),
+// the update, copy_ into a bf16 / fp16 tensor -- bit for bit, at a size with a partial vector
+// and a split over threads.
+TEST(CpuAdamW, OnePassEqualsScaleUpdateAndCopy) {
+  const int64_t n = 100003;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const State start = random_state(n, gen);
+  const at::Tensor g = wide_randn(n, gen);
+  for (const double factor : {1.0, 0.37, 1.0 / 1024}) {
+    for (const auto& [kind, dtype] : {std::pair{kiln::CpuWorking::bf16, at::kBFloat16}, {kiln::CpuWorking::fp16, at::kHalf}}) {
+      kiln::CpuAdamWStep st = step_at(3, 0.1);
+      State three = start.clone();
+      const at::Tensor scaled = g.clone();
+      if (factor != 1.0) scaled.mul_(factor);
+      kiln_step(three, scaled, st);
+      const at::Tensor copied = three.p.to(dtype);
+
+      State one = start.clone();
+      const at::Tensor g_in = g.clone();
+      at::Tensor out = at::empty({n}, dtype);
+      st.grad_scale = factor;
+      kiln::cpu_adamw(one.p.data_ptr<float>(), g_in.data_ptr<float>(), one.m.data_ptr<float>(), one.v.data_ptr<float>(), n, st,
+                      out.data_ptr(), kind);
+      EXPECT_TRUE(at::equal(one.p, three.p)) << "factor " << factor;
+      EXPECT_TRUE(at::equal(one.m, three.m)) << "factor " << factor;
+      EXPECT_TRUE(at::equal(one.v, three.v)) << "factor " << factor;
+      EXPECT_TRUE(at::equal(out, copied)) << "factor " << factor << ", the 16-bit copy";
+      EXPECT_TRUE(at::equal(g_in, g)) << "the gradient is read, not scaled in place";
+    }
+  }
+  float x = 1;
+  kiln::CpuAdamWStep st;
+  st.lr = 1e-3;
+  EXPECT_THROW(kiln::cpu_adamw(&x, &x, &x, &x, 1, st, nullptr, kiln::CpuWorking::bf16), std::invalid_argument);
+}

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distributed/device_peaks.h"
+#include "plan/communication.h"
 #include "distributed/error.h"
 #include "launch/plan_cli.h"
 #include "models/flops.h"
@@ -397,11 +398,12 @@ TEST(PlanModelState, SixteenBitWeightsUnderZeroAtDp4) {
   local3.zero_accum = ZeroAccum::Local;
   check(model_state(u, local3).device, 2 * S, 4 * P, 12 * S);
   // offload optimizer: the device keeps its 16-bit weights and fp32 grads; the host the fp32
-  // master + moments (12 Psi'/N) and the gradient shard (4 Psi'/N), as with fp32 weights
+  // master + moments (12 Psi'/N) and the gradient shard (4 Psi'/N), as with fp32 weights, and the
+  // host update's 2-byte copy of the shard that goes up (2 Psi'/N = 437,888: parallel/zero.h)
   check(model_state(u, bf16(1, Offload::Optimizer)).device, 2 * P, 4 * P, 0);
   check(model_state(u, bf16(2, Offload::Optimizer)).device, 2 * P, 4 * S, 0);
   check(model_state(u, bf16(3, Offload::Optimizer)).device, 2 * S, 4 * S, 0);
-  for (int zero : {1, 2, 3}) check(model_state(u, bf16(zero, Offload::Optimizer)).host, 0, 875776, 2627328);
+  for (int zero : {1, 2, 3}) check(model_state(u, bf16(zero, Offload::Optimizer)).host, 437888, 875776, 2627328);
   // offload all (ZeRO-3): nothing on the device; the host a 2-byte shard to gather (437,888),
   // the gradient shard and the fp32 master with the moments (12 Psi'/N)
   check(model_state(u, bf16(3, Offload::All)).device, 0, 0, 0);
@@ -617,7 +619,8 @@ TEST(PlanComm, SixteenBitWeightsAndReductionsUnderZero) {
   EXPECT_EQ(comm_bytes(with(2, 3, 2, 2)), 7006232);
   EXPECT_EQ(comm_bytes(with(2, 3, 4, 2)), 3 * 2 * P + 4 * P + 24);
   // offload all: the 2-byte parameter shard goes up before each forward and backward (K pb
-  // Psi'/N each), the fp32 gradient shard comes down (4 Psi'/N)
+  // Psi'/N each), the fp32 gradient shard comes down every micro-step (the reduce policy streams
+  // each micro-step's reduced shard to the host accumulator: K x 4 Psi'/N; this once said 4 Psi'/N)
   Layout off = with(3, 3, 2, 2);
   off.offload = Offload::All;
   std::map<std::string, double> host;
@@ -625,10 +628,40 @@ TEST(PlanComm, SixteenBitWeightsAndReductionsUnderZero) {
   for (const auto& it : po.stages[0].comm) host[it.what] = it.comm_bytes;
   EXPECT_EQ(host.at("parameter shard to device before each forward"), 3 * 2 * 218944);
   EXPECT_EQ(host.at("parameter shard to device before each backward"), 3 * 2 * 218944);
-  EXPECT_EQ(host.at("gradient shard to host"), 4 * 218944);
+  EXPECT_EQ(host.at("gradient shard to host (every micro-step)"), 3 * 4 * 218944);
+  EXPECT_EQ(host.count("gradient shard to host"), 0u);
   // ZeRO-3's gathered units (transients) are pb bytes too: the outer unit and two blocks
   const Plan fp = make_plan(tiny(), toy_cluster(4), with(3, 3, 4, 4));
   EXPECT_DOUBLE_EQ(fp.stages[0].transient_bytes - p3.stages[0].transient_bytes, 2.0 * (82176 + 2 * 198400));
+}
+
+// Offload's host AdamW: under ZeRO-3 the step queues it unit by unit and each unit's next gather
+// waits for its own update, so the next forward hides it (Window::FirstForward: once, exposed
+// max(0, t_adam - t_f)); ZeRO-1/2 all-gather every unit before the next forward: exposed whole.
+TEST(PlanComm, HostAdamWHidesBehindTheNextForwardUnderZero3) {
+  auto adam_window = [](int zero) {
+    Layout l = layout(2, zero);
+    l.offload = Offload::Optimizer;
+    const Plan p = make_plan(tiny(), toy_cluster(2), l);
+    for (const auto& it : p.stages[0].comm)
+      if (it.what.rfind("host AdamW", 0) == 0) return it.window;
+    ADD_FAILURE() << "no host AdamW item at ZeRO-" << zero;
+    return Window::Serial;
+  };
+  EXPECT_EQ(adam_window(1), Window::Serial);
+  EXPECT_EQ(adam_window(2), Window::Serial);
+  EXPECT_EQ(adam_window(3), Window::FirstForward);
+  auto item = [](Window w, double s) {
+    CommItem it;
+    it.group = "host";
+    it.window = w;
+    it.seconds = s;
+    return it;
+  };
+  // 1 s exposed outright; 3 s of host AdamW behind a 2 s forward: 1 s shows, once, whatever K
+  EXPECT_DOUBLE_EQ(exposed_seconds({item(Window::Serial, 1.0), item(Window::FirstForward, 3.0)}, 2.0, 4.0, 1), 2.0);
+  EXPECT_DOUBLE_EQ(exposed_seconds({item(Window::Serial, 1.0), item(Window::FirstForward, 3.0)}, 2.0, 4.0, 4), 2.0);
+  EXPECT_DOUBLE_EQ(exposed_seconds({item(Window::FirstForward, 1.5)}, 2.0, 4.0, 2), 0.0);
 }
 
 TEST(PlanComm, RingFactorAndLinks) {

@@ -29,7 +29,8 @@
 # 2. Bytes, exactly: the config record's model-state bytes per rank at dp 4 for ZeRO-1/2/3 are
 #    the formulas of docs/zero.md from zero.padded_params (psi'), P = 2: ZeRO-1 2 psi' + 4 psi' +
 #    12 psi'/4, ZeRO-2 2 psi' + 4 psi'/4 + 12 psi'/4, ZeRO-3 2 psi'/4 + 4 psi'/4 + 12 psi'/4, and
-#    ZeRO-3 offload all's host 2 psi'/4 + 4 psi'/4 + 12 psi'/4. ZeRO-3's parameter gathers carry
+#    ZeRO-3 offload all's host 2 psi'/4 + 4 psi'/4 + 12 psi'/4, and ZeRO-1 offload optimizer's the same
+#    (its 2 psi'/4: the host update's 16-bit copy that goes up). ZeRO-3's parameter gathers carry
 #    exactly half the bytes of fp32 working weights' (the same run with --param-dtype fp32), and
 #    --reduce-dtype bf16 halves the gradient reduce-scatters exactly; kiln plan --compare
 #    predicts every run's model-state bytes (autocast's cast copies included) and comm_bytes
@@ -120,7 +121,9 @@ for name, stage, offload in (("bf16_np4_z1_reduce_none", 1, "none"), ("bf16_np4_
     params = 2 * P if stage < 3 else 2 * s
     grads = 4 * P if stage == 1 else 4 * s
     want = {"none": ({"params": params, "grads": grads, "optimizer": 12 * s}, {"params": 0, "grads": 0, "optimizer": 0}),
-            "optimizer": ({"params": params, "grads": grads, "optimizer": 0}, {"params": 0, "grads": 4 * s, "optimizer": 12 * s}),
+            # the host: the fp32 master + moments, the gradient shard, and the host update's 2-byte copy
+            # of the shard that goes up (parallel/zero.h)
+            "optimizer": ({"params": params, "grads": grads, "optimizer": 0}, {"params": 2 * s, "grads": 4 * s, "optimizer": 12 * s}),
             "all": ({"params": 0, "grads": 0, "optimizer": 0}, {"params": 2 * s, "grads": 4 * s, "optimizer": 12 * s})}[offload]
     got = c["model_state"]
     assert got["device"] == dict(want[0], cast_copies=0), (name, got)
