@@ -11,10 +11,13 @@
 //                            it split into --chunk-element views
 //   memory roof (same bytes) reads p g m v and writes p m v with no real math: what the memory
 //                            system allows, for scale
+//   offload step, 3 passes   what ZeRO offload's host step did per unit before issue 50: g.mul_(c),
+//                            cpu_adamw, copy_ of p into a bf16 working copy (42 bytes a parameter)
+//   offload step, one pass   cpu_adamw with the factor and the bf16 copy in its pass (32 bytes)
 // Every row updates the same buffers (p, g, m, v: 16 bytes a parameter, 1.6 GB at the default n).
 // The rows take turns, one update each per round, so a change in the machine's speed (other jobs)
 // falls on all of them alike; after one warm-up round the time is the median of --iters rounds.
-// GB/s counts the 28 bytes an update must move per parameter.
+// GB/s counts the 28 bytes an update must move per parameter (the offload rows move more: 42, 32).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,6 +40,7 @@
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_sqrt.h>
 #include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <torch/version.h>
@@ -136,7 +140,7 @@ int main(int argc, char** argv) {
   auto add_row = [&](std::string name, std::function<void()> run) {
     rows.push_back(Row{std::move(name), std::move(run), {}});
   };
-  add_row("kiln::cpu_adamw", [&] {
+  auto next_step = [&] {  // the update's settings, the step advanced
     kiln::CpuAdamWStep s;
     s.lr = kLr;
     s.beta1 = kBeta1;
@@ -144,8 +148,9 @@ int main(int argc, char** argv) {
     s.eps = kEps;
     s.weight_decay = kWd;
     s.step = ++t;
-    kiln::cpu_adamw(pp, gp, mp, vp, n, s);
-  });
+    return s;
+  };
+  add_row("kiln::cpu_adamw", [&] { kiln::cpu_adamw(pp, gp, mp, vp, n, next_step()); });
   at::Tensor step = at::zeros({}, at::kFloat);
   add_row("at::_fused_adamw_", [&] {
     step.fill_(static_cast<double>(++t));
@@ -163,6 +168,19 @@ int main(int argc, char** argv) {
     at::parallel_for(0, n, 32768, [&](int64_t b, int64_t e) {
       same_bytes(pp + b, gp + b, mp + b, vp + b, e - b, one, zero);
     });
+  });
+
+  at::Tensor w16 = at::empty({n}, at::kBFloat16);
+  const double factor = 0.999;  // a clip factor: anything but 1 (g shrinks a little each round)
+  add_row("offload step, 3 passes", [&] {
+    g.mul_(factor);
+    kiln::cpu_adamw(pp, gp, mp, vp, n, next_step());
+    w16.copy_(p);
+  });
+  add_row("offload step, one pass", [&] {
+    kiln::CpuAdamWStep s = next_step();
+    s.grad_scale = factor;
+    kiln::cpu_adamw(pp, gp, mp, vp, n, s, w16.data_ptr(), kiln::CpuWorking::bf16);
   });
 
   // Rounds of one update per row (see the top); round 0 is the warm-up.

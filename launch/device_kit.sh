@@ -485,6 +485,7 @@ quick_plan() {
     "30|test gpu.comm_nccl.np1|"
     "45|kiln 1.5b full AC|$k1558 --activation-checkpointing full --micro-batch 8 --json b1558.json"
     "60|kiln 1.5b ZeRO-3 offload all, 24 GB cap|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload all --device-memory-cap-gb 24 --warmup 1 --measure 3 --json b1558_z3_offload_all_cap24.json"
+    "60|kiln 1.5b ZeRO-3 offload optimizer (issue 50: >= 70% of full AC)|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload optimizer --warmup 1 --measure 3 --json b1558_z3_offload_optimizer.json"
     "30|kiln 124m plain loss|$k124 --loss-chunk-rows -1 --json b124_loss_plain.json"
   )
 }

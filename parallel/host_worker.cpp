@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <string>
 
 #include <ATen/Parallel.h>
 #if defined(_OPENMP)
@@ -18,8 +19,14 @@
 
 namespace kiln {
 
-HostWorker::HostWorker(c10::Device device) : device_(device), threads_(std::max(1, at::get_num_threads())) {
-  if (const char* v = std::getenv("KILN_TEST_HOST_INLINE")) inline_ = std::atoi(v) != 0;
+HostWorker::HostWorker(c10::Device device, int threaded) : device_(device), threads_(std::max(1, at::get_num_threads())) {
+  inline_ = !device.is_cuda();
+  if (const char* v = std::getenv("KILN_TEST_HOST_WORKER")) {
+    const std::string mode = v;
+    if (mode != "thread" && mode != "inline") throw Error("KILN_TEST_HOST_WORKER must be thread or inline, not '" + mode + "'");
+    inline_ = mode == "inline";
+  }
+  if (threaded >= 0) inline_ = threaded == 0;
   if (const char* d = std::getenv("KILN_TEST_HOST_STEP_DELAY_MS")) delay_ms_ = std::max(0, std::atoi(d));
   if (!inline_) thread_ = std::thread([this] { work(); });
 }

@@ -222,7 +222,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     for (size_t k = 0; k < u->params.size(); ++k) hooks_.add(u->params[k], [this, u, k] { on_grad_ready(*u, k); }, "zero");
   }
   if (cfg_.offload != Offload::None) host_ = std::make_unique<HostWorker>(device_);
-  if (streamed() && cfg_.offload == Offload::All) {
+  if (cfg_.offload != Offload::None) {  // offload all's gradient sums; offload optimizer's downloads
     int64_t largest = 0;
     for (const auto& u : units_) largest = std::max(largest, u->shard);
     host_adds_ = std::make_unique<HostAccumulator>(*host_, device_, largest);
@@ -328,7 +328,8 @@ void ZeroEngine::begin_micro(int64_t micro, int chunk) {
     for (size_t i = 0; i < units_.size(); ++i) {
       if (!in_chunk(i, chunk)) continue;
       Unit& u = *units_[i];
-      if (host_adds_) u.fresh = true;  // the step's first add copies (host_accumulator.h)
+      u.sq_valid = false;
+      if (host_sums()) u.fresh = true;  // the step's first add copies (host_accumulator.h)
       else (u.grad_full.defined() && !streamed() ? u.grad_full : u.grad_shard).zero_();
     }
   }
@@ -383,7 +384,7 @@ void ZeroEngine::launch_reduction(Unit& u) {
     if (streamed()) {
       // Offload all: grad_shard is on the host and grad_full on the device (an add_ between them
       // fails on a GPU): the host accumulator's copy and add, as the reduced units' shards take.
-      if (host_adds_) {
+      if (host_sums()) {
         finish_update(u);  // the assign's copy lands on the stream's time: the last update must be done
         host_adds_->add(u.grad_full, u.grad_shard, u.fresh);
         u.fresh = false;
@@ -419,10 +420,11 @@ void ZeroEngine::finish_reduction(Unit& u) {
   if (streamed()) {
     // Offload all: the host shard takes the sum off this thread (parallel/host_accumulator.h);
     // the reduction's output may go at once, its copy ordered on the stream.
-    if (host_adds_) {
+    if (host_sums()) {
       finish_update(u);
       host_adds_->add(u.rs_out.to(at::kFloat), u.grad_shard, u.fresh);
       u.fresh = false;
+      if (last_micro_ && !u.expert) post_norm(u);  // the shard is final (experts: after their 1/ep)
     } else {
       u.grad_shard.add_(u.rs_out);
     }
@@ -432,6 +434,16 @@ void ZeroEngine::finish_reduction(Unit& u) {
     u.grad_shard.copy_(u.rs_out);
     u.rs_out = at::Tensor();
   }
+  if (last_micro_ && !u.expert) download(u);  // the step's gradient shard is final (experts: end_micro)
+}
+
+void ZeroEngine::download(Unit& u) {
+  // Offload optimizer: the final gradient shard to the host now, on the accumulator's copy stream,
+  // so the copy overlaps the rest of the backward instead of waiting for the step.
+  if (cfg_.offload != Offload::Optimizer) return;
+  finish_update(u);  // the host copy's last reader (the previous update) is done
+  host_adds_->add(u.grad_shard, u.host_grad, /*assign=*/true);
+  u.downloaded = true;
 }
 
 void ZeroEngine::wait_reductions(size_t keep) {
@@ -454,10 +466,14 @@ void ZeroEngine::end_micro(int chunk) {
     // The experts' mean over expert_dp, times 1 / ep: the mean over dp (ZeroConfig::is_expert).
     // Offload all: after the host accumulator's adds have landed (the multiply would otherwise
     // race the worker's last adds, and the gradients come out ep times too large).
-    if (host_adds_) host_adds_->drain();
+    if (host_sums()) host_adds_->drain();
     at::NoGradGuard no_grad;
-    for (size_t i = 0; i < units_.size(); ++i)
-      if (units_[i]->expert && in_chunk(i, chunk)) units_[i]->grad_shard.mul_(1.0 / static_cast<double>(cfg_.ep->size()));
+    for (size_t i = 0; i < units_.size(); ++i) {
+      if (!units_[i]->expert || !in_chunk(i, chunk)) continue;
+      units_[i]->grad_shard.mul_(1.0 / static_cast<double>(cfg_.ep->size()));
+      download(*units_[i]);
+      post_norm(*units_[i]);
+    }
   }
   for (size_t i = 0; i < units_.size(); ++i)
     if (in_chunk(i, chunk)) release(*units_[i]);
@@ -465,34 +481,68 @@ void ZeroEngine::end_micro(int chunk) {
 
 at::Tensor ZeroEngine::grad_shard_of(const at::Tensor& param) const {
   settle();
-  for (const auto& u : units_)
-    if (u->params.size() == 1 && u->params[0].is_same(param)) return u->grad_shard;
+  for (const auto& u : units_) {
+    if (u->params.size() != 1 || !u->params[0].is_same(param)) continue;
+    u->downloaded = false;  // the caller changes it (the tied embedding's sync): the step copies it again
+    u->sq_valid = false;    // ... and the norm sums it afresh
+    return u->grad_shard;
+  }
   throw Error("zero: grad_shard_of: the parameter is not alone in a unit");
+}
+
+namespace {
+// A unit's squared gradient norm, in the pieces local_grad_sq_norm sums: the whole shard, or each
+// segment times its weight (ZeroConfig::count_weights). On the CPU in double: LibTorch's CPU fp32
+// norm of a long vector is off by up to 1e-6 relative (measured on the tiny model); CUDA reduces
+// in a tree, accurately in fp32.
+std::vector<at::Tensor> sq_norm_parts(const at::Tensor& g, const std::vector<std::pair<int64_t, int64_t>>& runs,
+                                      const std::vector<double>& weights) {
+  auto sq_norm = [](const at::Tensor& x) {
+    return at::linalg_vector_norm(x, 2, at::OptionalIntArrayRef(), false, x.is_cpu() ? at::kDouble : at::kFloat)
+        .square()
+        .to(at::kDouble);
+  };
+  at::NoGradGuard no_grad;
+  if (runs.empty()) return {sq_norm(g)};
+  std::vector<at::Tensor> parts;
+  for (size_t i = 0; i < runs.size(); ++i) parts.push_back(sq_norm(g.narrow(0, runs[i].first, runs[i].second)) * weights[i]);
+  return parts;
+}
+}  // namespace
+
+std::vector<at::Tensor> ZeroEngine::sq_parts(const Unit& u) const {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  std::vector<double> weights;
+  if (cfg_.count_weights) {
+    for (const auto& s : u.segments) {
+      runs.push_back({s.offset, s.length});
+      weights.push_back(s.norm_weight);
+    }
+  }
+  return sq_norm_parts(u.grad_shard, runs, weights);
+}
+
+void ZeroEngine::post_norm(Unit& u) {
+  // Offload all: the host shard's squared norm on the host worker, right after its last add, so
+  // the pass over the host gradients overlaps the rest of the backward instead of following it.
+  if (!host_sums()) return;
+  Unit* unit = &u;
+  const ZeroEngine* engine = this;
+  u.sq_valid = true;  // read only after a settle(), which waits for the task
+  host_->post([engine, unit] { unit->sq_parts = engine->sq_parts(*unit); });
 }
 
 at::Tensor ZeroEngine::local_grad_sq_norm() const {
   at::NoGradGuard no_grad;
   settle();
-  // On the CPU in double, shard by shard: LibTorch's CPU fp32 norm of a long vector is off by up
-  // to 1e-6 relative (measured on the tiny model). CUDA reduces in a tree, accurately in fp32.
   // Shards on the host (offload all) sum on the host, and their total crosses to the device once.
-  auto sq_norm = [](const at::Tensor& g) {
-    return at::linalg_vector_norm(g, 2, at::OptionalIntArrayRef(), false, g.is_cpu() ? at::kDouble : at::kFloat)
-        .square()
-        .to(at::kDouble);
-  };
+  // Their pieces were computed by the host worker as each shard became final (post_norm), the
+  // same pieces by the same ops as here, summed here in the same order.
   at::Tensor on_device = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
   at::Tensor on_host;
   for (const auto& u : units_) {
-    const auto& g = u->grad_shard;
-    at::Tensor& total = g.device() == device_ ? on_device : on_host;
-    auto accumulate = [&](const at::Tensor& sq) { total = total.defined() ? total + sq : sq; };
-    if (!cfg_.count_weights) {
-      accumulate(sq_norm(g));
-      continue;
-    }
-    for (const auto& s : u->segments)  // weighted (ZeroConfig::count_weights)
-      accumulate(sq_norm(g.narrow(0, s.offset, s.length)) * s.norm_weight);
+    at::Tensor& total = u->grad_shard.device() == device_ ? on_device : on_host;
+    for (const auto& sq : u->sq_valid ? u->sq_parts : sq_parts(*u)) total = total.defined() ? total + sq : sq;
   }
   if (on_host.defined()) on_device = on_device + to_device(on_host, device_);
   return on_device.to(at::kFloat);
@@ -581,15 +631,20 @@ void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor
                    kernels_);
   } else {
     // Offload: the host steps, so it reads the verdict (it waits for the gradients anyway).
-    settle();  // every add landed (the last step's updates long since)
-    if (to_host(found_inf).item<float>() != 0.0f) return;  // skipped: nothing moves
+    settle();  // every add and download landed (the last step's updates long since)
+    if (to_host(found_inf).item<float>() != 0.0f) {  // skipped: nothing moves
+      for (auto& u : units_) u->downloaded = false;
+      return;
+    }
     const double factor = to_host(grad_factor).item<float>();
     ++steps_;
     step_t_.fill_(static_cast<double>(steps_));
     // Gradient shards down (all issued, then one wait), then one host task per unit, in the
     // order the next forward needs them ("The overlapped host step").
-    for (auto& u : units_)
-      if (!u->host_grad.is_same(u->grad_shard)) u->host_grad.copy_(u->grad_shard, /*non_blocking=*/true);
+    for (auto& u : units_) {
+      if (!u->downloaded && !u->host_grad.is_same(u->grad_shard)) u->host_grad.copy_(u->grad_shard, /*non_blocking=*/true);
+      u->downloaded = false;
+    }
     synchronize(device_);
     for (auto& u : units_) post_update(*u, lr, factor);
   }

@@ -83,6 +83,11 @@
 //              micro-step's reduced shard reaches the host shard through the host accumulator
 //              (parallel/host_accumulator.h): copied on the step's first micro-step, added after.
 //
+// Offload optimizer's gradient shards leave as they become final -- a unit's last reduction of
+// the step (an expert unit's after its 1/ep) -- copied on the accumulator's copy stream while the
+// backward goes on; a shard changed after that (the pipeline's tied embedding, grad_shard_of) is
+// copied again by the step.
+//
 // The overlapped host step (offload). Once the verdict is read (the host needs found_inf and the
 // factor), step() copies the gradient shards down and queues one task per unit, in unit order, on
 // the engine's host worker (parallel/host_worker.h): AdamW with the factor applied as it reads g
@@ -93,7 +98,8 @@
 // next step's forward starts on the first units while the host still updates the last ones.
 // Everything else that touches the host state (the next step, the norm, checkpoints, loads,
 // param_moments) settles first: waits for every update. The arithmetic is the serial step's,
-// element for element (KILN_TEST_HOST_INLINE=1 runs the tasks in line; CPU tests compare).
+// element for element (on a CPU run the tasks run in line, at post: parallel/host_worker.h; CPU
+// tests run the thread too and compare).
 //
 // The model is built and initialised on the host; only what the stage keeps on the device is
 // ever moved there (under ZeRO-3, shards and one or two gathered units at a time).
@@ -267,6 +273,10 @@ class ZeroEngine {
   void finish_update(Unit& u) const;
   void settle() const;
   void post_update(Unit& u, double lr, double factor);
+  void download(Unit& u);  // offload optimizer: the final gradient shard to the host, off the step
+  void post_norm(Unit& u);  // offload all: the final host shard's squared norm, on the host worker
+  std::vector<at::Tensor> sq_parts(const Unit& u) const;  // the pieces of the unit's squared norm
+  bool host_sums() const { return cfg_.offload == Offload::All && streamed(); }  // grads summed on the host
   bool streamed() const;  // gradients reduce-scattered every micro-step (no full local buffer)
   bool sixteen() const { return cfg_.param_dtype != at::kFloat; }  // 16-bit working weights
   static bool alone(const Unit& u);  // an expert unit whose expert-data-parallel group is one rank
@@ -289,7 +299,7 @@ class ZeroEngine {
   bool in_chunk(size_t unit, int chunk) const { return chunk < 0 || unit_chunk_[unit] == chunk; }
   std::vector<Unit*> in_flight_;  // reductions launched and not yet finished, oldest first
   std::unique_ptr<HostWorker> host_;             // offload: runs the host adds and the per-unit updates, in order
-  std::unique_ptr<HostAccumulator> host_adds_;  // offload all: reduced shards into the host shards
+  std::unique_ptr<HostAccumulator> host_adds_;  // offload: reduced shards into (all) / final shards to (optimizer) the host
   GradReadyHooks hooks_;
   bool last_micro_ = true;
   int64_t steps_ = 0;   // offload: the host's count

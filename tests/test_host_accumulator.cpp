@@ -20,7 +20,7 @@ const c10::Device kCpu(c10::kCPU);
 }
 
 TEST(HostWorker, RunsInOrderAndWaitsForWhatItNames) {
-  kiln::HostWorker w(kCpu);
+  kiln::HostWorker w(kCpu, /*threaded=*/1);
   std::vector<int> order;
   std::atomic<int> running{0};
   std::vector<int64_t> tickets;
@@ -41,7 +41,7 @@ TEST(HostWorker, RunsInOrderAndWaitsForWhatItNames) {
 }
 
 TEST(HostWorker, AFailedTaskIsReportedAndStopsTheRest) {
-  kiln::HostWorker w(kCpu);
+  kiln::HostWorker w(kCpu, /*threaded=*/1);
   bool later_ran = false;
   w.post([] { throw std::runtime_error("the update broke"); });
   const int64_t t = w.post([&] { later_ran = true; });
@@ -56,7 +56,7 @@ TEST(HostWorker, AFailedTaskIsReportedAndStopsTheRest) {
 }
 
 TEST(HostAccumulator, SumsEqualAddingInLine) {
-  kiln::HostWorker w(kCpu);
+  kiln::HostWorker w(kCpu, /*threaded=*/1);
   kiln::HostAccumulator acc(w, kCpu, /*capacity=*/100000, /*slots=*/2);
   std::vector<at::Tensor> got, want;
   for (int u = 0; u < 5; ++u) {
@@ -78,8 +78,17 @@ TEST(HostAccumulator, SumsEqualAddingInLine) {
   for (size_t u = 0; u < got.size(); ++u) EXPECT_TRUE(at::equal(got[u], want[u])) << "unit " << u;
 }
 
+TEST(HostWorker, RunsInLineOnTheCpuUnlessTold) {
+  kiln::HostWorker w(kCpu);  // a CPU run's compute is on the host cores itself: no second team
+  bool ran = false;
+  const int64_t t = w.post([&] { ran = true; });
+  EXPECT_TRUE(ran) << "post() returned before an in-line task ran";
+  EXPECT_EQ(t, 1);
+  EXPECT_THROW(w.post([] { throw std::runtime_error("in line"); }), std::runtime_error);
+}
+
 TEST(HostAccumulator, RefusesWhatItCannotAdd) {
-  kiln::HostWorker w(kCpu);
+  kiln::HostWorker w(kCpu, /*threaded=*/1);
   kiln::HostAccumulator acc(w, kCpu, 10);
   EXPECT_ANY_THROW(acc.add(at::zeros({11}), at::zeros({11})));                 // over capacity
   EXPECT_ANY_THROW(acc.add(at::zeros({4}), at::zeros({5})));                   // sizes differ

@@ -3,7 +3,10 @@
 # staged through pinned host memory) against one process on that GPU, same global batch, and
 # the log counts the one GPU once (labels gpu, mpi): DDP, ZeRO-1, ZeRO-3 and ZeRO-3 with
 # --offload all (the staged reduce-scatter's average: it once summed, so ZeRO drifted from DDP
-# by a factor of dp), tiny-moe ep 2 x ZeRO-3 --offload all (issue 50), and tp 2 / pp 2 saving and
+# by a factor of dp), ZeRO-1 and ZeRO-3 with --offload optimizer, ZeRO-3 --offload all again with the
+# host worker slowed (KILN_TEST_HOST_STEP_DELAY_MS: the overlapped host step's waits -- a gather,
+# an add, a download, the norm -- against the GPU's streams, issue 50), tiny-moe ep 2 x ZeRO-3
+# --offload all (issue 50), and tp 2 / pp 2 saving and
 # resuming by replay (the checkpoint's gathers on CUDA tensors). Exits 77 (CTest skip) with the reason when no GPU is visible.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
@@ -14,11 +17,13 @@ T=(train --device cuda --steps 10 --log-every 10)
 "$KILN_BIN" "${T[@]}" --micro-batch 4 --grad-accum 2 --log-json "$work/ref.jsonl" >/dev/null
 mpi2() { timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$KILN_BIN" "$@"; }
 mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 1 --log-json "$work/np2.jsonl" >/dev/null
-for z in "1" "3" "3 all"; do
+for z in "1" "3" "3 all" "1 optimizer" "3 optimizer"; do
   read -r stage offload <<<"$z"
   mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 1 --zero "$stage" --offload "${offload:-none}" \
     --log-json "$work/z${stage}${offload}.jsonl" >/dev/null
 done
+KILN_TEST_HOST_STEP_DELAY_MS=20 mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 1 --zero 3 --offload all \
+  --log-json "$work/z3all_slow.jsonl" >/dev/null
 for l in "--tp 2" "--pp 2"; do
   n=${l// /}
   mpi2 "${T[@]}" --backend mpi --micro-batch 4 --grad-accum 2 $l --log-json "$work/${n}_straight.jsonl" >/dev/null
@@ -47,7 +52,7 @@ assert worst <= 1e-5, worst
 assert run[0]["devices"] == 1, run[0]["devices"]
 assert all(s["tflops"] == s["tflops_job"] for s in ss), ss[0]
 print(f"2 ranks on one GPU (MPI, staged) match one process within {worst:.2e}; devices 1")
-for name in ("z1", "z3", "z3all"):
+for name in ("z1", "z3", "z3all", "z1optimizer", "z3optimizer", "z3all_slow"):
     z = [r for r in load(name) if r["type"] == "step"]
     w = max(max(rel(a[k], b[k]) for k in ("loss", "grad_norm")) for a, b in zip(rs, z))
     assert w <= 1e-5, (name, w)

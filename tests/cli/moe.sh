@@ -81,7 +81,7 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 3 --save-dir "$work/ep2
 # accumulator. (On this model the two slots' waits land the experts' adds before the multiply
 # even without the drain: this run does not reproduce the reported race.)
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --zero 3 --offload all --log-json "$work/ep2z3off.jsonl" >/dev/null
-mpi 4 -x KILN_TEST_HOST_ADD_DELAY_MS=30 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 3 --offload all --log-json "$work/ep2z3offdp4.jsonl" >/dev/null
+mpi 4 -x KILN_TEST_HOST_WORKER=thread -x KILN_TEST_HOST_ADD_DELAY_MS=30 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 3 --offload all --log-json "$work/ep2z3offdp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --ep 2 --zero 1 --log-json "$work/ep2tp2z1.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --save-dir "$work/ep2pp2" --save-every 5 --log-json "$work/ep2pp2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --zero 1 --log-json "$work/ep2pp2z1.jsonl" >/dev/null

@@ -2,10 +2,12 @@
 # tests/cli/offload_overlap.sh -- the overlapped offload step (parallel/zero.h, "The overlapped
 # host step") against the serial one, bit for bit (label mpi).
 # Every offload mode -- optimizer under ZeRO-1/2/3, all under ZeRO-3 (both accumulation policies),
-# 16-bit working weights, fp16 with its loss scale, clipping that bites, and with tp 2 and pp 2 --
-# runs twice at 2 ranks: the host worker's tasks in line (KILN_TEST_HOST_INLINE=1: the order the
-# step had before it overlapped) and on the worker made slow (KILN_TEST_HOST_STEP_DELAY_MS=15
-# before every task, so each step's updates are still queued when the next forward starts: a
+# 16-bit working weights, fp16 with its loss scale, clipping that bites, with tp 2 and pp 2 (its
+# tied embedding's gradient changed after it was downloaded), and tiny-moe with ep 2 at dp 4 (the
+# experts' shards downloaded after their 1/ep) -- runs twice: the host worker's tasks in line (KILN_TEST_HOST_WORKER=inline, a CPU
+# run's default: the order the step had before it overlapped) and on the worker thread, as on a
+# GPU (KILN_TEST_HOST_WORKER=thread), made slow (KILN_TEST_HOST_STEP_DELAY_MS=15 before every
+# task, so each step's updates are still queued when the next forward starts: a
 # gather, an add, a norm or a save that forgot to wait for them reads stale or half-written
 # shards). The host work is the same arithmetic in either order, so the losses, gradient norms and
 # final weights must be equal exactly. Then a save under the slow worker (step 3, while the updates
@@ -14,34 +16,37 @@ source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
-T=(train --device cpu --model tiny --steps 6 --log-every 100 --micro-batch 2 --dropout 0)
+T=(train --device cpu --steps 6 --log-every 100 --dropout 0)
 configs=(
-  "2 --grad-accum 2 --zero 1 --offload optimizer"
-  "2 --grad-accum 2 --zero 2 --offload optimizer --precision bf16"
-  "2 --grad-accum 2 --zero 3 --offload optimizer --precision fp16 --seq-len 64"
-  "2 --grad-accum 2 --zero 3 --offload all"
-  "2 --grad-accum 2 --zero 3 --offload all --zero-accum local --precision bf16"
-  "2 --grad-accum 1 --zero 3 --offload all --grad-clip 0.05"
-  "2 --grad-accum 2 --zero 3 --offload all --tp 2"
-  "2 --grad-accum 4 --zero 3 --offload optimizer --pp 2"
+  "2 tiny --grad-accum 2 --zero 1 --offload optimizer"
+  "2 tiny --grad-accum 2 --zero 2 --offload optimizer --precision bf16"
+  "2 tiny --grad-accum 2 --zero 3 --offload optimizer --precision fp16 --seq-len 64"
+  "2 tiny --grad-accum 2 --zero 3 --offload all"
+  "2 tiny --grad-accum 2 --zero 3 --offload all --zero-accum local --precision bf16"
+  "2 tiny --grad-accum 1 --zero 3 --offload all --grad-clip 0.05"
+  "2 tiny --grad-accum 2 --zero 3 --offload all --tp 2"
+  "2 tiny --grad-accum 4 --zero 3 --offload optimizer --pp 2"
+  "4 tiny-moe --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --offload optimizer"
+  "4 tiny-moe --grad-accum 1 --micro-batch 1 --ep 2 --zero 3 --offload all"
 )
 i=0
 for cfg in "${configs[@]}"; do
   i=$((i + 1))
-  read -r np flags <<<"$cfg"
+  read -r np model flags <<<"$cfg"
+  case "$flags" in *--micro-batch*) ;; *) flags="--micro-batch 2 $flags" ;; esac
   # shellcheck disable=SC2086
-  mpi "$np" -x KILN_TEST_HOST_INLINE=1 "$KILN_BIN" "${T[@]}" $flags --log-json "$work/serial$i.jsonl" >/dev/null ||
+  mpi "$np" -x KILN_TEST_HOST_WORKER=inline "$KILN_BIN" "${T[@]}" --model "$model" $flags --log-json "$work/serial$i.jsonl" >/dev/null ||
     fail "serial: $cfg"
   # shellcheck disable=SC2086
-  mpi "$np" -x KILN_TEST_HOST_STEP_DELAY_MS=15 "$KILN_BIN" "${T[@]}" $flags --log-json "$work/overlap$i.jsonl" >/dev/null ||
+  mpi "$np" -x KILN_TEST_HOST_WORKER=thread -x KILN_TEST_HOST_STEP_DELAY_MS=15 "$KILN_BIN" "${T[@]}" --model "$model" $flags --log-json "$work/overlap$i.jsonl" >/dev/null ||
     fail "overlapped: $cfg"
   echo "$cfg" >"$work/cfg$i"
 done
 # A save while the updates are queued, and the resume from it.
-save=(--grad-accum 2 --zero 3 --offload all)
-mpi 2 -x KILN_TEST_HOST_STEP_DELAY_MS=15 "$KILN_BIN" "${T[@]}" "${save[@]}" --save-dir "$work/ck" --save-every 3 \
+save=(--model tiny --micro-batch 2 --grad-accum 2 --zero 3 --offload all)
+mpi 2 -x KILN_TEST_HOST_WORKER=thread -x KILN_TEST_HOST_STEP_DELAY_MS=15 "$KILN_BIN" "${T[@]}" "${save[@]}" --save-dir "$work/ck" --save-every 3 \
   --log-json "$work/saved.jsonl" >/dev/null || fail "the run that saves"
-mpi 2 -x KILN_TEST_HOST_INLINE=1 "$KILN_BIN" "${T[@]}" "${save[@]}" --resume "$work/ck/step_00000003" \
+mpi 2 -x KILN_TEST_HOST_WORKER=inline "$KILN_BIN" "${T[@]}" "${save[@]}" --resume "$work/ck/step_00000003" \
   --log-json "$work/resumed.jsonl" >/dev/null || fail "the resume"
 
 python3 - "$work" "$i" <<'PY'
