@@ -20,7 +20,6 @@
 namespace kiln {
 
 HostWorker::HostWorker(c10::Device device, int threaded) : device_(device), threads_(std::max(1, at::get_num_threads())) {
-  inline_ = !device.is_cuda();
   if (const char* v = std::getenv("KILN_TEST_HOST_WORKER")) {
     const std::string mode = v;
     if (mode != "thread" && mode != "inline") throw Error("KILN_TEST_HOST_WORKER must be thread or inline, not '" + mode + "'");

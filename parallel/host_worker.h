@@ -14,14 +14,15 @@
 // A task that throws stops the worker's tasks: every later wait() and drain() rethrows its message
 // (the queued tasks after it do not run).
 //
-// Where the tasks run: on the worker thread when the device is a GPU (the host's cores are free
-// while the GPU computes: that is the overlap); in line, at post(), on a CPU run, whose compute is
-// itself on those cores -- a second team of threads beside the compute's only oversubscribes them
-// (measured, docs/benchmarks.md: gpt2-124m ZeRO-3 --offload optimizer on 2 cores, 1,464 ms a step
-// in line, 1,737 ms threaded).
-// Tests: KILN_TEST_HOST_WORKER=thread or inline overrides that (CPU tests run the thread and
-// compare it with in line, bit for bit), and KILN_TEST_HOST_STEP_DELAY_MS=N makes the thread
-// sleep N ms before each task, so a reader that forgot to wait reads early every time.
+// The tasks run on the worker thread, on a GPU run (where the host's cores are free while the GPU
+// computes: that is the overlap) and on a CPU run alike, so that CPU tests run the GPU's order. On
+// the CPU the compute shares the cores with the worker, and the two come out even: gpt2-124m
+// ZeRO-3 on 2 cores, medians of three runs each, in line 1,263 / 1,123 ms a step (--offload
+// optimizer / all), threaded 1,198 / 1,182 (docs/benchmarks.md).
+// Tests: KILN_TEST_HOST_WORKER=inline runs every task at post() on the posting thread (the serial
+// order the offloaded step had before the worker; tests compare the two bit for bit), and
+// KILN_TEST_HOST_STEP_DELAY_MS=N makes the thread sleep N ms before each task, so a reader that
+// forgot to wait reads early every time.
 #pragma once
 
 #include <condition_variable>
@@ -38,10 +39,9 @@ namespace kiln {
 
 class HostWorker {
  public:
-  // device: a CUDA device starts the thread and makes it the thread's current device (for the
-  // events tasks wait on); the thread's OpenMP team takes at::get_num_threads() of the
-  // constructing thread. Any other device: tasks run in line (above). threaded: 1 or 0 decides
-  // instead of the device and KILN_TEST_HOST_WORKER (-1: they decide).
+  // device: a CUDA device becomes the thread's current device (for the events tasks wait on); the
+  // thread's OpenMP team takes at::get_num_threads() of the constructing thread. threaded: 1 or 0
+  // decides instead of KILN_TEST_HOST_WORKER (-1: it decides; unset, the thread).
   explicit HostWorker(c10::Device device, int threaded = -1);
   ~HostWorker();  // drains (errors swallowed), then joins
   HostWorker(const HostWorker&) = delete;

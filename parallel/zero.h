@@ -98,8 +98,8 @@
 // next step's forward starts on the first units while the host still updates the last ones.
 // Everything else that touches the host state (the next step, the norm, checkpoints, loads,
 // param_moments) settles first: waits for every update. The arithmetic is the serial step's,
-// element for element (on a CPU run the tasks run in line, at post: parallel/host_worker.h; CPU
-// tests run the thread too and compare).
+// element for element (KILN_TEST_HOST_WORKER=inline runs the tasks at post, the serial order:
+// CPU tests compare the two bit for bit).
 //
 // The model is built and initialised on the host; only what the stage keeps on the device is
 // ever moved there (under ZeRO-3, shards and one or two gathered units at a time).

@@ -78,8 +78,8 @@ TEST(HostAccumulator, SumsEqualAddingInLine) {
   for (size_t u = 0; u < got.size(); ++u) EXPECT_TRUE(at::equal(got[u], want[u])) << "unit " << u;
 }
 
-TEST(HostWorker, RunsInLineOnTheCpuUnlessTold) {
-  kiln::HostWorker w(kCpu);  // a CPU run's compute is on the host cores itself: no second team
+TEST(HostWorker, InLineRunsEachTaskAtPost) {
+  kiln::HostWorker w(kCpu, /*threaded=*/0);  // KILN_TEST_HOST_WORKER=inline: the serial order
   bool ran = false;
   const int64_t t = w.post([&] { ran = true; });
   EXPECT_TRUE(ran) << "post() returned before an in-line task ran";

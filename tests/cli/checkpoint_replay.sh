@@ -8,7 +8,6 @@
 # dropout on.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
-export KILN_TEST_HOST_WORKER=thread  # offload's host worker as on a GPU (a CPU run's default runs its tasks in line)
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
 T=(train --device cpu --model tiny --dropout 0.1 --micro-batch 2 --warmup 5 --steps 20 --log-every 100)
 

@@ -4,9 +4,9 @@
 # Every offload mode -- optimizer under ZeRO-1/2/3, all under ZeRO-3 (both accumulation policies),
 # 16-bit working weights, fp16 with its loss scale, clipping that bites, with tp 2 and pp 2 (its
 # tied embedding's gradient changed after it was downloaded), and tiny-moe with ep 2 at dp 4 (the
-# experts' shards downloaded after their 1/ep) -- runs twice: the host worker's tasks in line (KILN_TEST_HOST_WORKER=inline, a CPU
-# run's default: the order the step had before it overlapped) and on the worker thread, as on a
-# GPU (KILN_TEST_HOST_WORKER=thread), made slow (KILN_TEST_HOST_STEP_DELAY_MS=15 before every
+# experts' shards downloaded after their 1/ep) -- runs twice: the host worker's tasks in line
+# (KILN_TEST_HOST_WORKER=inline: the order the step had before it overlapped) and on the worker
+# thread (the default, as on a GPU), made slow (KILN_TEST_HOST_STEP_DELAY_MS=15 before every
 # task, so each step's updates are still queued when the next forward starts: a
 # gather, an add, a norm or a save that forgot to wait for them reads stale or half-written
 # shards). The host work is the same arithmetic in either order, so the losses, gradient norms and
