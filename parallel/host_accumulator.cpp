@@ -79,6 +79,9 @@ struct HostAccumulator::Slot {
 
 HostAccumulator::HostAccumulator(HostWorker& worker, c10::Device device, int64_t capacity, int slots)
     : worker_(worker), device_(device), capacity_(capacity) {
+  // Tests only: more slots, so more adds are still in flight when a reader comes (with a delay,
+  // a reader that does not drain() then finds several shards short for sure).
+  if (const char* n = std::getenv("KILN_TEST_HOST_ADD_SLOTS")) slots = std::atoi(n);
   if (slots < 1) throw Error("host accumulator: needs at least one slot");
   // Tests only: each add lands this late, so a reader that forgot to drain() reads early for sure.
   if (const char* d = std::getenv("KILN_TEST_HOST_ADD_DELAY_MS")) test_delay_ms_ = std::max(0, std::atoi(d));

@@ -25,7 +25,8 @@
 // have no task still queued that reads it (the engine waits for the unit's update first).
 // On the CPU the same path runs with pageable slots and the copy made in line (no event), so CPU
 // tests exercise the slots, the worker and the drain order; KILN_TEST_HOST_ADD_DELAY_MS delays
-// every task that long (tests only: a reader that does not drain() then reads early every time).
+// every task that long and KILN_TEST_HOST_ADD_SLOTS=N gives it N slots (tests only: a reader that
+// does not drain() then reads early every time, several adds short).
 // Memory: slots x the largest shard of host memory, page-locked on a GPU (2 slots: 2 x 4 n_max bytes).
 #pragma once
 

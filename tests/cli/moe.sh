@@ -77,11 +77,13 @@ mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 3 --save-dir "$work/ep2
 # ... and with everything offloaded (--offload all, issue 50): dp = ep 2, the experts' units alone
 # in their group (their gradients now reach the host shard through the host accumulator: the
 # add_ of a device tensor into a host one failed on a GPU, which gpu.mpi_share checks); dp 4 > ep 2
-# with every host add delayed 30 ms (tests only), the experts' 1 / ep taken after a drain of the
-# accumulator. (On this model the two slots' waits land the experts' adds before the multiply
-# even without the drain: this run does not reproduce the reported race.)
+# at grad-accum 2 with every host add delayed 30 ms and 16 slots (tests only: the second
+# micro-step's adds are all still in flight when backward ends), the experts' 1 / ep taken after a
+# drain of the accumulator. Without that drain this run's gradient norm is 7.45 at step 1 against
+# the reference's 6.49 (checked by removing it, 2026-11-29); with the default 2 slots the slots'
+# own waits happen to land the experts' adds first, so the race did not show.
 mpi 2 "$KILN_BIN" "${T[@]}" --grad-accum 2 --ep 2 --zero 3 --offload all --log-json "$work/ep2z3off.jsonl" >/dev/null
-mpi 4 -x KILN_TEST_HOST_WORKER=thread -x KILN_TEST_HOST_ADD_DELAY_MS=30 "$KILN_BIN" "${T[@]}" --grad-accum 1 --ep 2 --zero 3 --offload all --log-json "$work/ep2z3offdp4.jsonl" >/dev/null
+mpi 4 -x KILN_TEST_HOST_ADD_DELAY_MS=30 -x KILN_TEST_HOST_ADD_SLOTS=16 "$KILN_BIN" "${T[@]}" --grad-accum 2 --micro-batch 1 --ep 2 --zero 3 --offload all --log-json "$work/ep2z3offdp4.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --tp 2 --ep 2 --zero 1 --log-json "$work/ep2tp2z1.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --save-dir "$work/ep2pp2" --save-every 5 --log-json "$work/ep2pp2.jsonl" >/dev/null
 mpi 4 "$KILN_BIN" "${T[@]}" --grad-accum 2 --pp 2 --ep 2 --zero 1 --log-json "$work/ep2pp2z1.jsonl" >/dev/null
