@@ -20,11 +20,12 @@
 // -ffp-contract=off: the rounding is this file's, not the compiler's choice.
 // With Coeffs::scale_grad the gradient is first multiplied by grad_scale (g * s, one fp32 product,
 // as at::Tensor::mul_ computes it); with `out16` the updated p is also written rounded to bf16 or
-// fp16 (c10's round to nearest even, as a copy_ into a 16-bit tensor rounds).
+// fp16 (LibTorch's at::vec::convert, block by block: the conversion copy_ into a 16-bit tensor runs).
 // The last n % 8 elements go through the same vector code with a partial load and store (the
 // unused lanes hold zeros and are never written back), so no element takes a scalar path.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <ATen/cpu/vec/vec.h>
@@ -76,23 +77,22 @@ inline void adamw_range(float* p, const float* g, float* m, float* v, int64_t n,
     mv.store(m + i, count);
     vv.store(v + i, count);
     pv.store(p + i, count);
-    if (working != 0) {
-      float lanes[Vec::size()];
-      pv.store(lanes, count);
-      if (working == 1) {
-        auto* o = static_cast<c10::BFloat16*>(out16) + i;
-        for (int64_t j = 0; j < count; ++j) o[j] = c10::BFloat16(lanes[j]);
-      } else {
-        auto* o = static_cast<c10::Half*>(out16) + i;
-        for (int64_t j = 0; j < count; ++j) o[j] = c10::Half(lanes[j]);
-      }
-    }
+  };
+  // The 16-bit copy of a block of p just written (still in L1), by LibTorch's own conversion
+  // (at::vec::convert: what copy_ into a bf16 / fp16 tensor runs), in blocks of kBlock elements.
+  auto round16 = [&](int64_t i, int64_t count) {
+    if (working == 1) at::vec::convert(p + i, static_cast<c10::BFloat16*>(out16) + i, count);
+    else if (working == 2) at::vec::convert(p + i, static_cast<c10::Half*>(out16) + i, count);
   };
 
-  constexpr int64_t W = Vec::size();
-  int64_t i = 0;
-  for (; i + W <= n; i += W) update(i, W);
-  if (i < n) update(i, n - i);
+  constexpr int64_t W = Vec::size(), kBlock = 64 * W;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t end = std::min(n, b + kBlock);
+    int64_t i = b;
+    for (; i + W <= end; i += W) update(i, W);
+    if (i < end) update(i, end - i);
+    if (working != 0) round16(b, end - b);
+  }
 }
 
 }  // namespace
