@@ -78,7 +78,7 @@ struct HostAccumulator::Slot {
 };
 
 HostAccumulator::HostAccumulator(HostWorker& worker, c10::Device device, int64_t capacity, int slots)
-    : worker_(worker), device_(device), capacity_(capacity) {
+    : worker_(worker), capacity_(capacity) {
   // Tests only: more slots, so more adds are still in flight when a reader comes (with a delay,
   // a reader that does not drain() then finds several shards short for sure).
   if (const char* n = std::getenv("KILN_TEST_HOST_ADD_SLOTS")) slots = std::atoi(n);
@@ -145,7 +145,6 @@ void HostAccumulator::add(const at::Tensor& src, const at::Tensor& dst, bool ass
 #else
   target.copy_(src);  // on the CPU in line, as a stream would order it
 #endif
-  (void)device_;
   const float* in = target.data_ptr<float>();
   const int64_t ticket = worker_.post([=] {
 #if defined(KILN_WITH_CUDA)

@@ -43,8 +43,8 @@ class HostWorker;
 
 class HostAccumulator {
  public:
-  // worker: runs the adds (outlives this); device: where the sources live; capacity: elements of
-  // the largest source; slots >= 1.
+  // worker: runs the adds (outlives this); device: where the sources live (it decides whether the
+  // slots are page-locked); capacity: elements of the largest source; slots >= 1.
   HostAccumulator(HostWorker& worker, c10::Device device, int64_t capacity, int slots = 2);
   ~HostAccumulator();  // drains
   HostAccumulator(const HostAccumulator&) = delete;
@@ -59,7 +59,6 @@ class HostAccumulator {
  private:
   struct Slot;
   HostWorker& worker_;
-  c10::Device device_;
   int64_t capacity_;
   std::vector<std::unique_ptr<Slot>> slots_;
   size_t next_ = 0;        // the slot the next add takes (round robin: the oldest)

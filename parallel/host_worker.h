@@ -50,7 +50,6 @@ class HostWorker {
   int64_t post(std::function<void()> task);
   void wait(int64_t ticket);
   void drain();
-  bool inline_mode() const { return inline_; }
 
  private:
   void work();
