@@ -126,6 +126,7 @@ const std::vector<Flag>& train_flags() {
       {"pp-schedule", Kind::String, "auto | 1f1b | interleaved | zb-h1 (default auto: interleaved when --pp-virtual > 1, else 1f1b; zb-h1: each backward split in input and weight passes, a third of 1F1B's bubble)", field(&TrainConfig::pp_schedule)},
       {"zero", Kind::Int, "ZeRO stage 0-3", field(&TrainConfig::zero)},
       {"offload", Kind::String, "none | optimizer (ZeRO 1-3) | all (ZeRO-3): optimizer state and step on the host; all: parameters too", field(&TrainConfig::offload)},
+      {"offload-delayed-update", Kind::Bool, "with --offload optimizer: each step's host AdamW runs under the next step's forward and backward, its result reaching the weights one step late (ZeRO-Offload's delayed parameter update; every save, evaluation and sample publishes it first: docs/zero.md)", field(&TrainConfig::offload_delayed_update)},
       {"zero-accum", Kind::String, "reduce | local: ZeRO-2/3 with --grad-accum > 1 reduce-scatters every micro-step, or accumulates a full local buffer and reduces once", field(&TrainConfig::zero_accum)},
       {"precision", Kind::String, "fp32 | bf16 | fp16", field(&TrainConfig::precision)},
       {"param-dtype", Kind::String, "working weights: auto | fp32 | bf16 | fp16 (default auto: the compute precision, so bf16 / fp16 "

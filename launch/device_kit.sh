@@ -486,6 +486,7 @@ quick_plan() {
     "45|kiln 1.5b full AC|$k1558 --activation-checkpointing full --micro-batch 8 --json b1558.json"
     "60|kiln 1.5b ZeRO-3 offload all, 24 GB cap|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload all --device-memory-cap-gb 24 --warmup 1 --measure 3 --json b1558_z3_offload_all_cap24.json"
     "60|kiln 1.5b ZeRO-3 offload optimizer (issue 50: >= 70% of full AC)|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload optimizer --warmup 1 --measure 3 --json b1558_z3_offload_optimizer.json"
+    "60|kiln 1.5b ZeRO-3 offload optimizer, delayed update (issue 50)|mpirun -np 1 $k1558 --activation-checkpointing full --micro-batch 8 --zero 3 --offload optimizer --offload-delayed-update --warmup 1 --measure 3 --json b1558_z3_offload_optimizer_delayed.json"
     "30|kiln 124m plain loss|$k124 --loss-chunk-rows -1 --json b124_loss_plain.json"
   )
 }
@@ -514,7 +515,8 @@ t = {r[0]: r[1] for r in rows}
 for a, b in [("b124", "b124_reference"), ("b124_gelu_epilogue", "b124"), ("b124", "peer_eager"), ("b124", "peer_compile"),
              ("b124_reference", "peer_compile"), ("bl1b", "bl1b_reference"), ("bl1b", "peer_llama_eager"),
              ("bl1b", "peer_llama_compile"), ("b1558_ac_none", "b1558_ac_none_reference"), ("b124", "b124_loss_plain"),
-             ("b1558_z3_offload_all_cap24", "b1558")]:
+             ("b1558_z3_offload_all_cap24", "b1558"), ("b1558_z3_offload_optimizer", "b1558"),
+             ("b1558_z3_offload_optimizer_delayed", "b1558")]:
     if a in t and b in t:
         print(f"ratio {a} / {b}: {t[a] / t[b]:.3f}")
 PY

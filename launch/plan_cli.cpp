@@ -85,6 +85,7 @@ const std::vector<FlagHelp> kLayoutFlags = {
 // Layout switches without a value (cxxopts booleans).
 const std::vector<FlagHelp> kLayoutSwitches = {
     {"sp", "sequence parallelism inside the tp group (needs --tp 2 or more)"},
+    {"offload-delayed-update", "with --offload optimizer: the host AdamW under the next step's forwards and backwards (as kiln train)"},
 };
 const std::vector<FlagHelp> kRunFlags = {
     {"precision", "fp32 | bf16 | fp16 (default bf16)"},
@@ -390,6 +391,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     if (v.has("zero")) l.zero = static_cast<int>(v.integer("zero"));
     if (v.has("offload")) l.offload = plan::parse_offload(v.text("offload"));
     if (v.has("zero-accum")) l.zero_accum = plan::parse_zero_accum(v.text("zero-accum"));
+    l.delayed_update = v.has("offload-delayed-update");
     if (v.has("activation-checkpointing")) l.recompute = plan::parse_recompute(v.text("activation-checkpointing"));
     l.micro_batch = v.has("micro-batch") ? v.integer("micro-batch") : 8;
     if (v.has("grad-accum")) l.grad_accum = v.integer("grad-accum");

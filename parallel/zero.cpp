@@ -93,6 +93,8 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     : model_(model), device_(device), dp_(std::move(dp)), cfg_(cfg), adam_(adam) {
   if (cfg_.stage < 1 || cfg_.stage > 3) throw ConfigError("zero: stage must be 1, 2 or 3");
   if (cfg_.offload == Offload::All && cfg_.stage != 3) throw ConfigError("--offload all needs --zero 3");
+  if (cfg_.delayed_update && cfg_.offload != Offload::Optimizer)
+    throw ConfigError("--offload-delayed-update needs --offload optimizer (the working weights the delay keeps are the device's)");
   if (cfg_.is_expert && (!cfg_.expert_dp || !cfg_.ep)) {
     throw Error("zero: expert parallelism needs the expert-data-parallel and ep groups");
   }
@@ -295,7 +297,9 @@ int64_t ZeroEngine::padded_numel() const {
 
 void ZeroEngine::gather_async(Unit& u) {
   if (u.state != Unit::State::Released) return;
-  finish_update(u);  // offload: the shard the gather reads is the host update's output
+  // Offload: the shard the gather reads is the host update's output. Delayed: the published
+  // shard, which no pending update writes.
+  if (!cfg_.delayed_update) finish_update(u);
   alloc_storage(u.flat);
   u.ag_src = to_device(u.shard_params, device_, /*non_blocking=*/true);
   u.ag_work = u.group->all_gather(u.flat, u.ag_src);
@@ -561,15 +565,47 @@ void ZeroEngine::set_steps_taken(int64_t n) {
 }
 
 void ZeroEngine::finish_update(Unit& u) const {
-  if (u.update == 0) return;
-  host_->wait(u.update);
-  u.update = 0;
+  if (u.update != 0) {
+    host_->wait(u.update);
+    u.update = 0;
+  }
+  if (!cfg_.delayed_update) upload(u);
+}
+
+void ZeroEngine::upload(Unit& u) const {
   // Offload optimizer: the updated shard up to the device (16-bit weights: the 2-byte copy the
   // host update wrote); offload all: the host update wrote the host shard the gathers read.
-  if (cfg_.offload == Offload::Optimizer) {
-    at::NoGradGuard no_grad;
-    param_shard(u).copy_(u.upload.defined() ? u.upload : u.master, /*non_blocking=*/true);
+  if (!u.unpublished) return;
+  u.unpublished = false;
+  at::NoGradGuard no_grad;
+  param_shard(u).copy_(u.upload.defined() ? u.upload : u.master, /*non_blocking=*/true);
+}
+
+void ZeroEngine::publish_units() {
+  // Each unit's update in (and up) as soon as it lands; ZeRO-1/2 then give every rank every
+  // rank's updated shard -- in place, each rank's shard is its chunk of flat -- so unit u's
+  // all-gather overlaps the host update of u + 1.
+  std::vector<std::shared_ptr<Work>> works;
+  for (auto& u : units_) {
+    finish_update(*u);
+    upload(*u);
+    if (cfg_.stage == 3 || alone(*u)) continue;
+    auto own = u->flat.narrow(0, u->group->rank() * u->shard, u->shard);
+    works.push_back(u->group->all_gather(u->flat, own));
   }
+  for (auto& w : works) w->wait();
+}
+
+void ZeroEngine::publish() {
+  if (!cfg_.delayed_update) return;
+  // The flags change in step on every rank (every rank posts the same updates), so every rank of
+  // a group takes the same decision.
+  bool pending = false;
+  for (const auto& u : units_) pending = pending || u->unpublished;
+  if (!pending) return;
+  at::NoGradGuard no_grad;
+  settle();
+  publish_units();
 }
 
 void ZeroEngine::settle() const {
@@ -600,6 +636,7 @@ void ZeroEngine::post_update(Unit& u, double lr, double factor) {
   std::vector<std::pair<Segment, CpuAdamWStep>> work;
   for (const auto& s : u.segments)
     work.push_back({s, {lr, adam_.beta1, adam_.beta2, adam_.eps, s.decay ? adam_.weight_decay : 0.0, steps_, factor}});
+  u.unpublished = cfg_.offload == Offload::Optimizer;
   u.update = host_->post([pm, pg, pa, pv, po, working, work = std::move(work)] {
     for (const auto& [s, st] : work)
       cpu_adamw(pm + s.offset, pg + s.offset, pa + s.offset, pv + s.offset, s.length, st,
@@ -632,6 +669,9 @@ void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor
   } else {
     // Offload: the host steps, so it reads the verdict (it waits for the gradients anyway).
     settle();  // every add and download landed (the last step's updates long since)
+    // Delayed: the last step's update, run under this step's forward and backward, goes up now
+    // (its copies ordered before the synchronize below, which this step's update waits for).
+    publish();
     if (to_host(found_inf).item<float>() != 0.0f) {  // skipped: nothing moves
       for (auto& u : units_) u->downloaded = false;
       return;
@@ -648,18 +688,8 @@ void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor
     synchronize(device_);
     for (auto& u : units_) post_update(*u, lr, factor);
   }
-  if (cfg_.stage < 3) {
-    // Every rank's updated shard to every rank: in place, each rank's shard is its chunk of flat.
-    // Offload: each unit's all-gather as soon as its host update is in (and copied up).
-    std::vector<std::shared_ptr<Work>> works;
-    for (auto& u : units_) {
-      finish_update(*u);
-      if (alone(*u)) continue;
-      auto own = u->flat.narrow(0, u->group->rank() * u->shard, u->shard);
-      works.push_back(u->group->all_gather(u->flat, own));
-    }
-    for (auto& w : works) w->wait();
-  }
+  // ZeRO-1/2: every rank's updated shard to every rank (delayed: at the next publish()).
+  if (cfg_.stage < 3 && !cfg_.delayed_update) publish_units();
 }
 
 void ZeroEngine::begin_forward_only() {

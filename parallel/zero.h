@@ -101,6 +101,24 @@
 // element for element (KILN_TEST_HOST_WORKER=inline runs the tasks at post, the serial order:
 // CPU tests compare the two bit for bit).
 //
+// The delayed update (ZeroConfig::delayed_update; the "one-step delayed parameter update" of
+// Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", 2021). Offload optimizer only. With M_k the fp32 masters after step k's update
+// (M_0 the initial weights) and D_k the working weights step k's forward and backward run on:
+//   undelayed   D_k = round(M_{k-1})
+//   delayed     D_1 = round(M_0),  D_k = round(M_{k-2}) for k >= 2;  M_k = AdamW(M_{k-1}, g(D_k))
+// so each gradient is one update stale. step() of step k first waits for step k-1's host update,
+// which ran on the host's cores while step k's forward and backward ran on the device, and
+// publishes it (copies it up; ZeRO-1/2 all-gather it), then queues step k's. Nothing waits for an
+// update before the forward: the gathers read the published shard. The update itself is the
+// undelayed one (the same arithmetic on the same host state), only its publication moves. The
+// gradient copies of the next backward wait for the update that reads the host copy they overwrite
+// (download): by then it has had the whole forward. publish() publishes at once: the trainer calls
+// it before a save, an evaluation or a sample, so each of those sees (and saves) M_k at step k;
+// the next step then runs on round(M_k) -- the delay restarts there, in the run that saved and in
+// the run that resumes from its checkpoint alike, so a resume is exact. A load (a resume, a
+// rollback) replaces the pending update. Checked against a reference of the rule written apart
+// (tests/test_zero_delayed.cpp).
+//
 // The model is built and initialised on the host; only what the stage keeps on the device is
 // ever moved there (under ZeRO-3, shards and one or two gathered units at a time).
 #pragma once
@@ -159,6 +177,10 @@ struct ZeroConfig {
   // The squared norm needs nothing more: summed over dp, the expert shards cover every expert once.
   std::function<bool(const at::Tensor& param)> is_expert;  // empty: no expert parallelism
   std::shared_ptr<Communicator> expert_dp, ep;
+  // --offload-delayed-update (offload optimizer only): each step's host update reaches the
+  // working weights at the next step's step() instead of before its forward, so it runs under
+  // that step's forward and backward. See "The delayed update".
+  bool delayed_update = false;
 };
 
 // Model-state bytes this rank holds, by kind and place (optimizer: the moments, plus the fp32
@@ -218,6 +240,9 @@ class ZeroEngine {
   // Without offload the update is kernels/adamw.h's (set_kernels: kiln's one-pass kernel on
   // CUDA, LibTorch's ops as the reference).
   void step(double lr, const at::Tensor& grad_factor, const at::Tensor& found_inf);
+  // The delayed update: the last step's host update into the working weights now (ZeRO-1/2: an
+  // all-gather, collective over dp). A no-op without a pending one, and without the delay.
+  void publish();
   void set_kernels(Kernels k) { kernels_ = k; }
 
   // Evaluation without backward under ZeRO-3: gathers unit 0 / frees every gathered unit.
@@ -270,8 +295,11 @@ class ZeroEngine {
   // Offload: the unit's queued host update has run and (offload optimizer) its result is copied
   // up; settle: every unit's, every host add landed, and any shard still `fresh` zeroed -- before
   // anything reads or writes the host state (see "The overlapped host step").
+  // (Under the delayed update finish_update only waits: publish() uploads.)
   void finish_update(Unit& u) const;
   void settle() const;
+  void upload(Unit& u) const;  // offload optimizer: the unit's updated shard up to the device, if not yet
+  void publish_units();        // every unit's update waited for, uploaded, and (ZeRO-1/2) all-gathered
   void post_update(Unit& u, double lr, double factor);
   void download(Unit& u);  // offload optimizer: the final gradient shard to the host, off the step
   void post_norm(Unit& u);  // offload all: the final host shard's squared norm, on the host worker

@@ -72,8 +72,9 @@ at::Tensor ZeroEngine::gather_param(const at::Tensor& param, StatePart part) {
   settle();  // offload: the last step's host updates in (and copied up)
   auto [u, k] = locate(param);
   const int64_t me = u->group->rank(), start = u->offsets[k], len = param.numel();
-  if (part == StatePart::Param && cfg_.stage < 3 && !sixteen()) {
+  if (part == StatePart::Param && cfg_.stage < 3 && !sixteen() && !u->unpublished) {
     // ZeRO-1/2 keep the whole unit on every rank (all-gathered after each step): no traffic.
+    // (Not while the delayed update holds its result back: the masters are the step's weights.)
     if (me != 0) return at::Tensor();
     return u->flat.narrow(0, start, len).view(param.sizes()).clone();
   }
@@ -120,6 +121,9 @@ void ZeroEngine::load_param(const at::Tensor& param, StatePart part, const at::T
   if (local.sizes() != param.sizes()) throw Error("zero: load_param: the tensor's shape is not the parameter's");
   const int64_t me = u->group->rank(), start = u->offsets[k], len = param.numel();
   const at::Tensor flat_local = local.reshape({-1});
+  // The delayed update's pending result is replaced by what is loaded (on every rank alike: each
+  // loads every parameter, whether or not its shard holds a piece of it).
+  if (part == StatePart::Param) u->unpublished = false;
   if (part == StatePart::Param && cfg_.stage < 3) u->flat.narrow(0, start, len).copy_(flat_local);
   const int64_t a = std::max(start, me * u->shard), b = std::min(start + len, (me + 1) * u->shard);
   if (a >= b) return;

@@ -44,6 +44,8 @@ struct ZeroEngine::Unit {
 
   int64_t update = 0;   // offload: the host worker's ticket of this unit's queued update (0: none
                         // pending); finish_update waits for it and uploads the result
+  bool unpublished = false;  // offload optimizer: an update queued or run whose result is not yet
+                             // copied up (held there by the delayed update until publish())
   std::vector<at::Tensor> sq_parts;  // offload all: the final shard's squared norm in local_grad_sq_norm's
   bool sq_valid = false;             // pieces, computed by the host worker (post_norm) when valid
   bool downloaded = false;  // offload optimizer: host_grad's copy of this step's final shard issued

@@ -341,15 +341,18 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     }
     CommItem adam;
     adam.group = "host";
-    adam.what = l.zero == 3 ? "host AdamW over the shard (unit by unit, under the next forward's gathers)"
-                            : "host AdamW over the shard";
+    adam.what = l.delayed_update ? "host AdamW over the shard (delayed a step)"
+                : l.zero == 3    ? "host AdamW over the shard (unit by unit, under the next forward's gathers)"
+                                 : "host AdamW over the shard";
     adam.link = "host-cpu";
     adam.busbw = c.host_adam_rate / static_cast<double>(std::min(c.devices_per_node, l.devices()));
     adam.seconds = shard / adam.busbw;  // busbw here: parameters/s this rank's share of the host gives
     // ZeRO-3: the step returns with the updates queued and each unit's next gather waits for its
     // own, so the next forward's compute hides them (parallel/zero.h, "The overlapped host step").
     // ZeRO-1/2 all-gather every unit before the next forward: exposed.
+    // The delayed update: waited for only at the next step's step, behind all of its compute.
     if (l.zero == 3) adam.window = Window::FirstForward;
+    if (l.delayed_update) adam.window = Window::NextStep;
     out.push_back(adam);
   }
   return out;
@@ -357,7 +360,7 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
 
 // Serial communication plus what the compute windows cannot hide (section 5).
 double exposed_seconds(const std::vector<CommItem>& items, double t_f, double t_b, int64_t K) {
-  double serial = 0, net_f = 0, net_b = 0, net_last = 0, host_f = 0, host_b = 0, host_last = 0, first_f = 0;
+  double serial = 0, net_f = 0, net_b = 0, net_last = 0, host_f = 0, host_b = 0, host_last = 0, first_f = 0, next_step = 0;
   for (const auto& it : items) {
     const bool host = it.group == "host";
     const double each = it.seconds / static_cast<double>(std::max<int64_t>(1, it.occurrences));
@@ -367,6 +370,7 @@ double exposed_seconds(const std::vector<CommItem>& items, double t_f, double t_
       case Window::Backward: (host ? host_b : net_b) += each; break;
       case Window::LastBackward: (host ? host_last : net_last) += it.seconds; break;
       case Window::FirstForward: first_f += it.seconds; break;
+      case Window::NextStep: next_step += it.seconds; break;
     }
   }
   const double Kd = static_cast<double>(K);
@@ -374,7 +378,7 @@ double exposed_seconds(const std::vector<CommItem>& items, double t_f, double t_
   const double bwd = (Kd - 1) * std::max(0.0, std::max(net_b, host_b) - t_b) +
                      std::max(0.0, std::max(net_b + net_last, host_b + host_last) - t_b);
   // The host's CPU work under one forward: its cores, not a link the forward's copies use.
-  return serial + fwd + bwd + std::max(0.0, first_f - t_f);
+  return serial + fwd + bwd + std::max(0.0, first_f - t_f) + std::max(0.0, next_step - Kd * (t_f + t_b));
 }
 
 }  // namespace kiln::plan

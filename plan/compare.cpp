@@ -86,6 +86,7 @@ Run run_of(const json& config, const std::string& where) {
   l.zero = static_cast<int>(need<int64_t>(c, "zero", where));
   l.offload = parse_offload(need<std::string>(c, "offload", where));
   l.zero_accum = parse_zero_accum(c.value("zero_accum", std::string("reduce")));
+  l.delayed_update = c.value("offload_delayed_update", false);  // absent: a log from before the flag
   l.recompute = parse_recompute(need<std::string>(c, "activation_checkpointing", where));
   l.micro_batch = need<int64_t>(c, "micro_batch", where);
   l.grad_accum = need<int64_t>(c, "grad_accum", where);

@@ -75,6 +75,7 @@ void Layout::validate(const GPTConfig& m, const ClusterSpec& c) const {
   if (zero < 0 || zero > 3) throw ConfigError("--zero must be 0, 1, 2 or 3 (got " + std::to_string(zero) + ")");
   if (offload == Offload::Optimizer && zero < 1) throw ConfigError("--offload optimizer needs --zero 1, 2 or 3");
   if (offload == Offload::All && zero != 3) throw ConfigError("--offload all needs --zero 3 (parameters are sharded only there)");
+  if (delayed_update && offload != Offload::Optimizer) throw ConfigError("--offload-delayed-update needs --offload optimizer");
   if (micro_batch < 1) throw ConfigError("--micro-batch must be at least 1 (got " + s(micro_batch) + ")");
   if (grad_accum < 1) throw ConfigError("--grad-accum must be at least 1 (got " + s(grad_accum) + ")");
   if (compute_bytes != 2 && compute_bytes != 4) throw ConfigError("compute dtype must be 2 or 4 bytes");

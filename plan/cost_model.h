@@ -338,6 +338,7 @@ struct Layout {
   int zero = 0;                         // ZeRO stage 0..3
   Offload offload = Offload::None;      // optimizer: stages 1-3; all: stage 3
   ZeroAccum zero_accum = ZeroAccum::Reduce;
+  bool delayed_update = false;          // --offload-delayed-update (offload optimizer): the host AdamW under the next step's compute
   Recompute recompute = Recompute::None;
   int64_t micro_batch = 1;              // sequences per micro-batch per rank
   int64_t grad_accum = 1;               // micro-batches per optimizer step per dp rank (K)
@@ -483,8 +484,10 @@ struct EpRowBytes {
 };
 EpRowBytes ep_row_bytes(const Layout& layout);
 // What compute it can hide behind. FirstForward: the next step's first forward, once (offload's
-// host AdamW under ZeRO-3, which each unit's next gather waits for: parallel/zero.h).
-enum class Window { Serial, Forward, Backward, LastBackward, FirstForward };
+// host AdamW under ZeRO-3, which each unit's next gather waits for: parallel/zero.h). NextStep:
+// the next step's forwards and backwards, all K of them (the delayed update's host AdamW, waited
+// for only by the next step's step: parallel/zero.h, "The delayed update").
+enum class Window { Serial, Forward, Backward, LastBackward, FirstForward, NextStep };
 struct CommItem {
   std::string group;       // dp | tp | pp | host
   std::string what;        // "gradient all-reduce", ...

@@ -45,6 +45,7 @@ std::string window_name(Window w) {
     case Window::Backward: return "behind backward";
     case Window::LastBackward: return "behind last backward";
     case Window::FirstForward: return "behind next forward";
+    case Window::NextStep: return "behind next step";
   }
   return "?";
 }
@@ -131,6 +132,7 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   if (!l.pp_split.empty()) out += " --pp-split " + l.pp_split;
   if (l.zero != 0) out += strprintf(" --zero %d", l.zero);
   if (l.offload != Offload::None) out += " --offload " + to_string(l.offload);
+  if (l.delayed_update) out += " --offload-delayed-update";
   if (l.zero >= 2 && l.grad_accum > 1 && l.zero_accum != ZeroAccum::Reduce) out += " --zero-accum " + to_string(l.zero_accum);
   if (l.recompute != Recompute::None) out += " --activation-checkpointing " + to_string(l.recompute);
   if (l.micro_batch != 8) out += strprintf(" --micro-batch %lld", static_cast<long long>(l.micro_batch));
@@ -233,7 +235,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
       {"model", model_json},
       {"cluster", cluster_json(p.cluster)},
       {"layout",
-       {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"sp", l.sp}, {"ep", l.ep}, {"zero", l.zero}, {"offload", to_string(l.offload)},
+       {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"sp", l.sp}, {"ep", l.ep}, {"zero", l.zero}, {"offload", to_string(l.offload)}, {"offload_delayed_update", l.delayed_update},
         {"zero_accum", to_string(l.zero_accum)}, {"activation_checkpointing", to_string(l.recompute)},
         {"pp_split", l.pp_split}, {"pp_virtual", l.pp_virtual}, {"zero_bubble", l.zero_bubble}, {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
         {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"command", train_command(p.model, l)}}},

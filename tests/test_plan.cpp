@@ -664,6 +664,32 @@ TEST(PlanComm, HostAdamWHidesBehindTheNextForwardUnderZero3) {
   EXPECT_DOUBLE_EQ(exposed_seconds({item(Window::FirstForward, 1.5)}, 2.0, 4.0, 2), 0.0);
 }
 
+TEST(PlanComm, DelayedHostAdamWHidesBehindTheNextStep) {
+  Layout l = layout(2, 1);
+  l.offload = Offload::Optimizer;
+  l.delayed_update = true;
+  const Plan p = make_plan(tiny(), toy_cluster(2), l);
+  bool found = false;
+  for (const auto& it : p.stages[0].comm) {
+    if (it.what.rfind("host AdamW", 0) != 0) continue;
+    found = true;
+    EXPECT_EQ(it.window, Window::NextStep) << it.what;
+  }
+  EXPECT_TRUE(found);
+  CommItem adam;
+  adam.group = "host";
+  adam.window = Window::NextStep;
+  adam.seconds = 10.0;
+  // Behind K (forward + backward) = 2 x (2 + 4) = 12 s: hidden; behind 1 x 6 s: 4 s show.
+  EXPECT_DOUBLE_EQ(exposed_seconds({adam}, 2.0, 4.0, 2), 0.0);
+  EXPECT_DOUBLE_EQ(exposed_seconds({adam}, 2.0, 4.0, 1), 4.0);
+  // Only with offload optimizer.
+  Layout bad = layout(2, 3);
+  bad.offload = Offload::All;
+  bad.delayed_update = true;
+  EXPECT_THROW(make_plan(tiny(), toy_cluster(2), bad), ConfigError);
+}
+
 TEST(PlanComm, RingFactorAndLinks) {
   // DDP at dp 4 on one node: wire = 7,002,128 x 3/4, over the 1 GB/s intra-node link
   const Plan p = make_plan(tiny(), toy_cluster(4), layout(4, 0));

@@ -153,6 +153,10 @@ void TrainConfig::validate_layout() const {
     throw ConfigError("--offload all needs --zero 3 (parameters are sharded only under ZeRO-3; got --zero " +
                       std::to_string(zero) + ")");
   }
+  if (offload_delayed_update && offload != "optimizer") {
+    throw ConfigError("--offload-delayed-update needs --offload optimizer (got --offload " + offload +
+                      "): it holds the host update back from the working weights the device keeps");
+  }
 }
 
 // Non-finite steps, checkpoints, and fp16's loss scaler.
@@ -262,6 +266,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["zero"] = zero;
   j["offload"] = offload;
   j["zero_accum"] = zero_accum;
+  j["offload_delayed_update"] = offload_delayed_update;
   j["precision"] = precision;
   j["param_dtype"] = resolved_param_dtype();  // the policy the run used, never "auto"
   j["reduce_dtype"] = reduce_dtype;
@@ -376,19 +381,24 @@ std::vector<ConfigChange> config_changes(const nlohmann::json& saved_run, const 
                                                "lr_schedule", "warmup_type", "warmup_start_lr", "lr_decay_steps",
                                                "weight_decay", "grad_clip",  "beta1",            "beta2",
                                                "adam_eps",    "precision",   "param_dtype", "reduce_dtype", "loss_scale",       "loss_scale_window",
-                                               "initial_scale_power", "hysteresis", "min_loss_scale",
+                                               "initial_scale_power", "hysteresis", "min_loss_scale", "offload_delayed_update",
                                                // MoE: the routing and the losses (the shapes are checked with the tensors)
                                                "top_k", "moe_capacity_factor", "moe_aux_loss_coef", "moe_z_loss_coef"};
   // This run's own outputs and its way of resuming: not settings of the training.
   static const std::set<std::string> ignored = {"resume", "log_json", "tensorboard", "log_every", "save_dir", "stop_at_step",
                                                 "allow_config_change", "deepspeed", "sample_every"};
+  // Under --offload-delayed-update every save, evaluation and sample publishes the pending update
+  // (parallel/zero.h, "The delayed update"): their schedule is part of the training then.
+  static const std::set<std::string> publishing = {"save_every", "eval_every", "sample_every"};
   std::vector<ConfigChange> out;
   const nlohmann::json cur = now.to_json();
+  const bool delayed = now.offload_delayed_update || saved.value("offload_delayed_update", false);
   for (const auto& [key, value] : cur.items()) {
-    if (ignored.count(key) || !saved.contains(key)) continue;
+    const bool publishes = delayed && publishing.count(key) > 0;
+    if ((ignored.count(key) && !publishes) || !saved.contains(key)) continue;
     if (saved.at(key) == value) continue;
     // The --data text: its files are compared below where the checkpoint recorded them.
-    out.push_back({key, saved.at(key), value, replay.count(key) > 0 && !(key == "data" && by_fingerprint)});
+    out.push_back({key, saved.at(key), value, publishes || (replay.count(key) > 0 && !(key == "data" && by_fingerprint))});
   }
   if (by_fingerprint) {
     const nlohmann::json& was = saved_run.at("data_sources");

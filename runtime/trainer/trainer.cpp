@@ -340,6 +340,7 @@ void Trainer::build_zero() {
   zc.stage = static_cast<int>(cfg_.zero);
   zc.offload = parse_offload(cfg_.offload);
   zc.accum = parse_zero_accum(cfg_.zero_accum);
+  zc.delayed_update = cfg_.offload_delayed_update;
   zc.grad_accum = cfg_.grad_accum;
   if (r.shape.tp > 1) zc.tp = r.mesh->tp();
   if (r.shape.tp > 1 || r.shape.pp > 1) {

@@ -310,6 +310,8 @@ bool Trainer::after_step(Loop& loop, int64_t step, int64_t request) {
                                              step + 1 == loop.end_step || stopping);
   const bool sample_now = cfg_.sample_every > 0 && (step + 1) % cfg_.sample_every == 0;
   if (eval_now || save_now || sample_now) {
+    // --offload-delayed-update: this step's host update into the weights first (the delay restarts).
+    if (r.zero) r.zero->publish();
     synchronize(r.dev.device);  // the update of this step, before its weights are read
     r.chain_broken = true;
   }

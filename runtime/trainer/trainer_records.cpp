@@ -67,7 +67,7 @@ json Trainer::config_record() const {
                                             ? zb_h1_bubble_fraction(r.shape.pp, static_cast<int>(cfg_.grad_accum))
                                             : interleaved_bubble_fraction(r.shape.pp, static_cast<int>(cfg_.pp_virtual),
                                                                           static_cast<int>(cfg_.grad_accum))}}},
-               {"zero", {{"stage", cfg_.zero}, {"offload", cfg_.offload}, {"accum", cfg_.zero_accum},
+               {"zero", {{"stage", cfg_.zero}, {"offload", cfg_.offload}, {"accum", cfg_.zero_accum}, {"delayed_update", cfg_.offload_delayed_update},
                          {"padded_params", r.zero ? json(r.zero->padded_numel()) : json(nullptr)}}},
                {"model_state", model_state_json(state)},
                // --async-save's snapshot pool, this rank's host memory from set-up (kiln plan: docs/plan.md s5)

@@ -12,6 +12,13 @@
 # shards). The host work is the same arithmetic in either order, so the losses, gradient norms and
 # final weights must be equal exactly. Then a save under the slow worker (step 3, while the updates
 # are queued) resumed in line equals the uninterrupted run's steps 4-6.
+# The delayed update (--offload-delayed-update; parallel/zero.h, "The delayed update", whose rule
+# tests/test_zero_delayed.cpp checks against a reference): the same in line / slowed-thread
+# comparison under ZeRO-1/2/3, 16-bit weights, pp 2 and ep 2 -- the slowed worker is the case where
+# the next forward and backward really run while the update is queued, and its gradient copies
+# must wait for it; the delayed run equals the undelayed one at step 1 and not after; a save
+# (which publishes the pending update) resumed equals the saving run's steps 4-6 bit for bit; and
+# a resume that changes --save-every (the points where the delay restarts) is refused.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
@@ -28,6 +35,11 @@ configs=(
   "2 tiny --grad-accum 4 --zero 3 --offload optimizer --pp 2"
   "4 tiny-moe --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --offload optimizer"
   "4 tiny-moe --grad-accum 1 --micro-batch 1 --ep 2 --zero 3 --offload all"
+  "2 tiny --grad-accum 2 --zero 1 --offload optimizer --offload-delayed-update"
+  "2 tiny --grad-accum 2 --zero 2 --offload optimizer --precision bf16 --offload-delayed-update"
+  "2 tiny --grad-accum 2 --zero 3 --offload optimizer --precision fp16 --seq-len 64 --offload-delayed-update"
+  "2 tiny --grad-accum 4 --zero 3 --offload optimizer --pp 2 --offload-delayed-update"
+  "4 tiny-moe --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --offload optimizer --offload-delayed-update"
 )
 i=0
 for cfg in "${configs[@]}"; do
@@ -49,6 +61,15 @@ mpi 2 -x KILN_TEST_HOST_WORKER=thread -x KILN_TEST_HOST_STEP_DELAY_MS=15 "$KILN_
 mpi 2 -x KILN_TEST_HOST_WORKER=inline "$KILN_BIN" "${T[@]}" "${save[@]}" --resume "$work/ck/step_00000003" \
   --log-json "$work/resumed.jsonl" >/dev/null || fail "the resume"
 
+# The delayed update saved at step 3 (the slowed worker: the update is queued at the save) and resumed.
+delay=(--model tiny --micro-batch 2 --grad-accum 2 --zero 3 --offload optimizer --precision bf16 --offload-delayed-update)
+mpi 2 -x KILN_TEST_HOST_WORKER=thread -x KILN_TEST_HOST_STEP_DELAY_MS=15 "$KILN_BIN" "${T[@]}" "${delay[@]}" --save-dir "$work/dk" --save-every 3 \
+  --log-json "$work/dsaved.jsonl" >/dev/null || fail "the delayed run that saves"
+mpi 2 -x KILN_TEST_HOST_WORKER=inline "$KILN_BIN" "${T[@]}" "${delay[@]}" --save-every 3 --resume "$work/dk/step_00000003" \
+  --log-json "$work/dresumed.jsonl" >/dev/null || fail "the delayed resume"
+expect_refused 2 "save_every 3 -> 2" "${T[@]}" "${delay[@]}" --save-every 2 --resume "$work/dk/step_00000003"
+expect_refused 1 "offload-delayed-update needs --offload optimizer" "${T[@]}" --model tiny --zero 3 --offload all --offload-delayed-update
+
 python3 - "$work" "$i" <<'PY'
 import json, sys
 d, n = sys.argv[1], int(sys.argv[2])
@@ -65,4 +86,14 @@ saved, resumed = steps(load(f"{d}/saved.jsonl")), steps(load(f"{d}/resumed.jsonl
 assert saved[3:] == resumed, (saved[3:], resumed)
 assert final(load(f"{d}/saved.jsonl")) == final(load(f"{d}/resumed.jsonl"))
 print("saved at step 3 with the updates queued; the resume equals steps 4-6 bit for bit")
+# The delay itself: config 11 is config 1 delayed -- the same step 1 (both on the initial
+# weights), then another run (step 2 of the delayed one runs on them again).
+plain, delayed = steps(load(f"{d}/serial1.jsonl")), steps(load(f"{d}/serial11.jsonl"))
+assert "delayed" in open(f"{d}/cfg11").read() and open(f"{d}/cfg11").read().startswith(open(f"{d}/cfg1").read().strip())
+assert plain[0] == delayed[0] and all(a[1] != b[1] for a, b in zip(plain[1:], delayed[1:])), (plain, delayed)
+print(f"delayed: step 1 equal, steps 2-6 differ (step 2 loss {plain[1][1]:.6f} undelayed, {delayed[1][1]:.6f} delayed)")
+saved, resumed = steps(load(f"{d}/dsaved.jsonl")), steps(load(f"{d}/dresumed.jsonl"))
+assert saved[3:] == resumed, (saved[3:], resumed)
+assert final(load(f"{d}/dsaved.jsonl")) == final(load(f"{d}/dresumed.jsonl"))
+print("delayed, saved at step 3 with the update queued: the resume equals steps 4-6 bit for bit")
 PY
