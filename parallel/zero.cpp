@@ -18,6 +18,7 @@
 #include "parallel/grad_ready.h"
 #include "parallel/host_accumulator.h"
 #include "parallel/host_worker.h"
+#include "parallel/upload_stream.h"
 #include "parallel/zero_unit.h"
 
 namespace kiln {
@@ -224,6 +225,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     for (size_t k = 0; k < u->params.size(); ++k) hooks_.add(u->params[k], [this, u, k] { on_grad_ready(*u, k); }, "zero");
   }
   if (cfg_.offload != Offload::None) host_ = std::make_unique<HostWorker>(device_);
+  if (cfg_.offload == Offload::All) uploads_ = std::make_unique<UploadStream>(device_);
   if (cfg_.offload != Offload::None) {  // offload all's gradient sums; offload optimizer's downloads
     int64_t largest = 0;
     for (const auto& u : units_) largest = std::max(largest, u->shard);
@@ -301,8 +303,14 @@ void ZeroEngine::gather_async(Unit& u) {
   // shard, which no pending update writes.
   if (!cfg_.delayed_update) finish_update(u);
   alloc_storage(u.flat);
-  u.ag_src = to_device(u.shard_params, device_, /*non_blocking=*/true);
-  u.ag_work = u.group->all_gather(u.flat, u.ag_src);
+  auto issue = [this, &u] {
+    u.ag_src = to_device(u.shard_params, device_, /*non_blocking=*/true);
+    u.ag_work = u.group->all_gather(u.flat, u.ag_src);
+  };
+  // Offload all: the host shard's copy up and the gather on the upload stream, beside the
+  // compute stream's kernels (parallel/upload_stream.h); else on the compute stream.
+  if (uploads_) u.uploaded = uploads_->run({u.flat}, issue);
+  else issue();
   u.state = Unit::State::Gathering;
 }
 
@@ -311,6 +319,8 @@ void ZeroEngine::wait_gathered(Unit& u) {
   if (u.state == Unit::State::Gathering) {
     u.ag_work->wait();
     u.ag_work.reset();
+    UploadStream::join(u.uploaded);  // the compute stream after the upload stream's copy and gather
+    u.uploaded.reset();
     u.ag_src = at::Tensor();
     u.state = Unit::State::Gathered;
   }
@@ -368,10 +378,20 @@ void ZeroEngine::on_grad_ready(Unit& u, size_t k) {
   at::NoGradGuard no_grad;
   if (streamed() || sixteen()) {
     // Move the gradient into the unit's fp32 buffer (streamed: the reduction buffer, allocated by
-    // the unit's first one; else the accumulation buffer).
+    // the unit's first one; else the accumulation buffer). Streamed, the buffer is not zeroed: each
+    // parameter's first gradient of the micro-step is copied in (one write, where zeroing and
+    // adding wrote twice and read once more), the padding zeroed alone, and the slices of
+    // parameters that got none zeroed when the reduction launches.
     auto& p = u.params[k];
-    if (!u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, p.grad().options().dtype(at::kFloat));
-    u.grad_full.narrow(0, u.offsets[k], p.numel()).view(p.sizes()).add_(p.grad());
+    if (streamed() && !u.grad_full.defined()) {
+      u.grad_full = at::empty({u.padded}, p.grad().options().dtype(at::kFloat));
+      if (u.padded > u.numel) u.grad_full.narrow(0, u.numel, u.padded - u.numel).zero_();
+      u.landed.assign(u.params.size(), false);
+    }
+    auto slice = u.grad_full.narrow(0, u.offsets[k], p.numel()).view(p.sizes());
+    if (streamed() && !u.landed[k]) slice.copy_(p.grad());
+    else slice.add_(p.grad());
+    if (streamed()) u.landed[k] = true;
     p.mutable_grad().reset();
   }
   if (--u.pending == 0) {
@@ -382,7 +402,12 @@ void ZeroEngine::on_grad_ready(Unit& u, size_t k) {
 
 void ZeroEngine::launch_reduction(Unit& u) {
   u.reduced = true;
-  if (streamed() && !u.grad_full.defined()) u.grad_full = at::zeros({u.padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  if (streamed() && !u.grad_full.defined()) {
+    u.grad_full = at::zeros({u.padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  } else if (streamed()) {
+    for (size_t k = 0; k < u.params.size(); ++k)  // parameters this backward left without a gradient
+      if (!u.landed[k]) u.grad_full.narrow(0, u.offsets[k], u.params[k].numel()).zero_();
+  }
   if (alone(u)) {  // the mean over one rank: the gradient itself (grad_shard is the whole unit)
     at::NoGradGuard no_grad;
     if (streamed()) {

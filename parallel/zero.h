@@ -53,7 +53,10 @@
 // ZeRO-1/2 shard them): both are gathered, prefetched and freed together, each over its group.
 // Storage is freed by releasing the flat buffer's allocation; the parameters stay views of it, so
 // the autograd graph, activation checkpointing's recomputation and the optimizer see ordinary
-// tensors.
+// tensors. Under offload all each gather copies the host shard up first: on a GPU that copy and
+// the gather run on a stream of their own (parallel/upload_stream.h), so the prefetched unit's
+// copy runs beside the current unit's kernels, and the compute stream waits for it only where the
+// unit is used.
 //
 // ZeRO-3 under pipeline parallelism (torchtitan's FSDP inside PP stages). A stage's units are
 // its blocks and its outer units (wte alone; wpe or ln_f + lm_head); the schedule runs forwards
@@ -117,7 +120,7 @@
 // the next step then runs on round(M_k) -- the delay restarts there, in the run that saved and in
 // the run that resumes from its checkpoint alike, so a resume is exact. A load (a resume, a
 // rollback) replaces the pending update. Checked against a reference of the rule written apart
-// (tests/test_zero_delayed.cpp).
+// (tests/test_zero_engine.cpp).
 //
 // The model is built and initialised on the host; only what the stage keeps on the device is
 // ever moved there (under ZeRO-3, shards and one or two gathered units at a time).
@@ -146,6 +149,7 @@ class GPT;
 class BlockImpl;
 class HostAccumulator;
 class HostWorker;
+class UploadStream;
 
 struct ZeroConfig {
   int stage = 1;                        // 1, 2 or 3
@@ -328,6 +332,7 @@ class ZeroEngine {
   std::vector<Unit*> in_flight_;  // reductions launched and not yet finished, oldest first
   std::unique_ptr<HostWorker> host_;             // offload: runs the host adds and the per-unit updates, in order
   std::unique_ptr<HostAccumulator> host_adds_;  // offload: reduced shards into (all) / final shards to (optimizer) the host
+  std::unique_ptr<UploadStream> uploads_;       // offload all: the gathers' copies up, beside the compute stream
   GradReadyHooks hooks_;
   bool last_micro_ = true;
   int64_t steps_ = 0;   // offload: the host's count

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "distributed/comm.h"
+#include "parallel/upload_stream.h"
 #include "parallel/zero.h"
 
 namespace kiln {
@@ -32,6 +33,7 @@ struct ZeroEngine::Unit {
   at::Tensor flat;          // all n_u' parameters on the device (ZeRO-3: allocated only while gathered), param_dtype
   at::Tensor shard_params;  // ZeRO-3: this rank's parameter shard (on the host under offload all), param_dtype
   at::Tensor grad_full;     // all n_u' gradients on the device (streamed: only while reducing)
+  std::vector<bool> landed; // streamed: which parameters' gradients grad_full holds this micro-step
   at::Tensor grad_shard;    // the reduced gradient shard (streamed: own buffer; else a view of grad_full)
   at::Tensor rs_out;        // a reduction's output before it is added into (streamed) / copied to grad_shard
   at::Tensor rs_in;         // bf16 reduction: the wire copy of grad_full, alive while it is reduced
@@ -56,6 +58,7 @@ struct ZeroEngine::Unit {
   bool reduced = false; // this micro-step's reduction launched
   std::shared_ptr<Work> rs_work, ag_work;
   at::Tensor ag_src;    // the shard being gathered, kept alive until the gather completes
+  std::shared_ptr<UploadStream::Done> uploaded;  // offload all: the upload stream's copy and gather (the compute stream waits)
   enum class State { Released, Gathering, Gathered } state = State::Gathered;
 };
 

@@ -13,7 +13,7 @@
 # final weights must be equal exactly. Then a save under the slow worker (step 3, while the updates
 # are queued) resumed in line equals the uninterrupted run's steps 4-6.
 # The delayed update (--offload-delayed-update; parallel/zero.h, "The delayed update", whose rule
-# tests/test_zero_delayed.cpp checks against a reference): the same in line / slowed-thread
+# tests/test_zero_engine.cpp checks against a reference): the same in line / slowed-thread
 # comparison under ZeRO-1/2/3, 16-bit weights, pp 2 and ep 2 -- the slowed worker is the case where
 # the next forward and backward really run while the update is queued, and its gradient copies
 # must wait for it; the delayed run equals the undelayed one at step 1 and not after; a save

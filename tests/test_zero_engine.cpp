@@ -1,4 +1,12 @@
-// tests/test_zero_delayed.cpp -- ZeRO-Offload's delayed parameter update (--offload-delayed-update;
+// tests/test_zero_engine.cpp -- the ZeRO engine (parallel/zero.h) in one process, over a group of
+// one: the streamed gradient buffer, and the delayed update.
+//
+// The streamed buffer (ZeRO-2/3): each parameter's first gradient of a micro-step is copied into a
+// buffer that is not zeroed first, so the parameters a backward leaves without a gradient must be
+// zeroed when the unit's reduction launches -- checked with a backward that reaches one parameter
+// of a block, after a full one has left gradients in the allocator's memory.
+//
+// ZeRO-Offload's delayed parameter update (--offload-delayed-update;
 // parallel/zero.h, "The delayed update") against a reference of its rule written here apart from
 // the engine: kiln's single-process AdamW (optim/adamw.h, the ground truth of every parity test)
 // over a plain model, whose forward and backward run on weights one update old:
@@ -198,6 +206,39 @@ TEST_P(ZeroDelayed, ASlowHostWorkerChangesNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroDelayed, ::testing::Values(1, 2, 3),
                          [](const ::testing::TestParamInfo<int>& i) { return "zero" + std::to_string(i.param); });
+
+TEST(ZeroStreamed, ParametersWithoutAGradientCountAsZero) {
+  for (const int stage : {2, 3}) {
+    const GPTConfig c = config();
+    GPT m(c);
+    m.init_weights(1);
+    kiln::ZeroConfig zc;
+    zc.stage = stage;
+    zc.grad_accum = 2;
+    kiln::ZeroEngine z(m, at::Device(at::kCPU), kiln::make_self_communicator("dp", "local"), zc, kAdam);
+    // A whole step first: the buffers it frees hold gradients, which the next ones may reuse.
+    for (int j = 0; j < 2; ++j) {
+      z.begin_micro(j);
+      auto [x, y] = batch(c, 1, j);
+      (m.loss(x, y) * 1000.0).backward();
+      z.end_micro();
+    }
+    z.step(kLr, at::ones({}, at::kFloat), at::zeros({}, at::kFloat));
+    // Then a step whose backward reaches one parameter of the last block (d sum(w) / dw = 1):
+    // every other gradient is 0, so the squared norm is (1 + 1)^2 x numel over the 2 micro-steps.
+    // A forward first, whose result no backward reaches: under ZeRO-3 it leaves the last block
+    // gathered for its backward.
+    auto& w = m.h[c.n_layer - 1]->as<kiln::BlockImpl>()->attn->c_attn->weight;
+    for (int j = 0; j < 2; ++j) {
+      z.begin_micro(j);
+      (void)m.hidden(batch(c, 2, j).first);
+      w.sum().backward();
+      z.end_micro();
+    }
+    const double sq = z.local_grad_sq_norm().item<double>();
+    EXPECT_DOUBLE_EQ(sq, 4.0 * static_cast<double>(w.numel())) << "ZeRO-" << stage;
+  }
+}
 
 TEST(ZeroDelayedConfig, NeedsOffloadOptimizer) {
   GPT m(config());
