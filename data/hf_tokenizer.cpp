@@ -2,6 +2,7 @@
 #include "data/hf_tokenizer.h"
 
 #include <array>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -72,6 +73,45 @@ std::string bytes_of_token(const std::string& token) {
   return out;
 }
 
+// Whether s is UTF-8 as Rust's from_utf8 (the library's ByteFallback) takes it: no overlong
+// forms, no surrogates, nothing above U+10FFFF, no sequence cut short.
+bool is_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t cp = 0, min = 0;
+    if (c < 0x80) n = 1, cp = c;
+    else if ((c >> 5) == 0x6) n = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c >> 4) == 0xE) n = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c >> 3) == 0x1E) n = 4, cp = c & 0x07, min = 0x10000;
+    else return false;
+    if (i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
+// A byte-fallback token "<0xHH>" (the library's test: six characters, "<0x", two hex digits, ">").
+bool byte_token(const std::string& t, char* byte) {
+  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>' || !std::isxdigit(static_cast<unsigned char>(t[3])) ||
+      !std::isxdigit(static_cast<unsigned char>(t[4])))
+    return false;
+  *byte = static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16));
+  return true;
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError("tokenizer " + path + ": cannot read it");
@@ -98,21 +138,46 @@ BpeTokenizer::BpeTokenizer(std::string path, std::string json_text) : path_(std:
   const std::string decoder_type = decoder.is_object() ? decoder.value("type", std::string("none")) : "none";
   // SentencePiece's kind (Llama 2, Mistral): Metaspace instead of byte-level, bytes by fallback.
   const std::string text_of_pre = j.is_object() ? j.value("pre_tokenizer", json()).dump() : "";
-  if (decoder_type == "Metaspace" || decoder.dump().find("Metaspace") != std::string::npos ||
-      text_of_pre.find("Metaspace") != std::string::npos || (model.is_object() && model.value("byte_fallback", false))) {
-    throw ConfigError(where + ": a SentencePiece-based tokenizer (Metaspace, byte fallback: Llama 2's and Mistral's kind), which "
-                      "kiln cannot run; kiln reads byte-level BPE tokenizers (GPT-2's, Qwen2's, Llama 3's)");
+  sp_ = decoder.dump().find("Metaspace") != std::string::npos || text_of_pre.find("Metaspace") != std::string::npos ||
+        (model.is_object() && model.value("byte_fallback", false) == true);
+  const std::string kinds = "kiln reads byte-level BPE tokenizers (GPT-2's, Qwen2's, Llama 3's: decoder ByteLevel) and "
+                            "SentencePiece-kind BPE ones (Llama 2's, Mistral's: byte fallback, Metaspace)";
+  if (model_type != "BPE" || !model.contains("vocab") || !model["vocab"].is_object() || (!sp_ && decoder_type != "ByteLevel")) {
+    throw ConfigError(where + ": " + kinds + "; this one is model " + model_type + ", decoder " + decoder_type);
   }
-  if (model_type != "BPE" || decoder_type != "ByteLevel" || !model.contains("vocab") || !model["vocab"].is_object()) {
-    throw ConfigError(where + ": kiln reads byte-level BPE tokenizers (GPT-2's kind: model BPE, decoder ByteLevel); this one is model " +
-                      model_type + ", decoder " + decoder_type);
+  if (sp_) {  // the decoder chain, step by step (see the header)
+    const json chain = decoder_type == "Sequence" ? decoder.value("decoders", json::array()) : json::array({decoder});
+    for (const auto& d : chain) {
+      DecodeStep s;
+      s.type = d.is_object() ? d.value("type", std::string("none")) : "none";
+      if (s.type == "Replace") {
+        const json pattern = d.value("pattern", json());
+        if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string())
+          throw ConfigError(where + ": a Replace decoder with a pattern that is not a string, which kiln does not decode");
+        s.a = pattern["String"].get<std::string>();
+        s.b = d.value("content", std::string());
+      } else if (s.type == "Strip") {
+        s.a = d.value("content", std::string(" "));
+        s.start = d.value("start", int64_t{0});
+        s.stop = d.value("stop", int64_t{0});
+      } else if (s.type == "Metaspace") {
+        s.a = d.value("replacement", std::string("\xe2\x96\x81"));
+        // tokenizers >= 0.15 write prepend_scheme; older files add_prefix_space
+        s.first = d.contains("prepend_scheme") ? d.value("prepend_scheme", std::string("always")) != "never"
+                                               : d.value("add_prefix_space", true);
+      } else if (s.type != "ByteFallback" && s.type != "Fuse") {
+        throw ConfigError(where + ": a SentencePiece-kind tokenizer whose decoder has a " + s.type +
+                          " step, which kiln does not decode (it decodes Replace, ByteFallback, Fuse, Strip and Metaspace)");
+      }
+      steps_.push_back(s);
+    }
   }
   // id -> (string, special?) from the vocabulary, then the added tokens (which may repeat or extend it).
   std::map<int64_t, std::pair<std::string, bool>> tokens;
   std::map<std::string, int64_t> special_ids;  // the added tokens by content
   for (const auto& [token, id] : model["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0) throw ConfigError(where + ": vocabulary entry '" + token + "' has no id");
-    tokens[id.get<int64_t>()] = {bytes_of_token(token), false};
+    tokens[id.get<int64_t>()] = {sp_ ? token : bytes_of_token(token), false};
   }
   for (const auto& added : j.value("added_tokens", json::array())) {
     const int64_t id = added.value("id", int64_t{-1});
@@ -130,20 +195,34 @@ BpeTokenizer::BpeTokenizer(std::string path, std::string json_text) : path_(std:
     eot_text_ = eos_text_ = "<|begin_of_text|>";
     if (special_ids.count("<|end_of_text|>")) eos_text_ = "<|end_of_text|>";
   }
+  std::string sp_end;
+  if (eot_ < 0 && sp_) {  // SentencePiece's kind: <s> opens a document, </s> ends it
+    auto id_of = [&](const std::string& t) {
+      if (special_ids.count(t)) return special_ids[t];
+      const auto it = model["vocab"].find(t);
+      return it != model["vocab"].end() && it->is_number_integer() ? it->get<int64_t>() : int64_t{-1};
+    };
+    eot_ = id_of("<s>");
+    eot_text_ = eos_text_ = "<s>";
+    if (id_of("</s>") >= 0) eos_text_ = sp_end = "</s>", special_ids["</s>"] = id_of("</s>");
+  }
   if (eot_ < 0) {
     throw ConfigError(where + ": the tokenizer has no " + std::string(kEotToken) +
-                      " token (nor Llama 3's <|begin_of_text|>; kiln puts it before every document)");
+                      " token (nor Llama 3's <|begin_of_text|>, nor SentencePiece's <s>; kiln puts it before every document)");
   }
   ends_ = {eot_};
+  if (!sp_end.empty() && special_ids[sp_end] != eot_) ends_.push_back(special_ids[sp_end]);
   for (const char* end : {"<|end_of_text|>", "<|eot_id|>"})
     if (special_ids.count(end) && special_ids[end] != eot_) ends_.push_back(special_ids[end]);
   const int64_t n = tokens.empty() ? 0 : tokens.rbegin()->first + 1;
   bytes_.assign(static_cast<size_t>(n), std::string());
   known_.assign(static_cast<size_t>(n), 0);
+  special_.assign(static_cast<size_t>(n), 0);
   for (const auto& [id, t] : tokens) {
     const bool special = t.second || id == eot_;
     bytes_[static_cast<size_t>(id)] = special ? std::string() : t.first;
     known_[static_cast<size_t>(id)] = 1;
+    special_[static_cast<size_t>(id)] = special ? 1 : 0;
   }
 }
 
@@ -162,13 +241,65 @@ std::vector<int64_t> BpeTokenizer::encode(const std::string& text) const {
 }
 
 std::string BpeTokenizer::decode(const std::vector<int64_t>& ids) const {
-  std::string text;
   for (const int64_t id : ids) {
     if (id < 0 || id >= vocab_size() || !known_[static_cast<size_t>(id)]) {
       throw Error("tokenizer " + path_ + ": id " + std::to_string(id) + " is not in its vocabulary of " + std::to_string(vocab_size()));
     }
-    text += bytes_[static_cast<size_t>(id)];
   }
+  if (sp_) return decode_sp(ids);
+  std::string text;
+  for (const int64_t id : ids) text += bytes_[static_cast<size_t>(id)];
+  return text;
+}
+
+std::string BpeTokenizer::decode_sp(const std::vector<int64_t>& ids) const {
+  std::vector<std::string> tokens;
+  for (const int64_t id : ids)
+    if (!special_[static_cast<size_t>(id)]) tokens.push_back(bytes_[static_cast<size_t>(id)]);
+  static const std::string kReplacementChar = "\xef\xbf\xbd";  // U+FFFD
+  for (const DecodeStep& s : steps_) {
+    if (s.type == "Replace") {
+      for (auto& t : tokens) replace_all(t, s.a, s.b);
+    } else if (s.type == "ByteFallback") {
+      std::vector<std::string> out;
+      std::string run;
+      size_t bytes = 0;
+      auto flush = [&] {
+        if (bytes == 0) return;
+        if (is_utf8(run)) out.push_back(run);
+        else for (size_t k = 0; k < bytes; ++k) out.push_back(kReplacementChar);
+        run.clear();
+        bytes = 0;
+      };
+      for (auto& t : tokens) {
+        char b = 0;
+        if (byte_token(t, &b)) {
+          run.push_back(b);
+          ++bytes;
+        } else {
+          flush();
+          out.push_back(std::move(t));
+        }
+      }
+      flush();
+      tokens = std::move(out);
+    } else if (s.type == "Fuse") {
+      std::string all;
+      for (const auto& t : tokens) all += t;
+      tokens = {all};
+    } else if (s.type == "Strip") {
+      for (auto& t : tokens) {
+        if (s.a.empty()) continue;
+        for (int64_t k = 0; k < s.start && t.compare(0, s.a.size(), s.a) == 0; ++k) t.erase(0, s.a.size());
+        for (int64_t k = 0; k < s.stop && t.size() >= s.a.size() && t.compare(t.size() - s.a.size(), s.a.size(), s.a) == 0; ++k)
+          t.erase(t.size() - s.a.size());
+      }
+    } else if (s.type == "Metaspace") {
+      for (size_t i = 0; i < tokens.size(); ++i) replace_all(tokens[i], s.a, i == 0 && s.first ? "" : " ");
+    }
+  }
+  std::string text;
+  for (const auto& t : tokens) text += t;
   return text;
 }
 
@@ -220,6 +351,13 @@ std::map<std::string, std::string> tokenizer_files(const Tokenizer& tok, int64_t
   // GPT-2's files name <|endoftext|> as the unknown token too; Llama 3's name none (a byte-level
   // vocabulary has no unknown text), nor does kiln for them.
   if (tok.eot_text() == kEotToken) config["unk_token"] = tok.eot_text();
+  // SentencePiece's kind names its model's unknown token (<unk>), which its vocabulary holds.
+  try {
+    const json model = json::parse(tok.hf_json()).value("model", json::object());
+    if (tok.eot_text() != kEotToken && model.contains("unk_token") && model["unk_token"].is_string())
+      config["unk_token"] = model["unk_token"].get<std::string>();
+  } catch (const json::exception&) {
+  }
   config["model_max_length"] = model_max_length;
   config["add_prefix_space"] = false;
   config["clean_up_tokenization_spaces"] = false;

@@ -122,6 +122,48 @@ TEST(Tokenizer, Llama3DocumentAndEndTokens) {
   fs::remove_all(d);
 }
 
+// SentencePiece's kind (data/hf_tokenizer.h): the decoder chains of Llama 2's files and of the
+// Metaspace decoder, each on tokens whose decode the tokenizers library (0.23.3) gave as written
+// here; tests/hf/tokenizer_llama.sh compares with the library itself on sampled ids.
+TEST(Tokenizer, SentencePieceKindDecodesAsTheLibrary) {
+  const fs::path d = temp_dir("sp");
+  const std::string R = "\xe2\x96\x81";  // U+2581, SentencePiece's space
+  const std::vector<std::string> pieces = {"<unk>", "<s>", "</s>", R + R + "Hi", "<0xE6>", "<0x97>", "<0xA5>", R + "x",
+                                           "<0x41>", "<0x0a>", R + R + "world", R, "x" + R, R + "a" + R + "b", "c" + R + "d"};
+  json vocab = json::object();
+  for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = static_cast<int64_t>(i);
+  json added = json::array();
+  for (int64_t i = 0; i < 3; ++i) added.push_back(json{{"id", i}, {"content", pieces[static_cast<size_t>(i)]}, {"special", true}});
+  auto tokenizer = [&](const std::string& name, const json& decoder) {
+    const json j{{"version", "1.0"},
+                 {"added_tokens", added},
+                 {"decoder", decoder},
+                 {"model", {{"type", "BPE"}, {"byte_fallback", true}, {"unk_token", "<unk>"}, {"vocab", vocab}, {"merges", json::array()}}}};
+    return kiln::load_tokenizer(write(d / name, j.dump()));
+  };
+  const json llama2{{"type", "Sequence"},
+                    {"decoders", json::array({json{{"type", "Replace"}, {"pattern", {{"String", R}}}, {"content", " "}},
+                                              json{{"type", "ByteFallback"}}, json{{"type", "Fuse"}},
+                                              json{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  auto t = tokenizer("llama2.json", llama2);
+  EXPECT_EQ(t->eot(), 1);  // <s> opens a document
+  EXPECT_EQ(t->end_tokens(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(t->eos_text(), "</s>");
+  // The library: ' Hi\ufffd\ufffd\ufffd\ufffd\ufffd xA\n' -- one leading space stripped of two, the
+  // run E6 97 A5 E6 97 not UTF-8 (one U+FFFD a byte), lower-case hex taken, specials left out.
+  const std::string fffd = "\xef\xbf\xbd";
+  EXPECT_EQ(t->decode({1, 3, 4, 5, 6, 4, 5, 7, 8, 9, 2}), " Hi" + fffd + fffd + fffd + fffd + fffd + " xA\n");
+  EXPECT_EQ(t->decode({4, 5, 6}), "\xe6\x97\xa5");  // a whole character: its bytes
+  const json meta{{"type", "Metaspace"}, {"replacement", R}, {"prepend_scheme", "first"}, {"split", true}};
+  auto m = tokenizer("meta.json", meta);
+  EXPECT_EQ(m->decode({3, 10, 11, 12}), "Hi  world x ");  // the library: 'Hello  world x ' for these shapes
+  EXPECT_EQ(m->decode({13, 14}), "abc d");                // every U+2581 of the first token dropped
+  auto never = tokenizer("never.json", json{{"type", "Metaspace"}, {"replacement", R}, {"prepend_scheme", "never"}});
+  EXPECT_EQ(never->decode({13, 14}), " a bc d");
+  auto strip = tokenizer("strip.json", json{{"type", "Strip"}, {"content", R}, {"start", 2}, {"stop", 1}});
+  EXPECT_EQ(strip->decode({10, 12}), "worldx");  // the library: up to 2 leading and 1 trailing, a token at a time
+}
+
 TEST(Tokenizer, RefusesWhatItCannotRead) {
   const fs::path d = temp_dir("refuse");
   auto refused = [&](const std::string& name, const std::string& text, const std::string& says) {
@@ -137,13 +179,11 @@ TEST(Tokenizer, RefusesWhatItCannotRead) {
   json wordpiece = small_bpe();
   wordpiece["model"]["type"] = "WordPiece";
   refused("wordpiece.json", wordpiece.dump(), "byte-level BPE");
-  json metaspace = small_bpe();
-  metaspace["decoder"]["type"] = "Metaspace";  // SentencePiece-style: not bytes
-  // Issue 35: SentencePiece's kind is named as such (Llama 2's, Mistral's tokenizers).
-  refused("metaspace.json", metaspace.dump(), "a SentencePiece-based tokenizer (Metaspace, byte fallback");
+  // SentencePiece's kind is read since issue 51; a decoder step kiln does not re-do is refused.
   json fallback = small_bpe();
   fallback["model"]["byte_fallback"] = true;
-  refused("fallback.json", fallback.dump(), "a SentencePiece-based tokenizer");
+  fallback["decoder"] = json{{"type", "Sequence"}, {"decoders", json::array({json{{"type", "ByteFallback"}}, json{{"type", "CTC"}}})}};
+  refused("fallback.json", fallback.dump(), "decoder has a CTC step, which kiln does not decode");
   json no_eot = small_bpe();
   no_eot["added_tokens"].erase(0);
   refused("noeot.json", no_eot.dump(), "no <|endoftext|>");

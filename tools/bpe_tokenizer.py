@@ -21,7 +21,9 @@
 #
 # The tokenizer must be a byte-level BPE (GPT-2's kind: model BPE, decoder ByteLevel) with
 # an `<|endoftext|>` token, the end-of-text id kiln puts before every document -- or, without one,
-# Llama 3's `<|begin_of_text|>` (its documents' opening token; data/hf_tokenizer.h). Special tokens
+# Llama 3's `<|begin_of_text|>` (its documents' opening token) -- or a BPE of SentencePiece's kind
+# (Llama 2's, Mistral's: byte fallback, Metaspace), whose documents open with `<s>`
+# (data/hf_tokenizer.h). Special tokens
 # written in the text itself ("<|endoftext|>") encode to their ids, as the tokenizers library does.
 # Bad input: one line `kiln: error: ...` on stderr, exit 2.
 import argparse
@@ -62,18 +64,19 @@ def load(args, command):
         where = args.vocab
     spec = json.loads(tok.to_str())
     model_type, decoder_type = (spec.get("model") or {}).get("type"), (spec.get("decoder") or {}).get("type")
-    if "Metaspace" in json.dumps(spec.get("decoder")) + json.dumps(spec.get("pre_tokenizer")) or \
-            (spec.get("model") or {}).get("byte_fallback"):
-        die(f"{command}: {where}: a SentencePiece-based tokenizer (Metaspace, byte fallback: Llama 2's and Mistral's kind), "
-            "which kiln cannot run; kiln reads byte-level BPE tokenizers (GPT-2's, Qwen2's, Llama 3's)")
-    if model_type != "BPE" or decoder_type != "ByteLevel":
-        die(f"{command}: {where}: kiln reads byte-level BPE tokenizers (GPT-2's kind: model BPE, decoder ByteLevel); "
-            f"this one is model {model_type}, decoder {decoder_type}")
+    # SentencePiece's kind (Llama 2, Mistral): byte fallback, spaces spelled U+2581 (data/hf_tokenizer.h)
+    sp = "Metaspace" in json.dumps(spec.get("decoder")) + json.dumps(spec.get("pre_tokenizer")) or \
+        bool((spec.get("model") or {}).get("byte_fallback"))
+    if model_type != "BPE" or (not sp and decoder_type != "ByteLevel"):
+        die(f"{command}: {where}: kiln reads byte-level BPE tokenizers (GPT-2's, Qwen2's, Llama 3's: decoder ByteLevel) and "
+            f"SentencePiece-kind BPE ones (Llama 2's, Mistral's: byte fallback, Metaspace); this one is model {model_type}, decoder {decoder_type}")
     eot = tok.token_to_id(EOT)
     if eot is None:
         eot = tok.token_to_id("<|begin_of_text|>")  # Llama 3's
+    if eot is None and sp:
+        eot = tok.token_to_id("<s>")  # SentencePiece's document token
     if eot is None:
-        die(f"{command}: {where}: the tokenizer has no {EOT} token (nor Llama 3's <|begin_of_text|>; "
+        die(f"{command}: {where}: the tokenizer has no {EOT} token (nor Llama 3's <|begin_of_text|>, nor SentencePiece's <s>; "
             "kiln puts it before every document)")
     return tok, eot
 
