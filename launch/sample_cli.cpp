@@ -17,6 +17,7 @@
 #include "distributed/host_threads.h"
 #include "distributed/strprintf.h"
 #include "distributed/watchdog.h"
+#include "kernels/kernel_choice.h"
 #include "launch/flags.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/inference/inference_model.h"
@@ -78,6 +79,7 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
       ("num-samples", "samples of the prompt, with seeds seed, seed + 1, ... (default: 1)", cxxopts::value<std::string>())
       ("repetition-penalty", "divide the logits of ids already in the context by this (multiply the negative ones); 1 = off (default: 1)", cxxopts::value<std::string>())
       ("stop", "end the sample before this text (not printed); repeat for several", cxxopts::value<std::vector<std::string>>())
+      ("kernels", "fused | reference: kiln's CUDA kernels for the norms, SwiGLU and the loss's softmax, or the composite LibTorch ops (default: fused; the CPU always runs these; --json's \"kernels\" says what ran)", cxxopts::value<std::string>())
       ("json", "print one JSON object (ids, text, figures) per sample instead of the text");
   const cxxopts::ParseResult result = parse_or_throw(opts, args, "sample", "quote a prompt with spaces");
   SampleArgs out;
@@ -101,6 +103,8 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
   if (result.count("num-samples")) out.num_samples = number<int64_t>(result, "num-samples");
   if (result.count("repetition-penalty")) out.gen.sampling.repetition_penalty = number<double>(result, "repetition-penalty");
   if (result.count("stop")) out.stop = result["stop"].as<std::vector<std::string>>();
+  if (result.count("kernels")) out.kernels = result["kernels"].as<std::string>();
+  (void)parse_kernels(out.kernels);  // fused | reference, else one line naming the flag
   for (const auto& s : out.stop)
     if (s.empty()) throw ConfigError("--stop: give a non-empty text");
   if (out.num_samples < 1) throw ConfigError("--num-samples " + std::to_string(out.num_samples) + ": must be 1 or more");
@@ -129,6 +133,9 @@ int run_sample(const SampleArgs& args, const ProcessInfo& proc) {
   }
   const auto tokenizer = tokenizer_for_checkpoint(dir);
   const CheckpointModel loaded = load_checkpoint_model(dir, dev.device, tp, "kiln sample");
+  // kiln train's choice of kernels: fused where they exist (CUDA), the composite ops elsewhere.
+  loaded.model->set_kernels(kernels_on(parse_kernels(args.kernels), dev.device.is_cuda()), /*gelu_epilogue=*/false);
+  const char* kernels = kernels_name(loaded.model->kernels());
   const GPTConfig& mc = loaded.config;
   GenerateConfig gen = args.gen;
   gen.stop_token = tokenizer->eot();
@@ -202,6 +209,7 @@ int run_sample(const SampleArgs& args, const ProcessInfo& proc) {
                      {"positions", g.positions},
                      {"window_moves", g.window_moves},
                      {"kv_cache", gen.kv_cache},
+                     {"kernels", kernels},
                      {"seconds", g.seconds},
                      {"tokens_per_s", tokens_per_s}};
       if (args.num_samples > 1) rec["sample"] = k + 1, rec["seed"] = gen.seed;
@@ -209,9 +217,9 @@ int run_sample(const SampleArgs& args, const ProcessInfo& proc) {
       std::printf("%s\n", rec.dump().c_str());
     } else {
       std::printf("\n");
-      std::fprintf(stderr, "kiln sample: %s (step %lld): %zu tokens in %.3f s (%.1f tokens/s), stopped by %s; %s, tp %lld, kv cache %s\n",
+      std::fprintf(stderr, "kiln sample: %s (step %lld): %zu tokens in %.3f s (%.1f tokens/s), stopped by %s; %s, tp %lld, kv cache %s, kernels %s\n",
                    loaded.dir.c_str(), static_cast<long long>(loaded.step), g.tokens.size(), g.seconds, tokens_per_s, why,
-                   dev.name.c_str(), static_cast<long long>(args.tp), gen.kv_cache ? "on" : "off");
+                   dev.name.c_str(), static_cast<long long>(args.tp), gen.kv_cache ? "on" : "off", kernels);
     }
   }
   std::fflush(stdout);

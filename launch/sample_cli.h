@@ -34,6 +34,7 @@ struct SampleArgs {
   int64_t num_samples = 1;     // samples of the prompt, seeds seed, seed + 1, ... (nanoGPT's num_samples)
   std::vector<std::string> stop;  // --stop: the sample ends before the first of these texts (not printed)
   GenerateConfig gen;          // sampling, max new tokens, seed, cache (stop token and candidates: the tokenizer's)
+  std::string kernels = "fused";  // fused | reference: kiln's CUDA kernels (kernels/) or the composite ops, as kiln train's
   bool help = false;
   std::string help_text;
 };

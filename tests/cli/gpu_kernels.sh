@@ -8,7 +8,10 @@
 #   tiny-moe (the experts' SwiGLU), bf16, 20 steps; tiny fp32, 50 steps;
 #   tp 2 + sp (norms over a rank's rows; two ranks on the one GPU over MPI), tiny-llama, 20 steps;
 #   full activation checkpointing with the fused kernels equal to none (the recomputed forward
-#   is the same kernels on the same inputs).
+#   is the same kernels on the same inputs);
+#   kiln sample --kernels fused against reference on a tiny-llama fp32 checkpoint: the record says
+#   "fused", and the 24 greedy ids are the reference's (fp32 norms in another order: 1e-6 apart,
+#   far below a trained model's margins between its top two logits).
 # Bounds: the first 5 steps within the suite's 16-bit tolerances (moe.sh: loss 5e-4, gradient
 # norm 2e-2 relative); every step's loss within 1e-2 relative (two bf16 roundings of one
 # model drift apart over steps); fp32 within 1e-4 relative every step (the kernels compute in
@@ -34,9 +37,19 @@ both fp32 "$KILN_BIN" $K --device cuda --model tiny --precision fp32 --micro-bat
 both tpsp mpi 2 $K --device cuda --backend mpi --model tiny-llama --precision bf16 --micro-batch 4 --steps 20 --log-every 100 --tp 2 --sp
 "$KILN_BIN" $K --device cuda --model tiny-llama --precision bf16 --micro-batch 8 --steps 10 --log-every 100 \
   --activation-checkpointing full --log-json "$work/ac_full.jsonl" >/dev/null
+"$KILN_BIN" $K --device cuda --model tiny-llama --precision fp32 --micro-batch 8 --steps 30 --log-every 100 \
+  --save-dir "$work/ck_llama" >/dev/null
+for k in fused reference; do
+  "$KILN_BIN" sample --checkpoint "$work/ck_llama" --device cuda --prompt "the" --temperature 0 --max-new-tokens 24 \
+    --kernels "$k" --json >"$work/sample_$k.json" 2>/dev/null
+done
 python3 - "$work" <<'PY'
 import json, sys
 d = sys.argv[1]
+sf, sr = json.load(open(f"{d}/sample_fused.json")), json.load(open(f"{d}/sample_reference.json"))
+assert (sf["kernels"], sr["kernels"]) == ("fused", "reference"), (sf["kernels"], sr["kernels"])
+assert sf["ids"] == sr["ids"], (sf["ids"], sr["ids"])
+print(f"kiln sample --kernels fused: {len(sf['ids'])} greedy ids = the reference's")
 load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
 steps = lambda rs: [r for r in rs if r["type"] == "step"]
 bad = []

@@ -64,6 +64,16 @@ assert f["positions"] > 5 * c["positions"], (f["positions"], c["positions"])
 print(f"kv cache: {len(c['ids'])} greedy ids equal to the full recomputation's; {c['positions']} positions "
       f"run against {f['positions']}, {c['window_moves']} window moves")
 PY
+# --kernels as kiln train's: the record says what ran -- the composite ops on the CPU whatever was
+# asked (fused runs on CUDA only: tests/cli/gpu_kernels.sh) -- and a bad value is one line, exit 2.
+"$KILN_BIN" sample --checkpoint ck --prompt "a lazy" --temperature 0 --max-new-tokens 150 --json --kernels reference >ref.json
+python3 -c '
+import json
+c, r = json.load(open("cached.json")), json.load(open("ref.json"))
+assert c["kernels"] == r["kernels"] == "reference" and c["ids"] == r["ids"], (c["kernels"], r["kernels"])
+print("--kernels: the CPU ran the composite ops, asked fused (the default) or reference; the same ids")'
+code=0; "$KILN_BIN" sample --checkpoint ck --kernels fast >/dev/null 2>err || code=$?
+[ "$code" -eq 2 ] && grep -q "^kiln: error: --kernels must be fused or reference" err || { cat err; fail "--kernels fast: exit $code"; }
 
 # 3. Seeds: the same seed, the same text; another seed, another text (temperature 1).
 "$KILN_BIN" sample --checkpoint ck --prompt "the" --seed 5 --max-new-tokens 60 >s5a.out 2>/dev/null
