@@ -20,7 +20,9 @@
 #     characters outside the vocabulary (byte fallback) to the library's ids, and the text of each
 #     of 6 samples at temperature 1 (random-ish ids from a barely trained model: byte tokens whose
 #     runs are not UTF-8, the leading space, special tokens) is exactly the library's decode of
-#     its ids. A decoder kiln does not know is refused with one line (tests/test_tokenizer.cpp).
+#     its ids; where KILN_PYTHON has transformers, AutoTokenizer on the checkpoint encodes the prompt
+#     and decodes the samples alike. A decoder kiln does not know is refused with one line
+#     (tests/test_tokenizer.cpp).
 # Skipped (exit 77) when KILN_PYTHON cannot import tokenizers.
 set -euo pipefail
 : "${KILN_BIN:?KILN_BIN must point at the kiln binary}"
@@ -186,6 +188,18 @@ ids = sum((s["ids"] for s in samples), [])
 byte_ids = sum(1 for i in ids if (tok.id_to_token(i) or "").startswith("<0x"))
 print(f"{kind}: prep's {len(got)} ids are the library's (<s> = {bos} first); the prompt's {len(enc)} ids too "
       f"({fallback} by byte fallback); 6 samples' text = the library's decode ({len(ids)} ids, {byte_ids} byte tokens)")
+try:
+    import transformers
+except ImportError:
+    transformers = None
+if transformers is not None:  # transformers' AutoTokenizer on the checkpoint as it is
+    transformers.utils.logging.set_verbosity_error()
+    at = transformers.AutoTokenizer.from_pretrained(ck)
+    assert at.encode(prompt, add_special_tokens=False) == enc, (at.encode(prompt, add_special_tokens=False), enc)
+    assert (at.bos_token, at.eos_token, at.unk_token) == ("<s>", "</s>", "<unk>"), (at.bos_token, at.eos_token, at.unk_token)
+    for s in samples:
+        assert at.decode(s["ids"], skip_special_tokens=True) == s["text"], (at.decode(s["ids"], skip_special_tokens=True), s["text"])
+    print(f"{kind}: AutoTokenizer on the checkpoint encodes the prompt and decodes the samples as kiln does")
 PY
 done
 echo PASS
