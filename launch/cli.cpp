@@ -127,6 +127,7 @@ const std::vector<Flag>& train_flags() {
       {"zero", Kind::Int, "ZeRO stage 0-3", field(&TrainConfig::zero)},
       {"offload", Kind::String, "none | optimizer (ZeRO 1-3) | all (ZeRO-3): optimizer state and step on the host; all: parameters too", field(&TrainConfig::offload)},
       {"offload-delayed-update", Kind::Bool, "with --offload optimizer: each step's host AdamW runs under the next step's forward and backward, its result reaching the weights one step late (ZeRO-Offload's delayed parameter update; every save, evaluation and sample publishes it first: docs/zero.md)", field(&TrainConfig::offload_delayed_update)},
+      {"offload-delay-from", Kind::Int, "with --offload-delayed-update: the first N updates undelayed, the delay from update N + 1 on (ZeRO-Offload's paper waits a few dozen steps, while the gradients change fastest; default 0: from the first)", field(&TrainConfig::offload_delay_from)},
       {"zero-accum", Kind::String, "reduce | local: ZeRO-2/3 with --grad-accum > 1 reduce-scatters every micro-step, or accumulates a full local buffer and reduces once", field(&TrainConfig::zero_accum)},
       {"precision", Kind::String, "fp32 | bf16 | fp16", field(&TrainConfig::precision)},
       {"param-dtype", Kind::String, "working weights: auto | fp32 | bf16 | fp16 (default auto: the compute precision, so bf16 / fp16 "

@@ -94,6 +94,7 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     : model_(model), device_(device), dp_(std::move(dp)), cfg_(cfg), adam_(adam) {
   if (cfg_.stage < 1 || cfg_.stage > 3) throw ConfigError("zero: stage must be 1, 2 or 3");
   if (cfg_.offload == Offload::All && cfg_.stage != 3) throw ConfigError("--offload all needs --zero 3");
+  if (cfg_.delay_from < 0) throw ConfigError("--offload-delay-from must be 0 or more");
   if (cfg_.delayed_update && cfg_.offload != Offload::Optimizer)
     throw ConfigError("--offload-delayed-update needs --offload optimizer (the working weights the delay keeps are the device's)");
   if (cfg_.is_expert && (!cfg_.expert_dp || !cfg_.ep)) {
@@ -301,7 +302,7 @@ void ZeroEngine::gather_async(Unit& u) {
   if (u.state != Unit::State::Released) return;
   // Offload: the shard the gather reads is the host update's output. Delayed: the published
   // shard, which no pending update writes.
-  if (!cfg_.delayed_update) finish_update(u);
+  if (!delaying_) finish_update(u);
   alloc_storage(u.flat);
   auto issue = [this, &u] {
     u.ag_src = to_device(u.shard_params, device_, /*non_blocking=*/true);
@@ -594,7 +595,7 @@ void ZeroEngine::finish_update(Unit& u) const {
     host_->wait(u.update);
     u.update = 0;
   }
-  if (!cfg_.delayed_update) upload(u);
+  if (!delaying_) upload(u);
 }
 
 void ZeroEngine::upload(Unit& u) const {
@@ -711,10 +712,12 @@ void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor
       u->downloaded = false;
     }
     synchronize(device_);
+    // The delay holds this update back when the updates applied before it reach delay_from.
+    delaying_ = cfg_.delayed_update && steps_ - 1 >= cfg_.delay_from;
     for (auto& u : units_) post_update(*u, lr, factor);
   }
   // ZeRO-1/2: every rank's updated shard to every rank (delayed: at the next publish()).
-  if (cfg_.stage < 3 && !cfg_.delayed_update) publish_units();
+  if (cfg_.stage < 3 && !delaying_) publish_units();
 }
 
 void ZeroEngine::begin_forward_only() {

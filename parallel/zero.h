@@ -119,7 +119,10 @@
 // it before a save, an evaluation or a sample, so each of those sees (and saves) M_k at step k;
 // the next step then runs on round(M_k) -- the delay restarts there, in the run that saved and in
 // the run that resumes from its checkpoint alike, so a resume is exact. A load (a resume, a
-// rollback) replaces the pending update. Checked against a reference of the rule written apart
+// rollback) replaces the pending update. ZeroConfig::delay_from (--offload-delay-from N): the
+// first N updates are published undelayed, as ZeRO-Offload's paper turns the delay on only after
+// its first few dozen steps, when the gradients change fastest; D_{k+1} = round(M_k) for k <= N.
+// Checked against a reference of the rule written apart
 // (tests/test_zero_engine.cpp).
 //
 // The model is built and initialised on the host; only what the stage keeps on the device is
@@ -185,6 +188,7 @@ struct ZeroConfig {
   // working weights at the next step's step() instead of before its forward, so it runs under
   // that step's forward and backward. See "The delayed update".
   bool delayed_update = false;
+  int64_t delay_from = 0;  // the delay starts with the update after this many (--offload-delay-from; 0: the first)
 };
 
 // Model-state bytes this rank holds, by kind and place (optimizer: the moments, plus the fp32
@@ -336,6 +340,7 @@ class ZeroEngine {
   GradReadyHooks hooks_;
   bool last_micro_ = true;
   int64_t steps_ = 0;   // offload: the host's count
+  bool delaying_ = false;  // the delayed update holds the queued updates back (from delay_from on)
   at::Tensor step_t_;   // no offload: the count, a 0-dim fp32 tensor on the device
 };
 

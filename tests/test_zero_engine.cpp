@@ -72,8 +72,8 @@ at::Tensor factor_of(const at::Tensor& sq_norm) {
 }
 
 // The rule, over kiln's plain AdamW. publish_at: the step after whose update the weights catch
-// up (a save's publication; 0: never).
-Trace reference(bool delayed, int publish_at = 0) {
+// up (a save's publication; 0: never). from: the updates published undelayed first (delay_from).
+Trace reference(bool delayed, int publish_at = 0, int from = 0) {
   const GPTConfig c = config();
   GPT m(c);
   m.init_weights(1);
@@ -107,14 +107,15 @@ Trace reference(bool delayed, int publish_at = 0) {
     for (const auto& p : params)
       if (p.grad().defined()) sq += p.grad().to(at::kDouble).square().sum();
     opt.step(kLr, at::Tensor(), factor_of(sq));
-    forward_weights = k == publish_at ? copy() : masters;  // D_{k+1}: M_{k-1}, or M_k after a publication
+    // D_{k+1}: M_{k-1}, or M_k after a publication or while the delay has not started
+    forward_weights = k == publish_at || k <= from ? copy() : masters;
   }
   t.final = copy();
   return t;
 }
 
 // The engine, driven as the trainer drives it.
-Trace engine(int stage, bool delayed, int publish_at = 0) {
+Trace engine(int stage, bool delayed, int publish_at = 0, int from = 0) {
   const GPTConfig c = config();
   GPT m(c);
   m.init_weights(1);
@@ -123,6 +124,7 @@ Trace engine(int stage, bool delayed, int publish_at = 0) {
   zc.offload = kiln::Offload::Optimizer;
   zc.grad_accum = kAccum;
   zc.delayed_update = delayed;
+  zc.delay_from = from;
   kiln::ZeroEngine z(m, at::Device(at::kCPU), kiln::make_self_communicator("dp", "local"), zc, kAdam);
   Trace t;
   for (int k = 1; k <= kSteps; ++k) {
@@ -188,6 +190,16 @@ TEST_P(ZeroDelayed, APublicationRestartsTheDelay) {
   const auto [loss, weight] = distance(reference(true, 3), reference(true));
   EXPECT_GT(loss, 100 * kLossTol) << "the publication changed nothing";
   (void)weight;
+}
+
+TEST_P(ZeroDelayed, TheDelayStartsAfterDelayFromUpdates) {
+  // --offload-delay-from 3: updates 1-3 undelayed (steps 2-4 on M_1..M_3), then steps 5, 6 one
+  // update behind (on M_3, M_4).
+  const Trace late = engine(GetParam(), true, 0, 3);
+  expect_close(late, reference(true, 0, 3), "ZeRO-" + std::to_string(GetParam()) + " delayed from update 4");
+  const Trace plain = reference(false);
+  for (int k = 0; k < 4; ++k) EXPECT_DOUBLE_EQ(late.losses[static_cast<size_t>(k)], plain.losses[static_cast<size_t>(k)]) << k;
+  EXPECT_GT(std::abs(late.losses[5] - plain.losses[5]) / plain.losses[5], 100 * kLossTol) << "the delay never started";
 }
 
 TEST_P(ZeroDelayed, ASlowHostWorkerChangesNothing) {

@@ -153,6 +153,10 @@ void TrainConfig::validate_layout() const {
     throw ConfigError("--offload all needs --zero 3 (parameters are sharded only under ZeRO-3; got --zero " +
                       std::to_string(zero) + ")");
   }
+  at_least("offload-delay-from", offload_delay_from, int64_t{0});
+  if (offload_delay_from > 0 && !offload_delayed_update) {
+    throw ConfigError("--offload-delay-from " + std::to_string(offload_delay_from) + " needs --offload-delayed-update (it says when the delay starts)");
+  }
   if (offload_delayed_update && offload != "optimizer") {
     throw ConfigError("--offload-delayed-update needs --offload optimizer (got --offload " + offload +
                       "): it holds the host update back from the working weights the device keeps");
@@ -267,6 +271,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["offload"] = offload;
   j["zero_accum"] = zero_accum;
   j["offload_delayed_update"] = offload_delayed_update;
+  j["offload_delay_from"] = offload_delay_from;
   j["precision"] = precision;
   j["param_dtype"] = resolved_param_dtype();  // the policy the run used, never "auto"
   j["reduce_dtype"] = reduce_dtype;
@@ -381,7 +386,7 @@ std::vector<ConfigChange> config_changes(const nlohmann::json& saved_run, const 
                                                "lr_schedule", "warmup_type", "warmup_start_lr", "lr_decay_steps",
                                                "weight_decay", "grad_clip",  "beta1",            "beta2",
                                                "adam_eps",    "precision",   "param_dtype", "reduce_dtype", "loss_scale",       "loss_scale_window",
-                                               "initial_scale_power", "hysteresis", "min_loss_scale", "offload_delayed_update",
+                                               "initial_scale_power", "hysteresis", "min_loss_scale", "offload_delayed_update", "offload_delay_from",
                                                // MoE: the routing and the losses (the shapes are checked with the tensors)
                                                "top_k", "moe_capacity_factor", "moe_aux_loss_coef", "moe_z_loss_coef"};
   // This run's own outputs and its way of resuming: not settings of the training.

@@ -67,7 +67,8 @@ struct TrainConfig {
   int64_t zero = 0;              // ZeRO stage 0..3
   std::string offload = "none";  // none | optimizer (ZeRO 1-3) | all (ZeRO-3)
   std::string zero_accum = "reduce";  // ZeRO-2/3 gradient accumulation: reduce | local
-  bool offload_delayed_update = false;  // offload optimizer: the host update one step late, under the next step's compute (parallel/zero.h)
+  bool offload_delayed_update = false;
+  int64_t offload_delay_from = 0;  // with it: the first N updates undelayed (ZeRO-Offload's warm-up before the delay)  // offload optimizer: the host update one step late, under the next step's compute (parallel/zero.h)
   std::string precision = "fp32";             // fp32 | bf16 | fp16
   std::string param_dtype = "auto";           // working weights: auto (= precision) | fp32 | bf16 | fp16 (docs/precision.md)
   std::string reduce_dtype = "fp32";          // the dp gradient reduction: fp32 | bf16 (parallel/ddp.h, parallel/zero.h)

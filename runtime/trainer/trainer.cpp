@@ -341,6 +341,7 @@ void Trainer::build_zero() {
   zc.offload = parse_offload(cfg_.offload);
   zc.accum = parse_zero_accum(cfg_.zero_accum);
   zc.delayed_update = cfg_.offload_delayed_update;
+  zc.delay_from = cfg_.offload_delay_from;
   zc.grad_accum = cfg_.grad_accum;
   if (r.shape.tp > 1) zc.tp = r.mesh->tp();
   if (r.shape.tp > 1 || r.shape.pp > 1) {

@@ -18,7 +18,8 @@
 # the next forward and backward really run while the update is queued, and its gradient copies
 # must wait for it; the delayed run equals the undelayed one at step 1 and not after; a save
 # (which publishes the pending update) resumed equals the saving run's steps 4-6 bit for bit; and
-# a resume that changes --save-every (the points where the delay restarts) is refused.
+# a resume that changes --save-every (the points where the delay restarts) is refused; with
+# --offload-delay-from 2 (the first two updates undelayed) as well.
 source "$(dirname "$0")/common.sh"
 : "${MPIEXEC:=mpirun}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
@@ -40,6 +41,7 @@ configs=(
   "2 tiny --grad-accum 2 --zero 3 --offload optimizer --precision fp16 --seq-len 64 --offload-delayed-update"
   "2 tiny --grad-accum 4 --zero 3 --offload optimizer --pp 2 --offload-delayed-update"
   "4 tiny-moe --grad-accum 2 --micro-batch 1 --ep 2 --zero 2 --offload optimizer --offload-delayed-update"
+  "2 tiny --grad-accum 2 --zero 3 --offload optimizer --precision bf16 --offload-delayed-update --offload-delay-from 2"
 )
 i=0
 for cfg in "${configs[@]}"; do
@@ -69,6 +71,7 @@ mpi 2 -x KILN_TEST_HOST_WORKER=inline "$KILN_BIN" "${T[@]}" "${delay[@]}" --save
   --log-json "$work/dresumed.jsonl" >/dev/null || fail "the delayed resume"
 expect_refused 2 "save_every 3 -> 2" "${T[@]}" "${delay[@]}" --save-every 2 --resume "$work/dk/step_00000003"
 expect_refused 1 "offload-delayed-update needs --offload optimizer" "${T[@]}" --model tiny --zero 3 --offload all --offload-delayed-update
+expect_refused 1 "offload-delay-from 2 needs --offload-delayed-update" "${T[@]}" --model tiny --zero 1 --offload optimizer --offload-delay-from 2
 
 python3 - "$work" "$i" <<'PY'
 import json, sys
