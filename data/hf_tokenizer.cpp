@@ -73,31 +73,6 @@ std::string bytes_of_token(const std::string& token) {
   return out;
 }
 
-// Whether s is UTF-8 as Rust's from_utf8 (the library's ByteFallback) takes it: no overlong
-// forms, no surrogates, nothing above U+10FFFF, no sequence cut short.
-bool is_utf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = 0;
-    uint32_t cp = 0, min = 0;
-    if (c < 0x80) n = 1, cp = c;
-    else if ((c >> 5) == 0x6) n = 2, cp = c & 0x1F, min = 0x80;
-    else if ((c >> 4) == 0xE) n = 3, cp = c & 0x0F, min = 0x800;
-    else if ((c >> 3) == 0x1E) n = 4, cp = c & 0x07, min = 0x10000;
-    else return false;
-    if (i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 0x2) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n;
-  }
-  return true;
-}
-
 // A byte-fallback token "<0xHH>" (the library's test: six characters, "<0x", two hex digits, ">").
 bool byte_token(const std::string& t, char* byte) {
   if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>' || !std::isxdigit(static_cast<unsigned char>(t[3])) ||
@@ -266,7 +241,7 @@ std::string BpeTokenizer::decode_sp(const std::vector<int64_t>& ids) const {
       size_t bytes = 0;
       auto flush = [&] {
         if (bytes == 0) return;
-        if (is_utf8(run)) out.push_back(run);
+        if (valid_utf8(run) == run) out.push_back(run);  // UTF-8 as strict as Rust's from_utf8 (the library's)
         else for (size_t k = 0; k < bytes; ++k) out.push_back(kReplacementChar);
         run.clear();
         bytes = 0;

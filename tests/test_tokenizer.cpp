@@ -129,7 +129,8 @@ TEST(Tokenizer, SentencePieceKindDecodesAsTheLibrary) {
   const fs::path d = temp_dir("sp");
   const std::string R = "\xe2\x96\x81";  // U+2581, SentencePiece's space
   const std::vector<std::string> pieces = {"<unk>", "<s>", "</s>", R + R + "Hi", "<0xE6>", "<0x97>", "<0xA5>", R + "x",
-                                           "<0x41>", "<0x0a>", R + R + "world", R, "x" + R, R + "a" + R + "b", "c" + R + "d"};
+                                           "<0x41>", "<0x0a>", R + R + "world", R, "x" + R, R + "a" + R + "b", "c" + R + "d",
+                                           "<0xC0>", "<0x80>", "<0xED>", "<0xA0>"};
   json vocab = json::object();
   for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = static_cast<int64_t>(i);
   json added = json::array();
@@ -154,6 +155,9 @@ TEST(Tokenizer, SentencePieceKindDecodesAsTheLibrary) {
   const std::string fffd = "\xef\xbf\xbd";
   EXPECT_EQ(t->decode({1, 3, 4, 5, 6, 4, 5, 7, 8, 9, 2}), " Hi" + fffd + fffd + fffd + fffd + fffd + " xA\n");
   EXPECT_EQ(t->decode({4, 5, 6}), "\xe6\x97\xa5");  // a whole character: its bytes
+  // An overlong form and a surrogate are not UTF-8 either (the library: '\ufffd' x 2, x 3).
+  EXPECT_EQ(t->decode({15, 16}), fffd + fffd);
+  EXPECT_EQ(t->decode({17, 18, 16}), fffd + fffd + fffd);
   const json meta{{"type", "Metaspace"}, {"replacement", R}, {"prepend_scheme", "first"}, {"split", true}};
   auto m = tokenizer("meta.json", meta);
   EXPECT_EQ(m->decode({3, 10, 11, 12}), "Hi  world x ");  // the library: 'Hello  world x ' for these shapes
