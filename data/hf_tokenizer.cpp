@@ -146,6 +146,7 @@ BpeTokenizer::BpeTokenizer(std::string path, std::string json_text) : path_(std:
       }
       steps_.push_back(s);
     }
+    if (model.contains("unk_token") && model["unk_token"].is_string()) unk_text_ = model["unk_token"].get<std::string>();
   }
   // id -> (string, special?) from the vocabulary, then the added tokens (which may repeat or extend it).
   std::map<int64_t, std::pair<std::string, bool>> tokens;
@@ -327,12 +328,7 @@ std::map<std::string, std::string> tokenizer_files(const Tokenizer& tok, int64_t
   // vocabulary has no unknown text), nor does kiln for them.
   if (tok.eot_text() == kEotToken) config["unk_token"] = tok.eot_text();
   // SentencePiece's kind names its model's unknown token (<unk>), which its vocabulary holds.
-  try {
-    const json model = json::parse(tok.hf_json()).value("model", json::object());
-    if (tok.eot_text() != kEotToken && model.contains("unk_token") && model["unk_token"].is_string())
-      config["unk_token"] = model["unk_token"].get<std::string>();
-  } catch (const json::exception&) {
-  }
+  else if (!tok.unk_text().empty()) config["unk_token"] = tok.unk_text();
   config["model_max_length"] = model_max_length;
   config["add_prefix_space"] = false;
   config["clean_up_tokenization_spaces"] = false;

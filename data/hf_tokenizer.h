@@ -66,6 +66,7 @@ class BpeTokenizer : public Tokenizer {
   int64_t eot() const override { return eot_; }
   std::string eot_text() const override { return eot_text_; }
   std::string eos_text() const override { return eos_text_; }
+  std::string unk_text() const override { return unk_text_; }
   std::vector<int64_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int64_t>& ids) const override;
   std::string hf_json() const override { return text_; }
@@ -89,6 +90,7 @@ class BpeTokenizer : public Tokenizer {
   int64_t eot_ = -1;
   std::string eot_text_ = kEotToken;  // <|begin_of_text|> where that is eot
   std::string eos_text_ = kEotToken;  // then <|end_of_text|> where the vocabulary has it
+  std::string unk_text_;              // SentencePiece's kind: the model's unk_token
 };
 
 // The tokenizer of the tokenizer.json at `path`: ByteTokenizer if it is kiln's byte-level one

@@ -29,6 +29,8 @@ class Tokenizer {
   // The token that ends a document, as text: eot_text(), or where eot opens documents instead
   // (Llama 3's <|begin_of_text|>) the tokenizer's own end, <|end_of_text|> (tokenizer_config.json's eos).
   virtual std::string eos_text() const { return eot_text(); }
+  // The model's unknown token where it names one (SentencePiece's kind: <unk>); "" otherwise.
+  virtual std::string unk_text() const { return ""; }
   // The ids that end a sampled text: eot, and a tokenizer's own ends where its documents are
   // opened by another token (Llama 3: <|end_of_text|>, <|eot_id|>).
   virtual std::vector<int64_t> end_tokens() const { return {eot()}; }
