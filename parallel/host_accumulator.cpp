@@ -14,12 +14,12 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
 #endif
 
 #include "distributed/error.h"
 #include "distributed/host_memory.h"
 #include "parallel/host_worker.h"
+#include "parallel/stream_event.h"
 
 // at::parallel_for only splits the range in a file compiled with OpenMP (optim/cpu_adamw.cpp says why).
 #if AT_PARALLEL_OPENMP && !defined(_OPENMP)
@@ -29,31 +29,6 @@
 namespace kiln {
 
 namespace {
-
-#if defined(KILN_WITH_CUDA)
-// An event recorded on `stream` after the work queued on it so far.
-struct CopyEvent {
-  cudaEvent_t event = nullptr;
-  explicit CopyEvent(cudaStream_t stream) {
-    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw Error("host accumulator: cudaEventCreate failed");
-    }
-    if (cudaEventRecord(event, stream) != cudaSuccess) {
-      (void)cudaGetLastError();
-      cudaEventDestroy(event);
-      throw Error("host accumulator: cudaEventRecord failed");
-    }
-  }
-  ~CopyEvent() {
-    if (event) cudaEventDestroy(event);
-  }
-  void wait() const {
-    const cudaError_t rc = cudaEventSynchronize(event);
-    if (rc != cudaSuccess) throw Error(std::string("waiting for a device-to-host copy: ") + cudaGetErrorString(rc));
-  }
-};
-#endif
 
 // dst[i] += src[i] over the intra-op pool, in 64-byte lines so no two threads write one.
 void host_add(float* dst, const float* src, int64_t n) {
@@ -118,7 +93,7 @@ void HostAccumulator::add(const at::Tensor& src, const at::Tensor& dst, bool ass
     target = slot->buffer.narrow(0, 0, n);
   }
 #if defined(KILN_WITH_CUDA)
-  std::shared_ptr<CopyEvent> copied;
+  std::shared_ptr<StreamEvent> copied;
   if (src.is_cuda()) {
     // On the copy stream, after what the compute stream has queued so far (src's producer), so
     // the copy runs beside the backward's next kernels instead of between them. The allocator is
@@ -128,17 +103,13 @@ void HostAccumulator::add(const at::Tensor& src, const at::Tensor& dst, bool ass
     const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(index);
     if (!copy_stream_) copy_stream_.reset(new CopyStream{c10::cuda::getStreamFromPool(false, index)});
     const c10::cuda::CUDAStream& copy = copy_stream_->stream;
-    const CopyEvent produced(compute.stream());
-    if (cudaStreamWaitEvent(copy.stream(), produced.event, 0) != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw Error("host accumulator: cudaStreamWaitEvent failed");
-    }
+    StreamEvent(compute.stream()).wait_on(copy.stream());
     c10::cuda::CUDACachingAllocator::recordStream(src.storage().data_ptr(), copy);
     {
       c10::cuda::CUDAStreamGuard on_copy(copy);
       target.copy_(src, /*non_blocking=*/true);  // page-locked: asynchronous on the copy stream
     }
-    copied = std::make_shared<CopyEvent>(copy.stream());
+    copied = std::make_shared<StreamEvent>(copy.stream());
   } else {
     target.copy_(src);
   }
@@ -148,7 +119,7 @@ void HostAccumulator::add(const at::Tensor& src, const at::Tensor& dst, bool ass
   const float* in = target.data_ptr<float>();
   const int64_t ticket = worker_.post([=] {
 #if defined(KILN_WITH_CUDA)
-    if (copied) copied->wait();
+    if (copied) copied->wait_host();
 #endif
     if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
     if (!assign) host_add(out, in, n);

@@ -1,47 +1,16 @@
 // parallel/upload_stream.cpp -- the upload stream's events and guards (CUDA builds); in line elsewhere.
 #include "parallel/upload_stream.h"
 
-#include <string>
 
 #if defined(KILN_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
 #endif
 
-#include "distributed/error.h"
+#include "parallel/stream_event.h"
 
 namespace kiln {
-
-namespace {
-#if defined(KILN_WITH_CUDA)
-void check(cudaError_t rc, const char* what) {
-  if (rc == cudaSuccess) return;
-  (void)cudaGetLastError();
-  throw Error(std::string("upload stream: ") + what + ": " + cudaGetErrorString(rc));
-}
-
-// An event recorded on `stream` after the work queued on it so far.
-struct Event {
-  cudaEvent_t event = nullptr;
-  explicit Event(cudaStream_t stream) {
-    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-    const cudaError_t rc = cudaEventRecord(event, stream);
-    if (rc != cudaSuccess) {
-      cudaEventDestroy(event);
-      event = nullptr;
-      check(rc, "cudaEventRecord");
-    }
-  }
-  ~Event() {
-    if (event) cudaEventDestroy(event);
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-};
-#endif
-}  // namespace
 
 struct UploadStream::Stream {
 #if defined(KILN_WITH_CUDA)
@@ -51,7 +20,7 @@ struct UploadStream::Stream {
 
 struct UploadStream::Done {
 #if defined(KILN_WITH_CUDA)
-  Event event;
+  StreamEvent event;
   c10::DeviceIndex device;
   Done(cudaStream_t s, c10::DeviceIndex d) : event(s), device(d) {}
 #endif
@@ -67,10 +36,7 @@ UploadStream::Ticket UploadStream::run(const std::vector<at::Tensor>& shared, co
     if (!stream_) stream_.reset(new Stream{c10::cuda::getStreamFromPool(false, index)});
     const c10::cuda::CUDAStream& upload = stream_->stream;
     const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(index);
-    {
-      const Event queued(compute.stream());  // E: after the compute stream's work so far
-      check(cudaStreamWaitEvent(upload.stream(), queued.event, 0), "cudaStreamWaitEvent");
-    }
+    StreamEvent(compute.stream()).wait_on(upload.stream());  // E: after the compute stream's work so far
     for (const auto& t : shared)
       if (t.defined() && t.is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), upload);
     {
@@ -88,7 +54,7 @@ UploadStream::Ticket UploadStream::run(const std::vector<at::Tensor>& shared, co
 void UploadStream::join(const Ticket& t) {
   if (!t) return;
 #if defined(KILN_WITH_CUDA)
-  check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(t->device).stream(), t->event.event, 0), "cudaStreamWaitEvent");
+  t->event.wait_on(c10::cuda::getCurrentCUDAStream(t->device).stream());
 #endif
 }
 
