@@ -81,6 +81,7 @@ const std::vector<FlagHelp> kLayoutFlags = {
     {"grad-accum", "micro-batches per optimizer step per dp rank (default 1)"},
     {"param-dtype", "working weights: auto | fp32 | bf16 | fp16 (default auto: the compute precision; 16-bit: fp32 masters with the optimizer state)"},
     {"reduce-dtype", "the dp gradient reduction (DDP's all-reduce, ZeRO's reduce-scatters): fp32 | bf16 (default fp32)"},
+    {"main-grads", "auto | always: fp32 main gradients for 16-bit weights always, or only where something accumulates or reduces (default auto, as kiln train)"},
 };
 // Layout switches without a value (cxxopts booleans).
 const std::vector<FlagHelp> kLayoutSwitches = {
@@ -354,6 +355,11 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
       throw ConfigError("--" + f + " must be " + (f == "param-dtype" ? "auto, fp32, bf16 or fp16" : "fp32 or bf16") + " (got '" + d + "')");
     }
     (f == "param-dtype" ? base.param_bytes : base.reduce_bytes) = d == "fp32" ? 4 : 2;
+  }
+  if (v.has("main-grads")) {
+    const std::string mg = v.text("main-grads");
+    if (mg != "auto" && mg != "always") throw ConfigError("--main-grads must be auto or always (got '" + mg + "')");
+    base.main_grads_always = mg == "always";
   }
   const std::string attention = v.has("attention") ? v.text("attention") : "auto";
   base.attention = attention == "auto" ? plan::Attention::Flash : plan::parse_attention(attention);

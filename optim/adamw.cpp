@@ -28,6 +28,7 @@ AdamW::AdamW(const std::vector<at::Tensor>& params, const AdamWConfig& cfg, at::
       p.set_data(p.detach().to(working));
     }
     targets_.push_back(g.masters.back());
+    params_.push_back(p);
     g.exp_avg.push_back(at::zeros_like(g.masters.back(), at::MemoryFormat::Contiguous));
     g.exp_avg_sq.push_back(at::zeros_like(g.masters.back(), at::MemoryFormat::Contiguous));
     // The fused kernel reads the step count from a float tensor on the parameter's device.
@@ -48,7 +49,7 @@ std::pair<size_t, size_t> AdamW::index_of(const at::Tensor& p) const {
 void AdamW::step_group(Group& g, double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor) {
   AdamWGroup u;  // the parameters with a gradient; working[k] takes params[k] (16-bit working weights)
   for (size_t i = 0; i < g.params.size(); ++i) {
-    const auto& grad = g.masters[i].grad();
+    const auto& grad = working_grads_ ? g.params[i].grad() : g.masters[i].grad();
     if (!grad.defined()) continue;
     u.params.push_back(g.masters[i]);
     if (!g.masters[i].is_same(g.params[i])) u.working.push_back(g.params[i]);
@@ -73,7 +74,13 @@ AdamW::ParamState AdamW::state_of(const at::Tensor& p) const {
 
 const at::Tensor& AdamW::grad_target(const at::Tensor& p) const {
   const auto [gi, i] = index_of(p);
-  return groups_[gi].masters[i];
+  return working_grads_ ? groups_[gi].params[i] : groups_[gi].masters[i];
+}
+
+void AdamW::read_working_grads() {
+  if (!has_masters()) return;
+  working_grads_ = true;
+  targets_ = params_;  // the parameters themselves, in the constructor's order
 }
 
 void AdamW::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor) {

@@ -16,6 +16,13 @@
 // 16-bit gradient into it), then the parameter takes w rounded to 16 bits: p = fp16(w). Bytes
 // per parameter: 2 (p) + 4 (main grad) + 4 (w) + 8 (m, v) = 18, against 4 + 4 + 8 = 16 for fp32
 // working weights, and no 2-byte autocast copy of each weight in the forward.
+//
+// Nothing to accumulate (grad_accum 1, no reduction between the backward and the update:
+// read_working_grads()): the update reads autograd's 16-bit gradient of p itself. The fused
+// kernel reads g as fp32 as it goes; the reference copies it to fp32 first. float(g) is exact,
+// and the main grad would hold 0 + float(g) = float(g), so the update is the same bit for bit;
+// what goes is the main grad's 4 bytes a parameter (16 instead of 18), its zero fill and the add
+// into it (10 bytes of traffic a parameter a step).
 #pragma once
 
 #include <cstdint>
@@ -64,6 +71,11 @@ class AdamW {
   const at::Tensor& grad_target(const at::Tensor& p) const;
   std::vector<at::Tensor> grad_targets() const { return targets_; }
   bool has_masters() const { return working_ != at::kFloat; }
+  // 16-bit working weights: from now on each parameter's gradient is read from the parameter
+  // itself (its 16-bit .grad), not accumulated in its master's (see above). grad_target(p) is
+  // then p. Call before anything reads grad_targets(); a no-op for fp32 working weights.
+  void read_working_grads();
+  bool reads_working_grads() const { return has_masters() && working_grads_; }
 
   int64_t steps_taken() const { return steps_; }
 
@@ -86,11 +98,12 @@ class AdamW {
   std::pair<size_t, size_t> index_of(const at::Tensor& p) const;  // (group, position); throws for a stranger
   AdamWConfig cfg_;
   at::ScalarType working_;
-  std::vector<at::Tensor> targets_;
+  std::vector<at::Tensor> targets_, params_;  // in the constructor's order
   std::unordered_map<const void*, std::pair<size_t, size_t>> index_;  // TensorImpl -> (group, position)
   std::vector<Group> groups_;
   int64_t steps_ = 0;
   Kernels kernels_ = Kernels::reference;
+  bool working_grads_ = false;  // read_working_grads()
 };
 
 }  // namespace kiln

@@ -19,8 +19,10 @@ at::Tensor grad_norm(const std::vector<at::Tensor>& params) {
   if (grads.empty()) return at::zeros({}, at::kFloat);
   // On the CPU in double: LibTorch's CPU fp32 norm of a long tensor is off by up to 1e-6
   // relative. CUDA's multi-tensor kernel reduces in a tree, accurately in fp32.
-  const bool cpu = grads.front().is_cpu();
-  auto norms = at::_foreach_norm(grads, 2, cpu ? std::optional<at::ScalarType>(at::kDouble) : std::nullopt);
+  // 16-bit gradients (AdamW::read_working_grads) are normed in fp32 there too.
+  const bool cpu = grads.front().is_cpu(), fp32 = grads.front().scalar_type() == at::kFloat;
+  auto norms = at::_foreach_norm(grads, 2, cpu ? std::optional<at::ScalarType>(at::kDouble)
+                                           : fp32 ? std::nullopt : std::optional<at::ScalarType>(at::kFloat));
   return at::stack(norms).norm(2).to(at::kFloat);
 }
 

@@ -95,6 +95,7 @@ Run run_of(const json& config, const std::string& where) {
   l.plain_loss = need<std::string>(c, "precision", where) == "fp16" || c.value("loss_chunk_rows", int64_t{0}) < 0;
   l.param_bytes = c.value("param_dtype", std::string("fp32")) == "fp32" ? 4 : 2;  // absent: a log from before the flag
   l.reduce_bytes = c.value("reduce_dtype", std::string("fp32")) == "fp32" ? 4 : 2;
+  l.main_grads_always = c.value("main_grads", std::string("always")) == "always";  // absent: a kiln that always kept them
   l.dropout = model.dropout > 0;
   l.cpu = cpu;
   // the kernels that ran (the record's top-level "kernels"; absent: a kiln from before them)

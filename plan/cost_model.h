@@ -19,7 +19,9 @@
 //    fp32 AdamW moments, 4 + 4 + 8 = 16 bytes per parameter at ZeRO-0, the fp32 parameter
 //    (shard) being its own master. 16-bit (pb 2, --param-dtype bf16|fp16; optim/adamw.h): 16-bit
 //    weights, fp32 main grads, fp32 master + moments, 2 + 4 + 12 = 18. Gradients stay fp32 in
-//    both (K micro-steps accumulated in 16 bits would round every partial sum). Parameters
+//    both (K micro-steps accumulated in 16 bits would round every partial sum) -- but where there
+//    is nothing to accumulate or reduce (stage 0, K = 1, G = 1, p = 1, no communicator: kiln
+//    train's --main-grads auto), AdamW reads the 2-byte gradients: 2 + 2 + 12 = 16. Parameters
 //    are grouped in units -- unit 0 "outer" = wte, wpe, ln_f; one unit per block -- each padded
 //    to a multiple of N x 64 elements: n' = ceil(n / 64N) 64N, Psi' = sum n' (Psi unpadded);
 //    with context parallelism N is G = dp x c throughout (ZeRO shards over the dp x cp group);
@@ -345,6 +347,7 @@ struct Layout {
   int compute_bytes = 2;                // a: 2 for bf16/fp16 autocast, 4 for fp32
   int param_bytes = 4;                  // working weights: 4 (fp32), 2 (--param-dtype bf16/fp16: fp32 masters with AdamW)
   int reduce_bytes = 4;                 // gradient all-reduce (DDP) / reduce-scatter (ZeRO): 4 (fp32), 2 (--reduce-dtype bf16)
+  bool main_grads_always = false;       // --main-grads always: fp32 main grads even with nothing to accumulate
   std::string pp_split;                 // --pp-split "a,b,c": blocks per stage (virtual stage); empty = kiln's balanced default
   int64_t pp_virtual = 1;               // --pp-virtual V: model chunks a stage holds (interleaved 1F1B when > 1)
   bool zero_bubble = false;             // --pp-schedule zb-h1 (parallel/pipeline_zero_bubble.h)
@@ -366,6 +369,12 @@ struct Layout {
   // --async-save's snapshot pool is held (runtime/checkpoint/async_save.h): saves, written in the background
   bool holds_save_pool() const { return async_save && (saves || save_every > 0); }
   int64_t grad_ranks() const { return dp * cp; }  // G: the group DDP and ZeRO reduce (and shard) over
+  // 16-bit working weights with nothing to accumulate or reduce: AdamW reads the 2-byte gradients
+  // themselves, no fp32 main grad (kiln train's --main-grads auto; optim/adamw.h, trainer.cpp's rule)
+  bool reads_16bit_grads() const {
+    return zero == 0 && param_bytes == 2 && !main_grads_always && grad_accum == 1 && grad_ranks() == 1 && ep == 1 &&
+           pp == 1 && !comm_in_world_of_one;
+  }
   // --ep: the ranks holding the same experts (the expert-data-parallel group), dp / ep of them and,
   // under cp, each one's cp ranks (distributed/mesh.h)
   int64_t expert_copies() const { return dp / ep * cp; }

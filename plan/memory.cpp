@@ -145,8 +145,9 @@ ModelState model_state(const std::vector<int64_t>& units, const Layout& l, int64
   const int64_t N = ranks > 0 ? ranks : l.grad_ranks();  // ZeRO shards over dp x cp (experts: dp / ep)
   if (l.zero == 0) {
     const int64_t psi = sum_units(units);
-    // 16-bit working weights: 2-byte parameters, fp32 main grads, fp32 master + m + v (optim/adamw.h).
-    out.device = {l.param_bytes * psi, 4 * psi, (l.param_bytes == 2 ? 12 : 8) * psi};
+    // 16-bit working weights: 2-byte parameters, fp32 main grads (or the 2-byte gradients where
+    // nothing accumulates), fp32 master + m + v (optim/adamw.h).
+    out.device = {l.param_bytes * psi, (l.reads_16bit_grads() ? 2 : 4) * psi, (l.param_bytes == 2 ? 12 : 8) * psi};
     return out;
   }
   const int64_t pp_ = sum_padded(units, N), shard = pp_ / N, pb = l.param_bytes;

@@ -122,6 +122,7 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   if (l.compute_bytes == 2) out += " --precision bf16";
   if (l.param_bytes != l.compute_bytes) out += l.param_bytes == 4 ? " --param-dtype fp32" : " --param-dtype bf16";
   if (l.reduce_bytes == 2) out += " --reduce-dtype bf16";
+  if (l.main_grads_always && l.param_bytes == 2) out += " --main-grads always";
   if (l.tp != 1) out += strprintf(" --tp %lld", static_cast<long long>(l.tp));
   if (l.sp) out += " --sp";
   if (l.cp != 1) out += strprintf(" --cp %lld", static_cast<long long>(l.cp));

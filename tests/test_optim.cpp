@@ -156,6 +156,58 @@ TEST(MainGrads, AccumulateInFp32AndFreeThe16BitGradient) {
   EXPECT_TRUE(at::equal(opt.grad_target(w).grad(), at::zeros({4})));
 }
 
+// optim/adamw.h's read_working_grads: with nothing to accumulate, AdamW reading the 16-bit
+// gradients autograd leaves takes the same update, bit for bit, as it does through the fp32 main
+// grads (0 + float(g) is float(g)): masters, moments and working copies, with a clip factor and a
+// skipped step; the 16-bit gradient stays on the parameter and no main grad is made.
+TEST(AdamW, ReadingThe16BitGradientsEqualsTheMainGradPath) {
+  for (const at::ScalarType working : {at::kBFloat16, at::kHalf}) {
+    at::manual_seed(5);
+    const auto w0 = at::randn({16, 8}), b0 = at::randn({8});
+    auto wa = w0.clone().requires_grad_(true), ba = b0.clone().requires_grad_(true);
+    auto wb = w0.clone().requires_grad_(true), bb = b0.clone().requires_grad_(true);
+    const kiln::AdamWConfig cfg{0.9, 0.95, 1e-8, 0.1};
+    kiln::AdamW main_path({wa, ba}, cfg, working), direct({wb, bb}, cfg, working);
+    direct.read_working_grads();
+    ASSERT_TRUE(direct.reads_working_grads());
+    EXPECT_TRUE(direct.grad_target(wb).is_same(wb));
+    ASSERT_EQ(direct.grad_targets().size(), 2u);
+    EXPECT_TRUE(direct.grad_targets()[0].is_same(wb));
+    EXPECT_TRUE(direct.grad_targets()[1].is_same(bb));
+    kiln::MainGrads main({wa, ba}, main_path.grad_targets());
+    for (int step = 0; step < 4; ++step) {
+      main.zero_grad();
+      wb.mutable_grad() = at::Tensor();
+      bb.mutable_grad() = at::Tensor();
+      const auto x = at::randn({3, 16}).to(working);
+      ((x.matmul(wa) + ba).square().sum() * 0.5).backward();
+      ((x.matmul(wb) + bb).square().sum() * 0.5).backward();
+      ASSERT_TRUE(wb.grad().defined());
+      EXPECT_EQ(wb.grad().scalar_type(), working);
+      EXPECT_FALSE(direct.state_of(wb).master.grad().defined());
+      // the clip norm over either: the same fp64 sum of the same values
+      EXPECT_TRUE(at::equal(kiln::grad_norm(main_path.grad_targets()), kiln::grad_norm(direct.grad_targets()))) << step;
+      const at::Tensor factor = at::full({}, 0.37f), skip = at::full({}, step == 2 ? 1.0f : 0.0f);
+      main_path.step(1e-2, skip, factor);
+      direct.step(1e-2, skip, factor);
+      for (const auto& [a, b] : {std::pair{wa, wb}, std::pair{ba, bb}}) {
+        const auto sa = main_path.state_of(a), sb = direct.state_of(b);
+        EXPECT_TRUE(at::equal(sa.master, sb.master)) << step;
+        EXPECT_TRUE(at::equal(sa.exp_avg, sb.exp_avg)) << step;
+        EXPECT_TRUE(at::equal(sa.exp_avg_sq, sb.exp_avg_sq)) << step;
+        EXPECT_TRUE(at::equal(sa.step, sb.step)) << step;
+        EXPECT_TRUE(at::equal(a.detach(), b.detach())) << step;
+      }
+    }
+    EXPECT_EQ(direct.state_of(wb).step.item<float>(), 3.0f);  // step 2 skipped
+  }
+  // fp32 working weights: nothing to change
+  auto w = at::randn({4, 4}).requires_grad_(true);
+  kiln::AdamW fp32({w}, kiln::AdamWConfig{});
+  fp32.read_working_grads();
+  EXPECT_FALSE(fp32.reads_working_grads());
+}
+
 TEST(LRSchedule, WarmupCosineFloor) {
   kiln::LRSchedule s{1.0, 0.1, 10, 110};
   EXPECT_DOUBLE_EQ(s.at(0), 0.1);   // (0 + 1) / 10

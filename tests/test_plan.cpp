@@ -1094,6 +1094,45 @@ TEST(PlanCompare, MeasuredMfuIsTheTrainersOverTheLogsDevices) {
   for (const auto& f : {shared, own, old}) std::remove(f.c_str());
 }
 
+TEST(PlanCompare, SixteenBitGradientsWhereNothingAccumulates) {
+  // One process, ZeRO-0, --param-dtype bf16, tiny (Psi = 875,264): under --main-grads auto at
+  // grad_accum 1 AdamW reads the 2-byte gradients (optim/adamw.h), 2 + 2 + 12 bytes a parameter;
+  // under always, at grad_accum 2, with a communicator in the world of one, or in a log from
+  // before the flag, the fp32 main grads (4 bytes).
+  const int64_t psi = 875264;
+  auto log = [](const std::string& main_grads, int64_t k, const std::string& backend, int64_t grad_bytes) {
+    return write_log(std::string(R"({"type":"config","config":{"n_layer":4,"n_head":4,"n_kv_head":4,"d_model":128,"seq_len":128,)") +
+                     R"("vocab_size":512,"dropout":0.0,"activation_checkpointing":"none","micro_batch":1,"grad_accum":)" +
+                     std::to_string(k) + R"(,"precision":"bf16","param_dtype":"bf16","zero":0,"offload":"none","backend":")" + backend +
+                     "\"" + main_grads + R"(},"device":"cpu","world":{"size":1,"dp":1,"tp":1,"pp":1,"backend":")" +
+                     (backend == "auto" ? "none" : backend) + R"("},"model_state":{"device":{"params":1750528,"grads":)" +
+                     std::to_string(grad_bytes * 875264) + R"(,"optimizer":10503168,"cast_copies":0},)" +
+                     R"("host":{"params":0,"grads":0,"optimizer":0}}})" + "\n");
+  };
+  struct Case {
+    std::string main_grads;
+    int64_t k;
+    std::string backend;
+    int64_t grad_bytes;
+  };
+  for (const Case& c : {Case{R"(,"main_grads":"auto")", 1, "auto", 2}, Case{R"(,"main_grads":"always")", 1, "auto", 4},
+                        Case{"", 1, "auto", 4}, Case{R"(,"main_grads":"auto")", 2, "auto", 4},
+                        Case{R"(,"main_grads":"auto")", 1, "mpi", 4}}) {
+    const std::string path = log(c.main_grads, c.k, c.backend, c.grad_bytes);
+    const CompareResult r = compare_with_log(path, cluster_preset("h100"), false);
+    bool seen = false;
+    for (const auto& x : r.rows) {
+      if (x.name != "model_state.device.grads") continue;
+      seen = true;
+      EXPECT_EQ(*x.predicted, c.grad_bytes * psi) << c.main_grads << " K " << c.k << " " << c.backend;
+      EXPECT_FALSE(x.mismatch());
+    }
+    EXPECT_TRUE(seen);
+    EXPECT_TRUE(r.exact_ok()) << c.main_grads << " K " << c.k << " " << c.backend;
+    std::remove(path.c_str());
+  }
+}
+
 TEST(PlanCompare, CastCopiesAreComparedOnTheDeviceOnly) {
   // DDP at dp 2 of tiny under bf16 autocast with fp32 weights: the config record's
   // model_state.device.cast_copies against 2 x 4 blocks x 197,760 = 1,582,080; and ZeRO-3 at dp 2

@@ -95,6 +95,7 @@ void TrainConfig::validate_comm_and_precision() const {
   }
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
   one_of("kernels", kernels, {"fused", "reference"});
+  one_of("main-grads", main_grads, {"auto", "always"});
 }
 
 // The parallel layout: tp, sp, cp, ep, pp and ZeRO, and what each composes with.
@@ -293,6 +294,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["deterministic"] = deterministic;
   j["kernels"] = kernels;  // asked for; the config record's top-level "kernels" is what ran
   j["gelu_epilogue"] = gelu_epilogue;
+  j["main_grads"] = main_grads;
   j["save_dir"] = save_dir;
   j["save_every"] = save_every;
   j["keep_last"] = keep_last;

@@ -90,6 +90,8 @@ struct TrainConfig {
   bool deterministic = false;   // deterministic kernels: GPU replay bit-identical (distributed/device.h)
   std::string kernels = "fused";  // fused | reference: kiln's CUDA kernels or the composite ops (kernels/kernel_choice.h)
   bool gelu_epilogue = false;     // with kernels fused: GELU's bias + activation inside cuBLASLt's products (kernels/gelu_mlp.h)
+  std::string main_grads = "auto";  // 16-bit working weights: auto (fp32 main grads only where there is something to
+                                    // accumulate or reduce; else AdamW reads the 16-bit gradients: optim/adamw.h) | always
 
   // ---- checkpoints and logs
   std::string save_dir;        // empty = no checkpoints

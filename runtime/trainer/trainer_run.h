@@ -153,10 +153,11 @@ struct Trainer::Run {
     state.device.cast_copies = cast_copy_bytes;
     if (zero) return state;
     const int64_t psi = model->num_params();  // this rank's (its tp slices, its stage)
-    // 16-bit working weights (optim/adamw.h): 2-byte parameters, fp32 main grads, and the fp32
-    // master with the optimizer's moments.
+    // 16-bit working weights (optim/adamw.h): 2-byte parameters, fp32 main grads (or the 2-byte
+    // gradients themselves where AdamW reads those), and the fp32 master with the optimizer's moments.
     const bool masters = optimizer && optimizer->has_masters();
-    state.device = {masters ? 2 * psi : 4 * psi, 4 * psi, masters ? 12 * psi : 8 * psi, cast_copy_bytes};
+    const int64_t grad_bytes = masters && optimizer->reads_working_grads() ? 2 : 4;
+    state.device = {masters ? 2 * psi : 4 * psi, grad_bytes * psi, masters ? 12 * psi : 8 * psi, cast_copy_bytes};
     return state;
   }
 

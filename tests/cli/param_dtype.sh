@@ -36,6 +36,7 @@
 #    change: --allow-config-change), whose first loss equals the bf16 run's step 6 within the
 #    bf16 rounding of the weights (1e-2).
 # 6. The default (auto) is the compute precision's weights; bad combinations: one line, exit 2.
+# 7. --main-grads auto against always (below).
 source "$(dirname "$0")/common.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 : "${MPIEXEC:=mpirun}"
@@ -248,6 +249,43 @@ print(f"resume: steps 6-10 == the uninterrupted run; under fp32 weights step 6 w
       f"checkpoint F32, {frac:.0%} of {k} not bf16-representable (the masters)")
 PY
 
+# 7. --main-grads auto (the default): at grad-accum 1 with no data-parallel reduction and no
+#    pipeline, AdamW reads the 16-bit gradients autograd leaves instead of fp32 main grads holding
+#    0 + float(g) -- the same numbers (float(g) is exact), so the runs are equal bit for bit to
+#    --main-grads always: every step's loss and gradient norm and the final fingerprint, bf16, fp16
+#    (with the loss scaler) and tp 2 (the norm over tp through the parameters' own gradients). The
+#    model-state record says 2 bytes of gradient a parameter instead of 4, and kiln plan --compare
+#    predicts it exactly. (A defect that dropped the gradients -- the update reading the masters'
+#    empty .grad -- leaves the weights where they started: every later loss differs.)
+G=(train --device cpu --log-every 20 --dropout 0 --steps 10 --micro-batch 4)
+"$KILN_BIN" "${G[@]}" --precision bf16 --log-json mg_bf16_auto.jsonl >/dev/null & a=$!
+"$KILN_BIN" "${G[@]}" --precision bf16 --main-grads always --log-json mg_bf16_always.jsonl >/dev/null
+wait "$a" || fail "--main-grads auto, bf16"
+"$KILN_BIN" "${G[@]}" --precision fp16 --seq-len 64 --log-json mg_fp16_auto.jsonl >/dev/null & a=$!
+"$KILN_BIN" "${G[@]}" --precision fp16 --seq-len 64 --main-grads always --log-json mg_fp16_always.jsonl >/dev/null
+wait "$a" || fail "--main-grads auto, fp16"
+mpi 2 "$KILN_BIN" "${G[@]}" --precision bf16 --tp 2 --log-json mg_tp2_auto.jsonl >/dev/null
+mpi 2 "$KILN_BIN" "${G[@]}" --precision bf16 --tp 2 --main-grads always --log-json mg_tp2_always.jsonl >/dev/null
+python3 - <<'PY'
+import json
+load = lambda n: [json.loads(l) for l in open(f"{n}.jsonl")]
+for name in ("bf16", "fp16", "tp2"):
+    a, b = load(f"mg_{name}_auto"), load(f"mg_{name}_always")
+    assert a[0]["config"]["main_grads"] == "auto" and b[0]["config"]["main_grads"] == "always"
+    sa = [(r["step"], r["loss"], r["grad_norm"]) for r in a if r["type"] == "step"]
+    sb = [(r["step"], r["loss"], r["grad_norm"]) for r in b if r["type"] == "step"]
+    assert len(sa) == 10 and sa == sb, (name, [(x, y) for x, y in zip(sa, sb) if x != y])
+    assert (a[-1]["param_sum"], a[-1]["param_sq"]) == (b[-1]["param_sum"], b[-1]["param_sq"]), name
+    n = a[0]["params_local"]
+    da, db = a[0]["model_state"]["device"], b[0]["model_state"]["device"]
+    assert (da["params"], da["grads"], da["optimizer"]) == (2 * n, 2 * n, 12 * n), (name, da)
+    assert (db["params"], db["grads"], db["optimizer"]) == (2 * n, 4 * n, 12 * n), (name, db)
+    print(f"--main-grads auto == always bit for bit ({name}, 10 steps); gradients {da['grads']} B instead of {db['grads']} B")
+PY
+logs=(mg_bf16_auto mg_fp16_auto mg_tp2_auto mg_tp2_always)
+"$KILN_BIN" plan $(printf -- "--compare %s.jsonl " "${logs[@]}") --json >cmp_mg.json || fail "kiln plan --compare ${logs[*]}"
+python3 "$here/compare_exact.py" cmp_mg.json "${logs[@]}"
+
 # 6. The default policy (auto): the compute precision's working weights.
 for p in fp32 bf16 fp16; do
   "$KILN_BIN" train --device cpu --steps 1 --precision "$p" --log-json "default_$p.jsonl" >/dev/null
@@ -263,4 +301,5 @@ PY
 done
 expect_refused 1 "--param-dtype bf16 keeps the working weights in the compute precision" train --device cpu --steps 1 --param-dtype bf16
 expect_refused 1 "--reduce-dtype must be one of bf16, fp32 \\(got 'fp16'\\)" train --device cpu --steps 1 --reduce-dtype fp16
+expect_refused 1 "--main-grads must be one of always, auto \\(got 'never'\\)" train --device cpu --steps 1 --main-grads never
 echo "PASS"
