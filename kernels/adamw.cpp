@@ -60,12 +60,12 @@ bool adamw_fused_eligible(const AdamWGroup& g, const at::Tensor& grad_factor, co
 }
 
 void adamw_update(const AdamWGroup& g, const AdamWHyperParams& h, const at::Tensor& grad_factor, const at::Tensor& found_inf,
-                  Kernels kernels) {
+                  Kernels kernels, const at::Tensor& lr_tensor) {
   if (!same_sizes(g)) throw std::invalid_argument("adamw_update: the group's lists differ in length");
   if (g.params.empty()) return;
   at::NoGradGuard no_grad;
 #ifdef KILN_WITH_KERNELS
-  if (kernels == Kernels::fused && adamw_fused_eligible(g, grad_factor, found_inf)) {
+  if (kernels == Kernels::fused && adamw_fused_eligible(g, grad_factor, found_inf) && scalar_on(lr_tensor, g.params.front().device())) {
     std::vector<kernels::AdamWTensor> t(g.params.size());
     for (size_t i = 0; i < t.size(); ++i) {
       t[i] = {g.params[i].data_ptr<float>(), g.grads[i].data_ptr(), g.exp_avg[i].data_ptr<float>(),
@@ -77,7 +77,7 @@ void adamw_update(const AdamWGroup& g, const AdamWHyperParams& h, const at::Tens
     const kernels::DType wt = g.working.empty() ? kernels::DType::bf16 : kernels::dtype_of(g.working.front());
     kernels::check_launch(
         kernels::adamw_cuda(kernels::dtype_of(g.grads.front()), wt, t.data(), static_cast<int64_t>(t.size()),
-                            {h.lr, h.beta1, h.beta2, h.weight_decay, h.eps},
+                            {h.lr, h.beta1, h.beta2, h.weight_decay, h.eps, lr_tensor.defined() ? lr_tensor.data_ptr<float>() : nullptr},
                             grad_factor.defined() ? grad_factor.data_ptr<float>() : nullptr,
                             found_inf.defined() ? found_inf.data_ptr<float>() : nullptr,
                             c10::cuda::getCurrentCUDAStream(d.index()).stream()),
@@ -93,9 +93,14 @@ void adamw_update(const AdamWGroup& g, const AdamWHyperParams& h, const at::Tens
     for (auto& t : grads) t = t.to(at::kFloat);
   }
   if (grad_factor.defined()) at::_foreach_mul_(grads, grad_factor);
-  at::_fused_adamw_(g.params, grads, g.exp_avg, g.exp_avg_sq, /*max_exp_avg_sqs=*/{}, g.steps, h.lr, h.beta1, h.beta2,
-                    h.weight_decay, h.eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
-                    found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt);
+  const std::optional<at::Tensor> skip = found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt;
+  if (lr_tensor.defined()) {
+    at::_fused_adamw_(g.params, grads, g.exp_avg, g.exp_avg_sq, /*max_exp_avg_sqs=*/{}, g.steps, lr_tensor, h.beta1, h.beta2,
+                      h.weight_decay, h.eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, skip);
+  } else {
+    at::_fused_adamw_(g.params, grads, g.exp_avg, g.exp_avg_sq, /*max_exp_avg_sqs=*/{}, g.steps, h.lr, h.beta1, h.beta2,
+                      h.weight_decay, h.eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, skip);
+  }
   if (!g.working.empty()) at::_foreach_copy_(g.working, g.params);
 }
 

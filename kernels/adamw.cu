@@ -32,9 +32,10 @@ static_assert(sizeof(AdamWBatch) + 64 <= 4096, "the launch's arguments must stay
 
 template <typename G, typename W>
 __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(const AdamWBatch b, float lr, float beta1, float beta2, float weight_decay, float eps,
-                 const float* __restrict__ grad_factor, const float* __restrict__ found_inf) {
+    adamw_kernel(const AdamWBatch b, float lr, const float* __restrict__ lr_on_device, float beta1, float beta2,
+                 float weight_decay, float eps, const float* __restrict__ grad_factor, const float* __restrict__ found_inf) {
   if (found_inf != nullptr && *found_inf == 1.0f) return;  // the step is skipped: nothing moves
+  if (lr_on_device != nullptr) lr = *lr_on_device;  // a CUDA graph's rate, filled in before each replay
   int i = 0;
   while (i + 1 < b.count && b.first_chunk[i + 1] <= static_cast<int64_t>(blockIdx.x)) ++i;
   const AdamWTensor& t = b.t[i];
@@ -71,7 +72,7 @@ cudaError_t launch_all(const AdamWTensor* tensors, int64_t count, const AdamWHyp
     if (blocks == 0) continue;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
     adamw_kernel<G, W><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        b, static_cast<float>(h.lr), static_cast<float>(h.beta1), static_cast<float>(h.beta2),
+        b, static_cast<float>(h.lr), h.lr_on_device, static_cast<float>(h.beta1), static_cast<float>(h.beta2),
         static_cast<float>(h.weight_decay), static_cast<float>(h.eps), grad_factor, found_inf);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;

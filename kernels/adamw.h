@@ -33,8 +33,12 @@ struct AdamWHyperParams {
   double lr, beta1, beta2, weight_decay, eps;
 };
 
+// lr_tensor (0-dim fp32 on the parameters' device; undefined: h.lr): the rate is read there when
+// the update runs, not when it is queued -- a CUDA graph's update, whose rate is filled in before
+// each replay (float(h.lr) either way: the fused kernel computes in fp32, and LibTorch's takes a
+// tensor rate as its fp32 value).
 void adamw_update(const AdamWGroup& g, const AdamWHyperParams& h, const at::Tensor& grad_factor, const at::Tensor& found_inf,
-                  Kernels kernels);
+                  Kernels kernels, const at::Tensor& lr_tensor = at::Tensor());
 
 // Whether adamw_update runs the fused kernel on `g` (CUDA, the layout above, a build with the kernels).
 bool adamw_fused_eligible(const AdamWGroup& g, const at::Tensor& grad_factor, const at::Tensor& found_inf);

@@ -23,6 +23,7 @@ struct AdamWTensor {
 
 struct AdamWHyper {
   double lr, beta1, beta2, weight_decay, eps;
+  const float* lr_on_device = nullptr;  // not null: the rate is read there (fp32, on the device; a CUDA graph's), lr ignored
 };
 
 // Updates `count` tensors (any count: launched in batches). grad_factor (nullptr: 1) multiplies

@@ -369,11 +369,12 @@ gpu_test_cmd() {
     gpu.guards) echo "bash $root/tests/cli/gpu_guards.sh" ;;
     gpu.kernels) echo "$kit/bin/test_kernels_gpu" ;;
     gpu.kernels_train) echo "bash $root/tests/cli/gpu_kernels.sh" ;;
+    gpu.graph) echo "bash $root/tests/cli/gpu_graph.sh" ;;
     *) die "no gpu test $1" ;;
   esac
 }
-gpu_test_names=(gpu.kernels gpu.kernels_train gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share gpu.sync_moe gpu.llama
-                gpu.guards)
+gpu_test_names=(gpu.kernels gpu.kernels_train gpu.graph gpu.comm_nccl.np1 gpu.train_smoke gpu.paths gpu.mpi_share gpu.sync_moe
+                gpu.llama gpu.guards)
 
 gpu_tests() {   # LOGDIR
   local logdir=$1 name; mkdir -p "$logdir"
@@ -471,6 +472,8 @@ quick_plan() {
   quick_extra=(
     "35|kiln 124m fused + GELU epilogue|$k124 --kernels fused --gelu-epilogue --json b124_gelu_epilogue.json"
     "30|peer eager|$peer --model $a --micro-batch 16 --warmup-steps 5 --steps 20 > peer_eager.json"
+    "60|test gpu.graph|"
+    "35|kiln 124m fused, CUDA graphs (issue 49)|$k124 --kernels fused --cuda-graph --json b124_graph.json"
     "30|kiln 124m fused, fp32 main grads (the A/B of --main-grads auto)|$k124 --kernels fused --main-grads always --json b124_main_grads_always.json"
     "35|profile of 124m fused|$k124 --kernels fused --warmup 3 --measure 3 --profile trace.json --json b124_profiled.json"
     "45|peer llama eager|$lp --warmup-steps 3 --steps 10 > peer_llama_eager.json"
@@ -513,7 +516,7 @@ for n in sorted(glob.glob(os.path.join(w, "*.json"))):
     print(f"{name:34s} {r['tokens_per_s']:10.0f} tok/s  {r.get('tflops') or 0:7.1f} TFLOP/s  MFU {100 * (mfu or 0):5.1f}%  "
           f"peak {r.get('peak_mem_gb') or 0:6.2f} GB  J/token {r.get('joules_per_token') if r.get('joules_per_token') is not None else '-'}")
 t = {r[0]: r[1] for r in rows}
-for a, b in [("b124", "b124_reference"), ("b124_gelu_epilogue", "b124"), ("b124", "b124_main_grads_always"), ("b124", "peer_eager"), ("b124", "peer_compile"),
+for a, b in [("b124", "b124_reference"), ("b124_gelu_epilogue", "b124"), ("b124", "b124_main_grads_always"), ("b124_graph", "b124"), ("b124_graph", "peer_compile"), ("b124", "peer_eager"), ("b124", "peer_compile"),
              ("b124_reference", "peer_compile"), ("bl1b", "bl1b_reference"), ("bl1b", "peer_llama_eager"),
              ("bl1b", "peer_llama_compile"), ("b1558_ac_none", "b1558_ac_none_reference"), ("b124", "b124_loss_plain"),
              ("b1558_z3_offload_all_cap24", "b1558"), ("b1558_z3_offload_optimizer", "b1558"),

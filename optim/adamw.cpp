@@ -46,7 +46,7 @@ std::pair<size_t, size_t> AdamW::index_of(const at::Tensor& p) const {
   return it->second;
 }
 
-void AdamW::step_group(Group& g, double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor) {
+void AdamW::step_group(Group& g, double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor, const at::Tensor& lr_tensor) {
   AdamWGroup u;  // the parameters with a gradient; working[k] takes params[k] (16-bit working weights)
   for (size_t i = 0; i < g.params.size(); ++i) {
     const auto& grad = working_grads_ ? g.params[i].grad() : g.masters[i].grad();
@@ -63,7 +63,7 @@ void AdamW::step_group(Group& g, double lr, const at::Tensor& found_inf, const a
   // The update expects t already advanced: by 1, or by 1 - found_inf (as torch.optim does).
   if (found_inf.defined()) at::_foreach_add_(u.steps, std::vector<at::Tensor>(u.steps.size(), 1.0 - found_inf));
   else at::_foreach_add_(u.steps, 1.0);
-  adamw_update(u, {lr, cfg_.beta1, cfg_.beta2, g.weight_decay, cfg_.eps}, grad_factor, found_inf, kernels_);
+  adamw_update(u, {lr, cfg_.beta1, cfg_.beta2, g.weight_decay, cfg_.eps}, grad_factor, found_inf, kernels_, lr_tensor);
 }
 
 AdamW::ParamState AdamW::state_of(const at::Tensor& p) const {
@@ -83,8 +83,8 @@ void AdamW::read_working_grads() {
   targets_ = params_;  // the parameters themselves, in the constructor's order
 }
 
-void AdamW::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor) {
-  for (auto& g : groups_) step_group(g, lr, found_inf, grad_factor);
+void AdamW::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor, const at::Tensor& lr_tensor) {
+  for (auto& g : groups_) step_group(g, lr, found_inf, grad_factor, lr_tensor);
   ++steps_;  // calls, applied or not (the checkpoints keep the per-parameter counts)
 }
 

@@ -64,7 +64,10 @@ class AdamW {
   // inside the update. The update runs in kernels/adamw.h: kiln's one-pass kernel under
   // set_kernels(fused) on CUDA (gradients read once, clipped, the master, moments and 16-bit copy
   // written together), else LibTorch's ops (the gradients then left holding factor x g).
-  void step(double lr, const at::Tensor& found_inf = at::Tensor(), const at::Tensor& grad_factor = at::Tensor());
+  // lr_tensor (0-dim fp32 on the parameters' device; undefined: lr): the rate read on the device
+  // as the update runs (kernels/adamw.h) -- a CUDA graph's update, whose rate changes each replay.
+  void step(double lr, const at::Tensor& found_inf = at::Tensor(), const at::Tensor& grad_factor = at::Tensor(),
+            const at::Tensor& lr_tensor = at::Tensor());
   void set_kernels(Kernels k) { kernels_ = k; }
   // Where p's gradient is read, and accumulated in fp32: its master (16-bit working weights),
   // else p itself. grad_targets(): the constructor's parameters', in its order.
@@ -94,7 +97,7 @@ class AdamW {
     std::vector<at::Tensor> params, masters, exp_avg, exp_avg_sq, step;  // masters: params for fp32
     double weight_decay;
   };
-  void step_group(Group& g, double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor);
+  void step_group(Group& g, double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor, const at::Tensor& lr_tensor);
   std::pair<size_t, size_t> index_of(const at::Tensor& p) const;  // (group, position); throws for a stranger
   AdamWConfig cfg_;
   at::ScalarType working_;

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "distributed/cuda_backend.h"
+#include "distributed/cuda_graph.h"
 
 namespace {
 
@@ -56,6 +57,11 @@ TEST(CudaBackend, LoadedOnDemandWithItsKernelsAndHooks) {
   // CPU-only LibTorch answers with) -- what a GPU run needs before its first CUDA tensor.
   EXPECT_TRUE(add.hasKernelForDispatchKey(c10::DispatchKey::CUDA));
   EXPECT_TRUE(at::detail::getCUDAHooks().isBuilt());
+  // --cuda-graph's functions (distributed/cuda_graph.h: LibTorch's CUDAGraph by its mangled
+  // names): every one resolves in this LibTorch, so a GPU run finds them (a LibTorch whose names
+  // moved fails here, on the CPU, not on a GPU visit).
+  std::string why;
+  EXPECT_TRUE(kiln::cuda_graph_functions_found(&why)) << why;
 }
 
 }  // namespace

@@ -389,6 +389,22 @@ TEST(KernelEntries, AdamWUpdateReference) {
     EXPECT_TRUE(at::equal(g.exp_avg_sq[0], before[2]));
     EXPECT_TRUE(at::equal(g.working[0], before[3]));
   }
+  // The rate read from a device tensor (a CUDA graph's update): the same update as the number,
+  // which is then ignored (2^-10: exact in fp32, so no rounding of the rate enters the comparison).
+  for (const auto wt : {at::kBFloat16, at::kHalf}) {
+    at::manual_seed(29);
+    kiln::AdamWGroup a = group(50, wt);
+    at::manual_seed(29);
+    kiln::AdamWGroup b = group(50, wt);
+    const at::Tensor c = at::full({}, 0.5f);
+    kiln::adamw_update(a, {0.0009765625, 0.9, 0.95, 0.1, 1e-8}, c, at::zeros({}), kiln::Kernels::fused);
+    kiln::adamw_update(b, {999.0, 0.9, 0.95, 0.1, 1e-8}, c, at::zeros({}), kiln::Kernels::fused, at::full({}, 0.0009765625f));
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(at::equal(a.params[i], b.params[i]));
+      EXPECT_TRUE(at::equal(a.exp_avg_sq[i], b.exp_avg_sq[i]));
+      EXPECT_TRUE(at::equal(a.working[i], b.working[i]));
+    }
+  }
   kiln::AdamWGroup bad = group(10, at::kBFloat16);
   bad.steps.pop_back();
   EXPECT_THROW(kiln::adamw_update(bad, {1e-3, 0.9, 0.95, 0.1, 1e-8}, at::Tensor(), at::Tensor(), kiln::Kernels::fused),

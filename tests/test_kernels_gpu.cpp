@@ -392,10 +392,20 @@ TEST(GpuKernels, AdamW) {
             }
             return g;
           };
-          kiln::AdamWGroup f = make(), r = make();
+          kiln::AdamWGroup f = make(), r = make(), fl = make(), rl = make();
           ASSERT_TRUE(kiln::adamw_fused_eligible(f, c, at::zeros({}, o))) << what;
           kiln::adamw_update(f, {lr, b1, b2, wd, eps}, c, at::zeros({}, o), Kernels::fused);
           kiln::adamw_update(r, {lr, b1, b2, wd, eps}, c, at::zeros({}, o), Kernels::reference);
+          // The rate read from the device (--cuda-graph's update; the number then ignored): the
+          // fused kernel takes float(lr) either way, so bit for bit; the reference within the bound.
+          const at::Tensor lr_t = at::full({}, static_cast<float>(lr), o);
+          kiln::adamw_update(fl, {999.0, b1, b2, wd, eps}, c, at::zeros({}, o), Kernels::fused, lr_t);
+          kiln::adamw_update(rl, {999.0, b1, b2, wd, eps}, c, at::zeros({}, o), Kernels::reference, lr_t);
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            EXPECT_TRUE(at::equal(fl.params[i], f.params[i])) << what << ": the device rate, tensor " << i;
+            EXPECT_TRUE(at::equal(fl.exp_avg_sq[i], f.exp_avg_sq[i])) << what;
+            if (wt != at::kFloat) EXPECT_TRUE(at::equal(fl.working[i], f.working[i])) << what;
+          }
           // Every tensor at once: the lists flattened into one vector each.
           const auto flat = [](const std::vector<at::Tensor>& l) {
             std::vector<at::Tensor> v;
@@ -416,13 +426,16 @@ TEST(GpuKernels, AdamW) {
                                        32 * u * (B2 * V0 + (1 - B2) * g * g)};
           const at::Tensor got_f[3] = {flat(f.params), flat(f.exp_avg), flat(f.exp_avg_sq)};
           const at::Tensor got_r[3] = {flat(r.params), flat(r.exp_avg), flat(r.exp_avg_sq)};
-          double wf = 0, wr = 0;
+          const at::Tensor got_rl[3] = {flat(rl.params), flat(rl.exp_avg), flat(rl.exp_avg_sq)};
+          double wf = 0, wr = 0, wrl = 0;
           for (int k = 0; k < 3; ++k) {
             const at::Tensor mag = want[k].abs().clamp_min(1e-30);
             const at::Tensor bound = 2 * at::exp2(at::floor(at::log2(mag)) - 23) + slack[k];
             wf = std::max(wf, ((got_f[k] - want[k]).abs() / bound).max().item<double>());
             wr = std::max(wr, ((got_r[k] - want[k]).abs() / bound).max().item<double>());
+            wrl = std::max(wrl, ((got_rl[k] - want[k]).abs() / bound).max().item<double>());
           }
+          EXPECT_LE(wrl, 1.0) << what << ": the reference with the rate on the device";
           bool working_exact = true;
           if (wt != at::kFloat) {
             std::vector<at::Tensor> rounded;

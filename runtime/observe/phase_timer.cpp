@@ -68,6 +68,7 @@ void PhaseTimer::start() {
 }
 
 size_t PhaseTimer::mark(Phase p) {
+  if (paused_) return latest();
   phases_.push_back(p);
   segments_.push_back(clock_ ? clock_->segment() : -1);
 #if defined(KILN_WITH_CUDA)

@@ -42,6 +42,9 @@ class PhaseTimer {
   ~PhaseTimer();
   void start();             // a new chain: the next interval begins now
   size_t mark(Phase p);     // the work queued since the previous mark belongs to p; returns its token
+  // While paused, mark() records nothing and returns the latest token: a CUDA graph's capture,
+  // whose work is recorded, not run (an event recorded there would never complete).
+  void pause(bool on) { paused_ = on; }
   // Blocks the host until the device has done the work up to mark `token` (CUDA: its event;
   // on the CPU the work is done already).
   void wait(size_t token);
@@ -61,6 +64,7 @@ class PhaseTimer {
   std::vector<int64_t> segments_;  // the wait clock's segment of each interval (with phases_)
   std::vector<std::chrono::steady_clock::time_point> host_;  // the host clock at the interval's start and each mark since
   size_t base_ = 0;  // the token of host_[0]
+  bool paused_ = false;
   std::unique_ptr<CudaEvents> cuda_;
 };
 

@@ -36,6 +36,26 @@ void TrainConfig::validate() const {
   validate_comm_and_precision();
   validate_layout();
   validate_state();
+  validate_cuda_graph();
+}
+
+// --cuda-graph replays one captured step: what changes between steps must live on the device
+// (the rate: filled in before each replay) or not exist. What the graph cannot take is refused
+// here, each with its reason; the device and the world of one at set-up (Trainer::build_graphs).
+void TrainConfig::validate_cuda_graph() const {
+  if (!cuda_graph) return;
+  auto refuse = [](const std::string& what, const std::string& why) {
+    throw ConfigError("--cuda-graph does not go with " + what + ": " + why);
+  };
+  if (precision == "fp16") refuse("--precision fp16", "the loss scale changes on the host between steps (use bf16)");
+  if (zero > 0) refuse("--zero " + std::to_string(zero), "the graph runs ZeRO-0's step (its shards' collectives are not captured)");
+  if (tp > 1 || pp > 1 || cp > 1 || ep > 1) refuse("--tp, --pp, --cp or --ep", "the graph runs one process");
+  if (activation_checkpointing != "none") {
+    refuse("--activation-checkpointing " + activation_checkpointing, "recomputation keeps the RNG state on the host between the passes");
+  }
+  if (gpt.is_moe()) refuse("an MoE model", "the routing's statistics are read on the host each step");
+  if (on_nonfinite == "skip") refuse("--on-nonfinite skip", "tracing a skipped step's gradients adds hooks the graph does not have");
+  if (spike_rollback > 0) refuse("--spike-rollback", "a rollback replaces the weights the graph reads");
 }
 
 // The data, the loop, the schedule and the optimizer's numbers.
@@ -295,6 +315,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["kernels"] = kernels;  // asked for; the config record's top-level "kernels" is what ran
   j["gelu_epilogue"] = gelu_epilogue;
   j["main_grads"] = main_grads;
+  j["cuda_graph"] = cuda_graph;
   j["save_dir"] = save_dir;
   j["save_every"] = save_every;
   j["keep_last"] = keep_last;

@@ -90,6 +90,7 @@ struct TrainConfig {
   bool deterministic = false;   // deterministic kernels: GPU replay bit-identical (distributed/device.h)
   std::string kernels = "fused";  // fused | reference: kiln's CUDA kernels or the composite ops (kernels/kernel_choice.h)
   bool gelu_epilogue = false;     // with kernels fused: GELU's bias + activation inside cuBLASLt's products (kernels/gelu_mlp.h)
+  bool cuda_graph = false;  // the step as two CUDA graphs, captured at the run's third step (runtime/trainer/trainer_graph.cpp)
   std::string main_grads = "auto";  // 16-bit working weights: auto (fp32 main grads only where there is something to
                                     // accumulate or reduce; else AdamW reads the 16-bit gradients: optim/adamw.h) | always
 
@@ -152,6 +153,7 @@ struct TrainConfig {
   void validate_comm_and_precision() const;
   void validate_layout() const;
   void validate_state() const;
+  void validate_cuda_graph() const;
 };
 
 // A setting of a resumed run that differs from the one its checkpoint was saved with.

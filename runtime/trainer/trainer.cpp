@@ -133,6 +133,7 @@ void Trainer::setup() {
   if (cfg_.zero == 0) build_optimizer();
   else build_zero();
   build_step_parts();
+  build_graphs();
   load_checkpoint();
   build_observers();
 }

@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,7 @@
 
 namespace kiln {
 
+struct Batch;
 struct CheckpointIo;
 
 class Trainer {
@@ -65,6 +67,7 @@ class Trainer {
   void build_optimizer();  // ZeRO-0: AdamW and DDP
   void build_zero();       // ZeRO-1/2/3
   void build_step_parts();
+  void build_graphs();  // --cuda-graph (trainer_graph.cpp)
   void load_checkpoint();
   void build_observers();
   void log_config();  // the config record, and rank 0's start-up lines (trainer_records.cpp)
@@ -75,11 +78,17 @@ class Trainer {
   // The step (trainer_step.cpp).
   QueuedStep forward_backward(int64_t step);
   void begin_step(QueuedStep& out, int64_t step);
-  at::Tensor run_micro_batches(int64_t step, double backward_factor);
+  void zero_gradients();
+  // device_batches: the micro-batches already on the device (the step graph's); else the prefetcher's
+  at::Tensor run_micro_batches(int64_t step, double backward_factor, const std::vector<Batch>* device_batches = nullptr);
   void finish_reductions();
   at::Tensor gradient_norm(double loss_scale);
   void queue_verdict(QueuedStep& out, const at::Tensor& loss_sum, const at::Tensor& norm);
   void queue_update(QueuedStep& q);
+  void queue_verdict_copy(QueuedStep& q);
+  // --cuda-graph (trainer_graph.cpp): the same step as forward_backward and queue_update, replayed
+  QueuedStep forward_backward_graphed(int64_t step);
+  void queue_update_graphed(QueuedStep& q);
   StepOutcome finish_step(QueuedStep& q);
 
   // The loop (trainer_loop.cpp).

@@ -102,6 +102,7 @@ void Trainer::run_steps(Loop& loop) {
   std::optional<QueuedStep> queued;  // the step whose update is queued and whose verdict is not yet read
   bool stopped = false;
   int64_t step = loop.first_step;
+  if (r.graphs) r.graphs->capture_at = loop.first_step + 2;  // --cuda-graph: two eager steps first (trainer_graph.cpp)
   // A spike rollback (Trainer::roll_back) sends the loop back to its checkpoint's step; a step whose
   // forward and backward were queued meanwhile is discarded, as a stop discards it.
   auto rewound = [&] {

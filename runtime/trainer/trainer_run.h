@@ -19,6 +19,7 @@
 #include "data/prefetch.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "distributed/cuda_graph.h"
 #include "distributed/device.h"
 #include "distributed/host_threads.h"
 #include "distributed/job_devices.h"
@@ -65,6 +66,19 @@ inline nlohmann::json model_state_json(const ModelStateBytes& b) {
   device["cast_copies"] = b.device.cast_copies;  // autocast's copies (optim/precision.h): the device's alone
   return nlohmann::json{{"device", device}, {"host", place(b.host)}};
 }
+
+// --cuda-graph (runtime/trainer/trainer_graph.cpp): the step as two CUDA graphs, captured at the
+// run's third step and replayed from then on.
+struct StepGraphs {
+  CudaGraph step;    // the gradients zeroed, the micro-batches' forward and backward, the norm, the verdict
+  CudaGraph update;  // found_inf, the clip factor, AdamW (the rate read from `lr`)
+  std::vector<Batch> batches;  // the device inputs the step graph reads: each replay's batch is copied in first
+  at::Tensor loss_sum, verdict;  // what the step graph writes, every replay into the same tensors
+  at::Tensor lr;                 // 0-dim fp32 on the device: the update's rate, filled in before each replay
+  int64_t norm_index = 2;
+  int loss_copies = 1, moe_copies = 1;
+  int64_t capture_at = -1;  // the step the graphs are captured at (the run's third: two eager steps warm up first)
+};
 
 struct Trainer::Run {
   MeshShape shape;
@@ -133,6 +147,7 @@ struct Trainer::Run {
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();  // the run's start, for --max-wall-time
   HostThreads threads;                  // this rank's share of its node's cores
   std::unique_ptr<PhaseTimer> timer;    // forward / backward / comm / optimizer split of a step
+  std::unique_ptr<StepGraphs> graphs;          // --cuda-graph
   std::unique_ptr<BatchPrefetcher> prefetch;  // the next step's micro-batches, made meanwhile
   // A step's interval runs from the previous step's one host synchronisation (its verdict's read)
   // to its own; a new chain starts at the first step and after an evaluation or a save.
@@ -181,6 +196,7 @@ struct Trainer::QueuedStep {
   int64_t norm_index = 2;  // where the norm is in it
   at::Tensor host;         // its copy in host memory (Run::verdict_host), queued after the update
   size_t mark = 0;         // the PhaseTimer mark after the update and that copy
+  bool graphed = false;    // its forward and backward ran as the step graph: its update runs as the update graph
 };
 
 // What the loop keeps across its steps (trainer_loop.cpp).

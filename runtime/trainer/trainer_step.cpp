@@ -74,19 +74,22 @@ void slow_down_for_test(c10::Device device, double ms) {
 
 Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   Run& r = *run_;
+  if (r.graphs && step >= r.graphs->capture_at) return forward_backward_graphed(step);
   QueuedStep out;
   begin_step(out, step);
+  zero_gradients();
   const double backward_factor = out.loss_scale / static_cast<double>(cfg_.grad_accum);
   const at::Tensor loss_sum = run_micro_batches(step, backward_factor);
   finish_reductions();
   const at::Tensor norm = gradient_norm(out.loss_scale);
   r.timer->mark(Phase::Optimizer);
+  if (r.nonfinite) r.nonfinite->note_local_loss(out.step, loss_sum);  // this rank's own, before the reduction
   queue_verdict(out, loss_sum, norm);
   return out;
 }
 
-// The step's start: a new timing chain where one was broken, the counters the step's figures
-// are differences of, the dropout seed, the gradients zeroed.
+// The step's start on the host: a new timing chain where one was broken, the counters the step's
+// figures are differences of, the dropout seed (zero_gradients: its device part).
 void Trainer::begin_step(QueuedStep& out, int64_t step) {
   Run& r = *run_;
   out.step = step;
@@ -103,6 +106,11 @@ void Trainer::begin_step(QueuedStep& out, int64_t step) {
   out.host_syncs = host_syncs();                        // until queue_update: the host's waits before the update
   // Pipeline stages draw from streams of their own (stage 0's is the unpipelined one).
   at::manual_seed(step_seed(cfg_.seed ^ (static_cast<uint64_t>(r.mesh ? r.mesh->coord().pp : 0) << 40), step, r.dp_rank));
+}
+
+// The gradients zeroed (or set to none) before the step's first backward.
+void Trainer::zero_gradients() {
+  Run& r = *run_;
   if (r.expert_ddp) r.expert_ddp->zero_grad();
   if (r.ddp) r.ddp->zero_grad();
   else if (!r.zero) r.model->zero_grad(/*set_to_none=*/true);
@@ -111,12 +119,12 @@ void Trainer::begin_step(QueuedStep& out, int64_t step) {
 
 // Forward and backward over the step's micro-batches (1F1B through the stages under --pp), with
 // DDP's sync skipping and ZeRO's per-micro-batch reductions; returns the summed loss.
-at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor) {
+at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor, const std::vector<Batch>* device_batches) {
   Run& r = *run_;
   const c10::Device device = r.dev.device;
   auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
   // Made one step ahead (pinned on a GPU, so the non-blocking copies below overlap compute).
-  const std::vector<Batch> batches = r.prefetch->take(step);
+  const std::vector<Batch> batches = device_batches ? *device_batches : r.prefetch->take(step);
   const double slow_ms = r.test_slow_factor > 0 ? r.test_slow_factor * r.test_own_compute_ms : r.test_slow_ms;  // test-only
   if (slow_ms > 0) slow_down_for_test(device, slow_ms);
   // MoE: the router losses' gradients take the LM loss's factor (models/moe.h).
@@ -224,7 +232,6 @@ void Trainer::queue_verdict(QueuedStep& out, const at::Tensor& loss_sum, const a
   // MoE: the step's routing stats (models/moe.h, one row per MoE layer) ride along before the
   // norm, summed with the loss: [loss, non-finite, MoE rows..., norm].
   const at::Tensor moe_stats = r.model->take_moe_stats(device);
-  if (r.nonfinite) r.nonfinite->note_local_loss(out.step, loss_sum);  // this rank's own, before the reduction
   std::vector<at::Tensor> parts{(loss_sum / static_cast<double>(cfg_.grad_accum)).reshape({1}),
                                 at::logical_not(at::isfinite(loss_sum)).logical_or(at::logical_not(at::isfinite(norm))).to(at::kFloat).reshape({1})};
   if (moe_stats.defined()) parts.push_back(moe_stats);
@@ -267,6 +274,7 @@ void Trainer::queue_update(QueuedStep& q) {
   // The optimizer applies c as it reads the gradients (one pass: AdamW::step, ZeroEngine::step).
   // The learning rate is the schedule's at the updates applied so far: the host has read every
   // earlier step's verdict by now (Trainer::run finishes step N before queueing N + 1's update).
+  if (q.graphed) return queue_update_graphed(q);
   const at::Tensor found_inf = (q.verdict[1] > 0).to(at::kFloat);
   at::Tensor coef;
   if (r.zero) {
@@ -282,6 +290,12 @@ void Trainer::queue_update(QueuedStep& q) {
   q.lr = r.schedule->at(r.progress.updates);
   if (r.zero) r.zero->step(q.lr, coef, found_inf);
   else r.optimizer->step(q.lr, found_inf, coef);
+  queue_verdict_copy(q);
+}
+
+// After the update: the step's counters closed, and the verdict's copy to the host queued behind it.
+void Trainer::queue_verdict_copy(QueuedStep& q) {
+  Run& r = *run_;
   q.host_syncs = host_syncs() - q.host_syncs;
   q.comm_bytes = r.comm_bytes() - q.comm_bytes;
   q.ep_comm_bytes = (r.mesh ? r.mesh->ep_bytes_sent() : 0) - q.ep_comm_bytes;

@@ -71,4 +71,13 @@ expect_fail "--keep-best follows the validation loss: give --val-data and --eval
 expect_fail "--early-stop follows the validation loss" "${T[@]}" --early-stop 3
 expect_fail "--offload optimizer needs ZeRO" "${T[@]}" --offload optimizer
 expect_fail "--device-memory-cap-gb needs a CUDA device" "${T[@]}" --device-memory-cap-gb 24
+# --cuda-graph (runtime/trainer/trainer_graph.cpp): a GPU's, one process; what a replay cannot redo
+# is refused with its reason.
+expect_fail "--cuda-graph needs a CUDA device \(this run computes on cpu\)" "${T[@]}" --cuda-graph
+expect_fail "--cuda-graph does not go with --precision fp16: the loss scale changes on the host" "${T[@]}" --cuda-graph --precision fp16
+expect_fail "--cuda-graph does not go with --zero 1" "${T[@]}" --cuda-graph --zero 1
+expect_fail "--cuda-graph does not go with --tp, --pp, --cp or --ep: the graph runs one process" "${T[@]}" --cuda-graph --tp 2
+expect_fail "--cuda-graph does not go with --activation-checkpointing full" "${T[@]}" --cuda-graph --activation-checkpointing full
+expect_fail "--cuda-graph does not go with an MoE model" "${T[@]}" --cuda-graph --model tiny-moe
+expect_fail "--cuda-graph does not go with --on-nonfinite skip" "${T[@]}" --cuda-graph --on-nonfinite skip
 echo "PASS"
