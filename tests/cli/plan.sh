@@ -239,8 +239,9 @@ assert P == 124475904, P
 st = p["stages"][0]
 ms = st["model_state"]["device"]
 # ZeRO-0, bf16 by default with its default working weights (--param-dtype auto: bf16, fp32
-# masters): 2 + 4 + 12 bytes per parameter, unpadded, and no autocast copies
-assert (ms["params"], ms["grads"], ms["optimizer"], ms["cast_copies"]) == (2 * P, 4 * P, 12 * P, 0), ms
+# masters), one device at grad-accum 1: nothing accumulates or reduces, so AdamW reads the bf16
+# gradients (--main-grads auto): 2 + 2 + 12 bytes per parameter, unpadded, and no autocast copies
+assert (ms["params"], ms["grads"], ms["optimizer"], ms["cast_copies"]) == (2 * P, 2 * P, 12 * P, 0), ms
 assert st["comm_bytes"] == 0 and st["comm"] == []          # one device, no communicator
 t = p["time"]
 # nothing to wait for: the step is compute only, so MFU is the achieved fraction
