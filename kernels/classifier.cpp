@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 
 #include <ATen/ATen.h>
 
@@ -83,19 +84,23 @@ std::pair<at::Tensor, at::Tensor> softmax_row_stats(const at::Tensor& z, int64_t
 }
 
 at::Tensor softmax_xent_grad(const at::Tensor& z, int64_t cols, const at::Tensor& lse, const at::Tensor& local_targets,
-                             const at::Tensor& scale, Kernels kernels) {
+                             const at::Tensor& scale, Kernels kernels, at::Tensor out) {
   const int64_t N = z.size(0), width = z.size(1);
   cols = std::clamp<int64_t>(cols, 0, width);
+  if (out.defined() && (out.dim() != 2 || out.size(0) != N || out.size(1) != width || out.stride(1) != 1 ||
+                        out.scalar_type() != z.scalar_type() || out.device() != z.device())) {
+    throw std::invalid_argument("softmax_xent_grad: out must be [N, width] of z's dtype and device with unit column stride");
+  }
 #ifdef KILN_WITH_KERNELS
   if (rows_fused(z, kernels) && lse.device() == z.device() && local_targets.device() == z.device() &&
       scale.device() == z.device() && lse.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat &&
       local_targets.scalar_type() == at::kLong) {
     const c10::cuda::CUDAGuard guard(z.device());
-    at::Tensor g = at::empty_like(z);
+    at::Tensor g = out.defined() ? out : at::empty_like(z);
     const at::Tensor l = lse.contiguous(), t = local_targets.contiguous();
     kernels::check_launch(kernels::softmax_xent_grad_cuda(kernels::dtype_of(z), z.data_ptr(), width, N, cols, width - cols,
                                                           l.data_ptr<float>(), t.data_ptr<int64_t>(), scale.data_ptr<float>(),
-                                                          g.data_ptr(), width,
+                                                          g.data_ptr(), g.stride(0),
                                                           c10::cuda::getCurrentCUDAStream(z.device().index()).stream()),
                           "softmax cross-entropy gradient");
     return g;
@@ -111,6 +116,7 @@ at::Tensor softmax_xent_grad(const at::Tensor& z, int64_t cols, const at::Tensor
     p.scatter_(1, t, at_target);
     g.narrow(1, 0, cols).copy_(p * scale);
   }
+  if (out.defined()) return out.copy_(g);
   return g.to(z.scalar_type());
 }
 

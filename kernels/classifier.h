@@ -34,7 +34,9 @@ std::pair<at::Tensor, at::Tensor> softmax_row_stats(const at::Tensor& z, int64_t
 // columns (the target's term as expm1 from fp32), 0 in the others. lse [N] fp32; local_targets
 // [N] int64, outside [0, cols) where the rank does not hold the target; scale 0-dim fp32, all on
 // z's device.
+// out (optional): [N, c'] of z's dtype with unit column stride (rows of any stride): written in
+// place and returned, in place of a new tensor (the 16-bit-logits loss writes G's rows so).
 at::Tensor softmax_xent_grad(const at::Tensor& z, int64_t cols, const at::Tensor& lse, const at::Tensor& local_targets,
-                             const at::Tensor& scale, Kernels kernels);
+                             const at::Tensor& scale, Kernels kernels, at::Tensor out = at::Tensor());
 
 }  // namespace kiln

@@ -474,6 +474,7 @@ quick_plan() {
     "30|peer eager|$peer --model $a --micro-batch 16 --warmup-steps 5 --steps 20 > peer_eager.json"
     "60|test gpu.graph|"
     "35|kiln 124m fused, CUDA graphs (issue 49)|$k124 --kernels fused --cuda-graph --json b124_graph.json"
+    "30|kiln 124m fused, bf16 logits (the A/B of --logits-dtype)|$k124 --kernels fused --logits-dtype bf16 --json b124_logits_bf16.json"
     "30|kiln 124m fused, fp32 main grads (the A/B of --main-grads auto)|$k124 --kernels fused --main-grads always --json b124_main_grads_always.json"
     "35|profile of 124m fused|$k124 --kernels fused --warmup 3 --measure 3 --profile trace.json --json b124_profiled.json"
     "45|peer llama eager|$lp --warmup-steps 3 --steps 10 > peer_llama_eager.json"
@@ -516,7 +517,7 @@ for n in sorted(glob.glob(os.path.join(w, "*.json"))):
     print(f"{name:34s} {r['tokens_per_s']:10.0f} tok/s  {r.get('tflops') or 0:7.1f} TFLOP/s  MFU {100 * (mfu or 0):5.1f}%  "
           f"peak {r.get('peak_mem_gb') or 0:6.2f} GB  J/token {r.get('joules_per_token') if r.get('joules_per_token') is not None else '-'}")
 t = {r[0]: r[1] for r in rows}
-for a, b in [("b124", "b124_reference"), ("b124_gelu_epilogue", "b124"), ("b124", "b124_main_grads_always"), ("b124_graph", "b124"), ("b124_graph", "peer_compile"), ("b124", "peer_eager"), ("b124", "peer_compile"),
+for a, b in [("b124", "b124_reference"), ("b124_gelu_epilogue", "b124"), ("b124", "b124_main_grads_always"), ("b124_logits_bf16", "b124"), ("b124_graph", "b124"), ("b124_graph", "peer_compile"), ("b124", "peer_eager"), ("b124", "peer_compile"),
              ("b124_reference", "peer_compile"), ("bl1b", "bl1b_reference"), ("bl1b", "peer_llama_eager"),
              ("bl1b", "peer_llama_compile"), ("b1558_ac_none", "b1558_ac_none_reference"), ("b124", "b124_loss_plain"),
              ("b1558_z3_offload_all_cap24", "b1558"), ("b1558_z3_offload_optimizer", "b1558"),

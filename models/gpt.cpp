@@ -328,7 +328,7 @@ at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets) {
   if (shard_.ops->loss) return shard_.ops->loss(x, w, targets, kernels_);
   const auto x2 = x.reshape({-1, x.size(-1)});
   if (loss_chunk_rows < 0) return plain_linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size);
-  return linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows, kernels_);
+  return linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows, kernels_, logits16);
 }
 
 void GPT::set_kernels(Kernels k, bool gelu_epilogue) {

@@ -342,6 +342,9 @@ class GPT : public torch::nn::Module {
   // by size (256 MiB of fp32 logits per chunk); -1 runs the plain, whole-logits way (kept to
   // compare against: `kiln train --loss-chunk-rows -1`).
   int64_t loss_chunk_rows = 0;
+  // The chunked loss's logits in bf16 under bf16 compute (models/linear_cross_entropy.h; kiln
+  // train --logits-dtype bf16); fp32 by default.
+  bool logits16 = false;
   // Which implementation of the fused ops runs (kernels/kernel_choice.h): the norms, SwiGLU (the
   // dense MLP's and the experts') and the loss's softmax. Sets every module's choice; the loss's
   // is kernels() itself. Reference by default (the composite ops: what a model without the choice

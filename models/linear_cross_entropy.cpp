@@ -28,7 +28,7 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
   // caller (need_grad), where grad mode still says it: under evaluation's no-grad, wte keeps its
   // requires_grad, and only the mode tells that no backward will come.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                            int64_t vocab, int64_t chunk_rows, bool need_grad, Kernels kernels) {
+                            int64_t vocab, int64_t chunk_rows, bool need_grad, Kernels kernels, bool logits16) {
     const int64_t N = x.size(0), Vp = weight.size(0), V = vocab;
     // The products' operands, cast once to the compute dtype (autocast's when it is on).
     const at::ScalarType dtype = compute_dtype_of(x);
@@ -50,11 +50,25 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
     // (cuBLAS accumulates in fp32 and stores fp32); the CPU has no such mm, so there the operands
     // are upcast instead -- W once, x a chunk at a time: neither is logits-sized -- and multiplied
     // in fp32: the same products of 16-bit values, accumulated in fp32.
-    const bool fp32_product = dtype != at::kFloat;
+    // 16-bit logits (logits16, a bf16 compute dtype): the product writes z in bf16, as autocast's
+    // plain linear does (the peers' numerics), and three passes read it in bf16 -- the row
+    // statistics, the loss from them, the gradient into G's rows (kernels/classifier.h's
+    // two-pass functions, tp's): half the product's write and of the classifier's reads.
+    logits16 = logits16 && dtype == at::kBFloat16;
+    const bool fp32_product = dtype != at::kFloat && !logits16;
     const at::Tensor w32 = fp32_product && !x.is_cuda() ? wc.to(at::kFloat) : at::Tensor();
+    const at::Tensor one = logits16 && need_grad ? at::ones({}, x.options().dtype(at::kFloat)) : at::Tensor();
     for (int64_t a = 0; a < N; a += chunk_rows) {
       const int64_t c = std::min(chunk_rows, N - a);
       const at::Tensor t = targets.narrow(0, a, c).unsqueeze(1);  // [c, 1]
+      if (logits16) {
+        const at::Tensor z = at::mm(xc.narrow(0, a, c), wc.t());  // [c, Vp] bf16
+        const auto [m, se] = softmax_row_stats(z, V, kernels);
+        const at::Tensor lse = m + se.log();
+        loss_sum.add_((lse - z.gather(1, t).squeeze(1).to(at::kFloat)).sum());
+        if (need_grad) softmax_xent_grad(z, V, lse, t.squeeze(1), one, kernels, G.narrow(0, a, c));
+        continue;
+      }
       // pass 1: the logits [c, Vp] in fp32
       const at::Tensor xa = xc.narrow(0, a, c);
       at::Tensor z = !fp32_product ? at::mm(xa, wc.t()) : x.is_cuda() ? at::mm(xa, wc.t(), at::kFloat) : at::mm(xa.to(at::kFloat), w32.t());
@@ -76,7 +90,7 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& g = grad_outputs[0];  // 0-dim: d(whatever backward started from)/dloss
     return {saved[0] * g.to(saved[0].scalar_type()), saved[1] * g.to(saved[1].scalar_type()), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -91,10 +105,10 @@ at::Tensor plain_linear_cross_entropy(const at::Tensor& x, const at::Tensor& wei
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                                int64_t vocab, int64_t chunk_rows, Kernels kernels) {
+                                int64_t vocab, int64_t chunk_rows, Kernels kernels, bool logits16) {
   if (compute_dtype_of(x) == at::kHalf) return plain_linear_cross_entropy(x, weight, targets, vocab);
   const bool need_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  return LinearCrossEntropyFunction::apply(x, weight, targets, vocab, chunk_rows, need_grad, kernels);
+  return LinearCrossEntropyFunction::apply(x, weight, targets, vocab, chunk_rows, need_grad, kernels, logits16);
 }
 
 }  // namespace kiln

@@ -40,6 +40,16 @@
 // order of the loss's sum over rows and the incoming gradient (1/K under accumulation) being
 // applied after the products rather than before. fp16 is not: its G (down to 1e-3 / N) would
 // underflow before the loss scale could lift it, so under fp16 autocast the plain way runs.
+//
+// 16-bit logits (logits16, kiln train --logits-dtype bf16, bf16 compute only): the product writes
+// z rounded to bf16, as autocast's at::linear does for the plain way and the PyTorch peers (one
+// rounding of each logit more than above: 2^-9 relative, ~0.02 on a logit of 10), and the loss
+// reads it in three passes of 2 bytes: the rows' (max, sum of exp) by the online log-sum-exp, the
+// loss lse - z_t, the gradient exp(z - lse) - onehot written into G's rows
+// (kernels/classifier.h's softmax_row_stats / softmax_xent_grad, tp's vocabulary-parallel
+// passes; fused on CUDA, the same math in ATen ops elsewhere). Bytes per logit: 2 written + 6
+// read and written, against 4 written + 4 read (+ 4 from L2) + 2 written in fp32: the figure is
+// the GPU's A/B (docs/kernels.md).
 #pragma once
 
 #include <cstdint>
@@ -54,8 +64,10 @@ namespace kiln {
 // products run in autocast's dtype when autocast is on for x's device), weight [Vp, d],
 // targets [N] int64. chunk_rows <= 0: rows per chunk such that a chunk's fp32 logits take at
 // most 256 MiB.
+// logits16 (with a bf16 compute dtype; ignored otherwise): the logits in bf16 (see above).
 at::Tensor linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                                int64_t vocab, int64_t chunk_rows = 0, Kernels kernels = Kernels::reference);
+                                int64_t vocab, int64_t chunk_rows = 0, Kernels kernels = Kernels::reference,
+                                bool logits16 = false);
 
 // The plain way, for comparison and for fp16: cross_entropy(linear(x, W)[:, :V].float(), t).
 at::Tensor plain_linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,

@@ -250,6 +250,28 @@ TEST(GpuKernels, LinearCrossEntropyUnderAutocast) {
   EXPECT_NEAR(lf.item<double>(), lr.item<double>(), 1e-5 * lr.item<double>());
   EXPECT_LE(worst(gxf, gxr, 2.0, 1e-3), 1.0);
   EXPECT_LE(worst(gwf, gwr, 2.0, 1e-3), 1.0);
+  // --logits-dtype bf16: the bf16 logits' two-pass kernels against the same math in ATen ops on
+  // the same bf16 logits (the reference) -- the loss to 1e-5, the gradients as above; and both
+  // within the logits' bf16 rounding of the fp32-logits loss (2^-8 x the mean |logit|, loosely:
+  // 1e-2 relative).
+  auto run16 = [&](Kernels k) {
+    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::Tensor loss = kiln::linear_cross_entropy(x, w, t, V, 100, k, /*logits16=*/true);
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+    loss.backward();
+    return std::make_tuple(loss.detach(), x.grad(), w.grad());
+  };
+  const auto [l16f, gx16f, gw16f] = run16(Kernels::fused);
+  const auto [l16r, gx16r, gw16r] = run16(Kernels::reference);
+  std::printf("  linear cross-entropy, bf16 logits: loss fused %.7f reference %.7f (fp32 logits %.7f)\n", l16f.item<double>(),
+              l16r.item<double>(), lr.item<double>());
+  EXPECT_NEAR(l16f.item<double>(), l16r.item<double>(), 1e-5 * l16r.item<double>());
+  EXPECT_NEAR(l16f.item<double>(), lr.item<double>(), 1e-2 * lr.item<double>());
+  EXPECT_LE(worst(gx16f, gx16r, 2.0, 1e-3), 1.0);
+  EXPECT_LE(worst(gw16f, gw16r, 2.0, 1e-3), 1.0);
 }
 
 TEST(GpuKernels, SwiGLU) {
@@ -404,7 +426,9 @@ TEST(GpuKernels, AdamW) {
           for (size_t i = 0; i < sizes.size(); ++i) {
             EXPECT_TRUE(at::equal(fl.params[i], f.params[i])) << what << ": the device rate, tensor " << i;
             EXPECT_TRUE(at::equal(fl.exp_avg_sq[i], f.exp_avg_sq[i])) << what;
-            if (wt != at::kFloat) EXPECT_TRUE(at::equal(fl.working[i], f.working[i])) << what;
+            if (wt != at::kFloat) {
+              EXPECT_TRUE(at::equal(fl.working[i], f.working[i])) << what;
+            }
           }
           // Every tensor at once: the lists flattened into one vector each.
           const auto flat = [](const std::vector<at::Tensor>& l) {

@@ -445,6 +445,46 @@ TEST(LinearCrossEntropy, ChunkedFollowsPlainUnderBf16Autocast) {
   EXPECT_GT(std::abs(fp32.loss - got.loss), 1e-6 * fp32.loss);
 }
 
+// --logits-dtype bf16 (models/linear_cross_entropy.h's logits16): the chunked way with the
+// logits rounded to bf16 is the plain way's arithmetic -- autocast's linear rounds them so too, and
+// both take log-sum-exp and softmax in fp32 from the bf16 values -- so the loss equals the plain
+// way's to fp32 summation order (1e-5 relative; the bf16 products are the same kernel's up to the
+// order of their fp32 accumulation, a bf16 ulp on a rare logit), and the gradients, both rounded
+// to bf16 before the backward products, within bf16's rounding of a few elements (2^-7, as
+// above). Against the default fp32 logits it differs by the logits' rounding (measured ~1e-4
+// relative here: more than 1e-6 asked). Chunks that divide the rows and chunks that do not; a
+// padded vocabulary (W's padding rows get 0); fp32 compute ignores the setting.
+TEST(LinearCrossEntropy, SixteenBitLogitsFollowThePlainWay) {
+  const int64_t V = 250;
+  const auto [x, w, t] = head_case(23, 64, 32, 256, V);
+  auto run16 = [&](int64_t chunk) {
+    auto xl = x.clone().requires_grad_(true), wl = w.clone().requires_grad_(true);
+    auto loss = kiln::linear_cross_entropy(xl, wl, t, V, chunk, kiln::Kernels::reference, /*logits16=*/true);
+    loss.backward();
+    return LossAndGrads{loss.item<double>(), xl.grad(), wl.grad()};
+  };
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  const auto plain = run_head(x, w, t, V, -1);
+  const auto fp32_logits = run_head(x, w, t, V, 16);
+  for (int64_t chunk : {16, 10, 0}) {
+    const auto got = run16(chunk);
+    EXPECT_EQ(got.gx.scalar_type(), at::kFloat);
+    EXPECT_NEAR(got.loss, plain.loss, 1e-5 * plain.loss) << chunk;
+    EXPECT_GT(std::abs(got.loss - fp32_logits.loss), 1e-6 * fp32_logits.loss) << chunk << ": bf16 logits, not fp32 ones";
+    EXPECT_LT(rel_diff(got.gx, plain.gx), 1.0 / 128) << chunk;
+    EXPECT_LT(rel_diff(got.gw, plain.gw), 1.0 / 128) << chunk;
+    EXPECT_EQ(got.gw.narrow(0, V, 256 - V).abs().max().item<double>(), 0.0) << chunk;
+  }
+  at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  // fp32 compute: the setting does nothing (the logits are fp32 products already).
+  const auto a = run_head(x, w, t, V, 16);
+  const auto b = run16(16);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_TRUE(at::equal(a.gx, b.gx));
+}
+
 // Between forward and backward the chunked way keeps dloss/dx and dloss/dW (N d + Vp d fp32
 // elements), the plain way (in fp32) the log-softmax of the V real columns (N V fp32; with a
 // compute dtype below fp32 also the logits in it). A warm-up call of each first, so lazily made

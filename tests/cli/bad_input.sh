@@ -80,4 +80,5 @@ expect_fail "--cuda-graph does not go with --tp, --pp, --cp or --ep: the graph r
 expect_fail "--cuda-graph does not go with --activation-checkpointing full" "${T[@]}" --cuda-graph --activation-checkpointing full
 expect_fail "--cuda-graph does not go with an MoE model" "${T[@]}" --cuda-graph --model tiny-moe
 expect_fail "--cuda-graph does not go with --on-nonfinite skip" "${T[@]}" --cuda-graph --on-nonfinite skip
+expect_fail "--logits-dtype bf16 rounds the products of bf16 operands: give --precision bf16 \\(got --precision fp32\\)" "${T[@]}" --logits-dtype bf16
 echo "PASS"

@@ -37,6 +37,7 @@
 #    bf16 rounding of the weights (1e-2).
 # 6. The default (auto) is the compute precision's weights; bad combinations: one line, exit 2.
 # 7. --main-grads auto against always (below).
+# 8. --logits-dtype bf16 against the default fp32 logits (below).
 source "$(dirname "$0")/common.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 : "${MPIEXEC:=mpirun}"
@@ -285,6 +286,28 @@ PY
 logs=(mg_bf16_auto mg_fp16_auto mg_tp2_auto mg_tp2_always)
 "$KILN_BIN" plan $(printf -- "--compare %s.jsonl " "${logs[@]}") --json >cmp_mg.json || fail "kiln plan --compare ${logs[*]}"
 python3 "$here/compare_exact.py" cmp_mg.json "${logs[@]}"
+
+# 8. --logits-dtype bf16 (models/linear_cross_entropy.h): the loss's logits rounded to bf16, as
+#    autocast's plain linear and the PyTorch peers round them. It trains as the default fp32
+#    logits do: 100 steps of bf16, the mean of the last 10 losses within 2% (the convergence bound
+#    of section 4), the record says which ran, and the runs are not the same arithmetic (one
+#    rounding of every logit more).
+"$KILN_BIN" train --device cpu --steps 100 --log-every 100 --micro-batch 4 --precision bf16 --log-json lg_fp32.jsonl >/dev/null & a=$!
+"$KILN_BIN" train --device cpu --steps 100 --log-every 100 --micro-batch 4 --precision bf16 --logits-dtype bf16 --log-json lg_bf16.jsonl >/dev/null
+wait "$a" || fail "the fp32-logits run"
+python3 - <<'PY'
+import json
+load = lambda n: [json.loads(l) for l in open(f"{n}.jsonl")]
+a, b = load("lg_fp32"), load("lg_bf16")
+assert a[0]["config"]["logits_dtype"] == "fp32" and b[0]["config"]["logits_dtype"] == "bf16"
+la = [r["loss"] for r in a if r["type"] == "step"]
+lb = [r["loss"] for r in b if r["type"] == "step"]
+assert len(la) == len(lb) == 100 and la != lb
+ma, mb = sum(la[-10:]) / 10, sum(lb[-10:]) / 10
+print(f"--logits-dtype bf16: 100 steps, mean of the last 10 losses {mb:.5f} against fp32 logits' {ma:.5f} ({abs(mb - ma) / ma:.3%} apart); "
+      f"step 1 {lb[0]:.6f} vs {la[0]:.6f}")
+assert abs(mb - ma) <= 0.02 * ma and mb < 0.5 * lb[0]
+PY
 
 # 6. The default policy (auto): the compute precision's working weights.
 for p in fp32 bf16 fp16; do
