@@ -233,11 +233,11 @@ TEST(GpuKernels, LinearCrossEntropyUnderAutocast) {
   const int64_t N = 777, d = 128, V = 50257, Vp = 50304;
   const at::Tensor x0 = at::randn({N, d}, cuda(at::kBFloat16)), w0 = (at::randn({Vp, d}, cuda(at::kFloat)) * 0.05).to(at::kBFloat16);
   const at::Tensor t = at::randint(0, V, {N}, cuda(at::kLong));
-  auto run = [&](Kernels k) {
+  auto run = [&](Kernels k, bool logits16 = false) {
     at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
     at::autocast::set_autocast_enabled(at::kCUDA, true);
     at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::Tensor loss = kiln::linear_cross_entropy(x, w, t, V, 100, k);
+    at::Tensor loss = kiln::linear_cross_entropy(x, w, t, V, 100, k, logits16);
     at::autocast::set_autocast_enabled(at::kCUDA, false);
     at::autocast::clear_cache();
     loss.backward();
@@ -254,18 +254,8 @@ TEST(GpuKernels, LinearCrossEntropyUnderAutocast) {
   // the same bf16 logits (the reference) -- the loss to 1e-5, the gradients as above; and both
   // within the logits' bf16 rounding of the fp32-logits loss (2^-8 x the mean |logit|, loosely:
   // 1e-2 relative).
-  auto run16 = [&](Kernels k) {
-    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::Tensor loss = kiln::linear_cross_entropy(x, w, t, V, 100, k, /*logits16=*/true);
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
-    loss.backward();
-    return std::make_tuple(loss.detach(), x.grad(), w.grad());
-  };
-  const auto [l16f, gx16f, gw16f] = run16(Kernels::fused);
-  const auto [l16r, gx16r, gw16r] = run16(Kernels::reference);
+  const auto [l16f, gx16f, gw16f] = run(Kernels::fused, /*logits16=*/true);
+  const auto [l16r, gx16r, gw16r] = run(Kernels::reference, /*logits16=*/true);
   std::printf("  linear cross-entropy, bf16 logits: loss fused %.7f reference %.7f (fp32 logits %.7f)\n", l16f.item<double>(),
               l16r.item<double>(), lr.item<double>());
   EXPECT_NEAR(l16f.item<double>(), l16r.item<double>(), 1e-5 * l16r.item<double>());
