@@ -80,11 +80,20 @@ bool cuda_graph_functions_found(std::string* why) {
 CudaGraph::CudaGraph() : impl_(std::make_unique<Impl>()) {}
 CudaGraph::~CudaGraph() = default;
 
+void use_side_stream(int device) {
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  const c10::cuda::CUDAGuard guard(index);
+  if (cudaDeviceSynchronize() != cudaSuccess) throw Error("--cuda-graph: the device failed before the run's stream was set");
+  c10::cuda::setCurrentCUDAStream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index));
+}
+
 void CudaGraph::capture(int device, const std::function<void()>& fn) {
   if (captured_) throw Error("CudaGraph: captured twice");
   const auto index = static_cast<c10::DeviceIndex>(device);
   const c10::cuda::CUDAGuard guard(index);
-  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(index);
+  const c10::cuda::CUDAStream side =
+      current == c10::cuda::getDefaultCUDAStream(index) ? c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index) : current;
   const c10::cuda::CUDAStreamGuard on_side(side);
   // The blocks the eager steps cached go back to the device: the graph's pool is its own, and would
   // otherwise hold a second copy of the step's activations beside them (a sync, once).
@@ -114,6 +123,8 @@ bool cuda_graph_functions_found(std::string* why) {
   if (why) *why = "a kiln built without CUDA";
   return false;
 }
+
+void use_side_stream(int) { throw Error("--cuda-graph needs a kiln built with CUDA"); }
 
 struct CudaGraph::Impl {};
 CudaGraph::CudaGraph() { throw Error("--cuda-graph needs a kiln built with CUDA"); }

@@ -9,8 +9,9 @@
 // would draw). kiln does not link libtorch_cuda (distributed/cuda_backend.h): the wrapper's five
 // functions are resolved with dlsym once the backend is loaded, and its object is built in place.
 //
-// capture(fn) runs fn on a side stream (a capture must not be on the default stream) in
-// thread-local capture mode (the prefetch and save threads may allocate pinned memory meanwhile;
+// capture(fn) runs fn on the current stream (use_side_stream's), or on a side stream where the
+// current one is the default (a capture must not be on the default stream), in thread-local
+// capture mode (the prefetch and save threads may allocate pinned memory meanwhile;
 // the autograd engine's worker thread issues the backward's kernels on the captured stream,
 // which are captured as the stream's). fn's kernels are recorded, not run: replay() runs them, on
 // the current stream. fn must not synchronise with the host (kiln's step does not: sync_free.sh)
@@ -28,6 +29,14 @@ namespace kiln {
 // Whether LibTorch's CUDA graph functions resolve in this process (loading the CUDA backend; no
 // device needed): false, with why, in a build without CUDA or a LibTorch whose names moved.
 bool cuda_graph_functions_found(std::string* why = nullptr);
+
+// Makes a non-default stream of `device` the calling thread's current stream from now on, after
+// the device's queued work (a sync, once). A graphed run warms up, captures and replays on that
+// one stream, as PyTorch asks of whole-network capture: autograd runs a parameter's
+// AccumulateGrad node on the stream it was made on, and the hooks that hold those nodes across
+// steps (parallel/main_grads.h) would otherwise keep the default stream's, whose wait on the
+// captured stream breaks the capture.
+void use_side_stream(int device);
 
 class CudaGraph {
  public:

@@ -12,8 +12,11 @@
 //                 norm, the verdict [loss, non-finite, norm]
 //   update graph  found_inf and the clip factor from the verdict, AdamW (the rate read from a
 //                 device scalar filled in before each replay: the schedule moves, the graph not)
-// Steps first_step and first_step + 1 run eagerly (LibTorch's lazy initialisation, cuBLAS's
-// workspaces and heuristics, the gradients' first allocation); first_step + 2 is captured, then
+// The run computes on one non-default stream from set-up on (distributed/cuda_graph.h's
+// use_side_stream: autograd's AccumulateGrad nodes, which main grads' hooks hold across steps, run
+// on the stream they were made on, and must be the captured one's). Steps first_step and
+// first_step + 1 run eagerly (LibTorch's lazy initialisation, cuBLAS's workspaces and heuristics,
+// the gradients' first allocation); first_step + 2 is captured, then
 // replayed, as every step after it. Dropout draws afresh each replay: the graph reads the CUDA
 // generator's seed and offset when it is replayed, and the step's seed is set before it (the
 // same masks as the eager step). What runs between steps -- evaluations, samples, saves, the
@@ -42,6 +45,9 @@ void Trainer::build_graphs() {
     throw ConfigError("--cuda-graph runs one process without a data-parallel reduction (this run has " +
                       std::to_string(proc_.world_size) + " rank(s)" + (r.ddp ? ", DDP" : "") + ")");
   }
+  // One stream for the whole run: the eager warm-up steps, the capture and the replays (and what
+  // runs between them), so that every AccumulateGrad node is the captured stream's.
+  use_side_stream(r.dev.device.index());
   r.graphs = std::make_unique<StepGraphs>();
   r.graphs->lr = at::zeros({}, at::TensorOptions().device(r.dev.device).dtype(at::kFloat));
 }

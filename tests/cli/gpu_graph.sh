@@ -12,7 +12,8 @@
 #   B. A resume of A's graphed run from its step-10 checkpoint, graphed again: steps 11-30 equal
 #      the uninterrupted run's (a checkpoint replays exactly; the graph is captured afresh).
 #   C. tiny-llama (RMSNorm, SwiGLU, rope), grad-accum 2 (the fp32 main grads zeroed and summed
-#      inside the graph), 20 steps, --deterministic: bit for bit.
+#      inside the graph; their hooks hold the AccumulateGrad nodes from the eager steps on, which
+#      is why the run keeps to one side stream), 20 steps, --deterministic: bit for bit.
 #   D. Without --deterministic (flash attention's backward sums in another order each run):
 #      every step's loss within 1e-2 relative of the eager run's, as gpu.kernels_train bounds two
 #      bf16 runs; the graphed run's tokens/s printed beside the eager one's (speed is kiln
