@@ -2,6 +2,7 @@
 #include "models/gpt.h"
 
 #include <cmath>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -171,15 +172,23 @@ BlockImpl::BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const 
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  auto [y, m] = forward_deferred(x, at::Tensor());
+  return y + m;
+}
+
+std::pair<at::Tensor, at::Tensor> BlockImpl::forward_deferred(const at::Tensor& x_in, const at::Tensor& pending) {
   const bool drop = is_training() && dropout_ > 0.0;
-  auto a = attn->forward(ln_1->forward(x));
+  at::Tensor x, n1;
+  if (pending.defined()) std::tie(x, n1) = ln_1->forward_add(x_in, pending);  // x = x_in + pending, n1 = ln_1(x)
+  else x = x_in, n1 = ln_1->forward(x_in);
+  auto a = attn->forward(n1);
   auto [y, h] = ln_2->forward_add(x, drop ? residual_dropout(a, dropout_, *ops_) : a);  // y = x + a, h = ln_2(y)
   auto m = moe ? moe->forward(h) : mlp->forward(h);
   // The MoE layer answers in its input's dtype: on CUDA, autocast's layer_norm makes that fp32,
   // and y + m promoted the 16-bit residual stream to fp32 for every later block (with pp the
   // stages' exchange then refused it). The residual keeps its dtype, as the dense MLP's does.
   if (moe) m = m.to(y.scalar_type());
-  return y + (drop ? residual_dropout(m, dropout_, *ops_) : m);
+  return {std::move(y), drop ? residual_dropout(m, dropout_, *ops_) : std::move(m)};
 }
 
 GPT::GPT(const GPTConfig& cfg, const at::TensorOptions& opts, ModelShard shard) : cfg_(cfg), shard_(std::move(shard)) {
@@ -294,20 +303,31 @@ at::Tensor GPT::embed(const at::Tensor& idx) {
 }
 
 at::Tensor GPT::run_blocks(const at::Tensor& x_in, int chunk) {
+  auto [y, m] = run_blocks_deferred(x_in, chunk);
+  return m.defined() ? y + m : y;
+}
+
+std::pair<at::Tensor, at::Tensor> GPT::run_blocks_deferred(const at::Tensor& x_in, int chunk) {
   if (chunk < 0 || chunk >= static_cast<int>(shard_.chunks.size()))
     throw Error("GPT::run_blocks: chunk " + std::to_string(chunk) + " of " + std::to_string(shard_.chunks.size()));
-  at::Tensor x = x_in;
+  at::Tensor x = x_in, pending;
   const BlockRange& c = shard_.chunks[static_cast<size_t>(chunk)];
   for (int64_t i = c.begin; i < c.end; ++i) {
     auto& block = *h[static_cast<size_t>(i)]->as<BlockImpl>();
-    x = block_runner ? block_runner(block, x) : block.forward(x);
+    if (block_runner) {  // recomputation's hook runs whole blocks
+      x = block_runner(block, pending.defined() ? x + pending : x);
+      pending = at::Tensor();
+    } else {
+      std::tie(x, pending) = block.forward_deferred(x, pending);
+    }
   }
-  return x;
+  return {x, pending};
 }
 
 at::Tensor GPT::hidden(const at::Tensor& idx) {
   if (!shard_.whole_model()) throw Error("GPT::hidden: a pipeline stage runs embed / run_blocks / head_loss");
-  return ln_f->forward(run_blocks(embed(idx)));
+  auto [y, m] = run_blocks_deferred(embed(idx));
+  return m.defined() ? ln_f->forward_add(y, m).second : ln_f->forward(y);
 }
 
 at::Tensor GPT::logits(const at::Tensor& idx) { return at::linear(hidden(idx), output_weight()); }
@@ -316,14 +336,16 @@ at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
   if (!shard_.whole_model()) throw Error("GPT::loss: a pipeline stage runs embed / run_blocks / head_loss");
   if (shard_.ops->local_tokens) {  // context parallelism: this rank's positions; the loss is their mean
     check_context(idx.size(1), cfg_);  // the whole sequence's length; embed sees the rank's
-    return head_loss(run_blocks(embed(shard_.ops->local_tokens(idx))), shard_.ops->local_tokens(targets));
+    auto [y, m] = run_blocks_deferred(embed(shard_.ops->local_tokens(idx)));
+    return head_loss(y, shard_.ops->local_tokens(targets), m);
   }
-  return head_loss(run_blocks(embed(idx)), targets);
+  auto [y, m] = run_blocks_deferred(embed(idx));
+  return head_loss(y, targets, m);
 }
 
-at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets) {
+at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets, const at::Tensor& pending) {
   if (!shard_.head) throw Error("GPT::head_loss: this pipeline stage does not hold the output layer");
-  auto x = ln_f->forward(x_in);
+  auto x = pending.defined() ? ln_f->forward_add(x_in, pending).second : ln_f->forward(x_in);
   const at::Tensor& w = output_weight();
   if (shard_.ops->loss) return shard_.ops->loss(x, w, targets, kernels_);
   const auto x2 = x.reshape({-1, x.size(-1)});

@@ -268,6 +268,14 @@ class BlockImpl : public torch::nn::Module {
   BlockImpl(const GPTConfig& cfg, const at::TensorOptions& opts, const ModelShard& shard = {}, int64_t index = 0,
             std::shared_ptr<RotaryEmbedding> rope = nullptr);
   at::Tensor forward(const at::Tensor& x);
+  // The block with its residual adds deferred into the norms after them (kernels/norm.h's
+  // add_norm): s = x + pending (pending: the previous block's branch output, undefined for none)
+  // added inside ln_1; returns (y, m) with the block's output y + m left for its consumer -- the
+  // next block's ln_1 or ln_f -- to add the same way. forward(x) is forward_deferred(x, {}) summed.
+  // The same ops in the same order as forward's chain (x + r, then the norm), so the reference path
+  // is bit for bit the same; with the fused kernels each block boundary's add and norm are one
+  // kernel each way (GPT::run_blocks_deferred).
+  std::pair<at::Tensor, at::Tensor> forward_deferred(const at::Tensor& x, const at::Tensor& pending);
   std::shared_ptr<LayerNormImpl> ln_1, ln_2;
   std::shared_ptr<AttentionImpl> attn;
   std::shared_ptr<MLPImpl> mlp;  // null in an MoE block
@@ -303,7 +311,12 @@ class GPT : public torch::nn::Module {
   // parallelism in chunks of rows, never holding the whole fp32 logits (loss_chunk_rows).
   at::Tensor embed(const at::Tensor& idx);
   at::Tensor run_blocks(const at::Tensor& x, int chunk = 0);  // chunk: of shard().chunks
-  at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets);
+  // run_blocks with the last block's residual add left undone: (y, m), the output y + m (the blocks
+  // chained by BlockImpl::forward_deferred; with a block_runner -- recomputation -- each block whole
+  // and m undefined). head_loss and hidden() take the pair into ln_f's add_norm.
+  std::pair<at::Tensor, at::Tensor> run_blocks_deferred(const at::Tensor& x, int chunk = 0);
+  // pending: a residual add still to make before ln_f (run_blocks_deferred's m; undefined: none).
+  at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, const at::Tensor& pending = at::Tensor());
   // This stage's blocks in order, all its chunks (every block of the whole model). h has n_layer
   // entries; those of other stages are empty placeholders without parameters.
   std::vector<std::shared_ptr<BlockImpl>> blocks() const;

@@ -293,6 +293,49 @@ TEST(GPT, WholeModelMatchesComposedReference) {
   EXPECT_NEAR(model.loss(idx, idx.roll(-1, 1)).item<double>(), ref_loss.item<double>(), 1e-5);
 }
 
+// GPT::loss chains the blocks with each residual add deferred into the next norm
+// (BlockImpl::forward_deferred; the fused kernels' add_norm across block boundaries): on the
+// reference path the same ops in the same order as block-by-block forward() and ln_f, so the loss
+// and every gradient are the same bit for bit -- fp32 and bf16 autocast, with dropout (the same
+// draws in the same order), for GPT-2's, the Llama family's and an MoE block.
+TEST(GPT, DeferredResidualAddsEqualTheBlockByBlockChain) {
+  for (const std::string preset : {"tiny", "tiny-llama", "tiny-moe"}) {
+    for (const bool bf16 : {false, true}) {
+      auto c = GPTConfig::preset(preset);
+      c.n_layer = 3;
+      c.dropout = 0.1;
+      GPT model(c);
+      model.init_weights(11);
+      model.train();
+      const auto idx = at::randint(c.vocab_size, {2, 16}, at::make_generator<at::CPUGeneratorImpl>(5), at::kLong);
+      const auto targets = idx.roll(-1, 1);
+      auto run = [&](bool chained) {
+        model.zero_grad(/*set_to_none=*/true);
+        at::manual_seed(7);
+        at::autocast::set_autocast_enabled(at::kCPU, bf16);
+        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+        at::Tensor loss;
+        if (chained) {  // the block-by-block chain: forward() sums each block's output
+          at::Tensor x = model.embed(idx);
+          for (const auto& b : model.blocks()) x = b->forward(x);
+          loss = model.head_loss(x, targets);
+        } else {
+          loss = model.loss(idx, targets);
+        }
+        at::autocast::set_autocast_enabled(at::kCPU, false);
+        at::autocast::clear_cache();
+        loss.backward();
+        std::vector<at::Tensor> grads{loss.detach()};
+        for (const auto& p : model.parameters()) grads.push_back(p.grad().clone());
+        return grads;
+      };
+      const auto a = run(true), b = run(false);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << preset << (bf16 ? " bf16" : " fp32") << " tensor " << i;
+    }
+  }
+}
+
 TEST(GPT, InitialisationIsDeterministicAndFollowsGPT2) {
   auto c = small_config(4, 4);
   GPT a(c), b(c);
