@@ -76,6 +76,14 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
                            /*is_causal=*/!mask.defined());
 }
 
+at::Tensor document_ids_of(const at::Tensor& idx, int64_t token) { return idx.eq(token).to(at::kLong).cumsum(1); }
+
+at::Tensor document_mask(const at::Tensor& document_ids) {
+  const int64_t T = document_ids.size(1);
+  const at::Tensor causal = at::ones({T, T}, document_ids.options().dtype(at::kBool)).tril();
+  return document_ids.unsqueeze(2).eq(document_ids.unsqueeze(1)).logical_and(causal).unsqueeze(1);
+}
+
 at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops) {
   if (!ops.seq_rows) return at::dropout(x, p, /*train=*/true);
   // The mask the unsplit run draws for the whole [B, T, d] (same shape, same generator state:
@@ -118,7 +126,13 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   auto [q, k, v] = heads(x, positions);
   const double p = is_training() ? dropout_ : 0.0;
   at::Tensor mask;
-  if (ops_->gather_kv) std::tie(k, v, mask) = ops_->gather_kv(k, v);  // context parallelism: the whole sequence's
+  if (ops_->gather_kv) {
+    if (document_ids.defined()) throw ConfigError("--document-mask under --cp is not built yet");
+    std::tie(k, v, mask) = ops_->gather_kv(k, v);  // context parallelism: the whole sequence's
+  } else if (document_ids.defined()) {
+    // --document-mask: every row's heads are here (tp splits the heads; sp's c_attn gathered the rows)
+    mask = document_mask(document_ids);
+  }
   auto attend = [&] { return core ? core(q, k, v, p, mask) : causal_attention(q, k, v, p, mask); };  // [B, H, T, h]
   auto y = p > 0.0 && ops_->in_tp_region ? ops_->in_tp_region(x.device(), attend) : attend();
   return project(y);
@@ -324,8 +338,14 @@ std::pair<at::Tensor, at::Tensor> GPT::run_blocks_deferred(const at::Tensor& x_i
   return {x, pending};
 }
 
+void GPT::set_documents(const at::Tensor& idx) {
+  const at::Tensor ids = document_token >= 0 ? document_ids_of(idx, document_token) : at::Tensor();
+  for (const auto& b : blocks()) b->attn->document_ids = ids;
+}
+
 at::Tensor GPT::hidden(const at::Tensor& idx) {
   if (!shard_.whole_model()) throw Error("GPT::hidden: a pipeline stage runs embed / run_blocks / head_loss");
+  set_documents(idx);
   auto [y, m] = run_blocks_deferred(embed(idx));
   return m.defined() ? ln_f->forward_add(y, m).second : ln_f->forward(y);
 }
@@ -334,6 +354,7 @@ at::Tensor GPT::logits(const at::Tensor& idx) { return at::linear(hidden(idx), o
 
 at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
   if (!shard_.whole_model()) throw Error("GPT::loss: a pipeline stage runs embed / run_blocks / head_loss");
+  set_documents(idx);  // the whole sequence's (before context parallelism keeps the rank's positions)
   if (shard_.ops->local_tokens) {  // context parallelism: this rank's positions; the loss is their mean
     check_context(idx.size(1), cfg_);  // the whole sequence's length; embed sees the rank's
     auto [y, m] = run_blocks_deferred(embed(shard_.ops->local_tokens(idx)));

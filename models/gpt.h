@@ -201,6 +201,14 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // Equal heads: plain SDPA.
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal);
+// --document-mask: each position's document, [B, T] int64: the count of `token`s (the one that
+// opens every document) up to and including it -- so a document's opening token is its own first
+// position, and what precedes a batch row's first one (the tail of a document cut by the packing)
+// is document 0.
+at::Tensor document_ids_of(const at::Tensor& idx, int64_t token);
+// The attention mask of documents [B, T]: [B, 1, T, T] bool, true where key j is at or before query
+// i in i's document (SDPA broadcasts it over the heads).
+at::Tensor document_mask(const at::Tensor& document_ids);
 // Residual dropout of x [B, T_local, d] under `ops`: at::dropout, or with a split sequence the
 // whole sequence's mask at this rank's rows (LayerOps::seq_rows).
 at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops);
@@ -226,6 +234,10 @@ class AttentionImpl : public torch::nn::Module {
   int64_t n_head() const { return n_head_; }
   int64_t n_kv_head() const { return n_kv_head_; }
   int64_t head_dim() const { return head_dim_; }
+  // --document-mask: the document of every position of the batch, [B, T] int64 (GPT::loss sets it
+  // from the tokens; undefined: plain causal attention). A query then sees the keys at or before it
+  // in its own document only.
+  at::Tensor document_ids;
 
  private:
   int64_t n_head_, n_kv_head_, head_dim_;  // this rank's heads
@@ -305,6 +317,9 @@ class GPT : public torch::nn::Module {
 
   // Residual stream after ln_f: [B, T] token ids -> [B, T, d].
   at::Tensor hidden(const at::Tensor& idx);
+  // --document-mask (document_token >= 0): every block's attention takes idx's documents
+  // (AttentionImpl::document_ids); off: none. hidden() and loss() call it.
+  void set_documents(const at::Tensor& idx);
   // The parts a pipeline stage runs (the whole model runs all three in hidden() / loss()):
   // wte[idx] + wpe (first stage) [B, T] -> [B, T, d]; this stage's blocks [B, T, d] -> [B, T, d];
   // ln_f, the tied output layer and the mean cross-entropy (last stage) -> scalar; without tensor
@@ -355,6 +370,9 @@ class GPT : public torch::nn::Module {
   // by size (256 MiB of fp32 logits per chunk); -1 runs the plain, whole-logits way (kept to
   // compare against: `kiln train --loss-chunk-rows -1`).
   int64_t loss_chunk_rows = 0;
+  // --document-mask: the token that opens every document (the tokenizer's eot); attention then
+  // stays inside documents (document_ids_of). -1: off.
+  int64_t document_token = -1;
   // The chunked loss's logits in bf16 under bf16 compute (models/linear_cross_entropy.h; kiln
   // train --logits-dtype bf16); fp32 by default.
   bool logits16 = false;

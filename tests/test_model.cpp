@@ -336,6 +336,47 @@ TEST(GPT, DeferredResidualAddsEqualTheBlockByBlockChain) {
   }
 }
 
+// --document-mask (models/gpt.h's document_token): a packed row [tail of a document | A | B],
+// each document opened by the token, gives A's and B's positions the logits they have alone. With
+// rotary positions attention depends on the distance between positions only, so the same
+// document at another offset computes the same numbers up to fp32 rounding of the turned q and k
+// (1e-5 of the logits' scale allowed; measured 4e-7 and 5e-7). Without the mask B's logits see A and
+// the tail (far more than that: the check is not vacuous). The ids and the mask at hand-made rows.
+TEST(GPT, DocumentMaskKeepsDocumentsApart) {
+  const int64_t eot = 7;
+  const at::Tensor ids = kiln::document_ids_of(at::tensor({3, 7, 5, 6, 7, 2}, at::kLong).reshape({1, 6}), eot);
+  EXPECT_TRUE(at::equal(ids, at::tensor({0, 1, 1, 1, 2, 2}, at::kLong).reshape({1, 6})));
+  const at::Tensor m = kiln::document_mask(ids);
+  ASSERT_EQ(m.sizes(), (std::vector<int64_t>{1, 1, 6, 6}));
+  EXPECT_TRUE(m[0][0][3][1].item<bool>() && m[0][0][3][3].item<bool>());      // within A, backwards and itself
+  EXPECT_FALSE(m[0][0][3][0].item<bool>() || m[0][0][2][3].item<bool>());    // the tail before A; the future
+  EXPECT_FALSE(m[0][0][5][3].item<bool>());                                  // B does not see A
+
+  auto c = GPTConfig::preset("tiny-llama");
+  c.n_layer = 2;
+  GPT model(c);
+  model.init_weights(13);
+  model.eval();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(19);
+  auto doc = [&](int64_t n) {  // the opening token, then n others (none of them the token)
+    at::Tensor body = at::randint(8, c.vocab_size, {n}, gen, at::kLong);
+    return at::cat({at::full({1}, eot, at::kLong), body});
+  };
+  const at::Tensor tail = at::randint(8, c.vocab_size, {5}, gen, at::kLong), a = doc(20), b = doc(30);
+  const at::Tensor packed = at::cat({tail, a, b}).unsqueeze(0);  // [1, 56]
+  model.document_token = eot;
+  const at::Tensor lp = model.logits(packed), la = model.logits(a.unsqueeze(0)), lb = model.logits(b.unsqueeze(0));
+  const double scale = la.abs().max().item<double>();
+  const double da = (lp.narrow(1, 5, 21) - la).abs().max().item<double>() / scale;
+  const double db = (lp.narrow(1, 26, 31) - lb).abs().max().item<double>() / scale;
+  model.document_token = -1;
+  const double unmasked = (model.logits(packed).narrow(1, 26, 31) - lb).abs().max().item<double>() / scale;
+  std::printf("document mask: A %.2e, B %.2e of the logits' scale apart from alone; without it B %.2e\n", da, db, unmasked);
+  EXPECT_LT(da, 1e-5);
+  EXPECT_LT(db, 1e-5);
+  EXPECT_GT(unmasked, 1e-2);
+}
+
 TEST(GPT, InitialisationIsDeterministicAndFollowsGPT2) {
   auto c = small_config(4, 4);
   GPT a(c), b(c);

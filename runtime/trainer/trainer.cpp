@@ -283,6 +283,10 @@ void Trainer::build_model() {
   if (cfg_.zero == 0) module_to_device(*r.model, device);
   r.model->loss_chunk_rows = cfg_.loss_chunk_rows;
   r.model->logits16 = cfg_.logits_dtype == "bf16";
+  if (cfg_.document_mask) {
+    if (!r.tokenizer) throw ConfigError("--document-mask needs the data's tokenizer (its end-of-text token opens every document): " + r.tokenizer_source);
+    r.model->document_token = r.tokenizer->eot();
+  }
   r.model->set_kernels(kernels_on(parse_kernels(cfg_.kernels), device.is_cuda()), cfg_.gelu_epilogue);
   r.model->train();
   // Parallelism applied from outside the model, in torchtitan's order: activation checkpointing,
