@@ -2,6 +2,7 @@
 #include "models/gpt.h"
 
 #include <cmath>
+#include <limits>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -84,6 +85,14 @@ at::Tensor document_mask(const at::Tensor& document_ids) {
   return document_ids.unsqueeze(2).eq(document_ids.unsqueeze(1)).logical_and(causal).unsqueeze(1);
 }
 
+const at::Tensor& DocumentMask::bias_in(at::ScalarType dtype) {
+  if (!bias.defined() || bias.scalar_type() != dtype) {
+    bias = at::zeros(allowed.sizes(), allowed.options().dtype(dtype))
+               .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  return bias;
+}
+
 at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops) {
   if (!ops.seq_rows) return at::dropout(x, p, /*train=*/true);
   // The mask the unsplit run draws for the whole [B, T, d] (same shape, same generator state:
@@ -127,11 +136,11 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   const double p = is_training() ? dropout_ : 0.0;
   at::Tensor mask;
   if (ops_->gather_kv) {
-    if (document_ids.defined()) throw ConfigError("--document-mask under --cp is not built yet");
+    if (documents) throw ConfigError("--document-mask under --cp is not built yet");
     std::tie(k, v, mask) = ops_->gather_kv(k, v);  // context parallelism: the whole sequence's
-  } else if (document_ids.defined()) {
+  } else if (documents) {
     // --document-mask: every row's heads are here (tp splits the heads; sp's c_attn gathered the rows)
-    mask = document_mask(document_ids);
+    mask = documents->bias_in(q.scalar_type());
   }
   auto attend = [&] { return core ? core(q, k, v, p, mask) : causal_attention(q, k, v, p, mask); };  // [B, H, T, h]
   auto y = p > 0.0 && ops_->in_tp_region ? ops_->in_tp_region(x.device(), attend) : attend();
@@ -339,8 +348,9 @@ std::pair<at::Tensor, at::Tensor> GPT::run_blocks_deferred(const at::Tensor& x_i
 }
 
 void GPT::set_documents(const at::Tensor& idx) {
-  const at::Tensor ids = document_token >= 0 ? document_ids_of(idx, document_token) : at::Tensor();
-  for (const auto& b : blocks()) b->attn->document_ids = ids;
+  std::shared_ptr<DocumentMask> documents;
+  if (document_token >= 0) documents = std::make_shared<DocumentMask>(DocumentMask{document_mask(document_ids_of(idx, document_token)), {}});
+  for (const auto& b : blocks()) b->attn->documents = documents;
 }
 
 at::Tensor GPT::hidden(const at::Tensor& idx) {

@@ -209,6 +209,15 @@ at::Tensor document_ids_of(const at::Tensor& idx, int64_t token);
 // The attention mask of documents [B, T]: [B, 1, T, T] bool, true where key j is at or before query
 // i in i's document (SDPA broadcasts it over the heads).
 at::Tensor document_mask(const at::Tensor& document_ids);
+// A batch's document mask, made once per forward (GPT::set_documents) and shared by every layer's
+// attention: as SDPA's additive bias (0 / -inf) in the queries' dtype, made at the first layer
+// that asks and then the same tensor for all -- SDPA would otherwise convert a boolean mask into
+// a new bias in every layer, each kept for backward ([B, 1, T, T] of 2 bytes a layer).
+struct DocumentMask {
+  at::Tensor allowed;  // document_mask(ids)
+  at::Tensor bias;     // allowed as a bias in the dtype last asked for
+  const at::Tensor& bias_in(at::ScalarType dtype);
+};
 // Residual dropout of x [B, T_local, d] under `ops`: at::dropout, or with a split sequence the
 // whole sequence's mask at this rank's rows (LayerOps::seq_rows).
 at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops);
@@ -234,10 +243,9 @@ class AttentionImpl : public torch::nn::Module {
   int64_t n_head() const { return n_head_; }
   int64_t n_kv_head() const { return n_kv_head_; }
   int64_t head_dim() const { return head_dim_; }
-  // --document-mask: the document of every position of the batch, [B, T] int64 (GPT::loss sets it
-  // from the tokens; undefined: plain causal attention). A query then sees the keys at or before it
-  // in its own document only.
-  at::Tensor document_ids;
+  // --document-mask: the batch's documents (GPT::set_documents makes it from the tokens; null:
+  // plain causal attention). A query then sees the keys at or before it in its own document only.
+  std::shared_ptr<DocumentMask> documents;
 
  private:
   int64_t n_head_, n_kv_head_, head_dim_;  // this rank's heads
@@ -318,7 +326,7 @@ class GPT : public torch::nn::Module {
   // Residual stream after ln_f: [B, T] token ids -> [B, T, d].
   at::Tensor hidden(const at::Tensor& idx);
   // --document-mask (document_token >= 0): every block's attention takes idx's documents
-  // (AttentionImpl::document_ids); off: none. hidden() and loss() call it.
+  // (AttentionImpl::documents, one mask for all); off: none. hidden() and loss() call it.
   void set_documents(const at::Tensor& idx);
   // The parts a pipeline stage runs (the whole model runs all three in hidden() / loss()):
   // wte[idx] + wpe (first stage) [B, T] -> [B, T, d]; this stage's blocks [B, T, d] -> [B, T, d];
