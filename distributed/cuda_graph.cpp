@@ -1,8 +1,6 @@
 // distributed/cuda_graph.cpp -- at::cuda::CUDAGraph through dlsym (see the header).
 #include "distributed/cuda_graph.h"
 
-#include <cstdint>
-#include <new>
 #include <string>
 #include <utility>
 
@@ -55,16 +53,10 @@ const GraphFns& graph_fns() {
 
 }  // namespace
 
-struct CudaGraph::Impl {
+struct CudaGraph::Impl {  // a constructor that throws leaves no object behind to destroy
   alignas(at::cuda::CUDAGraph) unsigned char storage[sizeof(at::cuda::CUDAGraph)];
-  bool built = false;
-  Impl() {
-    graph_fns().construct(storage, /*keep_graph=*/false);
-    built = true;
-  }
-  ~Impl() {
-    if (built) graph_fns().destroy(storage);
-  }
+  Impl() { graph_fns().construct(storage, /*keep_graph=*/false); }
+  ~Impl() { graph_fns().destroy(storage); }
 };
 
 bool cuda_graph_functions_found(std::string* why) {

@@ -202,8 +202,12 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 std::pair<at::Tensor, at::Tensor> BlockImpl::forward_deferred(const at::Tensor& x_in, const at::Tensor& pending) {
   const bool drop = is_training() && dropout_ > 0.0;
   at::Tensor x, n1;
-  if (pending.defined()) std::tie(x, n1) = ln_1->forward_add(x_in, pending);  // x = x_in + pending, n1 = ln_1(x)
-  else x = x_in, n1 = ln_1->forward(x_in);
+  if (pending.defined()) {
+    std::tie(x, n1) = ln_1->forward_add(x_in, pending);  // x = x_in + pending, n1 = ln_1(x)
+  } else {
+    x = x_in;
+    n1 = ln_1->forward(x_in);
+  }
   auto a = attn->forward(n1);
   auto [y, h] = ln_2->forward_add(x, drop ? residual_dropout(a, dropout_, *ops_) : a);  // y = x + a, h = ln_2(y)
   auto m = moe ? moe->forward(h) : mlp->forward(h);

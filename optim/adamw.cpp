@@ -49,7 +49,7 @@ std::pair<size_t, size_t> AdamW::index_of(const at::Tensor& p) const {
 void AdamW::step_group(Group& g, double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor, const at::Tensor& lr_tensor) {
   AdamWGroup u;  // the parameters with a gradient; working[k] takes params[k] (16-bit working weights)
   for (size_t i = 0; i < g.params.size(); ++i) {
-    const auto& grad = working_grads_ ? g.params[i].grad() : g.masters[i].grad();
+    const auto& grad = grad_holder(g, i).grad();
     if (!grad.defined()) continue;
     u.params.push_back(g.masters[i]);
     if (!g.masters[i].is_same(g.params[i])) u.working.push_back(g.params[i]);
@@ -74,7 +74,7 @@ AdamW::ParamState AdamW::state_of(const at::Tensor& p) const {
 
 const at::Tensor& AdamW::grad_target(const at::Tensor& p) const {
   const auto [gi, i] = index_of(p);
-  return working_grads_ ? groups_[gi].params[i] : groups_[gi].masters[i];
+  return grad_holder(groups_[gi], i);
 }
 
 void AdamW::read_working_grads() {

@@ -78,7 +78,7 @@ class AdamW {
   // itself (its 16-bit .grad), not accumulated in its master's (see above). grad_target(p) is
   // then p. Call before anything reads grad_targets(); a no-op for fp32 working weights.
   void read_working_grads();
-  bool reads_working_grads() const { return has_masters() && working_grads_; }
+  bool reads_working_grads() const { return working_grads_; }  // set only with masters
 
   int64_t steps_taken() const { return steps_; }
 
@@ -99,6 +99,8 @@ class AdamW {
   };
   void step_group(Group& g, double lr, const at::Tensor& found_inf, const at::Tensor& grad_factor, const at::Tensor& lr_tensor);
   std::pair<size_t, size_t> index_of(const at::Tensor& p) const;  // (group, position); throws for a stranger
+  // The tensor whose .grad the update reads: the parameter (read_working_grads) or its master.
+  const at::Tensor& grad_holder(const Group& g, size_t i) const { return working_grads_ ? g.params[i] : g.masters[i]; }
   AdamWConfig cfg_;
   at::ScalarType working_;
   std::vector<at::Tensor> targets_, params_;  // in the constructor's order

@@ -304,12 +304,14 @@ void Trainer::build_optimizer() {
   // model's parameters (optim/adamw.h); gradients then accumulate in the masters' fp32 .grad.
   r.optimizer = std::make_unique<AdamW>(r.params, adam, dtype_named(cfg_.resolved_param_dtype()));
   r.optimizer->set_kernels(r.model->kernels());  // the update in one pass on CUDA (kernels/adamw.h)
+  // DDP over dp x cp (distributed/mesh.h), or with --ep the dense and expert reductions apart.
+  const bool expert_ddp = r.shape.ep > 1;
+  const bool ddp = expert_ddp || (r.mesh && (r.shape.grad_ranks() > 1 || cfg_.backend != "auto"));
   // Nothing to accumulate or reduce (one micro-batch, no DDP, no pipeline's tied-embedding sum):
   // AdamW reads the 16-bit gradients autograd leaves, with no fp32 main grad between (optim/adamw.h).
-  const bool reduces = r.shape.ep > 1 || (r.mesh && (r.shape.grad_ranks() > 1 || cfg_.backend != "auto"));
-  if (cfg_.main_grads == "auto" && cfg_.grad_accum == 1 && !reduces && r.shape.pp == 1) r.optimizer->read_working_grads();
+  if (cfg_.main_grads == "auto" && cfg_.grad_accum == 1 && !ddp && r.shape.pp == 1) r.optimizer->read_working_grads();
   r.grads = r.optimizer->grad_targets();
-  if (r.shape.ep > 1) {
+  if (expert_ddp) {
     // Expert parallelism: the dense parameters' mean over dp, the experts' over the ranks
     // holding the same ones (then x 1/ep: parallel/expert_parallel.h).
     std::vector<at::Tensor> dense, experts;
@@ -329,7 +331,7 @@ void Trainer::build_optimizer() {
                                                              dtype_named(cfg_.reduce_dtype));
     r.ddp->broadcast_parameters();
     r.expert_ddp->broadcast_parameters();
-  } else if (r.mesh && (r.shape.grad_ranks() > 1 || cfg_.backend != "auto")) {  // over dp x cp (distributed/mesh.h)
+  } else if (ddp) {
     r.ddp = std::make_unique<DistributedDataParallel>(r.params, r.mesh->dp_cp(), DDPConfig{},
                                                       r.optimizer->has_masters() ? r.grads : std::vector<at::Tensor>{},
                                                       dtype_named(cfg_.reduce_dtype));
@@ -337,7 +339,7 @@ void Trainer::build_optimizer() {
   } else if (r.optimizer->has_masters() && !r.optimizer->reads_working_grads()) {
     r.main_grads = std::make_unique<MainGrads>(r.params, r.grads);
   }
-  if (r.optimizer->has_masters() && !r.optimizer->reads_working_grads()) r.grad_of = [opt = r.optimizer.get()](const at::Tensor& p) { return opt->grad_target(p).grad(); };
+  if (r.optimizer->has_masters()) r.grad_of = [opt = r.optimizer.get()](const at::Tensor& p) { return opt->grad_target(p).grad(); };
 }
 
 // ZeRO-1/2/3: the engine that shards the state over dp x cp (the experts over their own group).
