@@ -77,9 +77,11 @@ for n, stage, offload, clip in (("2", 2, "none", 1.0), ("3", 3, "optimizer", 0.0
 PY
 
 # A flag overrides the file (with a notice); a layout flag contradicting it is refused.
+# (the output kept in a file: `| grep -q` under pipefail failed the test whenever grep exited at
+# its match before mpirun had written the rest -- a SIGPIPE race, seen once under load)
 mpi 2 "$KILN_BIN" train --device cpu --steps 0 --deepspeed "$fixtures/zero2_config_accelerate.json" \
-  --initial-scale-power 10 --log-json over.jsonl | grep -q "kiln: deepspeed: --initial-scale-power 10 overrides fp16.initial_scale_power (15)" \
-  || fail "override notice"
+  --initial-scale-power 10 --log-json over.jsonl >over.out
+grep -q "kiln: deepspeed: --initial-scale-power 10 overrides fp16.initial_scale_power (15)" over.out || { cat over.out; fail "override notice"; }
 jsonl_check over.jsonl 'assert records[0]["config"]["initial_scale_power"] == 10'
 expect_refused 2 "--zero 3 contradicts --deepspeed .*zero_optimization.stage \(2\)" train --device cpu --steps 1 \
   --deepspeed "$fixtures/zero2_config_accelerate.json" --zero 3
