@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -279,7 +280,42 @@ std::string BpeTokenizer::decode_sp(const std::vector<int64_t>& ids) const {
   return text;
 }
 
+namespace {
+
+// The chat template that goes with the tokenizer.json at `path`: chat_template.jinja beside it,
+// else the "chat_template" of tokenizer_config.json beside it (a string, or the named list's
+// "default"); "" where there is none.
+std::string chat_template_beside(const std::string& path) {
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (std::filesystem::exists(dir / "chat_template.jinja", ec)) return read_text((dir / "chat_template.jinja").string());
+  const std::filesystem::path config = dir / "tokenizer_config.json";
+  if (!std::filesystem::exists(config, ec)) return "";
+  json j;
+  try {
+    j = json::parse(read_text(config.string()));
+  } catch (const json::exception& e) {
+    throw ConfigError(config.string() + ": not JSON (" + e.what() + ")");
+  }
+  if (!j.is_object() || !j.contains("chat_template")) return "";
+  const json& t = j["chat_template"];
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_array())
+    for (const json& named : t)
+      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") && named["template"].is_string())
+        return named["template"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  std::unique_ptr<Tokenizer> tok = load_tokenizer_alone(path);
+  tok->set_chat_template(chat_template_beside(path));
+  return tok;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer_alone(const std::string& path) {
   auto bpe = std::make_unique<BpeTokenizer>(path, read_text(path));
   // kiln's own byte-level file: the ByteTokenizer, which encodes without Python.
   bool bytes = bpe->vocab_size() == kByteVocab && bpe->eot() == kByteEot;
@@ -332,6 +368,8 @@ std::map<std::string, std::string> tokenizer_files(const Tokenizer& tok, int64_t
   config["model_max_length"] = model_max_length;
   config["add_prefix_space"] = false;
   config["clean_up_tokenization_spaces"] = false;
+  // The data's chat template (kiln prep --chat), for apply_chat_template and the chat pipeline.
+  if (!tok.chat_template().empty()) config["chat_template"] = tok.chat_template();
   return {{"tokenizer.json", tok.hf_json()}, {"tokenizer_config.json", config.dump(2) + "\n"}};
 }
 

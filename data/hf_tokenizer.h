@@ -96,7 +96,12 @@ class BpeTokenizer : public Tokenizer {
 // The tokenizer of the tokenizer.json at `path`: ByteTokenizer if it is kiln's byte-level one
 // (no merges, byte_char(b) -> b for every byte, end-of-text 256, nothing else), BpeTokenizer
 // otherwise. ConfigError naming the file: missing, not JSON, not byte-level BPE, no end-of-text.
+// Its chat template: chat_template.jinja beside the file, else tokenizer_config.json's
+// "chat_template" there (a string, or the "default" of a named list); ConfigError for a
+// tokenizer_config.json that is not JSON.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+// The same without looking beside it for a chat template.
+std::unique_ptr<Tokenizer> load_tokenizer_alone(const std::string& path);
 
 // kiln's byte-level tokenizer as tokenizer.json text (see above).
 std::string byte_level_tokenizer_json();
@@ -104,7 +109,8 @@ std::string byte_level_tokenizer_json();
 // The files that make a directory loadable by AutoTokenizer.from_pretrained: tokenizer.json
 // (tok.hf_json()) and tokenizer_config.json (PreTrainedTokenizerFast; bos = eos = unk =
 // <|endoftext|> for GPT-2's kind; Llama 3's bos <|begin_of_text|>, eos <|end_of_text|>, no unk, as
-// its own files say: never a token the vocabulary lacks; model_max_length: the model's context).
+// its own files say: never a token the vocabulary lacks; model_max_length: the model's context;
+// chat_template: the tokenizer's, where it has one).
 // File name -> contents.
 std::map<std::string, std::string> tokenizer_files(const Tokenizer& tok, int64_t model_max_length);
 

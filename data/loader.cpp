@@ -118,7 +118,19 @@ Batch DataLoader::get(int64_t step, int64_t micro) const {
       }
     }
   }
+  if (data_->masked()) batch.step_targets = step_targets(step);
   return batch;
+}
+
+int64_t DataLoader::step_targets(int64_t step) const {
+  if (step < resume_step_) throw std::out_of_range("DataLoader::step_targets: step " + std::to_string(step) + " before the resume point");
+  const int64_t G = layout_.global_batch(), first = resume_samples_ + (step - resume_step_) * G;
+  int64_t n = 0;
+  for (int64_t k = 0; k < G; ++k) {
+    const int64_t p = past_skipped(first + k);
+    n += p >= garbage_start_ && p < garbage_end_ ? data_->seq_len() : data_->trained_targets(order_(p));
+  }
+  return n;
 }
 
 }  // namespace kiln

@@ -19,7 +19,7 @@ std::vector<Batch> BatchPrefetcher::make(int64_t step) const {
   for (int64_t micro = 0; micro < grad_accum_; ++micro) {
     Batch b = loader_.get(step, micro);
     if (pinned_) {
-      Batch p{pinned_empty_like(b.inputs), pinned_empty_like(b.targets)};
+      Batch p{pinned_empty_like(b.inputs), pinned_empty_like(b.targets), b.step_targets};
       p.inputs.copy_(b.inputs);
       p.targets.copy_(b.targets);
       b = std::move(p);

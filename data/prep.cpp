@@ -2,6 +2,7 @@
 #include "data/prep.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <chrono>
 #include <cerrno>
 #include <cstdio>
@@ -17,6 +18,7 @@
 
 #include "data/hf_tokenizer.h"
 #include "data/paths.h"
+#include "data/target_mask.h"
 #include "data/token_file.h"
 #include "distributed/error.h"
 #include "distributed/python_tool.h"
@@ -52,11 +54,12 @@ std::string shard_path(const fs::path& dir, const char* kind, int64_t index) {
 // Tokens to shards as they come: the first val_tokens into val_000000.bin, then train shards of
 // shard_tokens, each written as soon as it is full (the last one at finish) into a staging
 // directory inside the output, and moved into it only once all are written -- a failure leaves
-// no partial set. Memory: one shard's tokens (4 bytes a token), whatever the corpus.
+// no partial set. Memory: one shard's tokens (4 bytes a token), whatever the corpus. With `masks`,
+// every token comes with its target-mask byte, and each shard X.bin with its X.mask.
 class ShardWriter {
  public:
-  ShardWriter(const fs::path& out, int64_t shard_tokens, int64_t val_tokens)
-      : out_(out), staging_(out / (".prep-staging-" + std::to_string(::getpid()))), shard_(shard_tokens), val_(val_tokens) {
+  ShardWriter(const fs::path& out, int64_t shard_tokens, int64_t val_tokens, bool masks)
+      : out_(out), staging_(out / (".prep-staging-" + std::to_string(::getpid()))), shard_(shard_tokens), val_(val_tokens), masks_(masks) {
     std::error_code ec;
     fs::create_directories(staging_, ec);
     if (ec) throw DataError(out.string() + ": cannot create " + staging_.string() + ": " + ec.message());
@@ -68,12 +71,19 @@ class ShardWriter {
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
 
-  void add(const int32_t* t, size_t n) {
+  // n tokens, and with masks their n mask bytes.
+  void add(const int32_t* t, size_t n, const uint8_t* m = nullptr) {
+    if (masks_ != (m != nullptr)) throw std::logic_error("ShardWriter::add: mask bytes with every token, or none");
     while (n > 0) {
       const bool in_val = total_ < val_;
       const int64_t room = in_val ? val_ - total_ : shard_ - static_cast<int64_t>(buffer_.size());
       const size_t take = static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(n)));
       buffer_.insert(buffer_.end(), t, t + take);
+      if (m != nullptr) {
+        mask_.insert(mask_.end(), m, m + take);
+        trained_ += std::count(m, m + take, uint8_t{1});
+        m += take;
+      }
       total_ += static_cast<int64_t>(take);
       t += take;
       n -= take;
@@ -82,6 +92,7 @@ class ShardWriter {
     }
   }
   int64_t total() const { return total_; }
+  int64_t trained() const { return trained_; }
   // The shards, moved into the output directory (val first). DataError when the corpus holds no
   // training token after the validation ones.
   std::vector<std::string> finish() {
@@ -91,11 +102,13 @@ class ShardWriter {
     }
     if (!buffer_.empty()) flush("train", train_index_++);
     std::vector<std::string> out;
-    for (const auto& name : written_) {
-      std::error_code ec;
-      fs::rename(staging_ / name, out_ / name, ec);
-      if (ec) throw DataError(out_.string() + ": cannot move " + name + " into place: " + ec.message());
-      out.push_back((out_ / name).string());
+    for (const auto* names : {&masks_written_, &written_}) {  // a shard after its mask: never a shard without one
+      for (const auto& name : *names) {
+        std::error_code ec;
+        fs::rename(staging_ / name, out_ / name, ec);
+        if (ec) throw DataError(out_.string() + ": cannot move " + name + " into place: " + ec.message());
+        if (names == &written_) out.push_back((out_ / name).string());
+      }
     }
     return out;
   }
@@ -104,13 +117,20 @@ class ShardWriter {
   void flush(const char* kind, int64_t index) {
     const std::string path = shard_path(staging_, kind, index);
     write_token_shard(path, buffer_);
+    if (masks_) {
+      write_target_mask(mask_path_for(path), mask_);
+      masks_written_.push_back(fs::path(mask_path_for(path)).filename().string());
+    }
     written_.push_back(fs::path(path).filename().string());
     buffer_.clear();
+    mask_.clear();
   }
   fs::path out_, staging_;
-  int64_t shard_, val_, total_ = 0, train_index_ = 0;
+  int64_t shard_, val_, total_ = 0, train_index_ = 0, trained_ = 0;
+  bool masks_;
   std::vector<int32_t> buffer_;
-  std::vector<std::string> written_;
+  std::vector<uint8_t> mask_;
+  std::vector<std::string> written_, masks_written_;
 };
 
 // What a long prep is doing, on stderr every 5 s (nothing for a short one). Test hook:
@@ -147,17 +167,22 @@ void tokenize_bpe(const PrepConfig& cfg, const std::vector<std::string>& inputs,
     return path;
   };
   const std::string saved = temp("kiln-prep-tokenizer"), ids = temp("kiln-prep-ids");
+  const std::string masks = cfg.chat ? temp("kiln-prep-mask") : "", template_out = cfg.chat ? temp("kiln-prep-template") : "";
   struct Cleanup {
     std::vector<std::string> files;
     ~Cleanup() {
       std::error_code ec;
       for (const auto& f : files) fs::remove(f, ec);
     }
-  } cleanup{{saved, ids}};
+  } cleanup{{saved, ids, masks, template_out}};
   std::vector<std::string> args{"prep", "--save", saved, "--ids-out", ids};
   if (!cfg.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", cfg.tokenizer});
   else args.insert(args.end(), {"--vocab", cfg.vocab, "--merges", cfg.merges});
-  args.insert(args.end(), {"--input-format", cfg.input_format, "--jsonl-field", cfg.jsonl_field});
+  args.insert(args.end(), {"--input-format", cfg.input_format, "--jsonl-field", jsonl_field_of(cfg)});
+  if (cfg.chat) {
+    args.insert(args.end(), {"--chat", "--mask-out", masks, "--template-out", template_out});
+    if (!cfg.chat_template.empty()) args.insert(args.end(), {"--chat-template", cfg.chat_template});
+  }
   if (!cfg.separator.empty()) args.insert(args.end(), {"--separator", cfg.separator});
   args.insert(args.end(), inputs.begin(), inputs.end());
   // The tool's `progress FILES_DONE FILES IDS` lines, shown every 5 s while it encodes.
@@ -167,12 +192,25 @@ void tokenize_bpe(const PrepConfig& cfg, const std::vector<std::string>& inputs,
   };
   const ToolRun run = run_python_tool("bpe_tokenizer.py", args, "kiln prep with a BPE tokenizer needs Python with the tokenizers package", on_line);
   if (run.exit_code != 0) throw ConfigError(tool_failure(run, "tools/bpe_tokenizer.py"));
-  tokenizer = load_tokenizer(saved);
+  tokenizer = load_tokenizer_alone(saved);  // a temporary file: nothing beside it is the tokenizer's
+  if (cfg.chat) tokenizer->set_chat_template(read_file(template_out));
   const int64_t vocab = tokenizer->vocab_size();
   std::FILE* f = std::fopen(ids.c_str(), "rb");
   if (f == nullptr) throw DataError("prep: cannot read back " + ids + ": " + std::strerror(errno));
+  std::FILE* mf = cfg.chat ? std::fopen(masks.c_str(), "rb") : nullptr;
+  if (cfg.chat && mf == nullptr) {
+    std::fclose(f);
+    throw DataError("prep: cannot read back " + masks + ": " + std::strerror(errno));
+  }
+  struct Close {
+    std::FILE* f;
+    ~Close() {
+      if (f != nullptr) std::fclose(f);
+    }
+  } close_masks{mf};
   std::vector<unsigned char> bytes(size_t{4} << 20);
   std::vector<int32_t> chunk;
+  std::vector<uint8_t> mask_chunk;
   size_t got = 0, carry = 0;
   while ((got = std::fread(bytes.data() + carry, 1, bytes.size() - carry, f)) > 0) {
     const size_t have = carry + got;
@@ -188,7 +226,14 @@ void tokenize_bpe(const PrepConfig& cfg, const std::vector<std::string>& inputs,
       }
       chunk[i] = static_cast<int32_t>(id);
     }
-    writer.add(chunk.data(), chunk.size());
+    if (mf != nullptr) {  // the ids' mask bytes, one each
+      mask_chunk.resize(chunk.size());
+      if (std::fread(mask_chunk.data(), 1, mask_chunk.size(), mf) != mask_chunk.size()) {
+        std::fclose(f);
+        throw DataError("prep: tools/bpe_tokenizer.py wrote fewer mask bytes than ids");
+      }
+    }
+    writer.add(chunk.data(), chunk.size(), mf != nullptr ? mask_chunk.data() : nullptr);
     carry = have - whole;
     std::memmove(bytes.data(), bytes.data() + whole, carry);
   }
@@ -196,6 +241,7 @@ void tokenize_bpe(const PrepConfig& cfg, const std::vector<std::string>& inputs,
   std::fclose(f);
   if (failed) throw DataError("prep: cannot read back " + ids);
   if (carry != 0) throw DataError("prep: tools/bpe_tokenizer.py wrote a partial id (not whole uint32 ids)");
+  if (mf != nullptr && std::fgetc(mf) != EOF) throw DataError("prep: tools/bpe_tokenizer.py wrote more mask bytes than ids");
 }
 
 // A document's byte-level tokens into the writer: end-of-text, then its bytes, a million at a time.
@@ -212,7 +258,24 @@ void add_bytes(const std::string& text, ShardWriter& writer) {
 
 }  // namespace
 
+std::string jsonl_field_of(const PrepConfig& cfg) {
+  if (!cfg.jsonl_field.empty()) return cfg.jsonl_field;
+  return cfg.chat ? "messages" : "text";
+}
+
 std::vector<std::string> split_documents(const std::string& path, std::string contents, const PrepConfig& cfg) {
+  const std::string field = jsonl_field_of(cfg);
+  if (cfg.chat) {  // one conversation a line: counted here, checked by tools/chat_data.py
+    std::vector<std::string> docs;
+    size_t start = 0;
+    while (start < contents.size()) {
+      size_t end = contents.find('\n', start);
+      if (end == std::string::npos) end = contents.size();
+      if (contents.find_first_not_of(" \t\r", start) < end) docs.push_back(contents.substr(start, end - start));
+      start = end + 1;
+    }
+    return docs;
+  }
   const bool jsonl = cfg.input_format == "jsonl" ||
                      (cfg.input_format == "auto" && path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0);
   std::vector<std::string> docs;
@@ -230,11 +293,11 @@ std::vector<std::string> split_documents(const std::string& path, std::string co
       } catch (const nlohmann::json::exception&) {
         throw DataError(path + ", line " + std::to_string(line) + ": not JSON (a JSONL file holds one JSON object per line)");
       }
-      if (!rec.is_object() || !rec.contains(cfg.jsonl_field) || !rec[cfg.jsonl_field].is_string()) {
-        throw DataError(path + ", line " + std::to_string(line) + ": no string field '" + cfg.jsonl_field +
+      if (!rec.is_object() || !rec.contains(field) || !rec[field].is_string()) {
+        throw DataError(path + ", line " + std::to_string(line) + ": no string field '" + field +
                         "' (give --jsonl-field NAME for another)");
       }
-      docs.push_back(rec[cfg.jsonl_field].get<std::string>());
+      docs.push_back(rec[field].get<std::string>());
     }
     return docs;
   }
@@ -277,7 +340,14 @@ PrepResult run_prep(const PrepConfig& cfg) {
 
   if (cfg.input_format != "auto" && cfg.input_format != "text" && cfg.input_format != "jsonl")
     throw ConfigError("prep: --input-format " + cfg.input_format + ": auto, text or jsonl");
-  if (cfg.jsonl_field.empty()) throw ConfigError("prep: --jsonl-field: give a field name");
+  if (cfg.chat && cfg.tokenizer.empty())
+    throw ConfigError("prep: --chat needs --tokenizer tokenizer.json: the conversations go through its chat template "
+                      "(tokenizer_config.json or chat_template.jinja beside it, or --chat-template FILE)");
+  if (!cfg.chat && !cfg.chat_template.empty()) throw ConfigError("prep: --chat-template goes with --chat");
+  if (!cfg.chat_template.empty() && !fs::is_regular_file(cfg.chat_template))
+    throw ConfigError("prep: --chat-template " + cfg.chat_template + ": no such file");
+  if (cfg.chat && cfg.input_format == "text") throw ConfigError("prep: --chat reads JSONL (a conversation a line), not --input-format text");
+  if (cfg.chat && !cfg.separator.empty()) throw ConfigError("prep: --chat reads JSONL (a conversation a line): --separator does not apply");
   const std::vector<std::string> inputs = expand_paths(cfg.inputs, "--input");  // quoted globs too
   if (inputs.empty()) throw ConfigError("prep: no input files");
 
@@ -306,7 +376,7 @@ PrepResult run_prep(const PrepConfig& cfg) {
   } undo{dir, made_dir};
 
   // Streamed: one input file's text and one shard's tokens in memory at a time.
-  ShardWriter writer(dir, cfg.shard_tokens, cfg.val_tokens);
+  ShardWriter writer(dir, cfg.shard_tokens, cfg.val_tokens, cfg.chat);
   Progress progress;
   int64_t documents = 0;
   std::unique_ptr<Tokenizer> tokenizer;
@@ -334,6 +404,7 @@ PrepResult run_prep(const PrepConfig& cfg) {
   result.eot = tokenizer->eot();
   result.input_files = static_cast<int64_t>(inputs.size());
   result.documents = documents;
+  if (cfg.chat) result.trained_tokens = writer.trained();
   // The tokenizer beside the shards, where kiln train looks for it.
   const std::string tok_path = (dir / "tokenizer.json").string();
   {
@@ -345,6 +416,16 @@ PrepResult run_prep(const PrepConfig& cfg) {
     if (ec) throw DataError(tok_path + ": cannot write: " + ec.message());
   }
   result.tokenizer_file = tok_path;
+  if (cfg.chat) {  // the template beside the tokenizer, where kiln train finds it (data/tokenizer.h)
+    const std::string path = (dir / "chat_template.jinja").string();
+    std::FILE* f = std::fopen((path + ".tmp").c_str(), "wb");
+    const std::string& text = tokenizer->chat_template();
+    if (f == nullptr || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0)
+      throw DataError(path + ": cannot write: " + std::strerror(errno));
+    fs::rename(path + ".tmp", path, ec);
+    if (ec) throw DataError(path + ": cannot write: " + ec.message());
+    result.chat_template_file = path;
+  }
   undo.armed = false;
   return result;
 }

@@ -15,6 +15,14 @@
 // Streamed (docs/data.md): one input file and one shard in memory at a time; the shards go into
 // a staging directory in out_dir and are moved in once all are written; progress on stderr every
 // 5 s of a long run (the BPE path's from tools/bpe_tokenizer.py's per-file lines, as they come).
+// Chat (`chat`, kiln prep --chat; tools/chat_data.py): every input is JSONL of conversations
+// ({"messages": [{"role", "content"}, ...]} per line, the field `jsonl_field` or "messages"), each
+// rendered by the tokenizer's own chat template (tokenizer_config.json's or chat_template.jinja
+// beside `tokenizer`, or `chat_template`'s file) through transformers' apply_chat_template, and a
+// document. Beside every shard X.bin goes its target mask X.mask (data/target_mask.h): 1 on the
+// assistant's turns, which training and evaluation take the loss over, 0 elsewhere; and beside the
+// tokenizer the template as chat_template.jinja, which training's checkpoints carry in their
+// tokenizer_config.json.
 // Output: <out_dir>/val_000000.bin holding the first `val_tokens` tokens (none if 0), then
 // <out_dir>/train_000000.bin, train_000001.bin, ... of at most `shard_tokens` tokens each, and
 // <out_dir>/tokenizer.json: the tokenizer, which `kiln train` finds beside the shards and every
@@ -33,7 +41,9 @@ constexpr int64_t kByteVocab = 257;
 struct PrepConfig {
   std::vector<std::string> inputs;    // text or JSONL files (documents: above)
   std::string input_format = "auto";  // auto (.jsonl -> jsonl, else text) | text | jsonl
-  std::string jsonl_field = "text";   // the JSONL field holding a document's text
+  std::string jsonl_field;            // the JSONL field holding a document's text ("text"), or a conversation's messages ("messages")
+  bool chat = false;                  // inputs are chat JSONL (above); needs `tokenizer`
+  std::string chat_template;          // a Jinja chat template file to use instead of the tokenizer's own
   std::string separator;              // text files: documents end where this text stands; empty: one per file
   std::string out_dir;                // created if missing
   int64_t shard_tokens = 100'000'000; // tokens per train shard (llm.c's default shard size)
@@ -51,7 +61,12 @@ struct PrepResult {
   std::string tokenizer;           // "byte" or "bpe"
   int64_t vocab_size = 0;          // the tokenizer's ids: a model needs at least this --vocab-size
   int64_t eot = 0;                 // its end-of-text id
+  int64_t trained_tokens = -1;     // chat: the tokens the masks train on (-1: no masks)
+  std::string chat_template_file;  // chat: the chat_template.jinja written beside the tokenizer
 };
+
+// The JSONL field prep reads: cfg.jsonl_field, else "messages" under --chat and "text" otherwise.
+std::string jsonl_field_of(const PrepConfig& cfg);
 
 // Byte-level tokens of one document: EOT then its bytes.
 std::vector<int32_t> tokenize_bytes(const std::string& text);

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "data/paths.h"
+#include "data/target_mask.h"
 #include "distributed/error.h"
 
 namespace kiln {
@@ -33,6 +34,7 @@ TokenDataset::TokenDataset(std::vector<std::shared_ptr<const TokenSource>> sourc
     if (!src) throw std::invalid_argument("TokenDataset: null token source");
   first_sample_.reserve(sources_.size() + 1);
   for (const auto& src : sources_) {
+    masked_ = masked_ || src->masked();
     first_sample_.push_back(total_samples_);
     const int64_t n = src->size();
     total_samples_ += n > 0 ? (n - 1) / seq_len_ : 0;
@@ -105,6 +107,16 @@ void TokenDataset::sample(int64_t i, int64_t* x, int64_t* y) const {
   };
   for (int64_t t = 0; t < T; ++t) check(x[t], offset + t);
   check(y[T - 1], offset + T);
+  if (src.masked())
+    for (int64_t t = 0; t < T; ++t)
+      if (!src.trained_at(offset + t + 1)) y[t] = kIgnoreTarget;
+}
+
+int64_t TokenDataset::trained_targets(int64_t i) const {
+  if (i < 0 || i >= total_samples_) throw std::out_of_range("TokenDataset::trained_targets: index " + std::to_string(i));
+  const auto it = std::upper_bound(first_sample_.begin(), first_sample_.end(), i);
+  const size_t k = static_cast<size_t>(it - first_sample_.begin()) - 1;
+  return sources_[k]->trained((i - first_sample_[k]) * seq_len_ + 1, seq_len_);
 }
 
 }  // namespace kiln

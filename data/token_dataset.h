@@ -3,7 +3,8 @@
 // Source k of n_k tokens holds floor((n_k - 1) / T) samples; sample j of that source is tokens
 // [j*T, j*T + T + 1): inputs are the first T, targets the last T (shifted by one). Samples never
 // cross a source boundary. Samples are numbered source by source in the order given (files from
-// a glob are sorted by path), so the numbering depends on the data alone.
+// a glob are sorted by path), so the numbering depends on the data alone. Target j of a sample is
+// token j + 1: a source's target mask (kiln prep --chat) says which are trained on.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +46,12 @@ class TokenDataset {
   };
   std::vector<SourceFingerprint> fingerprints() const;
   // Writes sample i's inputs to x[0..T) and targets to y[0..T). Throws DataError naming the
-  // source and the token's position if a token is outside [0, vocab_size).
+  // source and the token's position if a token is outside [0, vocab_size). A target its source's
+  // mask does not train on (data/target_mask.h) is kIgnoreTarget.
   void sample(int64_t i, int64_t* x, int64_t* y) const;
+  // Whether any source has a target mask, and sample i's targets trained on (T without one).
+  bool masked() const { return masked_; }
+  int64_t trained_targets(int64_t i) const;
 
  private:
   std::vector<std::shared_ptr<const TokenSource>> sources_;
@@ -54,6 +59,7 @@ class TokenDataset {
   int64_t seq_len_;
   int64_t vocab_size_;
   int64_t total_samples_ = 0;
+  bool masked_ = false;
 };
 
 }  // namespace kiln

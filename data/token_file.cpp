@@ -124,6 +124,7 @@ TokenFile::TokenFile(const std::string& path, TokenFormat format) : path_(path) 
     tokens_ = base;
     bytes_per_token_ = 2;
     n_tokens_ = file_bytes / 2;
+    open_mask();
     return;
   }
 
@@ -157,6 +158,20 @@ TokenFile::TokenFile(const std::string& path, TokenFormat format) : path_(path) 
          " bytes need " + std::to_string(expected) + " bytes (truncated or corrupt shard?)");
   tokens_ = base + kHeaderBytes;
   n_tokens_ = count;
+  open_mask();
+}
+
+void TokenFile::open_mask() {
+  const std::string mask = mask_path_for(path_);
+  std::error_code ec;
+  if (mask == path_ || !std::filesystem::exists(mask, ec)) return;
+  try {
+    mask_ = std::make_unique<TargetMask>(mask, n_tokens_);
+  } catch (...) {
+    if (map_ != nullptr) ::munmap(map_, map_bytes_);  // the destructor does not run
+    map_ = nullptr;
+    throw;
+  }
 }
 
 TokenFile::~TokenFile() {

@@ -6,14 +6,17 @@
 //   exactly 1024 + count * bytes_per_token.
 // Raw file (nanoGPT's train.bin): little-endian uint16 tokens and nothing else.
 //
-// The file is mapped, never read whole; pages come in as samples touch them.
+// The file is mapped, never read whole; pages come in as samples touch them. A target mask beside
+// it (X.mask: data/target_mask.h) is mapped with it and checked against its token count.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "data/target_mask.h"
 #include "data/token_source.h"
 
 namespace kiln {
@@ -42,14 +45,20 @@ class TokenFile final : public TokenSource {
   void read(int64_t offset, int64_t n, int64_t* out) const override;
   const std::string& name() const override { return path_; }
   int bytes_per_token() const { return bytes_per_token_; }
+  // The target mask beside the file (data/target_mask.h: X.bin -> X.mask), mapped when it exists.
+  bool masked() const override { return mask_ != nullptr; }
+  int64_t trained(int64_t offset, int64_t n) const override { return mask_ ? mask_->count(offset, n) : n; }
+  bool trained_at(int64_t i) const override { return !mask_ || mask_->trained(i); }
 
  private:
+  void open_mask();  // mask_ from the file beside, if any (unmaps and rethrows on a bad one)
   std::string path_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   const unsigned char* tokens_ = nullptr;  // first token
   int bytes_per_token_ = 2;
   int64_t n_tokens_ = 0;
+  std::unique_ptr<TargetMask> mask_;
 };
 
 // Writes an llm.c shard (version 1 if every token < 65536, else version 2) atomically: to

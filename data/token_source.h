@@ -1,7 +1,7 @@
 // data/token_source.h -- a read-only sequence of token ids, wherever the tokens live.
 //
-// Implemented by TokenFile (a memory-mapped shard or raw token file) and SyntheticCorpus (the
-// built-in corpus). TokenDataset cuts sources into training samples.
+// Implemented by TokenFile (a memory-mapped shard or raw token file, and the target mask beside
+// it) and SyntheticCorpus (the built-in corpus). TokenDataset cuts sources into training samples.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,12 @@ class TokenSource {
   virtual void read(int64_t offset, int64_t n, int64_t* out) const = 0;
   // A name for messages: the file path, or "synthetic".
   virtual const std::string& name() const = 0;
+  // Whether some of its tokens are not trained on as targets (a target mask beside a shard:
+  // data/target_mask.h), and the tokens in [offset, offset + n) that are. Without a mask: every one.
+  virtual bool masked() const { return false; }
+  virtual int64_t trained(int64_t /*offset*/, int64_t n) const { return n; }
+  // Whether token i is trained on as a target.
+  virtual bool trained_at(int64_t /*i*/) const { return true; }
 };
 
 }  // namespace kiln

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -42,6 +43,13 @@ class Tokenizer {
   // The tokenizer as a Hugging Face tokenizer.json (data/hf_tokenizer.h): what prep and
   // checkpoints write beside the tokens and weights.
   virtual std::string hf_json() const = 0;
+  // The chat template (Jinja, as transformers' apply_chat_template takes it) the data was made
+  // with (kiln prep --chat), which checkpoints carry in tokenizer_config.json; "" for none.
+  const std::string& chat_template() const { return chat_template_; }
+  void set_chat_template(std::string text) { chat_template_ = std::move(text); }
+
+ private:
+  std::string chat_template_;
 };
 
 // kiln prep's tokenizer: every byte is its own id; end-of-text is 256 (kByteEot).

@@ -60,7 +60,7 @@ bool fusable(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, 
   return x.is_cuda() && x.dim() == 4 && kernels::supported_dtype(x) && x.stride(3) == 1 && x.size(3) % 2 == 0 &&
          cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() && cos.is_contiguous() &&
          sin.is_contiguous() && cos.size(1) == x.size(3) && cos.device() == x.device() && sin.device() == x.device() &&
-         (!positions.defined() || positions.device() == x.device());
+         (!positions.defined() || (positions.dim() == 1 && positions.device() == x.device()));
 }
 }  // namespace
 #endif
@@ -74,8 +74,14 @@ std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k,
   }
 #endif
   const int64_t T = q.size(2);
-  const at::Tensor c = positions.defined() ? cos.index_select(0, positions) : cos.narrow(0, 0, T);
-  const at::Tensor s = positions.defined() ? sin.index_select(0, positions) : sin.narrow(0, 0, T);
+  // Positions per row ([B, T]: --document-positions restart): the tables' rows [B, 1, T, h],
+  // broadcast over the heads.
+  auto rows = [&](const at::Tensor& table) {
+    if (!positions.defined()) return table.narrow(0, 0, T);
+    if (positions.dim() == 1) return table.index_select(0, positions);
+    return table.index_select(0, positions.reshape({-1})).view({positions.size(0), 1, T, table.size(1)});
+  };
+  const at::Tensor c = rows(cos), s = rows(sin);
   auto turn = [&](const at::Tensor& x) {
     const auto halves = x.chunk(2, -1);
     return x * c + at::cat({-halves[1], halves[0]}, -1) * s;

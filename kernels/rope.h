@@ -3,8 +3,9 @@
 //
 // q [B, H, T, h] and k [B, KV, T, h] (their last dimension contiguous: views of the qkv product
 // are taken as they are), cos and sin [rows, h] in their dtype on their device (row p: position
-// p's angles), positions [T] int64 (undefined: 0 .. T-1) -> each x * cos[pos] +
-// rotate_half(x) * sin[pos], contiguous.
+// p's angles), positions [T] int64 (undefined: 0 .. T-1), or [B, T] (each row its own: documents
+// that restart their positions) -> each x * cos[pos] + rotate_half(x) * sin[pos], contiguous.
+// Per-row positions take the reference path on CUDA too (the kernel reads one row of positions).
 // Fused (on CUDA): kiln's kernel (kernels/rope.cu), one pass each way per tensor, fp32 inside,
 // one rounding. Reference: the composite ops (the tables' rows taken once for both, cat,
 // products, sum).

@@ -75,6 +75,9 @@ const std::vector<Flag>& train_flags() {
       {"ffn-hidden", Kind::Int, "feed-forward width (0: 4 x d-model for gelu, Llama's rule for swiglu)", model_field(&GPTConfig::ffn_hidden)},
       {"bias", Kind::String, "linear layers' biases: all (GPT-2) | none (Llama, Mistral) | qkv (Qwen2: query, key, value only)", model_field(&GPTConfig::bias)},
       {"tie-embeddings", Kind::Bool, "the output layer is the token embedding (false: an lm_head of its own)", model_field(&GPTConfig::tie_embeddings)},
+      {"head-dim", Kind::Int, "the attention heads' width (default 0: d-model / n-head; Qwen3 gives it apart)", model_field(&GPTConfig::head_width)},
+      {"sliding-window", Kind::Int, "Mistral's sliding window: a query sees the last W positions, itself included (default 0: every earlier one)", model_field(&GPTConfig::sliding_window)},
+      {"qk-norm", Kind::Bool, "an RMSNorm over each query and key head before the rotary turn (Qwen3's q_norm, k_norm)", model_field(&GPTConfig::qk_norm)},
       {"n-experts", Kind::Int, "Mixture-of-Experts: experts per MoE layer (0: a dense model; docs/moe.md)", model_field(&GPTConfig::n_experts)},
       {"top-k", Kind::Int, "MoE: experts per token", model_field(&GPTConfig::top_k)},
       {"moe-every", Kind::Int, "MoE: an MoE layer in blocks 0, N, 2N, ... (dense MLP elsewhere)", model_field(&GPTConfig::moe_every)},
@@ -145,7 +148,8 @@ const std::vector<Flag>& train_flags() {
       {"gelu-epilogue", Kind::Bool, "with --kernels fused on a GPU: the GELU feed-forward's bias and activation inside cuBLASLt's products (GELU_AUX_BIAS forward, DGELU backward; llm.c's GELU fusion), where the layer is whole (no tp) and selective recomputation is off; off by default until measured (docs/kernels.md)", field(&TrainConfig::gelu_epilogue)},
       {"cuda-graph", Kind::Bool, "on one GPU: the step captured as CUDA graphs at the run's third step and replayed from then on (the forward, backward, norm and verdict; the clip factor and AdamW, the rate read on the device) -- no launch gaps between kernels; one process, bf16 or fp32, ZeRO-0, no recomputation, no MoE (docs/kernels.md)", field(&TrainConfig::cuda_graph)},
       {"main-grads", Kind::String, "auto | always: with 16-bit working weights, fp32 main gradients always, or (auto, the default) only where there is something to accumulate or reduce -- at --grad-accum 1 with no data-parallel reduction and no pipeline, AdamW reads the 16-bit gradients as they are (the same update bit for bit; 2 bytes a parameter less, no zero fill, no add: docs/precision.md)", field(&TrainConfig::main_grads)},
-      {"document-mask", Kind::Bool, "attention kept inside each document of a packed sample (documents open with the tokenizer's end-of-text token, as kiln prep writes them): a query sees the earlier tokens of its own document only (Llama 3's pretraining; packed fine-tuning examples); one process, dp, tp and sp (docs/data.md)", field(&TrainConfig::document_mask)},
+      {"document-mask", Kind::Bool, "attention kept inside each document of a packed sample (documents open with the tokenizer's end-of-text token, as kiln prep writes them): a query sees the earlier tokens of its own document only (Llama 3's pretraining; packed fine-tuning examples); every layout (docs/data.md)", field(&TrainConfig::document_mask)},
+      {"document-positions", Kind::String, "continue | restart: with --document-mask, rotary positions counted through the packed sample (default) or from 0 at every document's opening token (docs/data.md)", field(&TrainConfig::document_positions)},
       {"logits-dtype", Kind::String, "fp32 | bf16: the chunked loss's logits (default fp32: the products of the bf16 operands kept in fp32; bf16: rounded as autocast's linear and the PyTorch peers round them, half the bytes of the loss's passes -- an A/B for the GPU: docs/kernels.md)", field(&TrainConfig::logits_dtype)},
       {"loss-chunk-rows", Kind::Int, "rows per chunk of the output layer + cross-entropy (0: 256 MiB of fp32 logits; -1: the plain whole-logits way, to compare)", field(&TrainConfig::loss_chunk_rows)},
       {"on-nonfinite", Kind::String, "stop | skip: a non-finite loss or gradient norm (bf16, fp32) stops the run, or skips the step", field(&TrainConfig::on_nonfinite)},
@@ -529,7 +533,11 @@ PrepArgs parse_prep_args(const std::vector<std::string>& args) {
   opts.add_options()("h,help", "show this help")("out", "output directory", cxxopts::value<std::string>())(
       "input", "text or JSONL files, comma-separated (a text file: one document, or several with --separator; a .jsonl file: one per line)", cxxopts::value<std::string>())(
       "input-format", "auto (.jsonl: jsonl, else text) | text | jsonl (default: auto)", cxxopts::value<std::string>())(
-      "jsonl-field", "the JSONL field holding a document's text (default: text)", cxxopts::value<std::string>())(
+      "jsonl-field", "the JSONL field holding a document's text (default: text; under --chat, a conversation's messages: messages)", cxxopts::value<std::string>())(
+      "chat", "inputs are chat JSONL ({\"messages\": [{\"role\", \"content\"}, ...]} a line): each conversation through the tokenizer's chat template, "
+              "and beside every shard a mask of the tokens trained on (the assistant's turns; docs/data.md)")(
+      "chat-template", "with --chat: a Jinja chat template file instead of the tokenizer's own (tokenizer_config.json or chat_template.jinja beside it)",
+      cxxopts::value<std::string>())(
       "separator", "text files: documents end where this text stands, e.g. '<|endoftext|>' (default: none, one per file)", cxxopts::value<std::string>())(
       "shard-tokens", "tokens per train shard (default 100000000, llm.c's)", cxxopts::value<std::string>())(
       "val-tokens", "tokens in the validation shard val_000000.bin, the corpus's first (default 0: none)", cxxopts::value<std::string>())(
@@ -560,6 +568,8 @@ PrepArgs parse_prep_args(const std::vector<std::string>& args) {
   if (result.count("tokenizer")) out.config.tokenizer = result["tokenizer"].as<std::string>();
   if (result.count("vocab")) out.config.vocab = result["vocab"].as<std::string>();
   if (result.count("merges")) out.config.merges = result["merges"].as<std::string>();
+  out.config.chat = result.count("chat") > 0;
+  if (result.count("chat-template")) out.config.chat_template = result["chat-template"].as<std::string>();
   return out;
 }
 

@@ -118,6 +118,12 @@ int run(const std::vector<std::string>& argv, const kiln::ProcessInfo& proc) {
                 "(kiln train takes it from there when --vocab-size is left out)\n",
                 result.tokenizer.c_str(), static_cast<long long>(result.vocab_size), static_cast<long long>(result.eot),
                 result.tokenizer_file.c_str(), static_cast<long long>(result.vocab_size));
+    if (result.trained_tokens >= 0) {
+      std::printf("kiln prep: chat: %lld of the %lld tokens are trained on (the assistant's turns; a mask beside every shard), "
+                  "the chat template in %s\n",
+                  static_cast<long long>(result.trained_tokens), static_cast<long long>(result.total_tokens),
+                  result.chat_template_file.c_str());
+    }
     if (args.config.val_tokens == 0) {
       std::printf("kiln prep: no validation shard (--val-tokens 0, the default): give --val-tokens N for val_000000.bin, "
                   "which --val-data reads\n");

@@ -7,7 +7,8 @@
 // multiply; 12 L d T is attention's QK^T and AV over the full T x T square, forward and
 // backward. Causal attention only needs half of that square (Megatron since 2025 counts 6LdT);
 // kiln keeps the full-square convention so its MFU compares with nanoGPT, torchtitan and PaLM.
-// For gpt2-124m at T = 1024: N = 123,689,472, F = 855.4 MFLOP per token.
+// For gpt2-124m at T = 1024: N = 123,689,472, F = 855.4 MFLOP per token. Where the heads' width
+// H h differs from d (Qwen3: GPTConfig::head_width), the attention term takes H h for d.
 // The Llama family (models/gpt_config.h) is counted alike: N holds SwiGLU's three matrices, GQA's
 // smaller K and V projections and an untied output layer; an untied token embedding is a lookup
 // and is left out, as learned positions are (GPTConfig::num_params_non_embedding_pos).

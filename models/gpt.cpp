@@ -55,6 +55,10 @@ AttentionImpl::AttentionImpl(const GPTConfig& cfg, const at::TensorOptions& opts
   // Column-split c_attn: this rank's q heads, then its k and v heads. Row-split c_proj.
   c_attn = register_module("c_attn", std::make_shared<LinearImpl>(d, (n_head_ + 2 * n_kv_head_) * head_dim_, opts, cfg.qkv_bias()));
   c_proj = register_module("c_proj", std::make_shared<LinearImpl>(n_head_ * head_dim_, d, opts, cfg.linear_bias()));
+  if (cfg.qk_norm) {
+    q_norm = register_module("q_norm", std::make_shared<LayerNormImpl>(head_dim_, cfg.layer_norm_eps, opts, /*rms=*/true));
+    k_norm = register_module("k_norm", std::make_shared<LayerNormImpl>(head_dim_, cfg.layer_norm_eps, opts, /*rms=*/true));
+  }
 }
 
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -80,17 +84,70 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor document_ids_of(const at::Tensor& idx, int64_t token) { return idx.eq(token).to(at::kLong).cumsum(1); }
 
 at::Tensor document_mask(const at::Tensor& document_ids) {
-  const int64_t T = document_ids.size(1);
-  const at::Tensor causal = at::ones({T, T}, document_ids.options().dtype(at::kBool)).tril();
-  return document_ids.unsqueeze(2).eq(document_ids.unsqueeze(1)).logical_and(causal).unsqueeze(1);
+  const at::Tensor order = at::arange(document_ids.size(1), document_ids.options());
+  return document_mask_at(document_ids, order, order);
 }
 
-const at::Tensor& DocumentMask::bias_in(at::ScalarType dtype) {
+at::Tensor document_mask_at(const at::Tensor& document_ids, const at::Tensor& queries, const at::Tensor& keys, int64_t window) {
+  at::Tensor allowed = keys.unsqueeze(0).le(queries.unsqueeze(1));                                    // [Tq, Tk]: causal
+  if (window > 0) allowed = allowed.logical_and(keys.unsqueeze(0).gt(queries.unsqueeze(1) - window));  // the last W
+  if (!document_ids.defined()) return allowed.unsqueeze(0).unsqueeze(0);
+  const at::Tensor q = document_ids.index_select(1, queries), k = document_ids.index_select(1, keys);  // [B, Tq], [B, Tk]
+  return q.unsqueeze(2).eq(k.unsqueeze(1)).logical_and(allowed).unsqueeze(1);
+}
+
+at::Tensor document_positions_of(const at::Tensor& idx, int64_t token) {
+  const int64_t T = idx.size(1);
+  const at::Tensor t = at::arange(T, idx.options()).expand(idx.sizes());
+  const at::Tensor starts = at::where(idx.eq(token), t, at::zeros_like(t));  // each opening token's position, else 0
+  return t - std::get<0>(starts.cummax(1));                                   // minus the last opening at or before it
+}
+
+const at::Tensor& AttentionMask::bias_in(at::ScalarType dtype, const at::Tensor& queries, const at::Tensor& keys) {
   if (!bias.defined() || bias.scalar_type() != dtype) {
+    const at::Tensor allowed = queries.defined() ? document_mask_at(ids, queries, keys, window) : document_mask_at(ids, order, order, window);
     bias = at::zeros(allowed.sizes(), allowed.options().dtype(dtype))
                .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   }
   return bias;
+}
+
+const at::Tensor& AttentionMask::cu_seqlens() {
+  if (!starts.defined()) {
+    const int64_t T = order.size(0);
+    // a row's first position opens a piece; so does every change of document within a row
+    at::Tensor open = at::zeros({batch, T}, order.options().dtype(at::kBool));
+    open.select(1, 0).fill_(true);
+    if (ids.defined()) open.narrow(1, 1, T - 1).logical_or_(ids.narrow(1, 1, T - 1).ne(ids.narrow(1, 0, T - 1)));
+    starts = at::cat({open.reshape({-1}).nonzero().reshape({-1}), at::full({1}, batch * T, order.options())}).to(at::kInt);
+  }
+  return starts;
+}
+
+bool varlen_flash_eligible(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Kernels kernels) {
+  const int64_t h = q.size(3);
+  return kernels == Kernels::fused && q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) &&
+         k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() && h % 8 == 0 && h <= 256 &&
+         q.size(1) % k.size(1) == 0;
+}
+
+at::Tensor varlen_flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, AttentionMask& mask,
+                                  double dropout_p) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), h = q.size(3), KV = k.size(1);
+  const at::Tensor& cu = mask.cu_seqlens();
+  // [B, heads, T, h] -> [B T, heads, h], the packed layout of the variable-length kernel (made
+  // contiguous: v is a view of the qkv product, whose rows are (H + 2 KV) h apart)
+  const at::Tensor qp = q.transpose(1, 2).reshape({B * T, H, h}).contiguous();
+  const at::Tensor kp = k.transpose(1, 2).reshape({B * T, KV, h}).contiguous();
+  const at::Tensor vp = v.transpose(1, 2).reshape({B * T, KV, h}).contiguous();
+  std::optional<int64_t> left, right;
+  if (mask.window > 0) {  // keys i - W + 1 .. i
+    left = mask.window - 1;
+    right = 0;
+  }
+  const auto out = at::_flash_attention_forward(qp, kp, vp, cu, cu, T, T, dropout_p, /*is_causal=*/true,
+                                                /*return_debug_mask=*/false, std::nullopt, left, right);
+  return std::get<0>(out).view({B, T, H, h}).transpose(1, 2);
 }
 
 at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops) {
@@ -112,8 +169,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> AttentionImpl::heads(const at::Te
   const int64_t B = qkv.size(0), T = qkv.size(1);
   auto parts = qkv.split_with_sizes({q_width, kv_width, kv_width}, -1);
   // [B, T, heads, h] -> [B, heads, T, h], the layout SDPA expects.
-  auto q = parts[0].view({B, T, n_head_, head_dim_}).transpose(1, 2);
-  auto k = parts[1].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
+  auto q = parts[0].view({B, T, n_head_, head_dim_});
+  auto k = parts[1].view({B, T, n_kv_head_, head_dim_});
+  if (q_norm) {  // Qwen3: each head normed over its width, before the rotary turn, kept in the product's
+                 // dtype (fp32 weights would promote a 16-bit q; the attention casts it back anyway)
+    q = q_norm->forward(q).to(q.scalar_type());
+    k = k_norm->forward(k).to(k.scalar_type());
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   auto v = parts[2].view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);
   if (rope_) std::tie(q, k) = rope_->apply(q, k, positions);
   return {q, k, v};
@@ -130,19 +194,29 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   // Rotary angles at the positions the heads hold: under context parallelism the rank's two
   // chunks of the sequence (with --sp, gathered over tp by c_attn first); otherwise every row
   // (sequence parallelism alone gathers them all for c_attn).
-  at::Tensor positions;
-  if (rope_ && ops_->attention_rows) positions = ops_->attention_rows(x.size(1) * ops_->seq_split, x.device());
-  auto [q, k, v] = heads(x, positions);
+  // --document-positions restart: each row's positions within its documents ([B, T_attention]).
+  const int64_t T = x.size(1) * ops_->seq_split;
+  const at::Tensor rows = ops_->attention_rows ? ops_->attention_rows(T, x.device()) : at::Tensor();
+  at::Tensor positions = rows;
+  if (rope_ && mask && mask->positions.defined())
+    positions = rows.defined() ? mask->positions.index_select(1, rows) : mask->positions;
+  auto [q, k, v] = heads(x, rope_ ? positions : at::Tensor());
   const double p = is_training() ? dropout_ : 0.0;
-  at::Tensor mask;
+  at::Tensor bias;
   if (ops_->gather_kv) {
-    if (documents) throw ConfigError("--document-mask under --cp is not built yet");
-    std::tie(k, v, mask) = ops_->gather_kv(k, v);  // context parallelism: the whole sequence's
-  } else if (documents) {
-    // --document-mask: every row's heads are here (tp splits the heads; sp's c_attn gathered the rows)
-    mask = documents->bias_in(q.scalar_type());
+    std::tie(k, v, bias) = ops_->gather_kv(k, v);  // context parallelism: the whole sequence's
+    // documents / the window: the rank's queries against the gathered keys (the causal rule
+    // included: it replaces gather_kv's mask)
+    if (mask) bias = mask->bias_in(q.scalar_type(), rows, ops_->gathered_key_rows(T, x.device()));
+  } else if (mask && !core && varlen_flash_eligible(q, k, v, kernels)) {
+    // every row's heads are here: flash's variable-length kernel cuts them at the documents
+    auto attend = [&] { return varlen_flash_attention(q, k, v, *mask, p); };
+    return project(p > 0.0 && ops_->in_tp_region ? ops_->in_tp_region(x.device(), attend) : attend());
+  } else if (mask) {
+    // every row's heads are here (tp splits the heads; sp's c_attn gathered the rows)
+    bias = mask->bias_in(q.scalar_type());
   }
-  auto attend = [&] { return core ? core(q, k, v, p, mask) : causal_attention(q, k, v, p, mask); };  // [B, H, T, h]
+  auto attend = [&] { return core ? core(q, k, v, p, bias) : causal_attention(q, k, v, p, bias); };  // [B, H, T, h]
   auto y = p > 0.0 && ops_->in_tp_region ? ops_->in_tp_region(x.device(), attend) : attend();
   return project(y);
 }
@@ -286,7 +360,7 @@ void GPT::init_weights(uint64_t seed, const TensorSlicer& slice) {
     auto ends_with = [&](const std::string& s) {
       return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
     };
-    const bool is_norm = name.find("ln_") != std::string::npos;
+    const bool is_norm = name.find("ln_") != std::string::npos || ends_with("q_norm.weight") || ends_with("k_norm.weight");
     if (name == "wpe") {
       cpu.normal_(0.0, 0.01, gen);
     } else if (is_norm) {
@@ -352,9 +426,17 @@ std::pair<at::Tensor, at::Tensor> GPT::run_blocks_deferred(const at::Tensor& x_i
 }
 
 void GPT::set_documents(const at::Tensor& idx) {
-  std::shared_ptr<DocumentMask> documents;
-  if (document_token >= 0) documents = std::make_shared<DocumentMask>(DocumentMask{document_mask(document_ids_of(idx, document_token)), {}});
-  for (const auto& b : blocks()) b->attn->documents = documents;
+  std::shared_ptr<AttentionMask> m;
+  const bool windowed = cfg_.sliding_window > 0 && cfg_.sliding_window < idx.size(1);
+  if (document_token >= 0 || windowed) {
+    m = std::make_shared<AttentionMask>();
+    m->order = at::arange(idx.size(1), idx.options().dtype(at::kLong));
+    m->batch = idx.size(0);
+    if (windowed) m->window = cfg_.sliding_window;
+    if (document_token >= 0) m->ids = document_ids_of(idx, document_token);
+    if (document_token >= 0 && restart_positions) m->positions = document_positions_of(idx, document_token);
+  }
+  for (const auto& b : blocks()) b->attn->mask = m;
 }
 
 at::Tensor GPT::hidden(const at::Tensor& idx) {
@@ -382,10 +464,20 @@ at::Tensor GPT::head_loss(const at::Tensor& x_in, const at::Tensor& targets, con
   if (!shard_.head) throw Error("GPT::head_loss: this pipeline stage does not hold the output layer");
   auto x = pending.defined() ? ln_f->forward_add(x_in, pending).second : ln_f->forward(x_in);
   const at::Tensor& w = output_weight();
-  if (shard_.ops->loss) return shard_.ops->loss(x, w, targets, kernels_);
-  const auto x2 = x.reshape({-1, x.size(-1)});
-  if (loss_chunk_rows < 0) return plain_linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size);
-  return linear_cross_entropy(x2, w, targets.reshape({-1}), cfg_.vocab_size, loss_chunk_rows, kernels_, logits16);
+  at::Tensor rows, t = targets.reshape({-1});
+  double weight = 1.0;
+  if (loss_targets_per_term > 0) {  // masked targets (see gpt.h)
+    rows = t.ge(0).nonzero().reshape({-1});
+    weight = static_cast<double>(rows.size(0)) / loss_targets_per_term;
+    if (rows.size(0) == 0) rows = at::zeros({1}, t.options());
+    t = t.index_select(0, rows).clamp_min(0);  // the one row of a rank with none: any valid target, weighted 0
+  }
+  auto weighted = [&](const at::Tensor& loss) { return rows.defined() ? loss * weight : loss; };
+  if (shard_.ops->loss) return weighted(shard_.ops->loss(x, w, rows.defined() ? t : targets, kernels_, rows));
+  auto x2 = x.reshape({-1, x.size(-1)});
+  if (rows.defined()) x2 = x2.index_select(0, rows);
+  if (loss_chunk_rows < 0) return weighted(plain_linear_cross_entropy(x2, w, t, cfg_.vocab_size));
+  return weighted(linear_cross_entropy(x2, w, t, cfg_.vocab_size, loss_chunk_rows, kernels_, logits16));
 }
 
 void GPT::set_kernels(Kernels k, bool gelu_epilogue) {
@@ -397,6 +489,8 @@ void GPT::set_kernels(Kernels k, bool gelu_epilogue) {
     } else if (auto* p = dynamic_cast<MLPImpl*>(m.get())) {
       p->kernels = k;
       p->gelu_epilogue = gelu_epilogue && k == Kernels::fused;
+    } else if (auto* a = dynamic_cast<AttentionImpl*>(m.get())) {
+      a->kernels = k;
     }
     else if (auto* e = dynamic_cast<MoEImpl*>(m.get())) e->kernels = k;
   }

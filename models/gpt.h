@@ -80,7 +80,9 @@ struct LayerOps {
   // Mean cross-entropy of hidden @ wte^T (hidden [B, T_local, d], this rank's rows of ln_f's
   // output) against targets [B, T] over the real vocabulary (fp32), with wte this rank's
   // vocabulary rows; the model's kernels choice (kernels/kernel_choice.h) passed along.
-  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Kernels)> loss;
+  // rows (int64 [n]; undefined: every row): only those rows of the sequence's B x T (masked
+  // targets: GPT::head_loss), targets then [n], those rows' own.
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, Kernels, const at::Tensor&)> loss;
   // y = x W^T + b of c_attn when it needs more than `column` (kv heads replicated over tp);
   // empty: `column`.
   std::function<at::Tensor(const at::Tensor&, const LinearImpl&)> qkv;
@@ -121,6 +123,9 @@ struct LayerOps {
   // compute dtype) that keeps attention causal for this rank's query positions (context
   // parallelism). Empty: local causal attention.
   std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&)> gather_kv;
+  // The positions of gather_kv's keys, in the order it gives them (int64 [T]; --document-mask
+  // under context parallelism makes its mask at them). Empty where gather_kv is.
+  std::function<at::Tensor(int64_t, c10::Device)> gathered_key_rows;
   // The ops for decoding with a KV cache (runtime/inference/kv_cache.h), which runs whole sequences of
   // one token and cannot split them; null: these.
   std::shared_ptr<const LayerOps> unsplit;
@@ -209,15 +214,52 @@ at::Tensor document_ids_of(const at::Tensor& idx, int64_t token);
 // The attention mask of documents [B, T]: [B, 1, T, T] bool, true where key j is at or before query
 // i in i's document (SDPA broadcasts it over the heads).
 at::Tensor document_mask(const at::Tensor& document_ids);
-// A batch's document mask, made once per forward (GPT::set_documents) and shared by every layer's
-// attention: as SDPA's additive bias (0 / -inf) in the queries' dtype, made at the first layer
-// that asks and then the same tensor for all -- SDPA would otherwise convert a boolean mask into
-// a new bias in every layer, each kept for backward ([B, 1, T, T] of 2 bytes a layer).
-struct DocumentMask {
-  at::Tensor allowed;  // document_mask(ids)
-  at::Tensor bias;     // allowed as a bias in the dtype last asked for
-  const at::Tensor& bias_in(at::ScalarType dtype);
+// The mask of documents at some of the sequence's positions: queries at `queries` [Tq], keys at
+// `keys` [Tk] (int64 positions in the sequence, in the order the attention holds them: context
+// parallelism's rank chunks and gathered keys): [B, 1, Tq, Tk] bool, true where the key is at or
+// before the query in the query's document -- and, with a sliding window W > 0, within its last W
+// positions (i - W < j). Without documents (document_ids undefined): the causal rule (and the
+// window) alone, [1, 1, Tq, Tk]. document_mask(ids) at every position, in order.
+at::Tensor document_mask_at(const at::Tensor& document_ids, const at::Tensor& queries, const at::Tensor& keys,
+                            int64_t window = 0);
+// --document-positions restart: each position's index within its document, [B, T] int64 (what
+// precedes a row's first opening token counts from the row's start).
+at::Tensor document_positions_of(const at::Tensor& idx, int64_t token);
+// A batch's attention mask where the causal rule is not the whole of it -- documents
+// (--document-mask) and / or a sliding window shorter than the sequence (Mistral's) -- made once
+// per forward (GPT::set_documents) and shared by every layer's attention: as SDPA's additive bias
+// (0 / -inf) in the queries' dtype, made at the first layer that asks and then the same tensor for
+// all -- SDPA would otherwise convert a boolean mask into a new bias in every layer, each kept for
+// backward ([B, 1, T, T] of 2 bytes a layer). Under context parallelism at the rank's queries and
+// the gathered keys ([B, 1, 2C, T]: never the whole [T, T]).
+struct AttentionMask {
+  at::Tensor ids;        // document_ids_of(tokens), [B, T]: the whole sequence's; undefined: no documents
+  at::Tensor order;      // 0 .. T-1 (int64, the tokens' device): the positions where the attention holds them all
+  int64_t batch = 0;     // B, the tokens' rows
+  int64_t window = 0;    // the sliding window (0: none)
+  at::Tensor positions;  // --document-positions restart: document_positions_of(tokens); undefined: the sequence's
+  at::Tensor bias;       // the mask as a bias in the dtype last asked for
+  at::Tensor starts;     // flash's variable-length path: cu_seqlens, made at the first layer that asks
+  // queries / keys: the positions the attention holds (undefined: every position, in order).
+  const at::Tensor& bias_in(at::ScalarType dtype, const at::Tensor& queries = {}, const at::Tensor& keys = {});
+  // The B x T rows cut into sequences -- each batch row, and within it each document --, as flash
+  // attention's cumulative lengths: int32 [n + 1], 0 first and B T last (one wait for the device:
+  // the count of documents).
+  const at::Tensor& cu_seqlens();
 };
+// Documents and the sliding window through flash attention's variable-length kernel
+// (at::_flash_attention_forward with cumulative sequence lengths, its left window W - 1; the
+// backward is LibTorch's own, FlashAttentionBackward0), in place of the mask: the B x T rows
+// packed as one [B T, heads, h] sequence cut at mask.cu_seqlens(), causal within each piece.
+// O(T) memory and no masked-out tile computed, where the masked kernel makes and reads a [B, 1,
+// T, T] bias. q [B, H, T, h], k and v [B, KV, T, h] -> [B, H, T, h]. The max length passed is T
+// (an upper bound: flash sizes its grid by it). Eligible (varlen_flash_eligible): CUDA, 16-bit q,
+// k and v of one dtype, a head width flash takes (a multiple of 8, at most 256), H a multiple of KV, --kernels
+// fused, no context parallelism (its gathered keys are not rows of the sequence) and no
+// selective-recomputation hook. The reference: causal_attention with mask.bias_in (the gpu test).
+bool varlen_flash_eligible(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Kernels kernels);
+at::Tensor varlen_flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, AttentionMask& mask,
+                                  double dropout_p);
 // Residual dropout of x [B, T_local, d] under `ops`: at::dropout, or with a split sequence the
 // whole sequence's mask at this rank's rows (LayerOps::seq_rows).
 at::Tensor residual_dropout(const at::Tensor& x, double p, const LayerOps& ops);
@@ -236,6 +278,10 @@ class AttentionImpl : public torch::nn::Module {
   // c_proj of the attention's output y [B, H, T, h] -> [B, T, d], through `ops` (null: the model's).
   at::Tensor project(const at::Tensor& y, const LayerOps* ops = nullptr);
   std::shared_ptr<LinearImpl> c_attn, c_proj;
+  // Qwen3's RMSNorms over each query and key head before the rotary turn (GPTConfig::qk_norm;
+  // null otherwise). Replicated over tp, each rank norming its own heads: their gradients are
+  // parts, summed over tp (parallel/tensor_parallel.h).
+  std::shared_ptr<LayerNormImpl> q_norm, k_norm;
   // Hook for the attention core, called as core(q, k, v, dropout_p, mask) with causal_attention's
   // arguments; empty: causal_attention. (Set by parallel/activation_checkpoint.h.)
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&)> core;
@@ -243,9 +289,13 @@ class AttentionImpl : public torch::nn::Module {
   int64_t n_head() const { return n_head_; }
   int64_t n_kv_head() const { return n_kv_head_; }
   int64_t head_dim() const { return head_dim_; }
-  // --document-mask: the batch's documents (GPT::set_documents makes it from the tokens; null:
-  // plain causal attention). A query then sees the keys at or before it in its own document only.
-  std::shared_ptr<DocumentMask> documents;
+  // The batch's attention mask (GPT::set_documents makes it from the tokens: documents under
+  // --document-mask, the sliding window; null: plain causal attention). A query then sees the keys
+  // at or before it in its own document only, and within the window.
+  std::shared_ptr<AttentionMask> mask;
+  // fused: on CUDA a mask goes through flash's variable-length kernel where it can
+  // (varlen_flash_attention); reference: the masked SDPA kernel (GPT::set_kernels sets it).
+  Kernels kernels = Kernels::reference;
 
  private:
   int64_t n_head_, n_kv_head_, head_dim_;  // this rank's heads
@@ -325,9 +375,11 @@ class GPT : public torch::nn::Module {
 
   // Residual stream after ln_f: [B, T] token ids -> [B, T, d].
   at::Tensor hidden(const at::Tensor& idx);
-  // --document-mask (document_token >= 0): every block's attention takes idx's documents
-  // (AttentionImpl::documents, one mask for all); off: none. hidden() and loss() call it.
+  // --document-mask (document_token >= 0) and a sliding window shorter than idx's sequence: every
+  // block's attention takes idx's mask (AttentionImpl::mask, one for all); otherwise none.
+  // hidden() and loss() call it, and a pipeline stage before its blocks (needs_mask()).
   void set_documents(const at::Tensor& idx);
+  bool needs_mask() const { return document_token >= 0 || cfg_.sliding_window > 0; }
   // The parts a pipeline stage runs (the whole model runs all three in hidden() / loss()):
   // wte[idx] + wpe (first stage) [B, T] -> [B, T, d]; this stage's blocks [B, T, d] -> [B, T, d];
   // ln_f, the tied output layer and the mean cross-entropy (last stage) -> scalar; without tensor
@@ -339,6 +391,10 @@ class GPT : public torch::nn::Module {
   // and m undefined). head_loss and hidden() take the pair into ln_f's add_norm.
   std::pair<at::Tensor, at::Tensor> run_blocks_deferred(const at::Tensor& x, int chunk = 0);
   // pending: a residual add still to make before ln_f (run_blocks_deferred's m; undefined: none).
+  // Masked targets (loss_targets_per_term > 0): only the rows whose target is trained on go
+  // through the output layer and the loss (their indices found on the host: one wait for the
+  // device), and their mean is weighted by their count / loss_targets_per_term; a rank with none
+  // puts one row through weighted 0, so every gradient a reduction waits for is still made.
   at::Tensor head_loss(const at::Tensor& x, const at::Tensor& targets, const at::Tensor& pending = at::Tensor());
   // This stage's blocks in order, all its chunks (every block of the whole model). h has n_layer
   // entries; those of other stages are empty placeholders without parameters.
@@ -381,6 +437,15 @@ class GPT : public torch::nn::Module {
   // --document-mask: the token that opens every document (the tokenizer's eot); attention then
   // stays inside documents (document_ids_of). -1: off.
   int64_t document_token = -1;
+  // --document-positions restart (with document_token, rotary positions): each document's rotary
+  // positions count from 0 at its opening token (document_positions_of); false: the sequence's.
+  bool restart_positions = false;
+  // Masked targets (data with a target mask, kiln prep --chat: some targets are kIgnoreTarget):
+  // head_loss returns the sum of the trained targets' cross-entropy over this, rather than the
+  // mean over its rows -- the step's trained targets divided by the loss terms the runtime
+  // averages (micro-batches x dp x cp), so that their mean is the sum over every trained target of
+  // the global batch divided by their count, whatever the layout. 0: unmasked data, the mean.
+  double loss_targets_per_term = 0.0;
   // The chunked loss's logits in bf16 under bf16 compute (models/linear_cross_entropy.h; kiln
   // train --logits-dtype bf16); fp32 by default.
   bool logits16 = false;

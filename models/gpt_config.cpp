@@ -65,7 +65,7 @@ int64_t GPTConfig::mlp_hidden() const {
 
 bool GPTConfig::gpt2_architecture() const {
   return position == "learned" && norm == "layernorm" && mlp == "gelu" && bias == "all" && tie_embeddings &&
-         ffn_hidden <= 0;
+         ffn_hidden <= 0 && head_width == 0 && !qk_norm && sliding_window == 0;
 }
 
 void GPTConfig::put_architecture(nlohmann::json& j) const {
@@ -82,6 +82,9 @@ void GPTConfig::put_architecture(nlohmann::json& j) const {
   j["ffn_hidden"] = mlp_hidden();
   j["bias"] = bias;
   j["tie_embeddings"] = tie_embeddings;
+  if (head_width > 0) j["head_dim"] = head_width;
+  if (qk_norm) j["qk_norm"] = true;
+  if (sliding_window > 0) j["sliding_window"] = sliding_window;
 }
 
 void GPTConfig::take_architecture(const nlohmann::json& j) {
@@ -98,12 +101,15 @@ void GPTConfig::take_architecture(const nlohmann::json& j) {
   ffn_hidden = j.value("ffn_hidden", ffn_hidden);
   bias = j.value("bias", bias);
   tie_embeddings = j.value("tie_embeddings", tie_embeddings);
+  head_width = j.value("head_dim", head_width);
+  qk_norm = j.value("qk_norm", qk_norm);
+  sliding_window = j.value("sliding_window", sliding_window);
 }
 
 std::vector<std::string> GPTConfig::preset_names() {
   return {"tiny",      "tiny-moe",  "gpt2-124m",  "gpt2-124m-moe", "gpt2-350m",  "gpt2-774m", "gpt2-1.5b",
           "gpt3-6.7b", "tiny-llama", "llama3-1b", "llama3-8b",     "llama3-70b", "mistral-7b", "qwen2-0.5b",
-          "tiny-mixtral", "mixtral-8x7b"};
+          "tiny-mixtral", "mixtral-8x7b", "tiny-qwen3", "qwen3-0.6b"};
 }
 
 GPTConfig GPTConfig::preset(const std::string& name) {
@@ -168,6 +174,23 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     GPTConfig c = mixtral(llama(32, 32, 8, 4096, 14336, 32000, 8192, 1000000.0), 8);
     return c;
   }
+  // Qwen3: heads wider than d / H, and the q / k norms; no biases.
+  if (name == "tiny-qwen3") {  // tiny-llama's blocks with 64-wide heads (a = 256 against d 128) and q/k norms
+    GPTConfig c = preset("tiny-llama");
+    c.head_width = 64;
+    c.qk_norm = true;
+    c.rope_theta = 1000000.0;
+    c.layer_norm_eps = 1e-6;
+    return c;
+  }
+  if (name == "qwen3-0.6b") {  // Qwen3-0.6B
+    GPTConfig c = llama(28, 16, 8, 1024, 3072, 151936, 8192, 1000000.0);
+    c.head_width = 128;
+    c.qk_norm = true;
+    c.tie_embeddings = true;
+    c.layer_norm_eps = 1e-6;
+    return c;
+  }
   std::string names;
   for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
   throw ConfigError("unknown model '" + name + "'" + did_you_mean(name, preset_names()) + " (presets: " + names + ")");
@@ -183,9 +206,10 @@ void GPTConfig::validate() const {
   positive("d-model", d_model);
   positive("seq-len", seq_len);
   positive("vocab-size", vocab_size);
-  if (d_model % n_head != 0) {
+  if (head_width < 0) throw ConfigError("--head-dim must be positive, or 0 for d-model / n-head (got " + std::to_string(head_width) + ")");
+  if (head_width == 0 && d_model % n_head != 0) {
     std::ostringstream m;
-    m << "--n-head " << n_head << " does not divide --d-model " << d_model;
+    m << "--n-head " << n_head << " does not divide --d-model " << d_model << " (or give --head-dim)";
     throw ConfigError(m.str());
   }
   if (n_head % n_kv_head != 0) {
@@ -210,9 +234,15 @@ void GPTConfig::validate() const {
   one_of("bias", bias, {"all", "none", "qkv"});
   if (ffn_hidden < 0) throw ConfigError("--ffn-hidden must be positive, or 0 for the feed-forward's rule (got " + std::to_string(ffn_hidden) + ")");
   if (!(layer_norm_eps > 0.0)) throw ConfigError("--norm-eps must be positive");
+  // Qwen3's shape: its Hugging Face layout (Qwen3ForCausalLM) is the only one that holds it.
+  if (qk_norm && (!rope() || bias != "none"))
+    throw ConfigError("--qk-norm is Qwen3's: give it with --position rope and --bias none (got --position " + position + ", --bias " + bias + ")");
+  if (head_width > 0 && !rope()) throw ConfigError("--head-dim apart from d-model / n-head is Qwen3's: give it with --position rope");
+  if (sliding_window < 0) throw ConfigError("--sliding-window must be 0 (none) or positive (got " + std::to_string(sliding_window) + ")");
+  if (sliding_window > 0 && !rope()) throw ConfigError("--sliding-window is Mistral's: give it with --position rope");
   if (rope()) {
     if (head_dim() % 2 != 0) {
-      throw ConfigError("--position rope needs an even head width (d-model / n-head = " + std::to_string(head_dim()) + ")");
+      throw ConfigError("--position rope needs an even head width (got " + std::to_string(head_dim()) + ")");
     }
     if (!(rope_theta > 1.0)) throw ConfigError("--rope-theta must be greater than 1 (got " + std::to_string(rope_theta) + ")");
     if (rope_factor != 0.0) {
@@ -246,9 +276,9 @@ int64_t ffn_params(const GPTConfig& c) {
 }  // namespace
 
 int64_t GPTConfig::num_params() const {
-  const int64_t d = d_model, kv = n_kv_head * head_dim();
-  const int64_t qkv = d + 2 * kv, norm_params = rmsnorm() ? d : 2 * d;
-  const int64_t attn = d * qkv + (qkv_bias() ? qkv : 0) + d * d + (linear_bias() ? d : 0);
+  const int64_t d = d_model, a = attn_width(), kv = n_kv_head * head_dim();
+  const int64_t qkv = a + 2 * kv, norm_params = rmsnorm() ? d : 2 * d;
+  const int64_t attn = d * qkv + (qkv_bias() ? qkv : 0) + a * d + (linear_bias() ? d : 0) + (qk_norm ? 2 * head_dim() : 0);
   const int64_t block = 2 * norm_params + attn + ffn_params(*this);
   const int64_t moe_extra = n_moe_layers() * ((n_experts - 1) * ffn_params(*this) + n_experts * d);  // E experts and the router, not one MLP
   const int64_t output = tie_embeddings ? 0 : padded_vocab_size() * d;

@@ -13,12 +13,19 @@
 // Grouped-query attention (Ainslie et al., 2023) through n_kv_head: n_head query heads share
 // n_kv_head key/value heads (n_kv_head == n_head is ordinary multi-head attention, 1 is
 // multi-query attention).
+// Qwen3 (2025): the head width given apart from d_model / n_head (head_width; the attention's
+// width H h then differs from d), and an RMSNorm over each query and key head before the rotary
+// turn (qk_norm: weights [h] shared by the heads, q_norm and k_norm, the blocks' norms' epsilon).
+// Mistral's sliding window (sliding_window W > 0): a query at i sees the keys at j with
+// i - W < j <= i (transformers' sliding-window causal mask); it acts once the context exceeds W.
 //
 // Parameter count, with d = d_model, L = n_layer, V' = padded vocabulary, T = seq_len,
-// h = d / n_head, kv = n_kv_head * h, F = mlp_hidden(); n = 2d for a LayerNorm (weight and
-// bias), d for an RMSNorm; [x] = x when the bias pattern gives that layer a bias, else 0:
+// h = head_dim() (d / n_head unless head_width gives it), a = n_head * h (d but for Qwen3's
+// shapes), kv = n_kv_head * h, F = mlp_hidden(); n = 2d for a LayerNorm (weight and bias), d for
+// an RMSNorm; [x] = x when the bias pattern gives that layer a bias, else 0:
 //   embeddings  V'd (wte) + Td (wpe; learned positions only)
-//   per block   n (ln_1) + d(d + 2kv) + [d + 2kv] (c_attn: q, k, v) + d^2 + [d] (attn c_proj)
+//   per block   n (ln_1) + d(a + 2kv) + [a + 2kv] (c_attn: q, k, v) + ad + [d] (attn c_proj)
+//               + 2h (q_norm, k_norm; qk_norm only)
 //               + n (ln_2) + feed-forward:  gelu    dF + [F] (c_fc) + Fd + [d] (c_proj)
 //                                           swiglu  2dF + [2F] (c_fc: gate, up) + Fd + [d] (c_proj: down)
 //   final norm  n
@@ -33,6 +40,8 @@
 //                tied                                                                494,032,768
 //   mixtral-8x7b Mixtral-8x7B-v0.1: mistral-7b's shape with 8 SwiGLU experts (top-2,
 //                dropless) in every block, base 1e6                               46,702,792,704
+//   qwen3-0.6b   Qwen3-0.6B: L 28, d 1024, H 16, KV 8, h 128 (a 2048), F 3072, V 151936,
+//                q/k norms, tied, base 1e6                                           596,049,920
 // Llama's feed-forward width rule (Meta's reference code): F = 2 (4d) / 3, times
 // ffn_dim_multiplier, rounded up to a multiple of multiple_of (llama_ffn_hidden below): Llama-3-8B
 // 1.3 and 1024 -> 14336, Llama-3-70B 1.3 and 4096 -> 28672, Llama-3.2-1B 1.5 and 256 -> 8192.
@@ -78,6 +87,9 @@ struct GPTConfig {
   int64_t ffn_hidden = 0;          // feed-forward width F; 0: 4d for gelu, llama_ffn_hidden(d, 1, 256) for swiglu
   std::string bias = "all";        // all (every linear) | none | qkv (c_attn only, Qwen2's)
   bool tie_embeddings = true;      // the output layer is wte; false: a parameter of its own, lm_head
+  int64_t head_width = 0;          // the head width h; 0: d_model / n_head (Qwen3 gives it apart)
+  int64_t sliding_window = 0;      // Mistral's: a query sees the last W positions (itself included); 0: all before it
+  bool qk_norm = false;            // RMSNorm over each query and key head before rotary (Qwen3's q_norm, k_norm)
 
   // ---- Mixture-of-Experts (models/moe.h); n_experts 0: every block dense
   int64_t n_experts = 0;              // experts per MoE layer E (0: a dense model)
@@ -90,7 +102,9 @@ struct GPTConfig {
   // Vocabulary rounded up to a multiple of 128 (for GEMM efficiency, as llm.c does). Logits
   // past vocab_size exist but never enter the loss.
   int64_t padded_vocab_size() const { return (vocab_size + 127) / 128 * 128; }
-  int64_t head_dim() const { return d_model / n_head; }
+  int64_t head_dim() const { return head_width > 0 ? head_width : d_model / n_head; }
+  // The attention's width: the query heads' n_head x head_dim() (c_attn's q rows, c_proj's input).
+  int64_t attn_width() const { return n_head * head_dim(); }
   // F: ffn_hidden, or by the feed-forward's rule when 0.
   int64_t mlp_hidden() const;
   bool rope() const { return position == "rope"; }
@@ -100,11 +114,14 @@ struct GPTConfig {
   bool linear_bias() const { return bias == "all"; }  // every other linear layer's
   // The position embedding's parameters (Td for learned positions, 0 under rope).
   int64_t position_params() const { return rope() ? 0 : seq_len * d_model; }
+  // Whether attention reaches back less than the whole context (a window shorter than seq_len).
+  bool windowed() const { return sliding_window > 0 && sliding_window < seq_len; }
   // Whether this is GPT-2's architecture (every field above at its default).
   bool gpt2_architecture() const;
   // The architecture fields in a run's config record (and so its checkpoints), by their record
   // names: position, rope_theta, rope_factor, rope_low_freq_factor, rope_high_freq_factor,
-  // rope_original_context, norm, norm_eps, mlp, ffn_hidden (F itself), bias, tie_embeddings.
+  // rope_original_context, norm, norm_eps, mlp, ffn_hidden (F itself), bias, tie_embeddings, and
+  // head_dim, qk_norm and sliding_window where they differ from the defaults.
   // Written only for a model that is not GPT-2's (a GPT-2 record stays as it was); read back key by
   // key, an absent key leaving the field as it is (GPT-2's default).
   void put_architecture(nlohmann::json& record) const;
@@ -133,7 +150,7 @@ struct GPTConfig {
 
   // A preset by name: tiny, tiny-moe, gpt2-124m, gpt2-124m-moe, gpt2-350m, gpt2-774m, gpt2-1.5b,
   // gpt3-6.7b; tiny-llama, llama3-1b, llama3-8b, llama3-70b, mistral-7b, qwen2-0.5b, tiny-mixtral,
-  // mixtral-8x7b. Throws ConfigError.
+  // mixtral-8x7b, tiny-qwen3, qwen3-0.6b. Throws ConfigError.
   static GPTConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 };

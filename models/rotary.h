@@ -39,7 +39,7 @@ class RotaryEmbedding {
   explicit RotaryEmbedding(const GPTConfig& cfg);
 
   // q [B, H, T, h] and k [B, KV, T, h] turned by the angles of `positions` (int64 [T] on their
-  // device; undefined: 0 .. T-1).
+  // device, or [B, T]: each row its own; undefined: 0 .. T-1).
   std::pair<at::Tensor, at::Tensor> apply(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions = {});
 
   // kiln's kernel on CUDA (kernels/rope.h: one pass each way) or the composite ops

@@ -312,7 +312,23 @@ void apply_activation_checkpointing(GPT& model, ActivationCheckpointing mode, Ch
       model.block_runner = [opts](BlockImpl& block, const at::Tensor& x) {
         // The graph keeps the block alive for as long as it may recompute it.
         auto self = std::static_pointer_cast<BlockImpl>(block.shared_from_this());
-        return checkpoint([self](const at::Tensor& in) { return self->forward(in); }, x, opts);
+        // --document-mask: the recomputation sees the mask (the documents) the forward saw (under a
+        // pipeline schedule later micro-batches' forwards come between), then puts back what it found.
+        return checkpoint(
+            [self, mask = self->attn->mask](const at::Tensor& in) {
+              auto now = self->attn->mask;
+              self->attn->mask = mask;
+              at::Tensor y;
+              try {
+                y = self->forward(in);
+              } catch (...) {
+                self->attn->mask = now;
+                throw;
+              }
+              self->attn->mask = now;
+              return y;
+            },
+            x, opts);
       };
       break;
     case ActivationCheckpointing::Selective:

@@ -96,6 +96,11 @@ ModelShard make_context_parallel(ModelShard shard, const GPTConfig& cfg, const s
     }
     return std::make_tuple(K, V, bias);
   };
+  ops->gathered_key_rows = [n](int64_t T, c10::Device device) {  // rank-major, as gather_kv gives them
+    std::vector<at::Tensor> held;
+    for (int64_t i = 0; i < n; ++i) held.push_back(context_positions(T, n, i, device));
+    return at::cat(held);
+  };
   // Attention dropout: a stream per (tp, cp) rank.
   ops->in_tp_region = [tp_rank, n, r](c10::Device device, const std::function<at::Tensor()>& fn) {
     return with_rank_rng(device, tp_rank * n + r, fn);

@@ -81,7 +81,8 @@ std::vector<PipeAction> PipelineStage::schedule(int micros, bool forward_only) c
 
 Batch PipelineStage::batch_for(int chunk, int micro, const std::function<Batch(int)>& batch, bool non_blocking) const {
   Batch b;
-  if (first_chunk(chunk) || last_chunk(chunk)) {
+  // --document-mask: every stage's attention needs the tokens' documents (GPT::set_documents).
+  if (first_chunk(chunk) || last_chunk(chunk) || model_.needs_mask()) {
     b = batch(micro);
     b.inputs = to_device(b.inputs, device_, non_blocking);
     b.targets = to_device(b.targets, device_, non_blocking);
@@ -134,6 +135,7 @@ at::Tensor PipelineStage::train(int micros, const std::function<Batch(int)>& bat
         Slot& s = live[key];
         const Batch b = batch_for(a.chunk, a.micro, batch, /*non_blocking=*/true);
         AutocastScope autocast(precision_, device_.type());
+        if (model_.needs_mask()) model_.set_documents(b.inputs);  // the whole sequence's, as GPT::loss
         at::Tensor y = model_.run_blocks(first_chunk(a.chunk) ? model_.embed(local(b.inputs)) : s.input, a.chunk);
         if (last_chunk(a.chunk)) {
           s.output = model_.head_loss(y, local(b.targets));
@@ -197,6 +199,7 @@ at::Tensor PipelineStage::evaluate(int micros, const std::function<Batch(int)>& 
     const MicroChunk key{a.micro, a.chunk};
     const Batch b = batch_for(a.chunk, a.micro, batch, /*non_blocking=*/false);
     AutocastScope autocast(precision_, device_.type());
+    if (model_.needs_mask()) model_.set_documents(b.inputs);
     at::Tensor y = model_.run_blocks(first_chunk(a.chunk) ? model_.embed(local(b.inputs)) : inputs.at(key), a.chunk);
     inputs.erase(key);
     if (last_chunk(a.chunk)) loss_sum += model_.head_loss(y, local(b.targets)).to(at::kFloat);

@@ -125,9 +125,13 @@ at::Tensor reduce_scatter_rows(const at::Tensor& x, int64_t dim, const std::shar
   return ReduceScatterRows::apply(x, dim, group_capsule(group));
 }
 
-void sum_replicated_gradients_over_tp(GPT& model, const std::shared_ptr<Communicator>& tp) {
+void sum_replicated_gradients_over_tp(GPT& model, const std::shared_ptr<Communicator>& tp, bool head_norms_only) {
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
   for (const auto& item : model.named_parameters()) {
     if (is_tensor_parallel(item.key())) continue;
+    if (head_norms_only && !ends_with(item.key(), "attn.q_norm.weight") && !ends_with(item.key(), "attn.k_norm.weight")) continue;
     at::Tensor p = item.value();
     std::weak_ptr<Communicator> group = tp;
     p.register_hook([group](const at::Tensor& grad) {

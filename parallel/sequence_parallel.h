@@ -67,6 +67,8 @@ at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::T
 // Registers, on every parameter of `model` that tensor parallelism replicates, a hook that sums
 // its incoming gradient over tp before it is accumulated (the LayerNorms, row-parallel biases,
 // wpe and ln_f of a sequence-parallel model). The model must outlive the hooks' use.
-void sum_replicated_gradients_over_tp(GPT& model, const std::shared_ptr<Communicator>& tp);
+// head_norms_only: Qwen3's q_norm and k_norm alone (plain tp: every other replicated parameter sees
+// every row, but each rank norms only its own heads).
+void sum_replicated_gradients_over_tp(GPT& model, const std::shared_ptr<Communicator>& tp, bool head_norms_only = false);
 
 }  // namespace kiln

@@ -280,13 +280,15 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
       return leave(partial_embedding(idx, wte, vocab_start));
     };
     ops->loss = [tp, column, vocab_start, vocab](const at::Tensor& hidden, const at::Tensor& wte, const at::Tensor& targets,
-                                                 Kernels kernels) {
+                                                 Kernels kernels, const at::Tensor& rows) {
       // The tied output layer is column-parallel (this rank's vocabulary rows); the logits stay split.
       // Fused kernels on CUDA: the two-pass way, over the logits in their own dtype.
+      // Masked targets: the rows of the sequence (gathered over tp under --sp) whose targets count.
       const at::Tensor logits = column(hidden, wte, at::Tensor());
       const bool two_pass = kernels_on(kernels, logits.is_cuda()) == Kernels::fused;
-      return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), vocab_start, vocab, tp,
-                                          two_pass, kernels);
+      at::Tensor flat = logits.reshape({-1, logits.size(-1)});
+      if (rows.defined()) flat = flat.index_select(0, rows);
+      return vocab_parallel_cross_entropy(flat, targets.reshape({-1}), vocab_start, vocab, tp, two_pass, kernels);
     };
     ops->reduce = leave;
     if (cfg.n_kv_head < t) {

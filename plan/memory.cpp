@@ -21,12 +21,13 @@ constexpr double kCpuGeneratorState = 5056, kCudaGeneratorState = 16;
 // The attention half of a block at tp = t, with both norms (section 2): c_attn's bias where the
 // bias pattern gives it one (all, qkv), attn c_proj's only under all.
 int64_t attention_numel(const GPTConfig& m, int64_t t) {
-  const int64_t d = m.d_model, hd = m.head_dim();
+  const int64_t d = m.d_model, hd = m.head_dim(), q = m.attn_width() / t;
   const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;  // replicated when t exceeds them
-  const int64_t qkv = d / t + 2 * kv_heads * hd;
+  const int64_t qkv = q + 2 * kv_heads * hd;
   return norm_numel(m)                                       // ln_1
          + d * qkv + (m.qkv_bias() ? qkv : 0)                // c_attn (column-parallel: weight and bias split)
-         + (d / t) * d + (m.linear_bias() ? d : 0)           // attn c_proj (row-parallel: bias whole)
+         + q * d + (m.linear_bias() ? d : 0)                 // attn c_proj (row-parallel: bias whole)
+         + (m.qk_norm ? 2 * hd : 0)                          // Qwen3's q / k norms (replicated)
          + norm_numel(m);                                    // ln_2
 }
 
@@ -187,11 +188,11 @@ int64_t cast_copy_bytes(const GPTConfig& m, const Layout& l, int64_t blocks, int
   // afresh inside gelu_linear (optim/precision.h autocast_cached_numel, the trainer's count)
   if (l.recompute == Recompute::Full) return 0;
   const bool gelu_linear = l.recompute == Recompute::Selective && !m.swiglu();
-  const int64_t t = l.tp, d = m.d_model, f = m.mlp_hidden() / t, hd = m.head_dim();
+  const int64_t t = l.tp, d = m.d_model, f = m.mlp_hidden() / t, hd = m.head_dim(), q = m.attn_width() / t;
   const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;
-  const int64_t qkv = d / t + 2 * kv_heads * hd, fc = m.swiglu() ? 2 * f : f;
+  const int64_t qkv = q + 2 * kv_heads * hd, fc = m.swiglu() ? 2 * f : f;
   const bool b = m.linear_bias(), row_bias = b && t == 1;
-  const int64_t attention = (d * qkv + (m.qkv_bias() ? qkv : 0)) + (d / t) * d + (row_bias ? d : 0);
+  const int64_t attention = (d * qkv + (m.qkv_bias() ? qkv : 0)) + q * d + (row_bias ? d : 0);
   const int64_t mlp = (d * fc + (b ? fc : 0)) + (gelu_linear ? 0 : f * d + (row_bias ? d : 0));
   int64_t total = 0;
   for (int64_t i = first_block; i < first_block + blocks; ++i) total += attention + (m.is_moe_layer(i) ? 0 : mlp);
@@ -266,17 +267,20 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
     if (a == 2 && r == 4) out.per_layer += a * matrices * local_experts;
     if (r == 2) out.per_layer += 4.0 * E * d;
   }
-  const double qkv_views = a * (d + 2.0 * kv);
+  // q: the query heads' width, d but for Qwen3's shapes (GPTConfig::head_width; its q / k norms'
+  // own kept tensors are not counted here)
+  const double q = static_cast<double>(m.attn_width());
+  const double qkv_views = a * (q + 2.0 * kv);
   // rotary positions: the rotated q and k are new tensors, kept beside c_attn's output (v still
   // views it); the math path copies q, k, v anyway (measured: the same 3 a d with or without)
-  const double rotated = m.rope() ? a * (d + kv) : 0.0;
+  const double rotated = m.rope() ? a * (q + kv) : 0.0;
   double core = 0.0;
   if (mode == Recompute::Selective) {
     core = qkv_views + rotated;  // the attention checkpoint's inputs only
   } else if (l.attention == Attention::Flash) {
     core = qkv_views + rotated + 4.0 * H;  // q, k, v (+ rotated q, k) + fp32 logsumexp
   } else {
-    core = 3.0 * a * d + a * H * T + (l.dropout ? (mk + a) * H * T : 0.0);
+    core = 3.0 * a * q + a * H * T + (l.dropout ? (mk + a) * H * T : 0.0);
   }
   // the feed-forward: GELU keeps h and gelu(h) (selective recomputes gelu(h)); SwiGLU keeps
   // h = [gate | up], silu(gate) and the product (all of them under selective too: not recomputed);
@@ -284,7 +288,7 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
   const double swiglu_kept = (l.fused_kernels && !l.cpu ? 3.0 : 4.0) * a * F;
   const double mlp_kept = m.swiglu() ? swiglu_kept : a * F + (mode == Recompute::Selective ? 0.0 : a * F);
   // an MoE block has no split MLP (its experts are in `replicated`, kept under selective too)
-  out.split = core + a * d /* attention out */ + (moe ? 0.0 : mlp_kept);
+  out.split = core + a * q /* attention out */ + (moe ? 0.0 : mlp_kept);
   if (l.cp > 1) {
     // Context parallelism: attention's K and V gathered whole over cp, [b, KV_t, T, h] each, on
     // top of the rank's own positions' (c_attn's output, which q views, keeps them); the math

@@ -18,6 +18,7 @@
 #include "data/prefetch.h"
 #include "data/prep.h"
 #include "data/synthetic.h"
+#include "data/target_mask.h"
 #include "distributed/error.h"
 
 namespace kiln {
@@ -186,6 +187,74 @@ TEST_F(DataTest, MalformedFilesNameThePathAndTheReason) {
   }
   expect_data_error([&] { TokenFile(path("nope.bin"), TokenFormat::Auto); },
                     {path("nope.bin") + ": cannot open: No such file or directory"});
+}
+
+// A target mask beside a shard (data/target_mask.h): written and read back byte for byte; the
+// dataset turns the untrained targets into kIgnoreTarget (target j is token j + 1, so the mask's
+// byte of the token after the input) and counts the trained ones; the loader's step_targets is the
+// sum over every dp rank's sequences, the same on each rank. Bad masks name the file and the fault.
+TEST_F(DataTest, TargetMaskBesideAShard) {
+  const int n = 49;  // 6 samples of 8 + 1
+  write_token_shard(path("train_000000.bin"), iota_tokens(n, 0));
+  EXPECT_EQ(mask_path_for(path("train_000000.bin")), path("train_000000.mask"));
+  EXPECT_EQ(mask_path_for("data/raw"), "data/raw.mask");
+  std::vector<uint8_t> mask(n);
+  for (int i = 0; i < n; ++i) mask[static_cast<size_t>(i)] = (i % 5 == 1 || i % 7 == 0) ? 1 : 0;
+  {
+    const TokenFile plain(path("train_000000.bin"), TokenFormat::Auto);
+    EXPECT_FALSE(plain.masked());
+  }
+  write_target_mask(path("train_000000.mask"), mask);
+  auto file = std::make_shared<const TokenFile>(path("train_000000.bin"), TokenFormat::Auto);
+  ASSERT_TRUE(file->masked());
+  for (int i = 0; i < n; ++i) EXPECT_EQ(file->trained_at(i), mask[static_cast<size_t>(i)] == 1) << i;
+  const int64_t T = 8;
+  auto ds = std::make_shared<const TokenDataset>(std::vector<std::shared_ptr<const TokenSource>>{file}, T, 64);
+  ASSERT_TRUE(ds->masked());
+  int64_t all = 0;
+  for (int64_t i = 0; i < ds->num_samples(); ++i) {
+    Tokens x(T), y(T);
+    ds->sample(i, x.data(), y.data());
+    int64_t trained = 0;
+    for (int64_t j = 0; j < T; ++j) {
+      const int64_t token = i * T + j + 1;
+      if (mask[static_cast<size_t>(token)]) {
+        EXPECT_EQ(y[static_cast<size_t>(j)], token);
+        ++trained;
+      } else {
+        EXPECT_EQ(y[static_cast<size_t>(j)], kIgnoreTarget);
+      }
+      EXPECT_EQ(x[static_cast<size_t>(j)], token - 1);  // inputs are never masked
+    }
+    EXPECT_EQ(ds->trained_targets(i), trained);
+    all += trained;
+  }
+  const DataLoader single(ds, 3, true, BatchLayout{1, 2, 1, 0}), rank0(ds, 3, true, BatchLayout{1, 1, 2, 0}),
+      rank1(ds, 3, true, BatchLayout{1, 1, 2, 1});
+  int64_t per_step_sum = 0;
+  for (int64_t step = 0; step < 3; ++step) {  // one epoch: 6 samples, 2 a step
+    const int64_t want = (single.get(step, 0).targets.ge(0).sum() + single.get(step, 1).targets.ge(0).sum()).item<int64_t>();
+    EXPECT_EQ(single.step_targets(step), want);
+    EXPECT_EQ(rank0.step_targets(step), want);
+    EXPECT_EQ(rank1.get(step, 0).step_targets, want);
+    per_step_sum += want;
+  }
+  EXPECT_EQ(per_step_sum, all);
+}
+
+TEST_F(DataTest, BadTargetMasksNameTheFile) {
+  write_token_shard(path("a.bin"), iota_tokens(10, 0));
+  write_target_mask(path("a.mask"), std::vector<uint8_t>(9, 1));
+  expect_data_error([&] { TokenFile f(path("a.bin"), TokenFormat::Auto); }, {"a.mask", "1033 bytes beside a shard of 10 tokens"});
+  Bytes bad = shard_bytes(kMaskMagic, 1, 10, 10);
+  bad[1024 + 4] = 2;
+  write_bytes(path("a.mask"), bad);
+  expect_data_error([&] { TokenFile f(path("a.bin"), TokenFormat::Auto); }, {"a.mask", "byte 2 at token 4"});
+  write_bytes(path("a.mask"), shard_bytes(kShardMagic, 1, 10, 10));
+  expect_data_error([&] { TokenFile f(path("a.bin"), TokenFormat::Auto); }, {"a.mask", "bad magic"});
+  write_bytes(path("a.mask"), shard_bytes(kMaskMagic, 1, 11, 10));
+  expect_data_error([&] { TokenFile f(path("a.bin"), TokenFormat::Auto); }, {"a.mask", "counts 11 tokens"});
+  EXPECT_THROW(write_target_mask(path("b.mask"), {0, 1, 3}), DataError);
 }
 
 TEST(TokenFormatTest, Parse) {

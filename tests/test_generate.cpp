@@ -97,6 +97,46 @@ TEST(KVCache, CachedLogitsEqualTheFullForwardAtEveryPosition) {
   }
 }
 
+// Mistral's sliding window (GPTConfig::sliding_window 5 at T 16, rotary positions): the cached
+// forward keeps only the last 5 positions of each layer, and its logits equal the full forward's
+// (the band mask) at every position, fed one at a time, after a prompt longer than the window, and
+// in chunks; the windowed full forward is not the unwindowed one (the window acts).
+TEST(KVCache, SlidingWindowKeepsTheLastWPositions) {
+  GPTConfig c = small_config(2);
+  c.position = "rope";
+  c.sliding_window = 5;
+  auto m = small_model(c);
+  at::NoGradGuard no_grad;
+  const auto tokens = random_tokens(c.seq_len, c.vocab_size, 4);
+  const auto full = m->logits(tokens);
+  for (const auto& chunks : std::vector<std::vector<int64_t>>{std::vector<int64_t>(16, 1), {9, 1, 1, 1, 1, 1, 1, 1},
+                                                              {3, 4, 4, 5}, {16}}) {
+    kiln::KVCache cache(*m, 1, c.seq_len);
+    EXPECT_EQ(cache.window(), 5);
+    std::vector<at::Tensor> out;
+    int64_t at_pos = 0;
+    for (const int64_t n : chunks) {
+      out.push_back(at::linear(kiln::forward_cached(*m, tokens.narrow(1, at_pos, n), cache), m->wte));
+      at_pos += n;
+      EXPECT_EQ(cache.key_start(), std::max<int64_t>(0, at_pos - 5));
+    }
+    const double d = max_abs_diff(at::cat(out, 1), full);
+    EXPECT_LE(d, kLogitTolerance) << "first chunk " << chunks[0];
+    std::printf("sliding window 5, chunks from %lld: max |cached - full| logit = %.3g\n", static_cast<long long>(chunks[0]), d);
+  }
+  GPTConfig wide = c;
+  wide.sliding_window = 0;
+  GPT unwindowed(wide);
+  unwindowed.init_weights(7);
+  {
+    at::NoGradGuard g;
+    unwindowed.wte.mul_(5.0);
+  }
+  unwindowed.eval();
+  EXPECT_GT(max_abs_diff(unwindowed.logits(tokens).narrow(1, 6, 10), full.narrow(1, 6, 10)), 1e-3);
+  EXPECT_LE(max_abs_diff(unwindowed.logits(tokens).narrow(1, 0, 5), full.narrow(1, 0, 5)), kLogitTolerance);  // inside the window: the same
+}
+
 // The test can fail: a cache whose positions are one off (the first token forgotten) gives logits
 // far outside the tolerance.
 TEST(KVCache, AWrongCacheIsCaught) {

@@ -30,6 +30,7 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "models/gpt.h"
 #include "models/linear_cross_entropy.h"
 
 namespace {
@@ -323,6 +324,56 @@ TEST(GpuKernels, Rope) {
         check(w + " dx", gf, gr, g64, 1e-6);
         EXPECT_TRUE(contiguous) << w << ": q and k turned into contiguous tensors";
       }
+    }
+  }
+}
+
+TEST(GpuKernels, VarlenFlashAttention) {
+  // --document-mask and the sliding window through flash's variable-length kernel
+  // (models/gpt.h: varlen_flash_attention) against the masked SDPA (causal_attention with the
+  // mask's bias, the reference), both held to fp64 math from the same rounded q, k, v: outputs and
+  // the three gradients. Awkward shapes: T 100 and 257, documents cut at random places (a row
+  // starting mid-document), GQA 8 over 2, a window alone and a window with documents.
+  at::manual_seed(6);
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    for (auto [B, H, KV, T, h, window, documents] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>>{
+             {3, 8, 2, 100, 64, 0, true}, {2, 4, 4, 257, 128, 0, true}, {2, 4, 2, 100, 64, 17, false}, {1, 6, 3, 257, 64, 40, true}}) {
+      const std::string what = std::string("varlen flash ") + c10::toString(dtype) + " B" + std::to_string(B) + " T" +
+                               std::to_string(T) + " h" + std::to_string(h) + " W" + std::to_string(window) +
+                               (documents ? " documents" : "");
+      const at::Tensor tokens = at::randint(0, 6, {B, T}, cuda(at::kLong));  // token 0 opens a document: ~1 in 6
+      auto make_mask = [&] {
+        kiln::AttentionMask m;
+        m.order = at::arange(T, cuda(at::kLong));
+        m.batch = B;
+        m.window = window;
+        if (documents) m.ids = kiln::document_ids_of(tokens, 0);
+        return m;
+      };
+      const at::Tensor q0 = at::randn({B, H, T, h}, cuda(at::kFloat)).to(dtype), k0 = at::randn({B, KV, T, h}, cuda(at::kFloat)).to(dtype);
+      const at::Tensor v0 = at::randn({B, KV, T, h}, cuda(at::kFloat)).to(dtype), dy = at::randn({B, H, T, h}, cuda(at::kFloat)).to(dtype);
+      auto run = [&](bool flash, at::ScalarType as) {
+        at::Tensor q = q0.to(as).requires_grad_(true), k = k0.to(as).requires_grad_(true), v = v0.to(as).requires_grad_(true);
+        kiln::AttentionMask m = make_mask();
+        if (flash) EXPECT_TRUE(kiln::varlen_flash_eligible(q, k, v, Kernels::fused)) << what;
+        at::Tensor y = flash ? kiln::varlen_flash_attention(q, k, v, m, 0.0) : kiln::causal_attention(q, k, v, 0.0, m.bias_in(as));
+        y.backward(dy.to(as));
+        return std::make_tuple(y.detach(), q.grad(), k.grad(), v.grad());
+      };
+      const auto [yf, dqf, dkf, dvf] = run(true, dtype);
+      const auto [yr, dqr, dkr, dvr] = run(false, dtype);
+      const auto [y64, dq64, dk64, dv64] = run(false, at::kDouble);
+      // each path rounds its fp32 results once, but sums over up to T keys in another order: a
+      // few ulps and 2e-3 of the scale (the masked SDPA's own error is printed beside)
+      auto near = [&](const std::string& name, const at::Tensor& f, const at::Tensor& r, const at::Tensor& t) {
+        const double wf = worst(f, t, 4.0, 2e-3), wr = worst(r, t, 4.0, 2e-3);
+        std::printf("  %-58s flash %.3f  masked %.3f  (of the bound)\n", (what + " " + name).c_str(), wf, wr);
+        EXPECT_LE(wf, 1.0) << what << " " << name;
+      };
+      near("y", yf, yr, y64);
+      near("dq", dqf, dqr, dq64);
+      near("dk", dkf, dkr, dk64);
+      near("dv", dvf, dvr, dv64);
     }
   }
 }

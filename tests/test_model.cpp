@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
+#include "data/target_mask.h"
 #include "distributed/error.h"
 #include "models/gpt.h"
 #include "models/linear_cross_entropy.h"
@@ -95,7 +97,8 @@ TEST(GPTConfig, PresetParameterCountsMatchModuleAndKnownValues) {
 TEST(GPTConfig, LlamaFamilyPresetsHaveThePublishedParameterCounts) {
   const std::vector<std::pair<std::string, int64_t>> published = {
       {"llama3-1b", 1'235'814'400},   {"llama3-8b", 8'030'261'248}, {"llama3-70b", 70'553'706'496},
-      {"mistral-7b", 7'241'732'096},  {"qwen2-0.5b", 494'032'768}, {"mixtral-8x7b", 46'702'792'704}};
+      {"mistral-7b", 7'241'732'096},  {"qwen2-0.5b", 494'032'768}, {"mixtral-8x7b", 46'702'792'704},
+      {"qwen3-0.6b", 596'049'920}};  // Qwen3-0.6B: transformers' Qwen3ForCausalLM on the meta device counts the same
   for (const auto& [name, count] : published) {
     const auto cfg = GPTConfig::preset(name);
     EXPECT_EQ(cfg.num_params(), count) << name;
@@ -113,6 +116,16 @@ TEST(GPTConfig, LlamaFamilyPresetsHaveThePublishedParameterCounts) {
       continue;
     }
     EXPECT_EQ(params["h.0.mlp.c_fc.weight"].size(0), 2 * cfg.mlp_hidden()) << name;  // gate and up
+    EXPECT_EQ(params.contains("h.0.attn.q_norm.weight"), name == "qwen3-0.6b") << name;
+  }
+  // Qwen3: heads 128 wide on d 1024 and 16 heads -- the attention 2048 wide, twice d.
+  {
+    GPT q3(GPTConfig::preset("qwen3-0.6b"), at::TensorOptions().device(at::kMeta));
+    auto params = q3.named_parameters();
+    EXPECT_EQ(params["h.0.attn.c_attn.weight"].sizes(), (std::vector<int64_t>{2048 + 2 * 8 * 128, 1024}));
+    EXPECT_EQ(params["h.0.attn.c_proj.weight"].sizes(), (std::vector<int64_t>{1024, 2048}));
+    EXPECT_EQ(params["h.0.attn.q_norm.weight"].sizes(), (std::vector<int64_t>{128}));
+    EXPECT_EQ(params["h.0.attn.k_norm.weight"].sizes(), (std::vector<int64_t>{128}));
   }
   // Llama's width rule (Meta's reference code) gives the published widths.
   EXPECT_EQ(kiln::llama_ffn_hidden(4096, 1.3, 1024), 14336);
@@ -375,6 +388,110 @@ TEST(GPT, DocumentMaskKeepsDocumentsApart) {
   EXPECT_LT(da, 1e-5);
   EXPECT_LT(db, 1e-5);
   EXPECT_GT(unmasked, 1e-2);
+}
+
+// --document-positions restart: each position's index within its document (the tail before a
+// row's first opening token counts from the row's start); rotary tables taken per row ([B, T]
+// positions) turn each row exactly as its own [T] positions do (bit for bit); a packed document
+// with restarted positions computes what it computes alone (1e-5 of the logits' scale, as
+// DocumentMaskKeepsDocumentsApart). And the mask at some positions (context parallelism's query
+// chunks against keys in another order) is the whole mask's entries there.
+TEST(GPT, DocumentPositionsRestart) {
+  const at::Tensor idx = at::tensor({3, 7, 5, 6, 7, 2, 7, 4, 1, 1, 9, 7}, at::kLong).reshape({2, 6});
+  const at::Tensor pos = kiln::document_positions_of(idx, 7);
+  EXPECT_TRUE(at::equal(pos, at::tensor({0, 0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 0}, at::kLong).reshape({2, 6}))) << pos;
+
+  const at::Tensor ids = kiln::document_ids_of(idx, 7);
+  const at::Tensor queries = at::tensor({4, 1, 5}, at::kLong), keys = at::tensor({5, 0, 3, 1, 2, 4}, at::kLong);
+  const at::Tensor part = kiln::document_mask_at(ids, queries, keys), whole = kiln::document_mask(ids);
+  EXPECT_TRUE(at::equal(part, whole.index_select(2, queries).index_select(3, keys)));
+
+  auto c = GPTConfig::preset("tiny-llama");
+  c.n_layer = 2;
+  kiln::RotaryEmbedding rope(c);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(31);
+  const int64_t h = c.head_dim();
+  const at::Tensor q = at::randn({2, 4, 6, h}, gen), k = at::randn({2, 2, 6, h}, gen);
+  const auto [q2, k2] = rope.apply(q, k, pos);
+  for (int64_t b = 0; b < 2; ++b) {
+    const auto [qb, kb] = rope.apply(q.narrow(0, b, 1), k.narrow(0, b, 1), pos[b]);
+    EXPECT_TRUE(at::equal(q2.narrow(0, b, 1), qb) && at::equal(k2.narrow(0, b, 1), kb)) << b;
+  }
+
+  const int64_t eot = 7;
+  GPT model(c);
+  model.init_weights(13);
+  model.eval();
+  auto doc = [&](int64_t n) {
+    return at::cat({at::full({1}, eot, at::kLong), at::randint(8, c.vocab_size, {n}, gen, at::kLong)});
+  };
+  const at::Tensor tail = at::randint(8, c.vocab_size, {5}, gen, at::kLong), a = doc(20);
+  model.document_token = eot;
+  model.restart_positions = true;
+  const at::Tensor lp = model.logits(at::cat({tail, a}).unsqueeze(0)), la = model.logits(a.unsqueeze(0));
+  const double da = (lp.narrow(1, 5, 21) - la).abs().max().item<double>() / la.abs().max().item<double>();
+  std::printf("restarted positions: A %.2e of the logits' scale apart from alone\n", da);
+  EXPECT_LT(da, 1e-5);
+}
+
+// Masked targets (data with a target mask, kiln prep --chat): loss() with loss_targets_per_term
+// set returns the sum of the trained targets' cross-entropy over it. The reference is the plain
+// way's logits with PyTorch's ignore_index: sum over the trained targets / their count, the loss
+// transformers computes with labels -100 on the prompt. Two micro-batches as two terms of one step
+// (per term = the step's count / 2): their mean is the step's masked mean, not the mean of the
+// two micro-batches' means (they differ here: the rows are uneven); the gradients of that mean
+// are the reference's. The chunked loss (3-row chunks: a selection that straddles chunks) and the
+// plain way both. A micro-batch with no trained target gives 0 and a zero gradient for every
+// parameter -- defined, as DDP's hooks need. fp32: the same products in another order, 1e-5.
+TEST(GPT, MaskedTargetsTakeTheStepsMeanOverTrainedTargets) {
+  auto c = GPTConfig::preset("tiny-llama");
+  c.n_layer = 2;
+  for (const int64_t chunk_rows : {int64_t{3}, int64_t{-1}}) {
+    GPT model(c);
+    model.init_weights(5);
+    model.loss_chunk_rows = chunk_rows;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+    const at::Tensor idx = at::randint(0, c.vocab_size, {2, 2, 16}, gen, at::kLong);
+    at::Tensor targets = at::randint(0, c.vocab_size, {2, 2, 16}, gen, at::kLong);
+    at::Tensor keep = at::rand({2, 2, 16}, gen).lt(0.4);
+    keep[1].fill_(false);  // micro-batch 1: two trained targets
+    keep[1][0][3].fill_(true);
+    keep[1][1][9].fill_(true);
+    targets = targets.masked_fill(keep.logical_not(), kiln::kIgnoreTarget);
+    const int64_t trained = keep.sum().item<int64_t>();
+
+    model.zero_grad(true);
+    model.loss_targets_per_term = static_cast<double>(trained) / 2.0;
+    at::Tensor mean = (model.loss(idx[0], targets[0]) + model.loss(idx[1], targets[1])) / 2.0;
+    mean.backward();
+    std::map<std::string, at::Tensor> grads;
+    for (const auto& p : model.named_parameters()) grads[p.key()] = p.value().grad().clone();
+
+    model.zero_grad(true);
+    model.loss_targets_per_term = 0.0;
+    const at::Tensor logits = model.logits(idx.reshape({4, 16})).narrow(-1, 0, c.vocab_size).reshape({-1, c.vocab_size});
+    const at::Tensor ref = at::cross_entropy_loss(logits, targets.reshape({-1}), {}, at::Reduction::Mean, kiln::kIgnoreTarget);
+    ref.backward();
+    const at::Tensor per_micro = (at::cross_entropy_loss(logits.narrow(0, 0, 32), targets[0].reshape({-1}), {}, at::Reduction::Mean, kiln::kIgnoreTarget) +
+                                  at::cross_entropy_loss(logits.narrow(0, 32, 32), targets[1].reshape({-1}), {}, at::Reduction::Mean, kiln::kIgnoreTarget)) / 2.0;
+    EXPECT_NEAR(mean.item<double>(), ref.item<double>(), 1e-5 * ref.item<double>()) << chunk_rows;
+    EXPECT_GT(std::abs(per_micro.item<double>() - ref.item<double>()), 1e-3);  // the mean of means is another number
+    for (const auto& p : model.named_parameters()) {
+      const at::Tensor& g = grads[p.key()];
+      const double scale = p.value().grad().abs().max().item<double>();
+      EXPECT_LE((g - p.value().grad()).abs().max().item<double>(), 1e-5 * std::max(scale, 1e-12)) << p.key() << " " << chunk_rows;
+    }
+
+    model.zero_grad(true);
+    model.loss_targets_per_term = 3.0;
+    const at::Tensor none = model.loss(idx[0], at::full({2, 16}, kiln::kIgnoreTarget, at::kLong));
+    none.backward();
+    EXPECT_EQ(none.item<double>(), 0.0);
+    for (const auto& p : model.named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_EQ(p.value().grad().abs().max().item<double>(), 0.0) << p.key();
+    }
+  }
 }
 
 TEST(GPT, InitialisationIsDeterministicAndFollowsGPT2) {

@@ -2216,10 +2216,18 @@ TEST(PlanLlama, UnitsAreTheFamilysShapes) {
   EXPECT_EQ(block_numel(qwen, 1, 0), kLlamaBlock + 256);
   EXPECT_EQ(block_numel(qwen, 2, 0), rank_units(m, 2, 1, 0)[1] + 128);
   // the presets' published counts, from the units
-  for (const char* name : {"llama3-1b", "llama3-8b", "llama3-70b", "mistral-7b", "qwen2-0.5b", "mixtral-8x7b", "tiny-mixtral"}) {
+  for (const char* name : {"llama3-1b", "llama3-8b", "llama3-70b", "mistral-7b", "qwen2-0.5b", "mixtral-8x7b", "tiny-mixtral",
+                           "qwen3-0.6b", "tiny-qwen3"}) {
     const GPTConfig p = GPTConfig::preset(name);
     EXPECT_EQ(sum_units(rank_units(p, 1, 1, 0)), p.num_params()) << name;
   }
+  // Qwen3's attention (head_dim apart from d / H, q / k norms replicated): tp 2's units hold half
+  // the split matrices and the whole norms; the ranks' blocks sum to the whole less the
+  // replicated parts counted twice
+  const GPTConfig q3 = GPTConfig::preset("tiny-qwen3");
+  const int64_t whole = block_numel(q3, 1, 0), half = block_numel(q3, 2, 0);
+  const int64_t replicated = 2 * q3.d_model /* ln_1, ln_2 */ + 2 * q3.head_dim() /* q_norm, k_norm */;
+  EXPECT_EQ(2 * half - replicated, whole);
   EXPECT_EQ(sum_units(rank_units(GPTConfig::preset("llama3-8b"), 1, 1, 0)), 8030261248);
 }
 

@@ -16,6 +16,10 @@
 #       file a line `progress FILES_DONE FILES IDS` on stderr (kiln prep shows it every 5 s). Writes the ids of all documents
 #       to stdout as little-endian uint32, and the tokenizer (as tokenizer.json; built from the
 #       vocabulary and merges when those are given) to OUT.json.
+#       With --chat (tools/chat_data.py): every FILE is chat JSONL (JSONL_FIELD: the messages), each
+#       conversation rendered by the tokenizer's chat template (--chat-template FILE, else the one
+#       beside --tokenizer) is a document, and MASK (--mask-out) gets one byte per id, 1 where the
+#       id is trained on (the assistant's turns); --template-out OUT.jinja: the template used.
 #   bpe_tokenizer.py encode --tokenizer tokenizer.json --text TEXT
 #       Prints the ids of TEXT (no end-of-text added) as one JSON list.
 #
@@ -30,6 +34,8 @@ import argparse
 import array
 import json
 import sys
+
+import chat_data
 
 EOT = "<|endoftext|>"
 
@@ -101,6 +107,19 @@ def documents(path, contents, args):
     return [d for d in contents.split(args.separator) if d]
 
 
+def chats(path, contents, args):
+    """The conversations of one chat JSONL file: (where, messages) per non-blank line."""
+    for n, line in enumerate(contents.split("\n"), 1):
+        if not line.strip(" \t\r"):
+            continue
+        where = f"{path}, line {n}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            die(f"prep: {where}: not JSON (a chat file holds one JSON object per line)")
+        yield where, chat_data.check_messages(rec, args.jsonl_field, where, die)
+
+
 def prep(args):
     if not args.tokenizer and not (args.vocab and args.merges):
         die("kiln prep: give --tokenizer tokenizer.json, or --vocab vocab.json with --merges merges.txt")
@@ -109,6 +128,18 @@ def prep(args):
         out = open(args.ids_out, "wb") if args.ids_out else sys.stdout.buffer
     except OSError as e:
         die(f"prep: --ids-out {args.ids_out}: cannot write: {e.strerror}")
+    hf = template = mask_out = None
+    if args.chat:
+        if not args.tokenizer or not args.mask_out:
+            die("kiln prep --chat: give --tokenizer tokenizer.json (its chat template beside it) and --mask-out")
+        hf, template = chat_data.chat_tokenizer(tok, args.tokenizer, args.chat_template, die)
+        try:
+            mask_out = open(args.mask_out, "wb")
+        except OSError as e:
+            die(f"prep: --mask-out {args.mask_out}: cannot write: {e.strerror}")
+        if args.template_out:
+            with open(args.template_out, "w", encoding="utf-8") as f:
+                f.write(template)
     written = 0
     for k, path in enumerate(args.files):
         try:
@@ -118,7 +149,16 @@ def prep(args):
             die(f"prep: {path}: cannot read: {e.strerror}")
         except UnicodeDecodeError as e:
             die(f"prep: {path}: not UTF-8 text (byte {e.start}); a BPE tokenizer reads text (the byte-level default reads any bytes)")
-        for doc in documents(path, text, args):
+        if args.chat:
+            for where, messages in chats(path, text, args):
+                doc, trained = chat_data.conversation(hf, tok, template, messages, eot, where, die)
+                ids = array.array("I", doc)
+                if sys.byteorder != "little":
+                    ids.byteswap()
+                out.write(ids.tobytes())
+                mask_out.write(bytes(trained))
+                written += len(ids)
+        for doc in [] if args.chat else documents(path, text, args):
             ids = array.array("I", [eot])
             ids.extend(tok.encode(doc, add_special_tokens=False).ids)
             if sys.byteorder != "little":
@@ -129,6 +169,8 @@ def prep(args):
     out.flush()
     if args.ids_out:
         out.close()
+    if mask_out:
+        mask_out.close()
     tok.save(args.save)
 
 
@@ -151,6 +193,10 @@ def main():
     parser.add_argument("--input-format", default="auto", choices=["auto", "text", "jsonl"])
     parser.add_argument("--jsonl-field", default="text")
     parser.add_argument("--separator", default="")
+    parser.add_argument("--chat", action="store_true")
+    parser.add_argument("--chat-template")
+    parser.add_argument("--mask-out")
+    parser.add_argument("--template-out")
     parser.add_argument("files", nargs="*")
     args = parser.parse_intermixed_args()
     if args.command == "prep":

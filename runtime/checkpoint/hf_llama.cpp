@@ -26,6 +26,7 @@ const std::map<std::string, std::string>& architectures() {
   static const std::map<std::string, std::string> a = {{"llama", "LlamaForCausalLM"},
                                                        {"mistral", "MistralForCausalLM"},
                                                        {"qwen2", "Qwen2ForCausalLM"},
+                                                       {"qwen3", "Qwen3ForCausalLM"},
                                                        {"mixtral", "MixtralForCausalLM"}};
   return a;
 }
@@ -78,14 +79,14 @@ void read_rope(const json& c, GPTConfig& g, const std::string& where) {
 bool is_hf_llama_family(const json& config) {
   if (!config.is_object() || !config.contains("model_type")) return false;
   const json& t = config.at("model_type");
-  return t == "llama" || t == "mistral" || t == "qwen2" || t == "mixtral";
+  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "mixtral";
 }
 
 GPTConfig hf_llama_config(const json& c, const std::string& where, double* dropout) {
   const std::string type = c.value("model_type", std::string());
   const auto arch = architectures().find(type);
   if (arch == architectures().end()) {
-    throw ConfigError(where + ": config.json's 'model_type' is \"" + type + "\", not llama, mistral, qwen2 or mixtral");
+    throw ConfigError(where + ": config.json's 'model_type' is \"" + type + "\", not llama, mistral, qwen2, qwen3 or mixtral");
   }
   if (c.contains("architectures") && c.at("architectures").is_array()) {
     for (const auto& a : c.at("architectures")) {
@@ -114,12 +115,19 @@ GPTConfig hf_llama_config(const json& c, const std::string& where, double* dropo
   if (act != "silu") {
     throw ConfigError(where + ": config.json's 'hidden_act' is \"" + act + "\"; kiln's SwiGLU uses silu");
   }
-  if (c.contains("head_dim") && !c.at("head_dim").is_null() && c.at("head_dim") != json(g.d_model / g.n_head)) {
-    throw ConfigError(where + ": config.json's 'head_dim' is " + c.at("head_dim").dump() + "; kiln's heads are hidden_size / " +
-                      "num_attention_heads = " + std::to_string(g.d_model / g.n_head) + " wide");
+  // head_dim: the heads' width where it is not hidden_size / num_attention_heads (Qwen3's: 128 at
+  // hidden_size 1024 and 16 heads); then kept as given (GPTConfig::head_width).
+  if (c.contains("head_dim") && !c.at("head_dim").is_null()) {
+    const int64_t h = positive(c, "head_dim", where);
+    if (g.d_model % g.n_head != 0 || h != g.d_model / g.n_head) g.head_width = h;
   }
+  if (type == "qwen3") g.qk_norm = true;  // Qwen3's q_norm and k_norm
   if (type == "qwen2") {
     g.bias = "qkv";
+  } else if (type == "qwen3" && flag(c, "attention_bias", false, where)) {
+    throw ConfigError(where + ": config.json's 'attention_bias' is true; kiln's Qwen3 blocks have no biases (Qwen3's own are false)");
+  } else if (type == "qwen3") {
+    g.bias = "none";
   } else {
     const bool attn = flag(c, "attention_bias", false, where), mlp = flag(c, "mlp_bias", false, where);
     if (attn != mlp) {
@@ -128,11 +136,14 @@ GPTConfig hf_llama_config(const json& c, const std::string& where, double* dropo
     }
     g.bias = attn ? "all" : "none";
   }
-  // Sliding-window attention acts only past the window; checked against the final context by
-  // check_sliding_window (the caller's --seq-len may make it inert).
+  // Sliding-window attention: Mistral's and Mixtral's sliding_window (it acts once the context
+  // exceeds it). Qwen2's and Qwen3's use_sliding_window applies it to the layers past
+  // max_window_layers only: not built.
   if (flag(c, "use_sliding_window", false, where)) {
-    throw ConfigError(where + ": config.json's 'use_sliding_window' is true: sliding-window attention is not built");
+    throw ConfigError(where + ": config.json's 'use_sliding_window' is true: Qwen's per-layer sliding window (max_window_layers) is not built");
   }
+  if ((type == "mistral" || type == "mixtral") && c.contains("sliding_window") && !c.at("sliding_window").is_null())
+    g.sliding_window = positive(c, "sliding_window", where);
   if (type == "mixtral") {  // a dropless top-k MoE of SwiGLU experts in every block
     g.n_experts = positive(c, "num_local_experts", where);
     g.top_k = positive(c, "num_experts_per_tok", where);
@@ -161,6 +172,10 @@ std::map<std::string, std::vector<std::string>> hf_llama_sources(const GPTConfig
     s[k + "ln_2.weight"] = {p + "post_attention_layernorm.weight"};
     s[k + "attn.c_attn.weight"] = {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"};
     s[k + "attn.c_proj.weight"] = {p + "self_attn.o_proj.weight"};
+    if (cfg.qk_norm) {
+      s[k + "attn.q_norm.weight"] = {p + "self_attn.q_norm.weight"};
+      s[k + "attn.k_norm.weight"] = {p + "self_attn.k_norm.weight"};
+    }
     if (cfg.is_moe_layer(i)) {
       // Mixtral's files (save_pretrained writes the experts one by one): the experts' [gate; up]
       // and down stacked along the kiln tensor's rows (fc_w [E, 2F, d] as [E 2F, d]).
@@ -249,7 +264,7 @@ namespace {
 // The shape each source must have, from the kiln parameter's whole shape: the rows it contributes.
 std::vector<std::vector<int64_t>> source_shapes(const GPTConfig& cfg, const std::string& kiln_name,
                                                 const std::vector<std::string>& sources) {
-  const int64_t d = cfg.d_model, kv = cfg.n_kv_head * cfg.head_dim(), F = cfg.mlp_hidden(), V = cfg.vocab_size;
+  const int64_t d = cfg.d_model, a = cfg.attn_width(), kv = cfg.n_kv_head * cfg.head_dim(), F = cfg.mlp_hidden(), V = cfg.vocab_size;
   const bool is_bias = kiln_name.size() > 5 && kiln_name.compare(kiln_name.size() - 5, 5, ".bias") == 0;
   auto rows = [&](std::vector<int64_t> r) {
     std::vector<std::vector<int64_t>> out;
@@ -260,10 +275,12 @@ std::vector<std::vector<int64_t>> source_shapes(const GPTConfig& cfg, const std:
   if (kiln_name.find("moe.router") != std::string::npos) return {{cfg.n_experts, d}};
   if (kiln_name.find("moe.fc_w") != std::string::npos) return std::vector<std::vector<int64_t>>(sources.size(), {F, d});
   if (kiln_name.find("moe.proj_w") != std::string::npos) return std::vector<std::vector<int64_t>>(sources.size(), {d, F});
-  if (kiln_name.find("attn.c_attn") != std::string::npos) return rows({d, kv, kv});
+  if (kiln_name.find("attn.c_attn") != std::string::npos) return rows({a, kv, kv});
+  if (kiln_name.find("attn.q_norm") != std::string::npos || kiln_name.find("attn.k_norm") != std::string::npos)
+    return {{cfg.head_dim()}};
   if (kiln_name.find("mlp.c_fc") != std::string::npos) return rows({F, F});
   if (kiln_name.find("mlp.c_proj.weight") != std::string::npos) return {{d, F}};
-  if (kiln_name.find("attn.c_proj.weight") != std::string::npos) return {{d, d}};
+  if (kiln_name.find("attn.c_proj.weight") != std::string::npos) return {{d, a}};
   return std::vector<std::vector<int64_t>>(sources.size(), std::vector<int64_t>{d});  // norms, c_proj biases
 }
 }  // namespace
@@ -352,7 +369,7 @@ json hf_llama_generation_config(const GPTConfig& cfg, int64_t eot, const std::ve
 }
 
 json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<int64_t>& ends, const std::string& prefix) {
-  const bool qwen2 = cfg.bias == "qkv";
+  const bool qwen2 = cfg.bias == "qkv", qwen3 = cfg.qk_norm;
   json rope{{"rope_type", cfg.rope_factor != 0.0 ? "llama3" : "default"}, {"rope_theta", cfg.rope_theta}};
   json scaling = nullptr;
   if (cfg.rope_factor != 0.0) {
@@ -365,8 +382,10 @@ json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<i
     rope["rope_theta"] = cfg.rope_theta;
   }
   const bool mixtral = cfg.is_moe();
-  json c{{"architectures", {mixtral ? "MixtralForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-         {"model_type", mixtral ? "mixtral" : qwen2 ? "qwen2" : "llama"},
+  const bool mistral = !mixtral && !qwen2 && !qwen3 && cfg.sliding_window > 0;  // Llama's block with Mistral's window
+  json c{{"architectures", {mixtral ? "MixtralForCausalLM" : qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM"
+                            : mistral ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", mixtral ? "mixtral" : qwen3 ? "qwen3" : qwen2 ? "qwen2" : mistral ? "mistral" : "llama"},
          {"hidden_size", cfg.d_model},
          {"intermediate_size", cfg.mlp_hidden()},
          {"num_hidden_layers", cfg.n_layer},
@@ -394,6 +413,12 @@ json hf_llama_config_json(const GPTConfig& cfg, int64_t eot, const std::vector<i
     c["num_experts_per_tok"] = cfg.top_k;
     c["router_aux_loss_coef"] = cfg.moe_aux_loss_coef;
     c["router_jitter_noise"] = 0.0;
+    c["sliding_window"] = cfg.sliding_window > 0 ? json(cfg.sliding_window) : json(nullptr);
+  } else if (mistral) {
+    c["sliding_window"] = cfg.sliding_window;
+  } else if (qwen3) {
+    c["attention_bias"] = false;
+    c["use_sliding_window"] = false;
     c["sliding_window"] = nullptr;
   } else if (qwen2) {
     c["use_sliding_window"] = false;

@@ -1,11 +1,13 @@
 // runtime/checkpoint/hf_llama.h -- Hugging Face Llama-family directories (LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM) as kiln models: their config.json as a GPTConfig, and
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM) as kiln models: their config.json as a GPTConfig, and
 // their weights, one kiln parameter at a time (`kiln train --init-from DIR`, `kiln eval
 // --checkpoint DIR`; docs/models.md); and kiln's own checkpoints of the family written in the
 // same layout (runtime/checkpoint/checkpoint.cpp), so that from_pretrained loads them.
 //
 // config.json (transformers 4.x or 5.x keys) -> GPTConfig:
-//   model_type llama | mistral | qwen2 | mixtral; architectures, if given, the matching *ForCausalLM
+//   model_type llama | mistral | qwen2 | qwen3 | mixtral; architectures, if given, the matching *ForCausalLM
+//   qwen3: head_dim kept as given (GPTConfig::head_width, where it is not hidden_size / heads),
+//          q_norm / k_norm per block (qk_norm), no biases (attention_bias true is refused)
 //   mixtral: num_local_experts, num_experts_per_tok, router_aux_loss_coef -> a dropless MoE of
 //            SwiGLU experts in every block (router_jitter_noise must be 0)
 //   num_hidden_layers, num_attention_heads, num_key_value_heads (default: the heads),
@@ -20,12 +22,12 @@
 //   tie_word_embeddings (default false)           -> tie_embeddings
 //   the bias pattern: llama attention_bias / mlp_bias false -> none; both true -> all;
 //                     qwen2 -> qkv (its q, k, v projections carry biases)
-//   hidden_act "silu"; head_dim, if given, hidden_size / num_attention_heads
+//   hidden_act "silu"; head_dim, if given: the heads' width (Qwen3's differs from hidden_size / heads)
 //   attention_dropout                             -> dropout (unless --dropout)
+//   mistral, mixtral: sliding_window (null: none)    -> sliding_window (it acts where the context exceeds it)
 // Refused with one line naming the key and its value: another model_type, a rope type kiln does not implement (linear, dynamic, yarn, longrope...), another hidden_act,
-// a bias pattern kiln has not built (attention biases without MLP ones), sliding-window attention
-// that would act (use_sliding_window true, or a sliding_window shorter than the context trained
-// at: a shorter --seq-len makes it inert, and is then accepted).
+// a bias pattern kiln has not built (attention biases without MLP ones), Qwen's per-layer
+// sliding window (use_sliding_window true).
 //
 // Weights: model.safetensors, or the shards model.safetensors.index.json's weight_map lists (what
 // save_pretrained writes above its shard size). Each kiln parameter is made of the tensors
@@ -51,7 +53,7 @@ namespace kiln {
 
 class NonFiniteTensors;  // runtime/checkpoint/finite_check.h
 
-// Whether config.json's model_type is one of the family's (llama, mistral, qwen2) -- or mixtral,
+// Whether config.json's model_type is one of the family's (llama, mistral, qwen2, qwen3) -- or mixtral,
 // which hf_llama_config refuses with its own line.
 bool is_hf_llama_family(const nlohmann::json& config);
 

@@ -304,14 +304,8 @@ void apply_init_from(const std::map<std::string, json>& given, TrainConfig& conf
     }
     file.seq_len = now.seq_len;  // the first seq_len rows of wpe (rope: the rotary table's)
   }
-  // Sliding-window attention (Mistral's) acts only past its window: inert when the context trained
-  // at fits in it, refused otherwise (not built).
-  if (llama && hf.contains("sliding_window") && hf.at("sliding_window").is_number() &&
-      hf.at("sliding_window").get<double>() < static_cast<double>(file.seq_len)) {
-    throw ConfigError(where + ": config.json's 'sliding_window' is " + hf.at("sliding_window").dump() +
-                      ", shorter than the context " + std::to_string(file.seq_len) +
-                      ": sliding-window attention is not built (give --seq-len " + hf.at("sliding_window").dump() + " or less)");
-  }
+  // Sliding-window attention (Mistral's): config.json's window, acting wherever the context
+  // trained at exceeds it (GPTConfig::windowed).
   if (given.count("dropout")) {
     file.dropout = now.dropout;
   } else {

@@ -20,12 +20,16 @@
 // needs no mask (the newest position sees all of them); otherwise M is an explicit boolean mask
 // (SDPA's is_causal aligns the triangle to the top-left, which is wrong once P > 0). Positions are
 // learned (wpe), so P + n <= seq_len: a generator that outgrows the context starts the cache anew
-// on a shorter window (runtime/inference/generate.h). Under tensor parallelism the cache holds this rank's
+// on a shorter window (runtime/inference/generate.h). A sliding window W shorter than the context
+// (Mistral's, GPTConfig::sliding_window): a query at P + i sees the keys at j > P + i - W, and the
+// cache keeps only the last W positions of each layer (memory W, not the context): write() returns
+// the kept ones and the new, from key_start(), and keeps their last W. Under tensor parallelism the cache holds this rank's
 // heads and the model's LayerOps communicate, as in training. Inference only: no dropout, call it
 // under at::NoGradGuard; the training hooks (block_runner, AttentionImpl::core, gelu_proj) are not
-// used. Memory: 2 x n_layer x B x KV x capacity x h elements of the model's dtype.
+// used. Memory: 2 x n_layer x B x KV x capacity (or W) x h elements of the model's dtype.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -51,12 +55,17 @@ class KVCache {
   // For forward_cached: writes layer `layer`'s keys and values of the n new positions
   // (k, v [B, KV, n, h]) at [length, length + n) and returns the layer's keys and values of
   // positions [0, length + n). advance(n) moves length on once every layer has written.
+  // Under a sliding window: the kept positions and the new ones, from position key_start().
   std::pair<at::Tensor, at::Tensor> write(size_t layer, const at::Tensor& k, const at::Tensor& v);
   void advance(int64_t n);
+  int64_t window() const { return window_; }  // 0: the whole context is kept
+  // The position of the first key write() returns: 0, or under a window the oldest kept.
+  int64_t key_start() const { return window_ > 0 ? length_ - std::min(length_, window_) : 0; }
 
  private:
-  std::vector<at::Tensor> k_, v_;  // per layer [B, KV, capacity, h]
+  std::vector<at::Tensor> k_, v_;  // per layer [B, KV, capacity, h]; under a window [B, KV, <= W, h]
   int64_t batch_, capacity_, length_ = 0;
+  int64_t window_ = 0;
 };
 
 // The residual stream after ln_f of the new positions: idx [B, n] int64, the tokens at positions

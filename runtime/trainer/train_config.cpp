@@ -117,10 +117,9 @@ void TrainConfig::validate_comm_and_precision() const {
   one_of("kernels", kernels, {"fused", "reference"});
   one_of("main-grads", main_grads, {"auto", "always"});
   one_of("logits-dtype", logits_dtype, {"fp32", "bf16"});
-  if (document_mask && (cp > 1 || pp > 1)) {
-    throw ConfigError(std::string("--document-mask under ") + (cp > 1 ? "--cp" : "--pp") +
-                      " is not built yet (one process, dp, tp and sp are: docs/data.md)");
-  }
+  one_of("document-positions", document_positions, {"continue", "restart"});
+  if (document_positions == "restart" && !document_mask)
+    throw ConfigError("--document-positions restart counts positions within documents: give --document-mask too");
   if (logits_dtype == "bf16" && precision != "bf16") {
     throw ConfigError("--logits-dtype bf16 rounds the products of bf16 operands: give --precision bf16 (got --precision " + precision + ")");
   }
@@ -324,6 +323,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["gelu_epilogue"] = gelu_epilogue;
   j["main_grads"] = main_grads;
   j["logits_dtype"] = logits_dtype;
+  j["document_positions"] = document_positions;
   j["document_mask"] = document_mask;
   j["cuda_graph"] = cuda_graph;
   j["save_dir"] = save_dir;
@@ -418,7 +418,7 @@ std::vector<ConfigChange> config_changes(const nlohmann::json& saved_run, const 
                                                "dropout",     "lr",          "min_lr",           "warmup",
                                                "lr_schedule", "warmup_type", "warmup_start_lr", "lr_decay_steps",
                                                "weight_decay", "grad_clip",  "beta1",            "beta2",
-                                               "adam_eps",    "precision",   "param_dtype", "reduce_dtype", "logits_dtype", "document_mask", "loss_scale",       "loss_scale_window",
+                                               "adam_eps",    "precision",   "param_dtype", "reduce_dtype", "logits_dtype", "document_mask", "document_positions", "loss_scale",       "loss_scale_window",
                                                "initial_scale_power", "hysteresis", "min_loss_scale", "offload_delayed_update", "offload_delay_from",
                                                // MoE: the routing and the losses (the shapes are checked with the tensors)
                                                "top_k", "moe_capacity_factor", "moe_aux_loss_coef", "moe_z_loss_coef"};

@@ -88,6 +88,7 @@ struct TrainConfig {
   int64_t max_skipped_steps = 10;             // bf16/fp32 with skip: this many skipped steps in a row end the run
   int64_t loss_chunk_rows = 0;  // output layer + loss in chunks of rows: 0 = by size, -1 = whole logits (plain)
   bool document_mask = false;  // attention within documents only (each opened by the tokenizer's eot: models/gpt.h)
+  std::string document_positions = "continue";  // continue | restart: rotary positions from 0 at every document (with document_mask)
   std::string logits_dtype = "fp32";  // the chunked loss's logits: fp32 | bf16 (bf16 compute; models/linear_cross_entropy.h)
   bool deterministic = false;   // deterministic kernels: GPU replay bit-identical (distributed/device.h)
   std::string kernels = "fused";  // fused | reference: kiln's CUDA kernels or the composite ops (kernels/kernel_choice.h)

@@ -279,6 +279,8 @@ void Trainer::build_model() {
     r.model->init_weights(cfg_.seed, slicer);
     // Sequence parallelism: the replicated parameters see their rank's rows; their gradients are summed over tp.
     if (cfg_.sp) sum_replicated_gradients_over_tp(*r.model, r.mesh->tp());
+    // Qwen3's q / k norms: each tp rank norms its own heads, so each holds a part of their gradient.
+    else if (r.shape.tp > 1 && r.model->config().qk_norm) sum_replicated_gradients_over_tp(*r.model, r.mesh->tp(), /*head_norms_only=*/true);
   }
   if (cfg_.zero == 0) module_to_device(*r.model, device);
   r.model->loss_chunk_rows = cfg_.loss_chunk_rows;
@@ -286,6 +288,9 @@ void Trainer::build_model() {
   if (cfg_.document_mask) {
     if (!r.tokenizer) throw ConfigError("--document-mask needs the data's tokenizer (its end-of-text token opens every document): " + r.tokenizer_source);
     r.model->document_token = r.tokenizer->eot();
+    r.model->restart_positions = cfg_.document_positions == "restart";
+    if (r.model->restart_positions && !r.model->config().rope())  // the model's shape may come from --init-from: known here
+      throw ConfigError("--document-positions restart turns rotary positions (--position rope, the Llama family's); this model's are learned");
   }
   r.model->set_kernels(kernels_on(parse_kernels(cfg_.kernels), device.is_cuda()), cfg_.gelu_epilogue);
   r.model->train();
@@ -557,6 +562,14 @@ double Trainer::evaluate(int64_t step) {
     r.model->eval();
     if (r.zero) r.zero->begin_forward_only();
     auto total = at::zeros({}, at::TensorOptions().device(device));
+    // Masked targets: the evaluation's trained targets over its loss terms (batches x cp), as in
+    // training (models/gpt.h); every rank evaluates the same batches.
+    r.model->loss_targets_per_term = 0.0;
+    if (r.val_loader->masked()) {
+      int64_t trained = 0;
+      for (int64_t b = 0; b < r.eval_batches; ++b) trained += r.val_loader->step_targets(b);
+      r.model->loss_targets_per_term = static_cast<double>(std::max<int64_t>(1, trained)) / static_cast<double>(r.eval_batches * r.shape.cp);
+    }
     if (r.pipe) {  // forward through the stages; the last one's sum reaches every stage
       total = r.pipe->evaluate(static_cast<int>(r.eval_batches), [&](int b) { return r.val_loader->get(b, 0); });
       r.mesh->pp()->all_reduce(total, ReduceOp::Sum)->wait();
@@ -572,6 +585,7 @@ double Trainer::evaluate(int64_t step) {
       total = total[0];
     }
     if (r.zero) r.zero->end_forward_only();
+    r.model->loss_targets_per_term = 0.0;  // the next step sets its own
     r.model->train();
     mean = total.item<double>() / static_cast<double>(r.eval_batches);
   }

@@ -40,6 +40,9 @@ namespace kiln {
 void Trainer::build_graphs() {
   Run& r = *run_;
   if (!cfg_.cuda_graph) return;
+  // Masked targets pick the loss's rows on the host (models/gpt.h, head_loss): not capturable.
+  if (r.loader && r.loader->masked())
+    throw ConfigError("--cuda-graph does not take data with a target mask (kiln prep --chat): the loss picks its rows on the host");
   if (!r.dev.device.is_cuda()) throw ConfigError("--cuda-graph needs a CUDA device (this run computes on " + r.dev.device.str() + ")");
   if (proc_.world_size > 1 || r.ddp || r.zero || r.pipe) {
     throw ConfigError("--cuda-graph runs one process without a data-parallel reduction (this run has " +

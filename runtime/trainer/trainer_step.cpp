@@ -125,6 +125,12 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor, cons
   auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
   // Made one step ahead (pinned on a GPU, so the non-blocking copies below overlap compute).
   const std::vector<Batch> batches = device_batches ? *device_batches : r.prefetch->take(step);
+  // Masked targets: the loss's denominator (models/gpt.h), the step's trained targets over its
+  // loss terms -- micro-batches x dp x cp, the ones the gradients and the verdict average.
+  if (r.loader->masked()) {
+    const double terms = static_cast<double>(cfg_.grad_accum * r.shape.dp * r.shape.cp);
+    r.model->loss_targets_per_term = static_cast<double>(std::max<int64_t>(1, batches.front().step_targets)) / terms;
+  }
   const double slow_ms = r.test_slow_factor > 0 ? r.test_slow_factor * r.test_own_compute_ms : r.test_slow_ms;  // test-only
   if (slow_ms > 0) slow_down_for_test(device, slow_ms);
   // MoE: the router losses' gradients take the LM loss's factor (models/moe.h).

@@ -5,15 +5,18 @@
 
 DIR is what tests/hf/llama_fixture.cpp wrote: kiln.safetensors (kiln's parameter names and
 layout), kiln_config.json, tokens.json (with kiln's loss) and logits.safetensors (kiln's logits).
-The model is built with transformers (LlamaForCausalLM, or Qwen2ForCausalLM for "qwen2"), fp32,
+The model is built with transformers (LlamaForCausalLM, Qwen2ForCausalLM for "qwen2", Qwen3ForCausalLM
+for "qwen3"), fp32,
 eager attention; every parameter is set from kiln's tensors through the mapping below, and the
 load must use every key (none missing, none unexpected). Then its logits and loss on the same
 inputs: one JSON line {"loss", "kiln_loss", "loss_rel", "logits_max_rel", ...}.
 
-The mapping (kiln -> transformers), d model width, kv = kv heads x head width, F feed-forward:
+The mapping (kiln -> transformers), a = heads x head width (d but for Qwen3), kv = kv heads x head
+width, F feed-forward:
     wte[:V]                      model.embed_tokens.weight
     h.N.ln_1.weight              model.layers.N.input_layernorm.weight
-    h.N.attn.c_attn.weight       rows [0, d) q_proj, [d, d + kv) k_proj, [d + kv, d + 2kv) v_proj
+    h.N.attn.c_attn.weight       rows [0, a) q_proj, [a, a + kv) k_proj, [a + kv, a + 2kv) v_proj
+    h.N.attn.q_norm.weight       model.layers.N.self_attn.q_norm.weight (Qwen3; k_norm alike)
     h.N.attn.c_attn.bias         the same rows' biases (Qwen2)
     h.N.attn.c_proj.weight       model.layers.N.self_attn.o_proj.weight
     h.N.ln_2.weight              model.layers.N.post_attention_layernorm.weight
@@ -42,7 +45,7 @@ def main():
     try:
         import torch
         from safetensors.torch import load_file
-        from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+        from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
     except ImportError as e:
         print(f"SKIP: {e}")
         sys.exit(77)
@@ -50,7 +53,8 @@ def main():
     kiln = load_file(os.path.join(d, "kiln.safetensors"))
     V, D, L = c["vocab_size"], c["d_model"], c["n_layer"]
     H, KV, F = c["n_head"], c["n_kv_head"], c["ffn_hidden"]
-    kv = KV * (D // H)
+    hd = c.get("head_dim", D // H)
+    A, kv = H * hd, KV * hd
     rope = {"rope_type": "default", "rope_theta": c["rope_theta"]}
     if c["rope_factor"]:
         rope = {"rope_type": "llama3", "rope_theta": c["rope_theta"], "factor": c["rope_factor"],
@@ -62,6 +66,8 @@ def main():
                   attention_dropout=0.0)
     if c["arch"] == "qwen2":
         cfg, cls = Qwen2Config(**common, use_sliding_window=False), Qwen2ForCausalLM
+    elif c["arch"] == "qwen3":
+        cfg, cls = Qwen3Config(**common, head_dim=hd, attention_bias=False, use_sliding_window=False), Qwen3ForCausalLM
     else:
         cfg, cls = LlamaConfig(**common, attention_bias=False, mlp_bias=False), LlamaForCausalLM
     cfg._attn_implementation = "eager"
@@ -75,12 +81,15 @@ def main():
         k, p = f"h.{n}.", f"model.layers.{n}."
         w = kiln[k + "attn.c_attn.weight"]
         sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"], sd[p + "self_attn.v_proj.weight"] = \
-            w[:D], w[D:D + kv], w[D + kv:]
+            w[:A], w[A:A + kv], w[A + kv:]
         if k + "attn.c_attn.bias" in kiln:
             b = kiln[k + "attn.c_attn.bias"]
             sd[p + "self_attn.q_proj.bias"], sd[p + "self_attn.k_proj.bias"], sd[p + "self_attn.v_proj.bias"] = \
-                b[:D], b[D:D + kv], b[D + kv:]
+                b[:A], b[A:A + kv], b[A + kv:]
         sd[p + "self_attn.o_proj.weight"] = kiln[k + "attn.c_proj.weight"]
+        if k + "attn.q_norm.weight" in kiln:
+            sd[p + "self_attn.q_norm.weight"] = kiln[k + "attn.q_norm.weight"]
+            sd[p + "self_attn.k_norm.weight"] = kiln[k + "attn.k_norm.weight"]
         sd[p + "input_layernorm.weight"] = kiln[k + "ln_1.weight"]
         sd[p + "post_attention_layernorm.weight"] = kiln[k + "ln_2.weight"]
         fc = kiln[k + "mlp.c_fc.weight"]
@@ -92,7 +101,7 @@ def main():
     used = len(sd) + 0
     kiln_keys = set(kiln) - {"lm_head"} if c["tie_embeddings"] else set(kiln)
     mapped = 2 + (0 if c["tie_embeddings"] else 1) + sum(
-        (6 if f"h.{n}.attn.c_attn.bias" not in kiln else 7) for n in range(L))
+        6 + (f"h.{n}.attn.c_attn.bias" in kiln) + 2 * (f"h.{n}.attn.q_norm.weight" in kiln) for n in range(L))
     if mapped != len(kiln_keys):
         print(f"check_llama: kiln has {len(kiln_keys)} tensors, the mapping uses {mapped}", file=sys.stderr)
         sys.exit(1)

@@ -21,7 +21,8 @@ Writes, under OUT_DIR (every model: 2 layers, hidden 64, 4 heads over 2 kv heads
                   8 x 64 + 1 random tokens in [0, 300)
   reference.json  {name: transformers' loss on the 8 samples of 64 tokens}: kiln's first batch with
                   --micro-batch 8 (tests/hf/init_from_reference.py says why the order does not
-                  matter); mistral_window's at --seq-len 32 (16 samples), where its window is inert
+                  matter); mistral_window's at --seq-len 32 (16 samples), where its window is inert,
+                  and at 64 (mistral_window_64), where it acts
 The loss is the mean next-token cross-entropy over all positions, fp32, CPU, eval mode.
 """
 import json
@@ -73,6 +74,8 @@ for name, (cls, cfg) in models.items():
     model = cls(cfg).float().eval()
     model.save_pretrained(os.path.join(out, name))
     reference[name] = loss_of(model, 32 if name == "mistral_window" else T)
+    if name == "mistral_window":
+        reference["mistral_window_64"] = loss_of(model, T)
     if name == "llama":
         model.save_pretrained(os.path.join(out, "llama_sharded"), max_shard_size="100KB")
         reference["llama_sharded"] = reference["llama"]

@@ -2,12 +2,15 @@
 // kiln's own parameter names, with token sequences and kiln's logits and loss on them, for
 // tests/hf/llama_parity.sh to compare with transformers' LlamaForCausalLM / Qwen2ForCausalLM.
 //
-//   kiln_llama_fixture OUT_DIR llama | qwen2 | llama31
+//   kiln_llama_fixture OUT_DIR llama | qwen2 | llama31 | qwen3
 //
 // llama:   tiny-llama (4 layers, d 128, 4 query heads over 2 kv heads, SwiGLU F 352, RMSNorm, rotary
 //          base 10000, no biases, untied output layer) with a vocabulary of 500 (padded to 512).
 // qwen2:   the same with Qwen2's choices: q, k, v biases, tied output layer, RMSNorm eps 1e-6,
 //          rotary base 1e6.
+// qwen3:   tiny-qwen3: the llama shape with 64-wide heads (the attention 256 wide on d 128: head_dim
+//          apart from d / H) and an RMSNorm over each query and key head before the rotary turn,
+//          eps 1e-6, base 1e6.
 // llama31: llama with Llama-3.1's rotary scaling (factor 8, low 1, high 4) at an original context
 //          of 32, so that T = 128's frequencies fall in all three of its bands; base 500000.
 // Weights: init_weights(seed), then every parameter perturbed by N(0, 0.1) (norm scales and biases
@@ -31,13 +34,13 @@
 
 int main(int argc, char** argv) {
   const std::string arch = argc == 3 ? argv[2] : "";
-  if (arch != "llama" && arch != "qwen2" && arch != "llama31") {
-    std::fprintf(stderr, "usage: %s OUT_DIR llama | qwen2 | llama31\n", argv[0]);
+  if (arch != "llama" && arch != "qwen2" && arch != "llama31" && arch != "qwen3") {
+    std::fprintf(stderr, "usage: %s OUT_DIR llama | qwen2 | llama31 | qwen3\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   try {
-    kiln::GPTConfig cfg = kiln::GPTConfig::preset("tiny-llama");
+    kiln::GPTConfig cfg = kiln::GPTConfig::preset(arch == "qwen3" ? "tiny-qwen3" : "tiny-llama");
     cfg.vocab_size = 500;
     if (arch == "qwen2") {
       cfg.bias = "qkv";
@@ -93,6 +96,7 @@ int main(int argc, char** argv) {
                          {"rope_original_context", cfg.rope_original_context},
                          {"bias", cfg.bias},
                          {"tie_embeddings", cfg.tie_embeddings},
+                         {"head_dim", cfg.head_dim()},
                          {"arch", arch}};
     nlohmann::json tokens;
     tokens["sequences"] = nlohmann::json::array();

@@ -3,7 +3,8 @@
 # (issue 35's ground truth, the architecture half): the same weights (kiln's, mapped by
 # check_llama.py) and tokens give the same logits and loss in LlamaForCausalLM (tiny-llama:
 # rotary positions, RMSNorm, SwiGLU, GQA 4 over 2, no biases, untied output layer), in
-# Qwen2ForCausalLM (q/k/v biases, tied, eps 1e-6, base 1e6) and in LlamaForCausalLM with
+# Qwen2ForCausalLM (q/k/v biases, tied, eps 1e-6, base 1e6), in Qwen3ForCausalLM (tiny-qwen3: heads
+# 64 wide on d 128, so the attention is 256 wide, and the per-head q / k RMSNorms) and in LlamaForCausalLM with
 # Llama-3.1's rotary scaling (an original context of 32, so T = 128 spans its three bands).
 # Tolerance: a relative 1e-5 on the loss and on the largest logit difference (over the largest
 # logit), fp32 on the CPU -- the arithmetic is the same, the kernels are not (at::rms_norm against
@@ -21,7 +22,7 @@ if [ -z "$py" ] || ! "$py" -c 'import transformers, safetensors' >/dev/null 2>&1
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/kiln-llama.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-for arch in llama qwen2 llama31; do
+for arch in llama qwen2 llama31 qwen3; do
   mkdir -p "$work/$arch"
   "$KILN_LLAMA_FIXTURE" "$work/$arch" "$arch" >/dev/null
   "$py" "$here/check_llama.py" "$work/$arch" >"$work/$arch.json"
