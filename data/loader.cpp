@@ -118,7 +118,6 @@ Batch DataLoader::get(int64_t step, int64_t micro) const {
       }
     }
   }
-  if (data_->masked()) batch.step_targets = step_targets(step);
   return batch;
 }
 

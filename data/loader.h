@@ -31,7 +31,8 @@ struct Batch {
   at::Tensor inputs;   // [micro_batch, T] int64, on the CPU
   at::Tensor targets;  // [micro_batch, T] int64, on the CPU; kIgnoreTarget where a mask says so
   // Masked data (TokenDataset::masked): the targets trained on in the whole global batch of the
-  // step, every rank's micro-batches (the loss's denominator: models/gpt.h). 0 otherwise.
+  // step, every rank's micro-batches (the loss's denominator: models/gpt.h), counted once a step
+  // by the prefetcher (DataLoader::step_targets). 0 otherwise.
   int64_t step_targets = 0;
 };
 
@@ -40,8 +41,8 @@ class DataLoader {
   DataLoader(std::shared_ptr<const TokenDataset> data, uint64_t seed, bool shuffle,
              BatchLayout layout);
 
-  // Micro-batch `micro` (0 <= micro < grad_accum) of optimizer step `step` for this rank; on
-  // masked data with step_targets filled in.
+  // Micro-batch `micro` (0 <= micro < grad_accum) of optimizer step `step` for this rank
+  // (step_targets left 0: BatchPrefetcher counts them once for the step's micro-batches).
   Batch get(int64_t step, int64_t micro) const;
   // The targets trained on in step `step`'s global batch (every dp rank's sequences): counted from
   // the masks alone, so every rank knows it without a collective. G x T on unmasked data.

@@ -16,8 +16,10 @@ BatchPrefetcher::~BatchPrefetcher() {
 
 std::vector<Batch> BatchPrefetcher::make(int64_t step) const {
   std::vector<Batch> out;
+  const int64_t targets = loader_.masked() ? loader_.step_targets(step) : 0;  // once for the step, on this thread
   for (int64_t micro = 0; micro < grad_accum_; ++micro) {
     Batch b = loader_.get(step, micro);
+    b.step_targets = targets;
     if (pinned_) {
       Batch p{pinned_empty_like(b.inputs), pinned_empty_like(b.targets), b.step_targets};
       p.inputs.copy_(b.inputs);

@@ -80,7 +80,9 @@ class Trainer {
   void begin_step(QueuedStep& out, int64_t step);
   void zero_gradients();
   // device_batches: the micro-batches already on the device (the step graph's); else the prefetcher's
-  at::Tensor run_micro_batches(int64_t step, double backward_factor, const std::vector<Batch>* device_batches = nullptr);
+  // loss_tokens: set to the step's trained targets on masked data
+  at::Tensor run_micro_batches(int64_t step, double backward_factor, const std::vector<Batch>* device_batches = nullptr,
+                               int64_t* loss_tokens = nullptr);
   void finish_reductions();
   at::Tensor gradient_norm(double loss_scale);
   void queue_verdict(QueuedStep& out, const at::Tensor& loss_sum, const at::Tensor& norm);

@@ -261,7 +261,7 @@ json Trainer::step_record(const Loop& loop, int64_t step, const StepOutcome& s, 
            {"elapsed_s", f.elapsed_s}};
   // Masked targets (kiln prep --chat): the targets the loss was taken over (`tokens` counts every
   // position: the throughput's).
-  if (r.loader->masked()) rec["loss_tokens"] = r.loader->step_targets(step);
+  if (s.loss_tokens >= 0) rec["loss_tokens"] = s.loss_tokens;
   if (r.ddp) rec["comm_buckets_in_backward"] = r.ddp->launched_in_backward();
   // The device check mode (tests): the host's reads of device memory from the step's start to
   // its queued update -- 0 for a step without offload (distributed/device_check.h).

@@ -190,6 +190,7 @@ struct Trainer::QueuedStep {
   int64_t ep_comm_bytes = 0;  // of it, the expert-parallel group's (the same way)
   ExpertTraffic ep_rows;      // the dispatches' rows (the same way)
   int64_t host_syncs = 0;  // host_syncs() at its start, then the waits up to its queued update
+  int64_t loss_tokens = -1;  // masked data: the global batch's trained targets (the prefetcher's count); -1: unmasked
   int loss_copies = 1;     // the ranks whose losses the verdict's loss sums
   int moe_copies = 1;      // the copies of each MoE stats row the verdict sums (tp, when reduced over the world)
   at::Tensor verdict;      // [mean loss, non-finite, MoE stats rows (MoE models), norm (or summed squares)], reduced, on the device
@@ -237,6 +238,7 @@ struct Trainer::StepOutcome {
   int64_t ep_comm_bytes = 0;  // of it, the expert-parallel group's: the MoE all-to-alls and the norm's expert part
   ExpertTraffic ep_rows;      // the rows the all-to-alls moved (parallel/expert_parallel.h)
   int64_t host_syncs = 0;  // host_syncs() from the step's start to its queued update
+  int64_t loss_tokens = -1;  // masked data: the targets the loss was taken over; -1: unmasked
   bool read_deferred = false;  // its verdict read after the next step's forward and backward were queued
   std::optional<MoEStepStats> moe;  // MoE models: the step's routing (models/moe_stats.h)
   std::array<double, kNumPhases> phase_ms{};  // the step's interval, by phase (PhaseTimer::cut): its sum is the step's time

@@ -79,7 +79,7 @@ Trainer::QueuedStep Trainer::forward_backward(int64_t step) {
   begin_step(out, step);
   zero_gradients();
   const double backward_factor = out.loss_scale / static_cast<double>(cfg_.grad_accum);
-  const at::Tensor loss_sum = run_micro_batches(step, backward_factor);
+  const at::Tensor loss_sum = run_micro_batches(step, backward_factor, nullptr, &out.loss_tokens);
   finish_reductions();
   const at::Tensor norm = gradient_norm(out.loss_scale);
   r.timer->mark(Phase::Optimizer);
@@ -119,7 +119,8 @@ void Trainer::zero_gradients() {
 
 // Forward and backward over the step's micro-batches (1F1B through the stages under --pp), with
 // DDP's sync skipping and ZeRO's per-micro-batch reductions; returns the summed loss.
-at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor, const std::vector<Batch>* device_batches) {
+at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor, const std::vector<Batch>* device_batches,
+                                      int64_t* loss_tokens) {
   Run& r = *run_;
   const c10::Device device = r.dev.device;
   auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
@@ -130,6 +131,7 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor, cons
   if (r.loader->masked()) {
     const double terms = static_cast<double>(cfg_.grad_accum * r.shape.dp * r.shape.cp);
     r.model->loss_targets_per_term = static_cast<double>(std::max<int64_t>(1, batches.front().step_targets)) / terms;
+    if (loss_tokens) *loss_tokens = batches.front().step_targets;
   }
   const double slow_ms = r.test_slow_factor > 0 ? r.test_slow_factor * r.test_own_compute_ms : r.test_slow_ms;  // test-only
   if (slow_ms > 0) slow_down_for_test(device, slow_ms);
@@ -327,6 +329,7 @@ Trainer::StepOutcome Trainer::finish_step(QueuedStep& q) {
   out.lr = q.lr;
   out.host_syncs = q.host_syncs;
   out.comm_bytes = q.comm_bytes;
+  out.loss_tokens = q.loss_tokens;
   out.ep_comm_bytes = q.ep_comm_bytes;
   out.ep_rows = q.ep_rows;
   const double* h = q.host.data_ptr<double>();
