@@ -90,6 +90,7 @@ json measure(TrainConfig t, const BenchConfig& b, const ProcessInfo& proc, int i
            {"params", config["params"]},
            {"precision", t.precision},
            {"kernels", config.value("kernels", std::string("reference"))},  // what ran (kernels/kernel_choice.h)
+           {"float8_layers", config.value("float8_layers", json(nullptr))},  // --precision fp8: {float8, of}
            {"micro_batch", t.micro_batch},
            {"grad_accum", t.grad_accum},
            {"activation_checkpointing", t.activation_checkpointing},

@@ -457,6 +457,11 @@ quick_plan() {
   # llama3-1b at the peer's shape: context 2048, micro-batch 8 (16K tokens a step, as 124m's)
   local kl="kiln bench --model $l --precision bf16 --seq-len 2048 --micro-batch 8 --warmup 2 --measure 5"
   local lp="$lpeer --model $l --seq-len 2048 --micro-batch 8"
+  # fp8 (issue 52): the blocks' products in float8, the default size filter; llama3-8b's shape cut
+  # to 4 layers (its per-layer speed is the 8B model's)
+  local k8="kiln bench --precision fp8 --kernels fused --warmup 2 --measure 5"
+  local k8l="kiln bench --model llama3-8b --n-layer 4 --seq-len 2048 --micro-batch 2 --kernels fused --warmup 2 --measure 5"
+  if [ -n "${KILN_DEVKIT_QUICK_MODEL:-}" ]; then k8l="kiln bench --model $l --kernels fused --warmup 2 --measure 5"; fi
   # Issue 49 first: the kernels against their references, then the A/B (fused vs reference) with
   # both peers, eager and compiled, in the same call; issue 48's checks and the rest after.
   quick_core=(
@@ -480,6 +485,11 @@ quick_plan() {
     "45|peer llama eager|$lp --warmup-steps 3 --steps 10 > peer_llama_eager.json"
     "45|kiln 1.5b fused, no AC|$k1558 --micro-batch 8 --kernels fused --json b1558_ac_none.json"
     "45|kiln 1.5b reference, no AC|$k1558 --micro-batch 8 --kernels reference --json b1558_ac_none_reference.json"
+    "75|test gpu.fp8 (issue 52: float8 on CUDA, against bf16, the CPU and CUDA graphs)|"
+    "45|kiln 1.5b fp8, no AC (issue 52: >= 1.25x 'kiln 1.5b fused, no AC')|$k8 --model $b --micro-batch 8 --json b1558_fp8.json"
+    "50|kiln llama3-8b's layer x4, bf16 (issue 52's shape)|$k8l --precision bf16 --json bl8b4_bf16.json"
+    "50|kiln llama3-8b's layer x4, fp8 (issue 52: >= 1.25x bf16)|$k8l --precision fp8 --json bl8b4_fp8.json"
+    "45|kiln llama3-1b fp8 (issue 52)|$kl --kernels fused --precision fp8 --json bl1b_fp8.json"
     "60|test gpu.sync_moe|"
     "45|test gpu.guards|"
     "100|pp 4 bubble on the host's cores (issues 36, 48)|for s in '--pp-schedule 1f1b' '--pp-schedule zb-h1' '--pp-virtual 2'; do OMP_NUM_THREADS=1 timeout 40 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS kiln train --device cpu --model tiny --n-layer 8 --d-model 256 --n-head 4 --steps 25 --log-every 100 --micro-batch 2 --grad-accum 8 --pp 4 \$s --log-json \"pp4_\${s##* }.jsonl\" || exit 1; done"

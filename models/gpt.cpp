@@ -12,6 +12,7 @@
 
 #include "distributed/error.h"
 #include "kernels/gelu_mlp.h"
+#include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/swiglu.h"
 #include "models/linear_cross_entropy.h"
@@ -23,7 +24,9 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, const at::TensorOptions& opts, b
   if (with_bias) bias = register_parameter("bias", at::empty({out}, opts));
 }
 
-at::Tensor LinearImpl::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+at::Tensor LinearImpl::forward(const at::Tensor& x) const {
+  return linear_product(x, weight, bias, float8.on ? &float8 : nullptr);
+}
 
 LayerNormImpl::LayerNormImpl(int64_t d, double eps_, const at::TensorOptions& opts, bool rms_) : eps(eps_), rms(rms_) {
   weight = register_parameter("weight", at::empty({d}, opts));
@@ -240,12 +243,15 @@ at::Tensor MLPImpl::forward_with(const at::Tensor& x, const LayerOps& ops) const
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  if (!swiglu_ && gelu_epilogue && kernels == Kernels::fused && !gelu_proj && !ops_->column && !ops_->row &&
+  // A float8 feed-forward runs its layers' own products: neither the fused GELU epilogue nor the
+  // recomputation hook (which multiplies by c_proj's weight itself) applies to it.
+  const bool float8 = c_fc->float8.on || c_proj->float8.on;
+  if (!swiglu_ && gelu_epilogue && kernels == Kernels::fused && !float8 && !gelu_proj && !ops_->column && !ops_->row &&
       c_fc->bias.defined() && c_proj->bias.defined()) {
     return gelu_mlp(x.reshape({-1, x.size(-1)}), c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, kernels)
         .view(x.sizes());
   }
-  if (swiglu_ || !gelu_proj) return forward_with(x, *ops_);
+  if (swiglu_ || !gelu_proj || float8) return forward_with(x, *ops_);
   auto h = ops_->column ? ops_->column(x, *c_fc) : c_fc->forward(x);  // [B, T, 4d / tp]
   if (ops_->row && !c_proj->bias.defined()) return ops_->reduce(gelu_proj(h, c_proj->weight, at::Tensor()));
   if (ops_->row) {  // the partial products summed over tp, the bias added once after
@@ -446,7 +452,7 @@ at::Tensor GPT::hidden(const at::Tensor& idx) {
   return m.defined() ? ln_f->forward_add(y, m).second : ln_f->forward(y);
 }
 
-at::Tensor GPT::logits(const at::Tensor& idx) { return at::linear(hidden(idx), output_weight()); }
+at::Tensor GPT::logits(const at::Tensor& idx) { return linear_product(hidden(idx), output_weight()); }
 
 at::Tensor GPT::loss(const at::Tensor& idx, const at::Tensor& targets) {
   if (!shard_.whole_model()) throw Error("GPT::loss: a pipeline stage runs embed / run_blocks / head_loss");
@@ -494,6 +500,27 @@ void GPT::set_kernels(Kernels k, bool gelu_epilogue) {
     }
     else if (auto* e = dynamic_cast<MoEImpl*>(m.get())) e->kernels = k;
   }
+}
+
+std::pair<int64_t, int64_t> GPT::set_float8(const Float8Scaling& scaling, bool auto_filter) {
+  const int64_t d = cfg_.d_model, t = shard_.tp;
+  int64_t on = 0, all = 0;
+  // The whole layer's [N, K]; c_attn and c_fc are split by rows over tp, the c_projs by columns.
+  auto take = [&](LinearImpl& l, int64_t n, int64_t k) {
+    ++all;
+    const bool eligible = float8_layer_eligible(n, k, auto_filter) && l.weight.size(0) % 16 == 0 && l.weight.size(1) % 16 == 0;
+    l.float8 = eligible ? scaling : Float8Scaling{};
+    on += eligible ? 1 : 0;
+  };
+  for (const auto& b : blocks()) {
+    take(*b->attn->c_attn, (cfg_.n_head + 2 * cfg_.n_kv_head) * cfg_.head_dim(), d);
+    take(*b->attn->c_proj, d, cfg_.attn_width());
+    if (b->mlp) {
+      take(*b->mlp->c_fc, b->mlp->c_fc->weight.size(0) * t, d);
+      take(*b->mlp->c_proj, d, b->mlp->c_proj->weight.size(1) * t);
+    }
+  }
+  return {on, all};
 }
 
 int64_t GPT::num_params() const {

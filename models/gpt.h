@@ -54,6 +54,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include "kernels/float8.h"
 #include "kernels/kernel_choice.h"
 #include "models/gpt_config.h"
 #include "models/moe.h"
@@ -67,6 +68,9 @@ class LinearImpl : public torch::nn::Module {
   LinearImpl(int64_t in, int64_t out, const at::TensorOptions& opts, bool with_bias = true);
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight, bias;
+  // Float8 products (--precision fp8; GPT::set_float8): off by default. The tp ops add the
+  // reductions of the split tensors' amax (parallel/tensor_parallel.cpp).
+  Float8Scaling float8;
 };
 
 // How the model applies its split layers: empty functions run the plain ops.
@@ -457,6 +461,13 @@ class GPT : public torch::nn::Module {
   // --gelu-epilogue), with k fused.
   void set_kernels(Kernels k, bool gelu_epilogue = false);
   Kernels kernels() const { return kernels_; }
+  // --precision fp8 (kernels/float8.h): the blocks' linear layers -- attention's c_attn and
+  // c_proj, the dense feed-forward's c_fc and c_proj; not the experts', the embedding or the
+  // output layer -- take float8 products with `scaling` where the whole layer's shape passes
+  // float8_layer_eligible(auto_filter) and this rank's part's dims are multiples of 16. Returns
+  // {this stage's layers in float8, this stage's block layers}. Call after set_kernels (the fused
+  // GELU epilogue and the recomputation hook step aside for a float8 feed-forward).
+  std::pair<int64_t, int64_t> set_float8(const Float8Scaling& scaling, bool auto_filter);
 
  private:
   Kernels kernels_ = Kernels::reference;

@@ -9,6 +9,7 @@
 #include <torch/autograd.h>
 
 #include "kernels/classifier.h"
+#include "kernels/matmul.h"
 
 namespace kiln {
 
@@ -62,7 +63,7 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
       const int64_t c = std::min(chunk_rows, N - a);
       const at::Tensor t = targets.narrow(0, a, c).unsqueeze(1);  // [c, 1]
       if (logits16) {
-        const at::Tensor z = at::mm(xc.narrow(0, a, c), wc.t());  // [c, Vp] bf16
+        const at::Tensor z = matmul_product(xc.narrow(0, a, c), wc.t());  // [c, Vp] bf16
         const auto [m, se] = softmax_row_stats(z, V, kernels);
         const at::Tensor lse = m + se.log();
         loss_sum.add_((lse - z.gather(1, t).squeeze(1).to(at::kFloat)).sum());
@@ -78,9 +79,26 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
     }
     if (need_grad) {
       // dloss/dx = (1/N) G W, dloss/dW = (1/N) G^T x: beta 0, so the uninitialised outputs are
-      // never read.
-      at::Tensor gx = at::addmm(at::empty({N, xc.size(1)}, xc.options()), G, wc, 0.0, inv_n).to(x.scalar_type());
-      at::Tensor gw = at::addmm(at::empty({Vp, xc.size(1)}, xc.options()), G.t(), xc, 0.0, inv_n).to(weight.scalar_type());
+      // never read. Both rounded to the compute dtype, then to x's and W's own.
+      at::Tensor gx, gw;
+      if (upcast_product(G, wc)) {
+        // The CPU's 16-bit products by the fp32 GEMM (kernels/matmul.h), a chunk of G's rows at a
+        // time (no fp32 copy of all of G): dW's fp32 sum over the chunks is rounded once.
+        const at::Tensor wf = w32.defined() ? w32 : wc.to(at::kFloat);
+        gx = at::empty({N, xc.size(1)}, xc.options());
+        at::Tensor gw32 = at::zeros({Vp, xc.size(1)}, xc.options().dtype(at::kFloat));
+        for (int64_t a = 0; a < N; a += chunk_rows) {
+          const int64_t c = std::min(chunk_rows, N - a);
+          const at::Tensor Gc = G.narrow(0, a, c).to(at::kFloat);
+          gx.narrow(0, a, c).copy_(at::addmm(at::empty({c, xc.size(1)}, Gc.options()), Gc, wf, 0.0, inv_n));
+          gw32.addmm_(Gc.t(), xc.narrow(0, a, c).to(at::kFloat), 1.0, inv_n);
+        }
+        gx = gx.to(x.scalar_type());
+        gw = gw32.to(xc.scalar_type()).to(weight.scalar_type());
+      } else {
+        gx = at::addmm(at::empty({N, xc.size(1)}, xc.options()), G, wc, 0.0, inv_n).to(x.scalar_type());
+        gw = at::addmm(at::empty({Vp, xc.size(1)}, xc.options()), G.t(), xc, 0.0, inv_n).to(weight.scalar_type());
+      }
       ctx->save_for_backward({gx, gw});
     }
     return loss_sum.mul_(inv_n);
@@ -98,7 +116,7 @@ struct LinearCrossEntropyFunction : public torch::autograd::Function<LinearCross
 
 at::Tensor plain_linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
                                       int64_t vocab) {
-  auto lg = at::linear(x, weight);
+  auto lg = linear_product(x, weight);
   if (lg.size(-1) != vocab) lg = lg.narrow(-1, 0, vocab);
   // In fp32 whatever the compute precision: log-sum-exp over the vocabulary needs its range.
   return at::cross_entropy_loss(lg.to(at::kFloat), targets);

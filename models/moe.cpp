@@ -12,6 +12,7 @@
 #include <torch/autograd.h>
 
 #include "distributed/device_check.h"
+#include "kernels/matmul.h"
 #include "kernels/swiglu.h"
 #include "distributed/error.h"
 #include "models/gpt.h"
@@ -92,9 +93,9 @@ at::Tensor MoEImpl::run_experts(const at::Tensor& rows, const std::vector<int64_
   const std::vector<at::Tensor> fb = fc_b.defined() ? fc_b.unbind(0) : std::vector<at::Tensor>(fw.size());
   const std::vector<at::Tensor> pb = proj_b.defined() ? proj_b.unbind(0) : std::vector<at::Tensor>(pw.size());
   auto expert = [&](size_t e, const at::Tensor& r) {
-    const at::Tensor u = at::linear(r, fw[e], fb[e]);
-    if (!cfg_.swiglu) return at::linear(at::gelu(u, "tanh"), pw[e], pb[e]);
-    return at::linear(swiglu(u, kernels), pw[e], pb[e]);
+    const at::Tensor u = linear_product(r, fw[e], fb[e]);
+    if (!cfg_.swiglu) return linear_product(at::gelu(u, "tanh"), pw[e], pb[e]);
+    return linear_product(swiglu(u, kernels), pw[e], pb[e]);
   };
   std::vector<at::Tensor> outs;
   int64_t offset = 0;

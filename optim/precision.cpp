@@ -11,12 +11,14 @@ Precision parse_precision(const std::string& name) {
   if (name == "fp32") return Precision::FP32;
   if (name == "bf16") return Precision::BF16;
   if (name == "fp16") return Precision::FP16;
-  throw ConfigError("--precision must be fp32, bf16 or fp16 (got '" + name + "')");
+  if (name == "fp8") return Precision::FP8;
+  throw ConfigError("--precision must be fp32, bf16, fp16 or fp8 (got '" + name + "')");
 }
 
 at::ScalarType compute_dtype(Precision p) {
   switch (p) {
-    case Precision::BF16: return at::kBFloat16;
+    case Precision::BF16:
+    case Precision::FP8: return at::kBFloat16;
     case Precision::FP16: return at::kHalf;
     case Precision::FP32: break;
   }

@@ -22,9 +22,10 @@
 
 namespace kiln {
 
-enum class Precision { FP32, BF16, FP16 };
+// FP8: bf16 autocast, the blocks' linear layers in float8 (kernels/float8.h; GPT::set_float8).
+enum class Precision { FP32, BF16, FP16, FP8 };
 
-// "fp32" | "bf16" | "fp16"; ConfigError otherwise.
+// "fp32" | "bf16" | "fp16" | "fp8"; ConfigError otherwise.
 Precision parse_precision(const std::string& name);
 at::ScalarType compute_dtype(Precision p);
 // --param-dtype / --reduce-dtype names: "fp32" | "bf16" | "fp16" (validated by TrainConfig).

@@ -11,6 +11,7 @@
 #include <torch/autograd.h>
 
 #include "distributed/error.h"
+#include "kernels/matmul.h"
 #include "models/gpt.h"
 
 namespace kiln {
@@ -218,7 +219,7 @@ struct GeluLinearFunction : public torch::autograd::Function<GeluLinearFunction>
     at::Tensor y;
     {
       NoCastCache no_cache;
-      y = at::linear(at::gelu(h, "tanh"), weight, bias.value_or(at::Tensor()));  // autocast, if on, casts as usual
+      y = linear_product(at::gelu(h, "tanh"), weight, bias.value_or(at::Tensor()));  // autocast, if on, casts as usual
     }
     ctx->save_for_backward({h, weight});
     ctx->saved_data["autocast"] = at::IValue::make_capsule(c10::make_intrusive<AutocastHolder>(autocast));
@@ -246,10 +247,10 @@ struct GeluLinearFunction : public torch::autograd::Function<GeluLinearFunction>
     const at::Tensor dy = grad_outputs[0].reshape({-1, N});
     at::Tensor dh, dw, db;
     if (ctx->needs_input_grad(0)) {
-      auto dg = at::mm(dy, weight.to(ct)).view(h.sizes()).to(g.scalar_type());
+      auto dg = matmul_product(dy, weight.to(ct)).view(h.sizes()).to(g.scalar_type());
       dh = at::gelu_backward(dg, h, "tanh");
     }
-    if (ctx->needs_input_grad(1)) dw = at::mm(dy.t(), g.reshape({-1, K}).to(ct));
+    if (ctx->needs_input_grad(1)) dw = matmul_product(dy.t(), g.reshape({-1, K}).to(ct));
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = at::sum_to(dy, weight.sizes().slice(0, 1));  // [N]
     return {dh, dw, db};
   }

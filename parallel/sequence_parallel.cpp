@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "distributed/error.h"
+#include "kernels/matmul.h"
 #include "models/gpt.h"
 #include "parallel/group_capsule.h"
 #include "parallel/tensor_parallel.h"
@@ -81,7 +82,7 @@ struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
     const auto type = x.device().type();
     const at::Tensor xc = at::autocast::is_autocast_enabled(type) ? x.to(at::autocast::get_autocast_dtype(type)) : x;
     const at::Tensor whole = gather_blocks(xc, 1, group_in(group));
-    const at::Tensor y = b.numel() > 0 ? at::linear(whole, w, b) : at::linear(whole, w);
+    const at::Tensor y = linear_product(whole, w, b.numel() > 0 ? b : at::Tensor());
     ctx->save_for_backward({xc, w});
     ctx->saved_data["g"] = group;
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
@@ -97,11 +98,11 @@ struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
       const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-      dx = scatter_blocks(at::matmul(dy, w.to(dy.scalar_type())).to(x_dtype), 1, g);
+      dx = scatter_blocks(matmul_product(dy, w.to(dy.scalar_type())).to(x_dtype), 1, g);
     }
     if (ctx->needs_input_grad(1)) {
       const at::Tensor whole = gather_blocks(xc, 1, g);  // [B, T, K] again
-      dw = dy2.t().mm(whole.reshape({-1, whole.size(-1)}).to(dy.scalar_type())).to(w.scalar_type());
+      dw = matmul_product(dy2.t(), whole.reshape({-1, whole.size(-1)}).to(dy.scalar_type())).to(w.scalar_type());
     }
     const int64_t b_dtype = ctx->saved_data["b_dtype"].toInt();
     if (b_dtype >= 0 && ctx->needs_input_grad(2)) db = dy2.sum(0).to(static_cast<at::ScalarType>(b_dtype));

@@ -15,6 +15,7 @@
 
 #include "distributed/error.h"
 #include "kernels/classifier.h"
+#include "kernels/matmul.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
@@ -163,17 +164,30 @@ at::Tensor reduce_from_tp(const at::Tensor& x, const std::shared_ptr<Communicato
 }
 
 at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                  const std::shared_ptr<Communicator>& tp) {
-  return at::linear(copy_to_tp(x, tp), weight, bias);
+                                  const std::shared_ptr<Communicator>& tp, const Float8Scaling* float8) {
+  return linear_product(copy_to_tp(x, tp), weight, bias, float8);
 }
 
 at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                const std::shared_ptr<Communicator>& tp) {
-  at::Tensor y = reduce_from_tp(at::linear(x, weight), tp);
+  at::Tensor y = reduce_from_tp(linear_product(x, weight), tp);
   return bias.defined() ? y + bias : y;
 }
 
 namespace {
+// A float8 layer's scaling under tp (kernels/float8.h): the amax of a tensor split over tp is the
+// group's maximum. Column-split layers split W's rows and the output's (so the output gradient's)
+// columns, their input whole; row-split layers split W's and the input's columns, their output
+// (so its gradient) whole. Null where the layer is not float8; `out` holds the scaling.
+const Float8Scaling* tp_float8(const LinearImpl& l, const std::shared_ptr<Communicator>& tp, bool column, Float8Scaling& out) {
+  if (!l.float8.on) return nullptr;
+  out = l.float8;
+  const AmaxReduce max_over_tp = [tp](const at::Tensor& amax) { return all_reduced(amax, *tp, ReduceOp::Max); };
+  out.w_amax = max_over_tp;
+  (column ? out.g_amax : out.x_amax) = max_over_tp;
+  return &out;
+}
+
 // This rank's part of the embedding: ids outside its vocabulary rows look up zero.
 at::Tensor partial_embedding(const at::Tensor& ids, const at::Tensor& table, int64_t vocab_start) {
   at::Tensor local = ids - vocab_start;
@@ -268,12 +282,17 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
   // column-parallel layers keeping only their rank's rows for backward (parallel/sequence_parallel.h).
   using Fn = std::function<at::Tensor(const at::Tensor&)>;
   // y = enter(x) W^T + b for a column-parallel layer (b may be undefined).
-  using ColumnFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
+  // A float8 layer passes its scaling with tp's amax reductions (tp_float8); null otherwise.
+  using ColumnFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const Float8Scaling*)>;
   auto make_ops = [&](ColumnFn column, Fn leave) {
     auto ops = std::make_shared<LayerOps>();
-    ops->column = [column](const at::Tensor& x, const LinearImpl& l) { return column(x, l.weight, l.bias); };
-    ops->row = [leave](const at::Tensor& x, const LinearImpl& l) {
-      const at::Tensor y = leave(at::linear(x, l.weight));
+    ops->column = [column, tp](const at::Tensor& x, const LinearImpl& l) {
+      Float8Scaling s;
+      return column(x, l.weight, l.bias, tp_float8(l, tp, /*column=*/true, s));
+    };
+    ops->row = [leave, tp](const at::Tensor& x, const LinearImpl& l) {
+      Float8Scaling s;
+      const at::Tensor y = leave(linear_product(x, l.weight, at::Tensor(), tp_float8(l, tp, /*column=*/false, s)));
       return l.bias.defined() ? y + l.bias : y;
     };
     ops->embed = [leave, vocab_start](const at::Tensor& idx, const at::Tensor& wte) {
@@ -284,7 +303,7 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
       // The tied output layer is column-parallel (this rank's vocabulary rows); the logits stay split.
       // Fused kernels on CUDA: the two-pass way, over the logits in their own dtype.
       // Masked targets: the rows of the sequence (gathered over tp under --sp) whose targets count.
-      const at::Tensor logits = column(hidden, wte, at::Tensor());
+      const at::Tensor logits = column(hidden, wte, at::Tensor(), nullptr);
       const bool two_pass = kernels_on(kernels, logits.is_cuda()) == Kernels::fused;
       at::Tensor flat = logits.reshape({-1, logits.size(-1)});
       if (rows.defined()) flat = flat.index_select(0, rows);
@@ -302,7 +321,8 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
           const int64_t rest = w.size(0) - q_rows;
           return at::cat({w.narrow(0, 0, q_rows), SumOverKvSharers::apply(w.narrow(0, q_rows, rest), head, kv, capsule(tp))});
         };
-        return column(x, tie(l.weight), tie(l.bias));
+        Float8Scaling s;
+        return column(x, tie(l.weight), tie(l.bias), tp_float8(l, tp, /*column=*/true, s));
       };
     }
     ops->in_tp_region = [r = shard.rank](c10::Device device, const std::function<at::Tensor()>& fn) {
@@ -310,13 +330,18 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
     };
     return ops;
   };
-  auto plain = make_ops([tp](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return column_parallel_linear(x, w, b, tp); },
+  auto plain = make_ops([tp](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Float8Scaling* f8) {
+                          return column_parallel_linear(x, w, b, tp, f8);
+                        },
                         [tp](const at::Tensor& x) { return reduce_from_tp(x, tp); });
   if (!sequence_parallel) {
     shard.ops = std::move(plain);
     return shard;
   }
-  auto sp = make_ops([tp](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return gathered_linear(x, w, b, tp); },
+  // Float8 is refused with sequence parallelism (TrainConfig): its gathered product is LibTorch's.
+  auto sp = make_ops([tp](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Float8Scaling*) {
+                       return gathered_linear(x, w, b, tp);
+                     },
                      [tp](const at::Tensor& x) { return reduce_scatter_rows(x, 1, tp); });
   sp->seq_split = t;
   sp->seq_rows = [t, r = shard.rank](int64_t T, c10::Device device) {

@@ -38,6 +38,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "distributed/comm.h"
+#include "kernels/float8.h"
 #include "kernels/kernel_choice.h"
 #include "parallel/main_grads.h"
 
@@ -50,8 +51,9 @@ at::Tensor reduce_from_tp(const at::Tensor& x, const std::shared_ptr<Communicato
 
 // x [.., K] full; weight [N/t, K] this rank's rows of the full [N, K]; bias [N/t] or undefined.
 // Returns this rank's output columns [.., N/t].
+// float8: the layer's float8 scaling with tp's amax reductions, or null (kernels/matmul.h).
 at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                  const std::shared_ptr<Communicator>& tp);
+                                  const std::shared_ptr<Communicator>& tp, const Float8Scaling* float8 = nullptr);
 // x [.., K/t] this rank's input columns; weight [N, K/t] this rank's columns of the full [N, K];
 // bias [N] (whole, added once) or undefined. Returns the full output [.., N].
 at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,

@@ -1,4 +1,4 @@
-// tests/test_float8.cpp -- the float8 recipe's numerics on the CPU (models/float8.h; issue 52's
+// tests/test_float8.cpp -- the float8 recipe's numerics on the CPU (kernels/float8.h; issue 52's
 // first step): LibTorch 2.11 runs _scaled_mm on the CPU with tensorwise scales.
 //   - to_float8: the largest element lands on the format's largest value; every element comes back
 //     within half a unit in its last place (3 mantissa bits for e4m3: 2^-4 relative; 2 for e5m2:
@@ -10,11 +10,16 @@
 //     K = 96 here, far above 1e-5: the comparison above is not vacuous);
 //   - a bf16 input gives a bf16 output and gradient (the weight's stays fp32), its output the product
 //     of its own quantised operands within bf16's rounding.
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
-#include "models/float8.h"
+#include "distributed/error.h"
+#include "kernels/float8.h"
+#include "kernels/matmul.h"
 
 namespace {
 
@@ -71,4 +76,93 @@ TEST(Float8, LinearEqualsTheProductsOfItsQuantisedOperands) {
   const at::Tensor yb_ref = at::mm(kiln::to_float8(x0.to(at::kBFloat16).reshape({-1, 96}), at::kFloat8_e4m3fn).dequantized(),
                                    qw.dequantized().t()).view({2, 24, 40});
   EXPECT_LE(rel(yb.to(at::kFloat), yb_ref), 1.0 / 256);
+}
+
+// The bias rides in the product (one rounding of y), db = the gradient's column sums; the
+// gradient's format is the scaling's (e4m3 here: the largest gradient on 448).
+TEST(Float8, BiasAndTheGradientFormat) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor x0 = at::randn({24, 32}, gen), w0 = at::randn({48, 32}, gen) * 0.1, b0 = at::randn({48}, gen);
+  const at::Tensor g = at::randn({24, 48}, gen);
+  at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+  kiln::Float8Scaling s = kiln::float8_tensorwise();
+  s.grad_dtype = kiln::float8_grad_dtype("e4m3");
+  const at::Tensor y = kiln::float8_linear(x, w, b, s);
+  y.backward(g);
+  const kiln::Float8Tensor qx = kiln::to_float8(x0, at::kFloat8_e4m3fn), qw = kiln::to_float8(w0, at::kFloat8_e4m3fn);
+  const kiln::Float8Tensor qg = kiln::to_float8(g, at::kFloat8_e4m3fn);
+  EXPECT_LE(rel(y, at::mm(qx.dequantized(), qw.dequantized().t()) + b0), 1e-5);
+  EXPECT_LE(rel(x.grad(), at::mm(qg.dequantized(), qw.dequantized())), 1e-5);
+  EXPECT_LE(rel(w.grad(), at::mm(qg.dequantized().t(), qx.dequantized())), 1e-5);
+  EXPECT_LE(rel(b.grad(), g.sum(0)), 1e-6);
+  EXPECT_THROW(kiln::float8_grad_dtype("e3m4"), kiln::ConfigError);
+}
+
+// A column-split layer (tp 2 by hand: W's rows and so y's columns and g's columns in two parts)
+// with the group's amax for W and g (Float8Scaling's reducers, here the max over both parts):
+// each part's y columns and dW rows equal the whole layer's (within fp32 summation order), and the parts' dX sum to its dX
+// (fp32 sums in another order). Without the reducers the parts' scales differ (the check that
+// the comparison can fail).
+TEST(Float8, SplitLayerWithTheGroupsAmaxEqualsTheWholeLayer) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor x0 = at::randn({16, 32}, gen), w0 = at::randn({64, 32}, gen) * 0.1, g = at::randn({16, 64}, gen);
+  w0[3][5] = 2.0;  // the largest weight in part 0, so part 1's own amax is smaller
+  at::Tensor xw = x0.clone().requires_grad_(true), ww = w0.clone().requires_grad_(true);
+  const at::Tensor yw = kiln::float8_linear(xw, ww);
+  yw.backward(g);
+  const at::Tensor wparts[2] = {w0.narrow(0, 0, 32), w0.narrow(0, 32, 32)};
+  const at::Tensor gparts[2] = {g.narrow(1, 0, 32), g.narrow(1, 32, 32)};
+  auto other_max = [](const at::Tensor& mine_whole) {  // the group's amax of a tensor split in two
+    return kiln::AmaxReduce([mine_whole](const at::Tensor&) { return mine_whole.abs().max().to(at::kFloat); });
+  };
+  for (bool reduce : {true, false}) {
+    at::Tensor dx = at::zeros_like(x0);
+    double worst = 0.0;
+    for (int r = 0; r < 2; ++r) {
+      kiln::Float8Scaling s = kiln::float8_tensorwise();
+      if (reduce) s.w_amax = other_max(w0), s.g_amax = other_max(g);
+      at::Tensor x = x0.clone().requires_grad_(true), w = wparts[r].clone().requires_grad_(true);
+      const at::Tensor y = kiln::float8_linear(x, w, at::Tensor(), s);
+      y.backward(gparts[r]);
+      worst = std::max({worst, rel(y, yw.narrow(1, 32 * r, 32)), rel(w.grad(), ww.grad().narrow(0, 32 * r, 32))});
+      dx += x.grad();
+    }
+    if (reduce) {
+      EXPECT_LE(worst, 1e-6);  // the same quantised values; fp32 sums, perhaps in another order
+      EXPECT_LE(rel(dx, xw.grad()), 1e-6);
+    } else {
+      EXPECT_GT(worst, 1e-4);
+    }
+  }
+}
+
+TEST(Float8, SizeFilter) {
+  EXPECT_TRUE(kiln::float8_layer_eligible(768, 3072, true));    // GPT-2 124M's mlp.c_proj
+  EXPECT_FALSE(kiln::float8_layer_eligible(2304, 768, true));   // its c_attn: no gain measured
+  EXPECT_TRUE(kiln::float8_layer_eligible(2304, 768, false));
+  EXPECT_TRUE(kiln::float8_layer_eligible(8192, 2048, true));
+  EXPECT_FALSE(kiln::float8_layer_eligible(100, 64, false));    // _scaled_mm's multiples of 16
+}
+
+// kernels/matmul.h's entry with float8 on, under CPU autocast: the output in autocast's dtype,
+// the fp32 weight's gradient fp32.
+TEST(Float8, LinearProductUnderAutocast) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  at::Tensor x = at::randn({2, 8, 32}, gen).requires_grad_(true), w = (at::randn({48, 32}, gen) * 0.1).requires_grad_(true);
+  at::Tensor b = at::randn({48}, gen).requires_grad_(true);
+  const kiln::Float8Scaling s = kiln::float8_tensorwise();
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  const at::Tensor y = kiln::linear_product(x, w, b, &s);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  y.sum().backward();
+  EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+  EXPECT_EQ(b.grad().scalar_type(), at::kFloat);
+  EXPECT_EQ(x.grad().scalar_type(), at::kFloat);
+  const at::Tensor ref = at::mm(kiln::to_float8(x.detach().to(at::kBFloat16).reshape({-1, 32}), at::kFloat8_e4m3fn).dequantized(),
+                                kiln::to_float8(w.detach(), at::kFloat8_e4m3fn).dequantized().t()) +
+                         b.detach().to(at::kBFloat16).to(at::kFloat);
+  EXPECT_LE(rel(y.reshape({-1, 48}).to(at::kFloat), ref), 1.0 / 256);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include "distributed/error.h"
@@ -16,6 +17,7 @@
 #include "kernels/classifier.h"
 #include "kernels/gelu_mlp.h"
 #include "kernels/kernel_choice.h"
+#include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/norm_math.cuh"
 #include "kernels/rope.h"
@@ -465,6 +467,79 @@ TEST(KernelEntries, CpuRunsTheCompositeOps) {
   const auto [qr, kr] = kiln::rope(q, kk2, cs, sn, at::Tensor(), kiln::Kernels::fused);
   EXPECT_TRUE(at::equal(qr, q * cs + at::cat({-qh[1], qh[0]}, -1) * sn));
   EXPECT_TRUE(at::equal(kr, kk2 * cs + at::cat({-kh[1], kh[0]}, -1) * sn));
+}
+
+// kernels/matmul.h: on the CPU a 16-bit product is the fp32 GEMM's product of the 16-bit values
+// rounded once to 16 bits. Held against fp64 products of the same 16-bit values: within one
+// rounding (2^-8 relative for bf16, 2^-11 for fp16) plus fp32 accumulation (2^-20 of the sum of
+// the terms' magnitudes, K <= 40 terms of fp32 rounding each); LibTorch's own 16-bit kernel obeys
+// the same bound. fp32 operands go to LibTorch unchanged (bit for bit).
+TEST(KernelEntries, CpuProductsIn16BitsTakeTheFp32Gemm) {
+  at::manual_seed(13);
+  auto close = [](const at::Tensor& got, const at::Tensor& ref64, const at::Tensor& mag64, double rel) {
+    const at::Tensor err = (got.to(at::kDouble) - ref64).abs();
+    const at::Tensor bound = ref64.abs() * rel + mag64 * std::ldexp(1.0, -20) + 1e-30;
+    return (err <= bound).all().item<bool>();
+  };
+  {  // fp32: LibTorch's own product, forward and backward
+    at::Tensor x1 = at::randn({2, 7, 24}).requires_grad_(true), x2 = x1.detach().clone().requires_grad_(true);
+    at::Tensor w1 = at::randn({40, 24}).requires_grad_(true), w2 = w1.detach().clone().requires_grad_(true);
+    const at::Tensor y1 = kiln::linear_product(x1, w1), y2 = at::linear(x2, w2);
+    EXPECT_TRUE(at::equal(y1, y2));
+    const at::Tensor g = at::randn_like(y1);
+    y1.backward(g);
+    y2.backward(g);
+    EXPECT_TRUE(at::equal(x1.grad(), x2.grad()));
+    EXPECT_TRUE(at::equal(w1.grad(), w2.grad()));
+  }
+  for (const auto t : {at::kBFloat16, at::kHalf}) {
+    const double rel = std::ldexp(1.0, t == at::kBFloat16 ? -8 : -11);
+    at::Tensor x = at::randn({2, 7, 24}).to(t).requires_grad_(true), w = at::randn({40, 24}).to(t).requires_grad_(true);
+    at::Tensor b = at::randn({40}).to(t).requires_grad_(true);
+    const at::Tensor y = kiln::linear_product(x, w, b);
+    ASSERT_EQ(y.scalar_type(), t);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, 7, 40}));
+    const at::Tensor x64 = x.detach().to(at::kDouble), w64 = w.detach().to(at::kDouble), b64 = b.detach().to(at::kDouble);
+    const at::Tensor y64 = at::linear(x64, w64, b64), ymag = at::linear(x64.abs(), w64.abs(), b64.abs());
+    EXPECT_TRUE(close(y, y64, ymag, rel)) << t;
+    EXPECT_TRUE(close(at::linear(x.detach(), w.detach(), b.detach()), y64, ymag, rel)) << t;  // LibTorch's, same bound
+    const at::Tensor g = at::randn({2, 7, 40}).to(t);
+    y.backward(g);
+    const at::Tensor g64 = g.to(at::kDouble).reshape({-1, 40}), x2 = x64.reshape({-1, 24});
+    EXPECT_TRUE(close(x.grad().reshape({-1, 24}), g64.mm(w64), g64.abs().mm(w64.abs()), rel)) << t;
+    EXPECT_TRUE(close(w.grad(), g64.t().mm(x2), g64.abs().t().mm(x2.abs()), rel)) << t;
+    EXPECT_TRUE(close(b.grad(), g64.sum(0), g64.abs().sum(0), rel)) << t;
+    EXPECT_EQ(x.grad().scalar_type(), t);
+    // matmul_product (3-D first operand) and addmm_product (beta 0: c is not read, NaN or not)
+    const at::Tensor m = kiln::matmul_product(g, w.detach());
+    EXPECT_TRUE(close(m.reshape({-1, 24}), g64.mm(w64), g64.abs().mm(w64.abs()), rel)) << t;
+    const at::Tensor nan = at::full({14, 24}, std::numeric_limits<double>::quiet_NaN(), at::TensorOptions().dtype(t));
+    const at::Tensor a = kiln::addmm_product(nan, g.reshape({-1, 40}), w.detach(), 0.0, 0.5);
+    EXPECT_TRUE(close(a, g64.mm(w64) * 0.5, g64.abs().mm(w64.abs()) * 0.5, rel)) << t;
+  }
+  {  // under CPU autocast: fp32 leaves cast to bf16 (as at::linear's autocast would), bf16 out,
+     // fp32 gradients holding the bf16 products
+    at::Tensor x = at::randn({3, 24}).requires_grad_(true), w = at::randn({40, 24}).requires_grad_(true);
+    at::Tensor b = at::randn({40}).requires_grad_(true);
+    at::Tensor y;
+    {
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+      y = kiln::linear_product(x, w, b);
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+    }
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    const at::Tensor x16 = x.detach().to(at::kBFloat16).to(at::kDouble), w16 = w.detach().to(at::kBFloat16).to(at::kDouble);
+    const at::Tensor b16 = b.detach().to(at::kBFloat16).to(at::kDouble);
+    EXPECT_TRUE(close(y, at::linear(x16, w16, b16), at::linear(x16.abs(), w16.abs(), b16.abs()), std::ldexp(1.0, -8)));
+    y.sum().backward();
+    EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(w.grad(), w.grad().to(at::kBFloat16).to(at::kFloat)));  // a bf16 product, widened
+    const at::Tensor ones = at::ones({3, 40}, at::kDouble);
+    EXPECT_TRUE(close(w.grad(), ones.t().mm(x16), ones.t().mm(x16.abs()), std::ldexp(1.0, -8)));
+    EXPECT_TRUE(close(x.grad(), ones.mm(w16), ones.mm(w16.abs()), std::ldexp(1.0, -8)));
+  }
 }
 
 // add_norm on the CPU: x + r then the norm, bit for bit, forward and backward (x and r each get

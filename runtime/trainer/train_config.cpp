@@ -106,12 +106,25 @@ void TrainConfig::validate_comm_and_precision() const {
   if (!(save_timeout > 0)) throw ConfigError("--save-timeout must be positive (seconds)");
   at_least("max-wall-time", max_wall_time, 0);
   one_of("offload", offload, {"none", "optimizer", "all"});
-  one_of("precision", precision, {"fp32", "bf16", "fp16"});
+  one_of("precision", precision, {"fp32", "bf16", "fp16", "fp8"});
   one_of("param-dtype", param_dtype, {"auto", "fp32", "bf16", "fp16"});
   one_of("reduce-dtype", reduce_dtype, {"fp32", "bf16"});
-  if (param_dtype != "auto" && param_dtype != "fp32" && param_dtype != precision) {
+  if (param_dtype != "auto" && param_dtype != "fp32" && param_dtype != compute_precision()) {
     throw ConfigError("--param-dtype " + param_dtype + " keeps the working weights in the compute precision: give --precision " +
                       param_dtype + " (got --precision " + precision + ")");
+  }
+  if (precision == "fp8") {
+    one_of("fp8-recipe", fp8_recipe, {"tensorwise", "rowwise"});
+    one_of("fp8-grad", fp8_grad, {"e5m2", "e4m3"});
+    one_of("fp8-filter", fp8_filter, {"auto", "all"});
+    if (fp8_recipe == "rowwise") throw ConfigError("--fp8-recipe rowwise is not built yet (issue 52): tensorwise is");
+    // The amax of a tensor whose rows are split over ranks (sp's and cp's sequence) is not reduced
+    // yet: each rank would scale its rows by its own, unlike one process.
+    if (sp) throw ConfigError("--precision fp8 does not go with --sp yet (issue 52): the split sequence's amax is not reduced over tp");
+    if (cp > 1) throw ConfigError("--precision fp8 does not go with --cp yet (issue 52): the split sequence's amax is not reduced over cp");
+    if (param_dtype == "fp32") {
+      throw ConfigError("--precision fp8 keeps bf16 working weights (the default): --param-dtype fp32 under fp8 is not built yet (issue 52)");
+    }
   }
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
   one_of("kernels", kernels, {"fused", "reference"});
@@ -120,7 +133,7 @@ void TrainConfig::validate_comm_and_precision() const {
   one_of("document-positions", document_positions, {"continue", "restart"});
   if (document_positions == "restart" && !document_mask)
     throw ConfigError("--document-positions restart counts positions within documents: give --document-mask too");
-  if (logits_dtype == "bf16" && precision != "bf16") {
+  if (logits_dtype == "bf16" && compute_precision() != "bf16") {
     throw ConfigError("--logits-dtype bf16 rounds the products of bf16 operands: give --precision bf16 (got --precision " + precision + ")");
   }
 }
@@ -323,6 +336,9 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["gelu_epilogue"] = gelu_epilogue;
   j["main_grads"] = main_grads;
   j["logits_dtype"] = logits_dtype;
+  j["fp8_recipe"] = fp8_recipe;
+  j["fp8_grad"] = fp8_grad;
+  j["fp8_filter"] = fp8_filter;
   j["document_positions"] = document_positions;
   j["document_mask"] = document_mask;
   j["cuda_graph"] = cuda_graph;
@@ -418,7 +434,7 @@ std::vector<ConfigChange> config_changes(const nlohmann::json& saved_run, const 
                                                "dropout",     "lr",          "min_lr",           "warmup",
                                                "lr_schedule", "warmup_type", "warmup_start_lr", "lr_decay_steps",
                                                "weight_decay", "grad_clip",  "beta1",            "beta2",
-                                               "adam_eps",    "precision",   "param_dtype", "reduce_dtype", "logits_dtype", "document_mask", "document_positions", "loss_scale",       "loss_scale_window",
+                                               "adam_eps",    "precision",   "param_dtype", "reduce_dtype", "logits_dtype", "fp8_recipe", "fp8_grad", "fp8_filter", "document_mask", "document_positions", "loss_scale",       "loss_scale_window",
                                                "initial_scale_power", "hysteresis", "min_loss_scale", "offload_delayed_update", "offload_delay_from",
                                                // MoE: the routing and the losses (the shapes are checked with the tensors)
                                                "top_k", "moe_capacity_factor", "moe_aux_loss_coef", "moe_z_loss_coef"};

@@ -90,6 +90,12 @@ struct TrainConfig {
   bool document_mask = false;  // attention within documents only (each opened by the tokenizer's eot: models/gpt.h)
   std::string document_positions = "continue";  // continue | restart: rotary positions from 0 at every document (with document_mask)
   std::string logits_dtype = "fp32";  // the chunked loss's logits: fp32 | bf16 (bf16 compute; models/linear_cross_entropy.h)
+  // --precision fp8 (kernels/float8.h, docs/precision.md): the recipe (tensorwise; rowwise not
+  // built yet), the output gradient's format, and which block layers: auto (torchao's H100 size
+  // filter) or all (every one whose dims are multiples of 16).
+  std::string fp8_recipe = "tensorwise";
+  std::string fp8_grad = "e5m2";
+  std::string fp8_filter = "auto";
   bool deterministic = false;   // deterministic kernels: GPU replay bit-identical (distributed/device.h)
   std::string kernels = "fused";  // fused | reference: kiln's CUDA kernels or the composite ops (kernels/kernel_choice.h)
   bool gelu_epilogue = false;     // with kernels fused: GELU's bias + activation inside cuBLASLt's products (kernels/gelu_mlp.h)
@@ -130,7 +136,9 @@ struct TrainConfig {
   // The working weights' dtype: --param-dtype, or by default ("auto") the compute precision --
   // 16-bit weights with fp32 masters under bf16 / fp16, the fastest and smallest policy; fp32
   // (the "upcast" policy) when asked for.
-  std::string resolved_param_dtype() const { return param_dtype == "auto" ? precision : param_dtype; }
+  std::string resolved_param_dtype() const { return param_dtype == "auto" ? compute_precision() : param_dtype; }
+  // The dtype the products run in outside float8's: fp8 computes the rest in bf16.
+  std::string compute_precision() const { return precision == "fp8" ? "bf16" : precision; }
   // The pipeline schedule the run uses: 1f1b or interleaved (never "auto").
   std::string resolved_pp_schedule() const {
     return pp_schedule != "auto" ? pp_schedule : pp_virtual > 1 ? "interleaved" : "1f1b";

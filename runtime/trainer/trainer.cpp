@@ -293,6 +293,16 @@ void Trainer::build_model() {
       throw ConfigError("--document-positions restart turns rotary positions (--position rope, the Llama family's); this model's are learned");
   }
   r.model->set_kernels(kernels_on(parse_kernels(cfg_.kernels), device.is_cuda()), cfg_.gelu_epilogue);
+  if (r.precision == Precision::FP8) {
+    Float8Scaling scaling = float8_tensorwise();
+    scaling.grad_dtype = float8_grad_dtype(cfg_.fp8_grad);
+    r.float8_layers = r.model->set_float8(scaling, cfg_.fp8_filter == "auto");
+    if (proc_.rank == 0) {
+      std::printf("fp8: %lld of the %lld block linear layers%s in float8 (%s scaling, gradients %s, filter %s)\n",
+                  static_cast<long long>(r.float8_layers.first), static_cast<long long>(r.float8_layers.second),
+                  r.shape.pp > 1 ? " of the first stage" : "", cfg_.fp8_recipe.c_str(), cfg_.fp8_grad.c_str(), cfg_.fp8_filter.c_str());
+    }
+  }
   r.model->train();
   // Parallelism applied from outside the model, in torchtitan's order: activation checkpointing,
   // then data parallelism (DDP or ZeRO).

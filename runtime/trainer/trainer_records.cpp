@@ -87,6 +87,8 @@ json Trainer::config_record() const {
                                  {"rule", r.threads.rule}}},
                {"peak_tflops", r.peak ? json(*r.peak) : json(nullptr)},
                {"compute_dtype", c10::toString(compute_dtype(r.precision))},
+               {"float8_layers", r.precision == Precision::FP8 ? json{{"float8", r.float8_layers.first}, {"of", r.float8_layers.second}}
+                                                               : json(nullptr)},
                {"kernels", kernels_name(r.model->kernels())},  // what ran: fused only on CUDA (kernels/kernel_choice.h)
                {"resumed_from", r.resumed_from.empty() ? json(nullptr) : json(r.resumed_from)},
                {"initialised_from", r.init_io ? json(cfg_.init_from) : json(nullptr)},

@@ -88,6 +88,7 @@ struct Trainer::Run {
   std::unique_ptr<Mesh> mesh;
   int dp_rank = 0;
   Precision precision = Precision::FP32;
+  std::pair<int64_t, int64_t> float8_layers{0, 0};  // --precision fp8: {block layers in float8, of} on this stage
 
   std::shared_ptr<const TokenDataset> train_data;
   std::shared_ptr<const Tokenizer> tokenizer;  // the data's (data/tokenizer.h); null: none known

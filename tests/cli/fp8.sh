@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# tests/cli/fp8.sh -- --precision fp8 (kernels/float8.h, docs/precision.md): the blocks' linear
+# layers in float8 with dynamic tensorwise scaling, the rest bf16. LibTorch 2.11 runs tensorwise
+# _scaled_mm on the CPU, so the recipe's training arithmetic runs here (the speed is the GPU's).
+#
+# 1. The curve: the tiny model, every block layer in float8 (--fp8-filter all: the default's
+#    H100 size filter keeps none of tiny's 128-wide layers -- checked in the record), 200 steps
+#    against bf16 from the same seed: the mean of the last 10 losses within 1% of bf16's (the
+#    issue's bound for gpt2-124m's 500 steps on the GPU), with e5m2 gradients (the default) and
+#    with e4m3 ones. Measured: e5m2 0.90056, e4m3 0.90044, bf16 0.90027 (+0.033%, +0.020%).
+# 2. Parity with one fp8 process (micro-batch 4 x grad-accum 4, 10 steps): DDP 2, ZeRO-3 over 2,
+#    tp 2 and pp 2, the same global batch of 16. DDP and ZeRO: every micro-batch is quantised as
+#    one process quantises it (the same tensors, the same scales); the 16-bit gradients are summed
+#    in fp32 in another order (micro-steps, then the reduction), which moves the weights by ~1e-7
+#    and with them an amax or the rounding of an element at a float8 boundary now and then --
+#    held to 1e-4 on the loss and gradient norm per step and on the final fingerprint. tp: the
+#    amax of every split tensor is the group's maximum (Float8Scaling's reducers), so the
+#    quantised operands are one process's; the row-parallel products are partial sums rounded to
+#    bf16 before the all-reduce (as under bf16, tests/cli/param_dtype.sh: 5e-4 / 2e-2 / 2e-4 held
+#    there): held to the same, and tp's first loss (the same weights) to 5e-5. pp: each stage's
+#    blocks as one process runs them, each stage's forward in its own autocast scope (as under
+#    bf16): held to tp's bounds. Measured (10 steps; loss / gradient norm / fingerprint): dp 2
+#    8.4e-8 / 0 / 0, ZeRO-3 8.4e-8 / 5.4e-8 / 7.4e-11, tp 2 1.6e-4 / 4.4e-3 / 4.4e-5 (first loss
+#    2.3e-5), pp 2 8.6e-5 / 3.0e-3 / 2.7e-5. With tp's amax reductions turned off by hand (each rank
+#    scaling by its own parts): tp 2 7.1e-4 / 1.9e-2 / 8.0e-6, first loss 1.4e-4 -- past the bounds.
+# 3. Checkpoints hold the fp32 masters: an fp8 run saved at step 5 resumes replay-exact, resumes
+#    under bf16 (--allow-config-change; its first loss within 5e-3 of the fp8 run's step 6: the
+#    quantisation of one step; measured 2.8e-4), and a bf16 checkpoint resumes under fp8 the
+#    same way (1.7e-4).
+# 4. Refusals, one line each: rowwise (not built), --sp and --cp (the split sequence's amax),
+#    --param-dtype fp32, a bad --fp8-grad.
+source "$(dirname "$0")/common.sh"
+: "${MPIEXEC:=mpirun}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
+cd "$work"
+T=(train --device cpu --log-every 50 --dropout 0)
+F=(--precision fp8 --fp8-filter all)
+
+# 1. (the three curves at once: one thread each -- the same arithmetic whatever runs beside it --
+#    on the test's two cores)
+C=("${T[@]}" --steps 200 --micro-batch 4)
+"$KILN_BIN" "${C[@]}" --precision bf16 --log-json c_bf16.jsonl >/dev/null & a=$!
+"$KILN_BIN" "${C[@]}" "${F[@]}" --log-json c_fp8.jsonl >c_fp8.out & b=$!
+"$KILN_BIN" "${C[@]}" "${F[@]}" --fp8-grad e4m3 --log-json c_fp8_e4m3.jsonl >/dev/null & c=$!
+"$KILN_BIN" train --device cpu --steps 1 --precision fp8 --log-json auto.jsonl >auto.out || fail "fp8 with the default filter"
+wait "$a" || fail "the bf16 curve"
+wait "$b" || fail "the fp8 curve"
+wait "$c" || fail "the fp8 curve with e4m3 gradients"
+grep -q "fp8: 16 of the 16 block linear layers in float8 (tensorwise scaling, gradients e5m2, filter all)" c_fp8.out ||
+  { cat c_fp8.out; fail "the fp8 line"; }
+python3 - <<'PY'
+import json
+load = lambda n: [json.loads(l) for l in open(f"{n}.jsonl")]
+losses = lambda run: [r["loss"] for r in run if r["type"] == "step"]
+b, f, f4, auto = load("c_bf16"), load("c_fp8"), load("c_fp8_e4m3"), load("auto")
+assert f[0]["float8_layers"] == {"float8": 16, "of": 16}, f[0]["float8_layers"]
+assert auto[0]["float8_layers"] == {"float8": 0, "of": 16}, auto[0]["float8_layers"]  # tiny is under the H100 filter
+assert f[0]["compute_dtype"] == "BFloat16" and f[0]["config"]["precision"] == "fp8" and f[0]["config"]["param_dtype"] == "bf16"
+assert b[0]["float8_layers"] is None
+lb, lf, l4 = losses(b), losses(f), losses(f4)
+assert len(lb) == len(lf) == len(l4) == 200 and lf != lb and l4 != lf
+mb = sum(lb[-10:]) / 10
+BAND = 0.01
+for name, l in (("e5m2", lf), ("e4m3", l4)):
+    m = sum(l[-10:]) / 10
+    print(f"fp8 ({name} gradients), 200 steps: mean of the last 10 losses {m:.5f} against bf16's {mb:.5f} ({(m - mb) / mb:+.3%}); "
+          f"step 1 {l[0]:.5f} vs {lb[0]:.5f}")
+    assert abs(m - mb) <= BAND * mb and m < 0.5 * l[0], (name, m, mb)
+PY
+
+# 2.
+P=("${T[@]}" "${F[@]}" --steps 10 --micro-batch 4)
+"$KILN_BIN" "${P[@]}" --grad-accum 4 --log-json ref.jsonl >/dev/null & a=$!
+mpi 2 "$KILN_BIN" "${P[@]}" --grad-accum 2 --log-json dp2.jsonl >/dev/null
+wait "$a" || fail "the one-process fp8 run"
+mpi 2 "$KILN_BIN" "${P[@]}" --grad-accum 2 --zero 3 --log-json zero3.jsonl >/dev/null
+mpi 2 "$KILN_BIN" "${P[@]}" --grad-accum 4 --tp 2 --log-json tp2.jsonl >/dev/null
+mpi 2 "$KILN_BIN" "${P[@]}" --grad-accum 4 --pp 2 --log-json pp2.jsonl >/dev/null
+python3 - <<'PY'
+import json
+load = lambda n: [json.loads(l) for l in open(f"{n}.jsonl")]
+steps = lambda run: [r for r in run if r["type"] == "step"]
+rel = lambda a, b: abs(a - b) / max(abs(a), 1e-30)
+ref = load("ref")
+for name, shape, tol in (("dp2", (2, 1, 1), (1e-4, 1e-4, 1e-4)), ("zero3", (2, 1, 1), (1e-4, 1e-4, 1e-4)),
+                         ("tp2", (1, 2, 1), (5e-4, 2e-2, 2e-4)), ("pp2", (1, 1, 2), (5e-4, 2e-2, 2e-4))):
+    run = load(name)
+    w = run[0]["world"]
+    assert (w["dp"], w["tp"], w["pp"]) == shape and run[0]["config"]["precision"] == "fp8", w
+    assert run[0]["float8_layers"]["float8"] == (8 if name == "pp2" else 16), run[0]["float8_layers"]
+    assert len(steps(run)) == 10
+    worst = {}
+    for a, b in zip(steps(ref), steps(run)):
+        for key, t in (("loss", tol[0]), ("grad_norm", tol[1])):
+            worst[key] = max(worst.get(key, 0.0), rel(a[key], b[key]))
+            assert rel(a[key], b[key]) <= t, (name, a["step"], key, a[key], b[key])
+    for key in ("param_sum", "param_sq"):
+        worst["param"] = max(worst.get("param", 0.0), rel(ref[-1][key], run[-1][key]))
+        assert rel(ref[-1][key], run[-1][key]) <= tol[2], (name, key, ref[-1][key], run[-1][key])
+    first = rel(steps(ref)[0]["loss"], steps(run)[0]["loss"])
+    # The first step (the same weights): tp's only difference is the row-parallel partial sums'
+    # bf16 rounding when every split tensor takes the group's amax (measured 2.3e-5); each rank's
+    # own amax quantises other values (1.4e-4, the reductions turned off by hand).
+    assert name != "tp2" or first <= 5e-5, (name, first)
+    print(f"fp8 {name} vs one fp8 process: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()) + f", first loss {first:.1e}")
+PY
+
+# 3.
+R=("${T[@]}" --steps 10 --micro-batch 4)
+"$KILN_BIN" "${R[@]}" "${F[@]}" --log-json full.jsonl >/dev/null & a=$!
+"$KILN_BIN" "${R[@]}" "${F[@]}" --save-dir ck --save-every 5 --stop-at-step 8 >/dev/null
+wait "$a" || fail "the uninterrupted fp8 run"
+"$KILN_BIN" "${R[@]}" "${F[@]}" --save-dir ck --resume ck/step_00000005 --log-json resumed.jsonl >/dev/null & a=$!
+"$KILN_BIN" "${R[@]}" --precision bf16 --save-dir ck2 --resume ck/step_00000005 --allow-config-change --log-json as_bf16.jsonl >as_bf16.out
+wait "$a" || fail "the fp8 resume"
+grep -q "precision" as_bf16.out || { cat as_bf16.out; fail "the precision change was not reported"; }
+"$KILN_BIN" "${R[@]}" --precision bf16 --log-json bfull.jsonl --save-dir ck3 --save-every 5 >/dev/null
+"$KILN_BIN" "${R[@]}" "${F[@]}" --save-dir ck4 --resume ck3/step_00000005 --allow-config-change --log-json as_fp8.jsonl >/dev/null
+python3 - <<'PY'
+import json
+s = lambda n: {r["step"]: r["loss"] for r in map(json.loads, open(f"{n}.jsonl")) if r["type"] == "step"}
+full, resumed, as_bf16, bfull, as_fp8 = s("full"), s("resumed"), s("as_bf16"), s("bfull"), s("as_fp8")
+assert sorted(resumed) == list(range(6, 11)) and all(resumed[k] == full[k] for k in resumed), [(k, resumed[k], full[k]) for k in resumed]
+a = abs(as_bf16[6] - full[6]) / full[6]
+b = abs(as_fp8[6] - bfull[6]) / bfull[6]
+print(f"resume: fp8 steps 6-10 == the uninterrupted run; fp8 -> bf16 step 6 within {a:.1e}, bf16 -> fp8 within {b:.1e}")
+assert a <= 5e-3 and b <= 5e-3 and as_bf16[6] != full[6]
+PY
+
+# 4.
+expect_refused 1 "--fp8-recipe rowwise is not built yet" train --device cpu --steps 1 --precision fp8 --fp8-recipe rowwise
+expect_refused 2 "--precision fp8 does not go with --sp yet" train --device cpu --steps 1 --precision fp8 --tp 2 --sp
+expect_refused 2 "--precision fp8 does not go with --cp yet" train --device cpu --steps 1 --precision fp8 --cp 2
+expect_refused 1 "--param-dtype fp32 under fp8 is not built yet" train --device cpu --steps 1 --precision fp8 --param-dtype fp32
+expect_refused 1 "--fp8-grad must be one of e4m3, e5m2" train --device cpu --steps 1 --precision fp8 --fp8-grad e3m4
+echo "PASS"
