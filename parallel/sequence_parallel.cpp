@@ -113,7 +113,12 @@ struct GatheredLinear : public torch::autograd::Function<GatheredLinear> {
 }  // namespace
 
 at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                           const std::shared_ptr<Communicator>& group) {
+                           const std::shared_ptr<Communicator>& group, const Float8Scaling* float8) {
+  if (float8 != nullptr && float8->on) {
+    const auto type = x.device().type();
+    const at::Tensor xc = at::autocast::is_autocast_enabled(type) ? x.to(at::autocast::get_autocast_dtype(type)) : x;
+    return linear_product(all_gather_rows(xc, 1, group), w, b, float8);
+  }
   // No bias: an empty tensor stands for it (an autograd function's inputs must be defined).
   return GatheredLinear::apply(x, w, b.defined() ? b : at::empty({0}, w.options().requires_grad(false)), group_capsule(group));
 }

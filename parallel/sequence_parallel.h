@@ -42,6 +42,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "distributed/comm.h"
+#include "kernels/float8.h"
 
 namespace kiln {
 
@@ -61,8 +62,12 @@ at::Tensor reduce_scatter_rows(const at::Tensor& x, int64_t dim, const std::shar
 // parallelism that keeps only x's rows for backward and gathers them again there (one more
 // all-gather of [B, T, K] in the compute dtype per backward, for activations / t). Backward: dx
 // = reduce_scatter_rows(dy W) in x's dtype, dW = dy^T gather(x), db = sum dy.
+// A float8 layer (`float8` on, with tp's reductions of W's and the output gradient's amax): x is
+// gathered in the compute dtype, then the float8 layer (kernels/float8.h) multiplies the whole --
+// quantised whole, so no reduction of x's amax -- and keeps its 8-bit copy for backward (1 byte
+// an element of the whole, where the 16-bit way keeps 2 of x's rows: the same bytes at tp 2).
 at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                           const std::shared_ptr<Communicator>& group);
+                           const std::shared_ptr<Communicator>& group, const Float8Scaling* float8 = nullptr);
 
 // Registers, on every parameter of `model` that tensor parallelism replicates, a hook that sums
 // its incoming gradient over tp before it is accumulated (the LayerNorms, row-parallel biases,

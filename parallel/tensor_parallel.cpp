@@ -182,9 +182,14 @@ namespace {
 const Float8Scaling* tp_float8(const LinearImpl& l, const std::shared_ptr<Communicator>& tp, bool column, Float8Scaling& out) {
   if (!l.float8.on) return nullptr;
   out = l.float8;
-  const AmaxReduce max_over_tp = [tp](const at::Tensor& amax) { return all_reduced(amax, *tp, ReduceOp::Max); };
-  out.w_amax = max_over_tp;
-  (column ? out.g_amax : out.x_amax) = max_over_tp;
+  // After any reduction the layer has already (cp's, over the rows of the sequence).
+  auto then_over_tp = [&tp](const AmaxReduce& before) -> AmaxReduce {
+    if (!before) return [tp](const at::Tensor& amax) { return all_reduced(amax, *tp, ReduceOp::Max); };
+    return [tp, before](const at::Tensor& amax) { return all_reduced(before(amax), *tp, ReduceOp::Max); };
+  };
+  out.w_amax = then_over_tp(out.w_amax);
+  AmaxReduce& split = column ? out.g_amax : out.x_amax;
+  split = then_over_tp(split);
   return &out;
 }
 
@@ -338,9 +343,8 @@ ModelShard make_tensor_parallel_shard(const GPTConfig& cfg, const std::shared_pt
     shard.ops = std::move(plain);
     return shard;
   }
-  // Float8 is refused with sequence parallelism (TrainConfig): its gathered product is LibTorch's.
-  auto sp = make_ops([tp](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Float8Scaling*) {
-                       return gathered_linear(x, w, b, tp);
+  auto sp = make_ops([tp](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Float8Scaling* f8) {
+                       return gathered_linear(x, w, b, tp, f8);
                      },
                      [tp](const at::Tensor& x) { return reduce_scatter_rows(x, 1, tp); });
   sp->seq_split = t;

@@ -120,8 +120,6 @@ void TrainConfig::validate_comm_and_precision() const {
     if (fp8_recipe == "rowwise") throw ConfigError("--fp8-recipe rowwise is not built yet (issue 52): tensorwise is");
     // The amax of a tensor whose rows are split over ranks (sp's and cp's sequence) is not reduced
     // yet: each rank would scale its rows by its own, unlike one process.
-    if (sp) throw ConfigError("--precision fp8 does not go with --sp yet (issue 52): the split sequence's amax is not reduced over tp");
-    if (cp > 1) throw ConfigError("--precision fp8 does not go with --cp yet (issue 52): the split sequence's amax is not reduced over cp");
     if (param_dtype == "fp32") {
       throw ConfigError("--precision fp8 keeps bf16 working weights (the default): --param-dtype fp32 under fp8 is not built yet (issue 52)");
     }

@@ -296,6 +296,15 @@ void Trainer::build_model() {
   if (r.precision == Precision::FP8) {
     Float8Scaling scaling = float8_tensorwise();
     scaling.grad_dtype = float8_grad_dtype(cfg_.fp8_grad);
+    if (r.shape.cp > 1) {
+      // cp splits every layer's rows (the sequence): the inputs' and output gradients' amax is the
+      // group's, so each rank scales as one process scales the whole sequence.
+      scaling.x_amax = scaling.g_amax = [cp = r.mesh->cp()](const at::Tensor& amax) {
+        at::Tensor t = amax.clone();
+        cp->all_reduce(t, ReduceOp::Max)->wait();
+        return t;
+      };
+    }
     r.float8_layers = r.model->set_float8(scaling, cfg_.fp8_filter == "auto");
     if (proc_.rank == 0) {
       std::printf("fp8: %lld of the %lld block linear layers%s in float8 (%s scaling, gradients %s, filter %s)\n",
