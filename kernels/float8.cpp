@@ -23,6 +23,16 @@ at::Tensor scaled_product(const Float8Tensor& a, const at::Tensor& b_data, const
   return at::_scaled_mm(a.data.contiguous(), b_cols, a.scale, b_scale, /*bias=*/std::nullopt, /*scale_result=*/std::nullopt, out);
 }
 
+// x [M, ...] with zero rows appended up to a multiple of 16: dW's product contracts over the M
+// rows, and CUDA's _scaled_mm wants every contracted dim a multiple of 16. Zero rows change no
+// amax and add nothing to dW; the other products read the first M rows. (On every device alike,
+// so that the CPU's tests run this path.)
+at::Tensor pad_rows16(const at::Tensor& x) {
+  const int64_t pad = (16 - x.size(0) % 16) % 16;
+  if (pad == 0) return x;
+  return at::cat({x, at::zeros({pad, x.size(1)}, x.options())});
+}
+
 // The reducers travel to the backward in a capsule (a custom function's saved data holds IValues).
 struct ScalingHolder : torch::CustomClassHolder {
   explicit ScalingHolder(Float8Scaling s) : scaling(std::move(s)) {}
@@ -35,7 +45,8 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
                             const std::optional<at::Tensor>& bias, at::IValue scaling) {
     const Float8Scaling& s = static_cast<const ScalingHolder*>(scaling.toCapsule().get())->scaling;
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    const Float8Tensor qx = to_float8(x2, at::kFloat8_e4m3fn, s.x_amax), qw = to_float8(weight, at::kFloat8_e4m3fn, s.w_amax);
+    const int64_t M = x2.size(0);
+    const Float8Tensor qx = to_float8(pad_rows16(x2), at::kFloat8_e4m3fn, s.x_amax), qw = to_float8(weight, at::kFloat8_e4m3fn, s.w_amax);
     const bool has_bias = bias.has_value() && bias->defined();
     ctx->save_for_backward({qx.data, qx.scale, qw.data, qw.scale});
     ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
@@ -44,7 +55,7 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
     ctx->saved_data["scaling"] = std::move(scaling);
     // y = q_x q_W^T + b: q_W^T [K, N] is the transposed view of q_W [N, K], column-major as it
     // is; the bias added in fp32 inside the product before its one rounding (cuBLASLt's epilogue)
-    at::Tensor y = at::_scaled_mm(qx.data, qw.data.t(), qx.scale, qw.scale,
+    at::Tensor y = at::_scaled_mm(qx.data.narrow(0, 0, M), qw.data.t(), qx.scale, qw.scale,
                                   has_bias ? std::optional<at::Tensor>(bias->to(x.scalar_type())) : std::nullopt,
                                   std::nullopt, x.scalar_type());
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -61,15 +72,16 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
     const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
     const at::Tensor& g = grads[0];
     const at::Tensor g2 = g.reshape({-1, g.size(-1)});  // [M, N]
-    const Float8Tensor qg = to_float8(g2, s.grad_dtype, s.g_amax);
+    const int64_t M = g2.size(0);
+    const Float8Tensor qg = to_float8(pad_rows16(g2), s.grad_dtype, s.g_amax);  // [M', N], as q_x [M', K]
     at::Tensor dx, dw, db;
     if (ctx->needs_input_grad(0)) {
       std::vector<int64_t> shape(g.sizes().begin(), g.sizes().end());
       shape.back() = qx.data.size(1);
-      dx = scaled_product(qg, qw.data, qw.scale, dtype).view(shape);  // [M, K]
+      dx = scaled_product({qg.data.narrow(0, 0, M), qg.scale}, qw.data, qw.scale, dtype).view(shape);  // [M, K]
     }
     if (ctx->needs_input_grad(1)) {
-      const Float8Tensor qgt{qg.data.t().contiguous(), qg.scale};                         // [N, M]
+      const Float8Tensor qgt{qg.data.t().contiguous(), qg.scale};                         // [N, M']
       dw = scaled_product(qgt, qx.data, qx.scale, at::kFloat).to(wdtype);                 // [N, K]
     }
     if (bias_dtype >= 0 && ctx->needs_input_grad(2)) db = g2.sum(0, false, at::kFloat).to(static_cast<at::ScalarType>(bias_dtype));

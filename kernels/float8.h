@@ -21,7 +21,11 @@
 // backward (q_x, q_W: one byte an element, against two for bf16). _scaled_mm takes its second
 // operand column-major: the kept tensors are handed over transposed as views where the product
 // wants it (on the CPU LibTorch 2.11 takes any layout and tensorwise scales only; rowwise scaling
-// is CUDA's). Bytes: the quantisation reads x once for amax and once for the cast.
+// is CUDA's). CUDA's _scaled_mm also wants every contracted dim a multiple of 16: dW contracts
+// over the rows (tokens), so x and g are quantised with zero rows appended up to one (no amax
+// changes, nothing added to dW; the other products read the first rows) -- on every device, so
+// the CPU's tests run that path. Bytes: the quantisation reads x once for amax and once for the
+// cast.
 #pragma once
 
 #include <functional>

@@ -264,7 +264,7 @@ TEST(Cli, BadInputIsOneClearMessage) {
   EXPECT_TRUE(contains(error_of({"--model", "gpt5"}), "unknown model 'gpt5'"));
   EXPECT_TRUE(contains(error_of({"--n-head", "5"}), "--n-head 5 does not divide --d-model 128"));
   EXPECT_TRUE(contains(error_of({"--n-kv-head", "3"}), "--n-kv-head 3 does not divide --n-head 4"));
-  EXPECT_TRUE(contains(error_of({"--precision", "fp8"}), "--precision must be one of"));
+  EXPECT_TRUE(contains(error_of({"--precision", "fp4"}), "--precision must be one of"));
   EXPECT_TRUE(contains(error_of({"--config", "/nonexistent/kiln.json"}), "cannot open"));
   auto bad = write_temp("bad.json", "{\"steps\": 10,");
   EXPECT_TRUE(contains(error_of({"--config", bad}), "malformed JSON"));
