@@ -91,6 +91,14 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
 
 }  // namespace
 
+AmaxReduce amax_over(std::shared_ptr<Communicator> group, AmaxReduce before) {
+  return [group = std::move(group), before = std::move(before)](const at::Tensor& amax) {
+    at::Tensor t = (before ? before(amax) : amax).contiguous().clone();
+    group->all_reduce(t, ReduceOp::Max)->wait();
+    return t;
+  };
+}
+
 at::ScalarType float8_grad_dtype(const std::string& name) {
   if (name == "e5m2") return at::kFloat8_e5m2;
   if (name == "e4m3") return at::kFloat8_e4m3fn;

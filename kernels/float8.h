@@ -33,6 +33,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "distributed/comm.h"
+
 namespace kiln {
 
 struct Float8Tensor {
@@ -57,6 +59,11 @@ inline Float8Scaling float8_tensorwise() {
   s.on = true;
   return s;
 }
+
+// The group's amax of a tensor whose parts its ranks hold: `before` (a reduction the tensor already
+// takes, over another group; none when empty), then the maximum over `group` (an all-reduce of
+// one fp32 scalar on the tensor's device).
+AmaxReduce amax_over(std::shared_ptr<Communicator> group, AmaxReduce before = {});
 
 // "e5m2" | "e4m3" -> the gradient's float8 dtype; ConfigError otherwise.
 at::ScalarType float8_grad_dtype(const std::string& name);

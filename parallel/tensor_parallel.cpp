@@ -183,13 +183,9 @@ const Float8Scaling* tp_float8(const LinearImpl& l, const std::shared_ptr<Commun
   if (!l.float8.on) return nullptr;
   out = l.float8;
   // After any reduction the layer has already (cp's, over the rows of the sequence).
-  auto then_over_tp = [&tp](const AmaxReduce& before) -> AmaxReduce {
-    if (!before) return [tp](const at::Tensor& amax) { return all_reduced(amax, *tp, ReduceOp::Max); };
-    return [tp, before](const at::Tensor& amax) { return all_reduced(before(amax), *tp, ReduceOp::Max); };
-  };
-  out.w_amax = then_over_tp(out.w_amax);
+  out.w_amax = amax_over(tp, out.w_amax);
   AmaxReduce& split = column ? out.g_amax : out.x_amax;
-  split = then_over_tp(split);
+  split = amax_over(tp, split);
   return &out;
 }
 

@@ -299,11 +299,7 @@ void Trainer::build_model() {
     if (r.shape.cp > 1) {
       // cp splits every layer's rows (the sequence): the inputs' and output gradients' amax is the
       // group's, so each rank scales as one process scales the whole sequence.
-      scaling.x_amax = scaling.g_amax = [cp = r.mesh->cp()](const at::Tensor& amax) {
-        at::Tensor t = amax.clone();
-        cp->all_reduce(t, ReduceOp::Max)->wait();
-        return t;
-      };
+      scaling.x_amax = scaling.g_amax = amax_over(r.mesh->cp());
     }
     r.float8_layers = r.model->set_float8(scaling, cfg_.fp8_filter == "auto");
     if (proc_.rank == 0) {
