@@ -17,10 +17,17 @@ using torch::autograd::variable_list;
 
 double largest(at::ScalarType dtype) { return dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0; }
 
-// a [M, K] x b [K, N] (b handed over column-major, as _scaled_mm wants on CUDA) with their scales.
-at::Tensor scaled_product(const Float8Tensor& a, const at::Tensor& b_data, const at::Tensor& b_scale, at::ScalarType out) {
-  const at::Tensor b_cols = b_data.t().contiguous().t();  // column-major [K, N]
-  return at::_scaled_mm(a.data.contiguous(), b_cols, a.scale, b_scale, /*bias=*/std::nullopt, /*scale_result=*/std::nullopt, out);
+// b as the column-major [K, N] _scaled_mm wants for its second operand (a view when it is one).
+at::Tensor column_major(const at::Tensor& b) {
+  if (b.stride(0) == 1 && b.stride(1) == b.size(0)) return b;
+  return b.t().contiguous().t();
+}
+
+// `first`, then `second` (either may be empty).
+AmaxReduce then(const AmaxReduce& first, const AmaxReduce& second) {
+  if (!first) return second;
+  if (!second) return first;
+  return [first, second](const at::Tensor& t) { return second(first(t)); };
 }
 
 // x [M, ...] with zero rows appended up to a multiple of 16: dW's product contracts over the M
@@ -28,7 +35,7 @@ at::Tensor scaled_product(const Float8Tensor& a, const at::Tensor& b_data, const
 // amax and add nothing to dW; the other products read the first M rows. (On every device alike,
 // so that the CPU's tests run this path.)
 at::Tensor pad_rows16(const at::Tensor& x) {
-  const int64_t pad = (16 - x.size(0) % 16) % 16;
+  const int64_t pad = x.size(0) == 0 ? 16 : (16 - x.size(0) % 16) % 16;  // no rows: 16 zero rows (an amax needs one)
   if (pad == 0) return x;
   return at::cat({x, at::zeros({pad, x.size(1)}, x.options())});
 }
@@ -39,6 +46,25 @@ struct ScalingHolder : torch::CustomClassHolder {
   Float8Scaling scaling;
 };
 
+// The rowwise recipe's products (the header): y's in the forward, dX's and dW's in the backward,
+// each operand quantised along the product's non-contracted dim from its 16-bit value. The rowwise
+// GEMM writes bf16 (CUTLASS's f8f8bf16; its bias bf16); the result is then cast to `out`.
+at::Tensor rowwise_forward(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const Float8Scaling& s, at::ScalarType out) {
+  const Float8Tensor qx = to_float8_along(x2, at::kFloat8_e4m3fn, 1, s.k), qw = to_float8_along(w, at::kFloat8_e4m3fn, 1, s.k);
+  return scaled_product(qx, {qw.data.t(), qw.scale.t()}, bias.defined() ? bias.to(at::kBFloat16) : bias, at::kBFloat16).to(out);  // [M, K] [K, N]
+}
+
+at::Tensor rowwise_dx(const at::Tensor& g2, const at::Tensor& w, const Float8Scaling& s, at::ScalarType out) {
+  const Float8Tensor qg = to_float8_along(g2, s.grad_dtype, 1, s.n), qw = to_float8_along(w, at::kFloat8_e4m3fn, 0, s.n);
+  return scaled_product(qg, qw, at::Tensor(), at::kBFloat16).to(out);  // [M, N] [N, K]
+}
+
+at::Tensor rowwise_dw(const at::Tensor& g2, const at::Tensor& x2, const Float8Scaling& s, at::ScalarType out) {
+  const Float8Tensor qg = to_float8_along(pad_rows16(g2), s.grad_dtype, 0, s.m);      // [M', N], scales [1, N]
+  const Float8Tensor qx = to_float8_along(pad_rows16(x2), at::kFloat8_e4m3fn, 0, s.m);  // [M', K], scales [1, K]
+  return scaled_product({qg.data.t().contiguous(), qg.scale.t()}, qx, at::Tensor(), at::kBFloat16).to(out);  // [N, M'] [M', K]
+}
+
 class Float8Linear : public torch::autograd::Function<Float8Linear> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -46,26 +72,45 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
     const Float8Scaling& s = static_cast<const ScalingHolder*>(scaling.toCapsule().get())->scaling;
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     const int64_t M = x2.size(0);
-    const Float8Tensor qx = to_float8(pad_rows16(x2), at::kFloat8_e4m3fn, s.x_amax), qw = to_float8(weight, at::kFloat8_e4m3fn, s.w_amax);
     const bool has_bias = bias.has_value() && bias->defined();
-    ctx->save_for_backward({qx.data, qx.scale, qw.data, qw.scale});
     ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["bias_dtype"] = has_bias ? static_cast<int64_t>(bias->scalar_type()) : int64_t{-1};
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = weight.size(0);
+    if (s.rowwise) {
+      const at::Tensor y = rowwise_forward(x2, weight, has_bias ? *bias : at::Tensor(), s, x.scalar_type()).view(shape);
+      ctx->save_for_backward({x2, weight});  // the 16-bit operands, requantised along other dims
+      ctx->saved_data["scaling"] = std::move(scaling);
+      return y;
+    }
+    Float8Tensor qx;
+    int64_t rows = M;
+    if (s.gather_rows) {
+      // This rank's rows quantised with the whole sequence's scale, then their bytes gathered
+      // (float8 -> uint8 views: the collectives' dtype).
+      const Float8Tensor mine = to_float8(x, at::kFloat8_e4m3fn, then(then(s.m, s.k), s.rows_amax));
+      const at::Tensor whole = s.gather_rows(mine.data.view(at::kByte));  // [B, T, K]
+      shape.assign(whole.sizes().begin(), whole.sizes().end());
+      shape.back() = weight.size(0);
+      const at::Tensor whole2 = whole.reshape({-1, whole.size(-1)});
+      rows = whole2.size(0);
+      qx = {pad_rows16(whole2).view(at::kFloat8_e4m3fn), mine.scale};
+    } else {
+      qx = to_float8(pad_rows16(x2), at::kFloat8_e4m3fn, then(s.m, s.k));
+    }
+    const Float8Tensor qw = to_float8(weight, at::kFloat8_e4m3fn, then(s.n, s.k));
+    ctx->save_for_backward({qx.data, qx.scale, qw.data, qw.scale});
     ctx->saved_data["scaling"] = std::move(scaling);
     // y = q_x q_W^T + b: q_W^T [K, N] is the transposed view of q_W [N, K], column-major as it
     // is; the bias added in fp32 inside the product before its one rounding (cuBLASLt's epilogue)
-    at::Tensor y = at::_scaled_mm(qx.data.narrow(0, 0, M), qw.data.t(), qx.scale, qw.scale,
-                                  has_bias ? std::optional<at::Tensor>(bias->to(x.scalar_type())) : std::nullopt,
-                                  std::nullopt, x.scalar_type());
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape.back() = weight.size(0);
-    return y.view(shape);
+    return scaled_product({qx.data.narrow(0, 0, rows), qx.scale}, {qw.data.t(), qw.scale},
+                          has_bias ? bias->to(x.scalar_type()) : at::Tensor(), x.scalar_type())
+        .view(shape);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const Float8Tensor qx{saved[0], saved[1]}, qw{saved[2], saved[3]};
     const Float8Scaling& s = static_cast<const ScalingHolder*>(ctx->saved_data["scaling"].toCapsule().get())->scaling;
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     const auto wdtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
@@ -73,16 +118,22 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
     const at::Tensor& g = grads[0];
     const at::Tensor g2 = g.reshape({-1, g.size(-1)});  // [M, N]
     const int64_t M = g2.size(0);
-    const Float8Tensor qg = to_float8(pad_rows16(g2), s.grad_dtype, s.g_amax);  // [M', N], as q_x [M', K]
+    std::vector<int64_t> shape(g.sizes().begin(), g.sizes().end());
     at::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) {
-      std::vector<int64_t> shape(g.sizes().begin(), g.sizes().end());
+    if (s.rowwise) {
+      const at::Tensor &x2 = saved[0], &w = saved[1];
+      shape.back() = x2.size(1);
+      if (ctx->needs_input_grad(0)) dx = rowwise_dx(g2, w, s, dtype).view(shape);
+      if (ctx->needs_input_grad(1)) dw = rowwise_dw(g2, x2, s, wdtype);
+    } else {
+      const Float8Tensor qx{saved[0], saved[1]}, qw{saved[2], saved[3]};
+      const Float8Tensor qg = to_float8(pad_rows16(g2), s.grad_dtype, then(s.m, s.n));  // [M', N], as q_x [M', K]
       shape.back() = qx.data.size(1);
-      dx = scaled_product({qg.data.narrow(0, 0, M), qg.scale}, qw.data, qw.scale, dtype).view(shape);  // [M, K]
-    }
-    if (ctx->needs_input_grad(1)) {
-      const Float8Tensor qgt{qg.data.t().contiguous(), qg.scale};                         // [N, M']
-      dw = scaled_product(qgt, qx.data, qx.scale, at::kFloat).to(wdtype);                 // [N, K]
+      if (ctx->needs_input_grad(0)) {
+        dx = scaled_product({qg.data.narrow(0, 0, M), qg.scale}, qw, at::Tensor(), dtype).view(shape);  // [M, N] [N, K]
+        if (s.scatter_rows) dx = s.scatter_rows(dx);  // the whole sequence's -> this rank's rows, summed over the group
+      }
+      if (ctx->needs_input_grad(1)) dw = scaled_product({qg.data.t().contiguous(), qg.scale}, qx, at::Tensor(), at::kFloat).to(wdtype);  // [N, M'] [M', K]
     }
     if (bias_dtype >= 0 && ctx->needs_input_grad(2)) db = g2.sum(0, false, at::kFloat).to(static_cast<at::ScalarType>(bias_dtype));
     return {dx, dw, db, at::Tensor()};
@@ -114,6 +165,32 @@ Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, const AmaxRedu
   const at::Tensor scale = amax.clamp_min(1e-12) / fmax;
   const at::Tensor data = (x.detach().to(at::kFloat) / scale).clamp(-fmax, fmax).to(dtype);
   return {data, scale};
+}
+
+Float8Tensor to_float8_along(const at::Tensor& x, at::ScalarType dtype, int64_t dim, const AmaxReduce& reduce) {
+  const double fmax = largest(dtype);
+  at::Tensor amax = x.detach().abs().amax({dim}, /*keepdim=*/true).to(at::kFloat);
+  if (reduce) amax = reduce(amax);
+  const at::Tensor scale = amax.clamp_min(1e-12) / fmax;
+  const at::Tensor data = (x.detach().to(at::kFloat) / scale).clamp(-fmax, fmax).to(dtype);
+  return {data, scale};
+}
+
+at::Tensor scaled_product(const Float8Tensor& a, const Float8Tensor& b, const at::Tensor& bias, at::ScalarType out) {
+  const int64_t M = a.data.size(0), K = a.data.size(1), N = b.data.size(1);
+  if (M == 0 || K == 0 || N == 0) {  // an expert without rows (models/moe.h): nothing for the GEMM to do
+    at::Tensor y = at::zeros({M, N}, a.data.options().dtype(at::kFloat));
+    return (bias.defined() ? y + bias.to(at::kFloat) : y).to(out);
+  }
+  const bool tensorwise = a.scale.dim() == 0 && b.scale.dim() == 0;
+  if (tensorwise || a.data.is_cuda()) {
+    return at::_scaled_mm(a.data.contiguous(), column_major(b.data), a.scale.contiguous(), b.scale.contiguous(),
+                          bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, /*scale_result=*/std::nullopt, out);
+  }
+  // The CPU's rowwise product (the header): LibTorch 2.11's CPU _scaled_mm takes scalar scales only.
+  at::Tensor y = at::mm(a.data.to(at::kFloat), b.data.to(at::kFloat)).mul_(a.scale).mul_(b.scale);
+  if (bias.defined()) y.add_(bias.to(at::kFloat));
+  return y.to(out);
 }
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Float8Scaling& scaling) {

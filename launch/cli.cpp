@@ -133,8 +133,8 @@ const std::vector<Flag>& train_flags() {
       {"offload-delay-from", Kind::Int, "with --offload-delayed-update: the first N updates undelayed, the delay from update N + 1 on (ZeRO-Offload's paper waits a few dozen steps, while the gradients change fastest; default 0: from the first)", field(&TrainConfig::offload_delay_from)},
       {"zero-accum", Kind::String, "reduce | local: ZeRO-2/3 with --grad-accum > 1 reduce-scatters every micro-step, or accumulates a full local buffer and reduces once", field(&TrainConfig::zero_accum)},
       {"precision", Kind::String, "fp32 | bf16 | fp16 | fp8 (fp8: the blocks' linear layers in float8, the rest bf16; docs/precision.md)", field(&TrainConfig::precision)},
-      {"fp8-recipe", Kind::String, "with --precision fp8: tensorwise (dynamic scaling, a scale per tensor; rowwise is not built yet)", field(&TrainConfig::fp8_recipe)},
-      {"fp8-grad", Kind::String, "with --precision fp8: the output gradients' format, e5m2 (default: its range) | e4m3", field(&TrainConfig::fp8_grad)},
+      {"fp8-recipe", Kind::String, "with --precision fp8: tensorwise (dynamic scaling, a scale per tensor) | rowwise (a scale per row of each product's operands)", field(&TrainConfig::fp8_recipe)},
+      {"fp8-grad", Kind::String, "with --precision fp8: the output gradients' format, auto (e5m2 tensorwise, e4m3 rowwise) | e5m2 | e4m3", field(&TrainConfig::fp8_grad)},
       {"fp8-filter", Kind::String, "with --precision fp8: auto (default: leave the layer shapes torchao measured no gain for on an H100 in bf16) | all (every block layer whose dims are multiples of 16)", field(&TrainConfig::fp8_filter)},
       {"param-dtype", Kind::String, "working weights: auto | fp32 | bf16 | fp16 (default auto: the compute precision, so bf16 / fp16 "
        "runs keep 16-bit weights with fp32 masters in the optimizer state, sharded with it under ZeRO; fp32: autocast over fp32 weights)",

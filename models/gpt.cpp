@@ -519,6 +519,17 @@ std::pair<int64_t, int64_t> GPT::set_float8(const Float8Scaling& scaling, bool a
       take(*b->mlp->c_fc, b->mlp->c_fc->weight.size(0) * t, d);
       take(*b->mlp->c_proj, d, b->mlp->c_proj->weight.size(1) * t);
     }
+    if (b->moe) {
+      // The experts [F, d] and [d, F'] (SwiGLU: F = 2 F'), whole on whichever rank holds them.
+      MoEImpl& m = *b->moe;
+      const int64_t experts = 2 * m.config().n_experts;
+      const bool eligible = scaling.rowwise && float8_layer_eligible(m.fc_w.size(1), d, auto_filter) &&
+                            float8_layer_eligible(d, m.proj_w.size(2), auto_filter);
+      m.float8 = eligible ? scaling : Float8Scaling{};
+      m.float8.m = m.float8.k = m.float8.n = nullptr;  // no tp or cp split of an expert's products
+      all += experts;
+      on += eligible ? experts : 0;
+    }
   }
   return {on, all};
 }

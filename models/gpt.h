@@ -462,10 +462,11 @@ class GPT : public torch::nn::Module {
   void set_kernels(Kernels k, bool gelu_epilogue = false);
   Kernels kernels() const { return kernels_; }
   // --precision fp8 (kernels/float8.h): the blocks' linear layers -- attention's c_attn and
-  // c_proj, the dense feed-forward's c_fc and c_proj; not the experts', the embedding or the
-  // output layer -- take float8 products with `scaling` where the whole layer's shape passes
-  // float8_layer_eligible(auto_filter) and this rank's part's dims are multiples of 16. Returns
-  // {this stage's layers in float8, this stage's block layers}. Call after set_kernels (the fused
+  // c_proj, the dense feed-forward's c_fc and c_proj, and under the rowwise recipe the experts'
+  // (MoEImpl::float8); not the embedding or the output layer -- take float8 products with
+  // `scaling` where the whole layer's shape passes float8_layer_eligible(auto_filter) and this
+  // rank's part's dims are multiples of 16. Returns {this stage's layers in float8, this stage's
+  // block layers}, an MoE layer's experts counted as 2 layers each (all of them, whichever ranks hold them). Call after set_kernels (the fused
   // GELU epilogue and the recomputation hook step aside for a float8 feed-forward).
   std::pair<int64_t, int64_t> set_float8(const Float8Scaling& scaling, bool auto_filter);
 

@@ -93,9 +93,9 @@ at::Tensor MoEImpl::run_experts(const at::Tensor& rows, const std::vector<int64_
   const std::vector<at::Tensor> fb = fc_b.defined() ? fc_b.unbind(0) : std::vector<at::Tensor>(fw.size());
   const std::vector<at::Tensor> pb = proj_b.defined() ? proj_b.unbind(0) : std::vector<at::Tensor>(pw.size());
   auto expert = [&](size_t e, const at::Tensor& r) {
-    const at::Tensor u = linear_product(r, fw[e], fb[e]);
-    if (!cfg_.swiglu) return linear_product(at::gelu(u, "tanh"), pw[e], pb[e]);
-    return linear_product(swiglu(u, kernels), pw[e], pb[e]);
+    const at::Tensor u = linear_product(r, fw[e], fb[e], &float8);
+    if (!cfg_.swiglu) return linear_product(at::gelu(u, "tanh"), pw[e], pb[e], &float8);
+    return linear_product(swiglu(u, kernels), pw[e], pb[e], &float8);
   };
   std::vector<at::Tensor> outs;
   int64_t offset = 0;

@@ -61,6 +61,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include "kernels/float8.h"
 #include "kernels/kernel_choice.h"
 
 namespace kiln {
@@ -114,6 +115,11 @@ class MoEImpl : public torch::nn::Module {
   double loss_backward_scale = 1.0;
   // The experts' SwiGLU: kiln's kernel on CUDA or the composite ops (kernels/swiglu.h).
   Kernels kernels = Kernels::reference;
+  // The experts' products in float8 (--precision fp8 --fp8-recipe rowwise; GPT::set_float8): off by
+  // default and under tensorwise, whose scale over an expert's rows would depend on which ranks'
+  // tokens reached it. Rowwise scales a token's row by itself in y and dX; only dW's scales (a
+  // feature's amax over the expert's tokens) see the batch the expert got.
+  Float8Scaling float8;
   const MoEConfig& config() const { return cfg_; }
 
  private:

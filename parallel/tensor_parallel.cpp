@@ -175,17 +175,16 @@ at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, co
 }
 
 namespace {
-// A float8 layer's scaling under tp (kernels/float8.h): the amax of a tensor split over tp is the
-// group's maximum. Column-split layers split W's rows and the output's (so the output gradient's)
-// columns, their input whole; row-split layers split W's and the input's columns, their output
-// (so its gradient) whole. Null where the layer is not float8; `out` holds the scaling.
+// A float8 layer's scaling under tp (kernels/float8.h): an amax over a dim tp splits is the
+// group's maximum. Column-split layers split the output features n (W's rows, the output
+// gradient's columns), their input whole; row-split layers split the input features k (W's and
+// the input's columns), their output (so its gradient) whole. Null where the layer is not float8;
+// `out` holds the scaling.
 const Float8Scaling* tp_float8(const LinearImpl& l, const std::shared_ptr<Communicator>& tp, bool column, Float8Scaling& out) {
   if (!l.float8.on) return nullptr;
   out = l.float8;
-  // After any reduction the layer has already (cp's, over the rows of the sequence).
-  out.w_amax = amax_over(tp, out.w_amax);
-  AmaxReduce& split = column ? out.g_amax : out.x_amax;
-  split = amax_over(tp, split);
+  AmaxReduce& split = column ? out.n : out.k;
+  split = amax_over(tp, split);  // after any reduction the layer already has over that dim
   return &out;
 }
 

@@ -115,14 +115,8 @@ void TrainConfig::validate_comm_and_precision() const {
   }
   if (precision == "fp8") {
     one_of("fp8-recipe", fp8_recipe, {"tensorwise", "rowwise"});
-    one_of("fp8-grad", fp8_grad, {"e5m2", "e4m3"});
+    one_of("fp8-grad", fp8_grad, {"auto", "e5m2", "e4m3"});
     one_of("fp8-filter", fp8_filter, {"auto", "all"});
-    if (fp8_recipe == "rowwise") throw ConfigError("--fp8-recipe rowwise is not built yet (issue 52): tensorwise is");
-    // The amax of a tensor whose rows are split over ranks (sp's and cp's sequence) is not reduced
-    // yet: each rank would scale its rows by its own, unlike one process.
-    if (param_dtype == "fp32") {
-      throw ConfigError("--precision fp8 keeps bf16 working weights (the default): --param-dtype fp32 under fp8 is not built yet (issue 52)");
-    }
   }
   one_of("activation-checkpointing", activation_checkpointing, {"none", "full", "selective"});
   one_of("kernels", kernels, {"fused", "reference"});
@@ -335,7 +329,7 @@ void TrainConfig::put_layout_and_run(nlohmann::json& j) const {
   j["main_grads"] = main_grads;
   j["logits_dtype"] = logits_dtype;
   j["fp8_recipe"] = fp8_recipe;
-  j["fp8_grad"] = fp8_grad;
+  j["fp8_grad"] = resolved_fp8_grad();
   j["fp8_filter"] = fp8_filter;
   j["document_positions"] = document_positions;
   j["document_mask"] = document_mask;

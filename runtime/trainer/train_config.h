@@ -90,11 +90,12 @@ struct TrainConfig {
   bool document_mask = false;  // attention within documents only (each opened by the tokenizer's eot: models/gpt.h)
   std::string document_positions = "continue";  // continue | restart: rotary positions from 0 at every document (with document_mask)
   std::string logits_dtype = "fp32";  // the chunked loss's logits: fp32 | bf16 (bf16 compute; models/linear_cross_entropy.h)
-  // --precision fp8 (kernels/float8.h, docs/precision.md): the recipe (tensorwise; rowwise not
-  // built yet), the output gradient's format, and which block layers: auto (torchao's H100 size
+  // --precision fp8 (kernels/float8.h, docs/precision.md): the recipe (tensorwise | rowwise), the
+  // output gradient's format (auto: e5m2 under tensorwise as torchao's default, e4m3 under rowwise
+  // as torchtitan's rowwise recipe; e5m2 | e4m3), and which block layers: auto (torchao's H100 size
   // filter) or all (every one whose dims are multiples of 16).
   std::string fp8_recipe = "tensorwise";
-  std::string fp8_grad = "e5m2";
+  std::string fp8_grad = "auto";
   std::string fp8_filter = "auto";
   bool deterministic = false;   // deterministic kernels: GPU replay bit-identical (distributed/device.h)
   std::string kernels = "fused";  // fused | reference: kiln's CUDA kernels or the composite ops (kernels/kernel_choice.h)
@@ -138,6 +139,7 @@ struct TrainConfig {
   // (the "upcast" policy) when asked for.
   std::string resolved_param_dtype() const { return param_dtype == "auto" ? compute_precision() : param_dtype; }
   // The dtype the products run in outside float8's: fp8 computes the rest in bf16.
+  std::string resolved_fp8_grad() const { return fp8_grad != "auto" ? fp8_grad : fp8_recipe == "rowwise" ? "e4m3" : "e5m2"; }
   std::string compute_precision() const { return precision == "fp8" ? "bf16" : precision; }
   // The pipeline schedule the run uses: 1f1b or interleaved (never "auto").
   std::string resolved_pp_schedule() const {

@@ -294,18 +294,16 @@ void Trainer::build_model() {
   }
   r.model->set_kernels(kernels_on(parse_kernels(cfg_.kernels), device.is_cuda()), cfg_.gelu_epilogue);
   if (r.precision == Precision::FP8) {
-    Float8Scaling scaling = float8_tensorwise();
-    scaling.grad_dtype = float8_grad_dtype(cfg_.fp8_grad);
-    if (r.shape.cp > 1) {
-      // cp splits every layer's rows (the sequence): the inputs' and output gradients' amax is the
-      // group's, so each rank scales as one process scales the whole sequence.
-      scaling.x_amax = scaling.g_amax = amax_over(r.mesh->cp());
-    }
+    Float8Scaling scaling = cfg_.fp8_recipe == "rowwise" ? float8_rowwise() : float8_tensorwise();
+    scaling.grad_dtype = float8_grad_dtype(cfg_.resolved_fp8_grad());
+    // cp splits every layer's rows (the sequence): an amax over the rows of the inputs or the
+    // output gradients is the group's, so each rank scales as one process scales the whole sequence.
+    if (r.shape.cp > 1) scaling.m = amax_over(r.mesh->cp());
     r.float8_layers = r.model->set_float8(scaling, cfg_.fp8_filter == "auto");
     if (proc_.rank == 0) {
       std::printf("fp8: %lld of the %lld block linear layers%s in float8 (%s scaling, gradients %s, filter %s)\n",
                   static_cast<long long>(r.float8_layers.first), static_cast<long long>(r.float8_layers.second),
-                  r.shape.pp > 1 ? " of the first stage" : "", cfg_.fp8_recipe.c_str(), cfg_.fp8_grad.c_str(), cfg_.fp8_filter.c_str());
+                  r.shape.pp > 1 ? " of the first stage" : "", cfg_.fp8_recipe.c_str(), cfg_.resolved_fp8_grad().c_str(), cfg_.fp8_filter.c_str());
     }
   }
   r.model->train();
