@@ -117,7 +117,12 @@ at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::T
   if (float8 != nullptr && float8->on) {
     const auto type = x.device().type();
     const at::Tensor xc = at::autocast::is_autocast_enabled(type) ? x.to(at::autocast::get_autocast_dtype(type)) : x;
-    return linear_product(all_gather_rows(xc, 1, group), w, b, float8);
+    if (float8->rowwise) return linear_product(all_gather_rows(xc, 1, group), w, b, float8);
+    Float8Scaling s = *float8;  // tensorwise: the rows gathered in 8 bits (kernels/float8.h)
+    s.rows_amax = amax_over(group);
+    s.gather_rows = [group](const at::Tensor& t) { return gather_blocks(t, 1, *group); };
+    s.scatter_rows = [group](const at::Tensor& t) { return scatter_blocks(t, 1, *group); };
+    return linear_product(xc, w, b, &s);
   }
   // No bias: an empty tensor stands for it (an autograd function's inputs must be defined).
   return GatheredLinear::apply(x, w, b.defined() ? b : at::empty({0}, w.options().requires_grad(false)), group_capsule(group));

@@ -62,10 +62,14 @@ at::Tensor reduce_scatter_rows(const at::Tensor& x, int64_t dim, const std::shar
 // parallelism that keeps only x's rows for backward and gathers them again there (one more
 // all-gather of [B, T, K] in the compute dtype per backward, for activations / t). Backward: dx
 // = reduce_scatter_rows(dy W) in x's dtype, dW = dy^T gather(x), db = sum dy.
-// A float8 layer (`float8` on, with tp's reductions of W's and the output gradient's amax): x is
-// gathered in the compute dtype, then the float8 layer (kernels/float8.h) multiplies the whole --
-// quantised whole, so no reduction of x's amax -- and keeps its 8-bit copy for backward (1 byte
-// an element of the whole, where the 16-bit way keeps 2 of x's rows: the same bytes at tp 2).
+// A float8 layer (`float8` on, with tp's reductions of W's and the output gradient's amax):
+// tensorwise, x's rows are quantised with the group's amax and gathered in 8 bits
+// (Float8Scaling::gather_rows: half the forward gather's bytes), the float8 layer
+// (kernels/float8.h) multiplies the whole and keeps its 8-bit copy for backward (1 byte an
+// element of the whole, where the 16-bit way keeps 2 of x's rows: the same bytes at tp 2, and no
+// gather in backward); dx is reduce-scattered in x's dtype as above. Rowwise: x is gathered in
+// the compute dtype (its dW quantises x along the tokens, from the 16-bit values), then the float8
+// layer multiplies the whole.
 at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                            const std::shared_ptr<Communicator>& group, const Float8Scaling* float8 = nullptr);
 
