@@ -1,12 +1,22 @@
 // kernels/float8.cpp -- to_float8 and the float8 linear layer's autograd function (math in the header).
 #include "kernels/float8.h"
 
+#include <algorithm>
 #include <optional>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
 #include "distributed/error.h"
+
+#ifdef KILN_WITH_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/cuda_dtype.h"
+#include "kernels/float8_cuda.h"
+#endif
 
 namespace kiln {
 
@@ -50,18 +60,18 @@ struct ScalingHolder : torch::CustomClassHolder {
 // each operand quantised along the product's non-contracted dim from its 16-bit value. The rowwise
 // GEMM writes bf16 (CUTLASS's f8f8bf16; its bias bf16); the result is then cast to `out`.
 at::Tensor rowwise_forward(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const Float8Scaling& s, at::ScalarType out) {
-  const Float8Tensor qx = to_float8_along(x2, at::kFloat8_e4m3fn, 1, s.k), qw = to_float8_along(w, at::kFloat8_e4m3fn, 1, s.k);
+  const Float8Tensor qx = to_float8_along(x2, at::kFloat8_e4m3fn, 1, s.k, s.fused), qw = to_float8_along(w, at::kFloat8_e4m3fn, 1, s.k, s.fused);
   return scaled_product(qx, {qw.data.t(), qw.scale.t()}, bias.defined() ? bias.to(at::kBFloat16) : bias, at::kBFloat16).to(out);  // [M, K] [K, N]
 }
 
 at::Tensor rowwise_dx(const at::Tensor& g2, const at::Tensor& w, const Float8Scaling& s, at::ScalarType out) {
-  const Float8Tensor qg = to_float8_along(g2, s.grad_dtype, 1, s.n), qw = to_float8_along(w, at::kFloat8_e4m3fn, 0, s.n);
+  const Float8Tensor qg = to_float8_along(g2, s.grad_dtype, 1, s.n, s.fused), qw = to_float8_along(w, at::kFloat8_e4m3fn, 0, s.n, s.fused);
   return scaled_product(qg, qw, at::Tensor(), at::kBFloat16).to(out);  // [M, N] [N, K]
 }
 
 at::Tensor rowwise_dw(const at::Tensor& g2, const at::Tensor& x2, const Float8Scaling& s, at::ScalarType out) {
-  const Float8Tensor qg = to_float8_along(pad_rows16(g2), s.grad_dtype, 0, s.m);      // [M', N], scales [1, N]
-  const Float8Tensor qx = to_float8_along(pad_rows16(x2), at::kFloat8_e4m3fn, 0, s.m);  // [M', K], scales [1, K]
+  const Float8Tensor qg = to_float8_along(pad_rows16(g2), s.grad_dtype, 0, s.m, s.fused);      // [M', N], scales [1, N]
+  const Float8Tensor qx = to_float8_along(pad_rows16(x2), at::kFloat8_e4m3fn, 0, s.m, s.fused);  // [M', K], scales [1, K]
   return scaled_product({qg.data.t().contiguous(), qg.scale.t()}, qx, at::Tensor(), at::kBFloat16).to(out);  // [N, M'] [M', K]
 }
 
@@ -89,7 +99,7 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
     if (s.gather_rows) {
       // This rank's rows quantised with the whole sequence's scale, then their bytes gathered
       // (float8 -> uint8 views: the collectives' dtype).
-      const Float8Tensor mine = to_float8(x, at::kFloat8_e4m3fn, then(then(s.m, s.k), s.rows_amax));
+      const Float8Tensor mine = to_float8(x, at::kFloat8_e4m3fn, then(then(s.m, s.k), s.rows_amax), s.fused);
       const at::Tensor whole = s.gather_rows(mine.data.view(at::kByte));  // [B, T, K]
       shape.assign(whole.sizes().begin(), whole.sizes().end());
       shape.back() = weight.size(0);
@@ -97,9 +107,9 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
       rows = whole2.size(0);
       qx = {pad_rows16(whole2).view(at::kFloat8_e4m3fn), mine.scale};
     } else {
-      qx = to_float8(pad_rows16(x2), at::kFloat8_e4m3fn, then(s.m, s.k));
+      qx = to_float8(pad_rows16(x2), at::kFloat8_e4m3fn, then(s.m, s.k), s.fused);
     }
-    const Float8Tensor qw = to_float8(weight, at::kFloat8_e4m3fn, then(s.n, s.k));
+    const Float8Tensor qw = to_float8(weight, at::kFloat8_e4m3fn, then(s.n, s.k), s.fused);
     ctx->save_for_backward({qx.data, qx.scale, qw.data, qw.scale});
     ctx->saved_data["scaling"] = std::move(scaling);
     // y = q_x q_W^T + b: q_W^T [K, N] is the transposed view of q_W [N, K], column-major as it
@@ -127,7 +137,7 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
       if (ctx->needs_input_grad(1)) dw = rowwise_dw(g2, x2, s, wdtype);
     } else {
       const Float8Tensor qx{saved[0], saved[1]}, qw{saved[2], saved[3]};
-      const Float8Tensor qg = to_float8(pad_rows16(g2), s.grad_dtype, then(s.m, s.n));  // [M', N], as q_x [M', K]
+      const Float8Tensor qg = to_float8(pad_rows16(g2), s.grad_dtype, then(s.m, s.n), s.fused);  // [M', N], as q_x [M', K]
       shape.back() = qx.data.size(1);
       if (ctx->needs_input_grad(0)) {
         dx = scaled_product({qg.data.narrow(0, 0, M), qg.scale}, qw, at::Tensor(), dtype).view(shape);  // [M, N] [N, K]
@@ -158,22 +168,54 @@ at::ScalarType float8_grad_dtype(const std::string& name) {
 
 at::Tensor Float8Tensor::dequantized() const { return data.to(at::kFloat) * scale; }
 
-Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, const AmaxReduce& reduce) {
+namespace {
+
+// The amax and the cast of x [rows, cols] along `along` (0 all, 1 each row, 2 each column), the
+// amax reduced by `reduce`: kiln's kernels on CUDA when `fused`, else the composite ops.
+Float8Tensor quantise(const at::Tensor& x, at::ScalarType dtype, int along, const AmaxReduce& reduce, bool fused) {
   const double fmax = largest(dtype);
-  at::Tensor amax = x.detach().abs().max().to(at::kFloat);
+  const at::Tensor xd = x.detach();
+#ifdef KILN_WITH_KERNELS
+  if (fused && xd.is_cuda() && kernels::supported_dtype(xd) && xd.dim() >= 1) {
+    const at::Tensor xc = xd.contiguous();
+    const int64_t cols = along == 0 ? std::max<int64_t>(xc.numel(), 1) : xc.size(-1), rows = xc.numel() / cols;
+    const std::vector<int64_t> shape = along == 0 ? std::vector<int64_t>{} : along == 1 ? std::vector<int64_t>{rows, 1}
+                                                                                         : std::vector<int64_t>{1, cols};
+    const auto a = static_cast<kernels::Along>(along);
+    const c10::cuda::CUDAGuard guard(xc.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(xc.device().index()).stream();
+    at::Tensor amax = at::zeros(shape, xc.options().dtype(at::kFloat));
+    kernels::check_launch(kernels::float8_amax_cuda(kernels::dtype_of(xc), xc.data_ptr(), rows, cols, a, amax.data_ptr<float>(), stream),
+                          "float8 amax");
+    if (reduce) amax = reduce(amax);
+    const at::Tensor scale = amax.clamp_min(1e-12) / fmax;
+    at::Tensor data = at::empty(xc.sizes(), xc.options().dtype(dtype));
+    const auto format = dtype == at::kFloat8_e4m3fn ? kernels::Float8Format::e4m3 : kernels::Float8Format::e5m2;
+    kernels::check_launch(kernels::float8_cast_cuda(kernels::dtype_of(xc), xc.data_ptr(), rows, cols, a, scale.contiguous().data_ptr<float>(),
+                                                    format, data.data_ptr(), stream),
+                          "float8 cast");
+    return {data, scale};
+  }
+#else
+  (void)fused;
+#endif
+  at::Tensor amax = along == 0 ? xd.abs().max() : xd.abs().amax({along == 1 ? 1 : 0}, /*keepdim=*/true);
+  amax = amax.to(at::kFloat);
   if (reduce) amax = reduce(amax);
   const at::Tensor scale = amax.clamp_min(1e-12) / fmax;
-  const at::Tensor data = (x.detach().to(at::kFloat) / scale).clamp(-fmax, fmax).to(dtype);
+  const at::Tensor data = (xd.to(at::kFloat) / scale).clamp(-fmax, fmax).to(dtype);
   return {data, scale};
 }
 
-Float8Tensor to_float8_along(const at::Tensor& x, at::ScalarType dtype, int64_t dim, const AmaxReduce& reduce) {
-  const double fmax = largest(dtype);
-  at::Tensor amax = x.detach().abs().amax({dim}, /*keepdim=*/true).to(at::kFloat);
-  if (reduce) amax = reduce(amax);
-  const at::Tensor scale = amax.clamp_min(1e-12) / fmax;
-  const at::Tensor data = (x.detach().to(at::kFloat) / scale).clamp(-fmax, fmax).to(dtype);
-  return {data, scale};
+}  // namespace
+
+Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, const AmaxReduce& reduce, bool fused) {
+  return quantise(x, dtype, 0, reduce, fused);
+}
+
+Float8Tensor to_float8_along(const at::Tensor& x, at::ScalarType dtype, int64_t dim, const AmaxReduce& reduce, bool fused) {
+  if (x.dim() != 2 || (dim != 0 && dim != 1)) throw Error("to_float8_along: a 2-D tensor and dim 0 or 1");
+  return quantise(x, dtype, dim == 1 ? 1 : 2, reduce, fused);
 }
 
 at::Tensor scaled_product(const Float8Tensor& a, const Float8Tensor& b, const at::Tensor& bias, at::ScalarType out) {

@@ -1,6 +1,6 @@
 // kernels/float8.h -- 8-bit floating-point products with dynamic scaling, tensorwise or rowwise
-// (`--precision fp8`, `--fp8-recipe`, issue 52; docs/precision.md): the composite ops, the
-// reference for a fused amax-and-cast kernel to come.
+// (`--precision fp8`, `--fp8-recipe`, issue 52; docs/precision.md): the composite ops (the
+// reference, `--kernels reference`) and the entry of the quantisation's kernels (kernels/float8.cu).
 //
 // A tensor x in float8 (e4m3: 4 exponent bits, 3 mantissa bits, largest 448; e5m2: 5 and 2,
 // largest 57344) is kept as (q, s) with x ~ q * s:
@@ -40,7 +40,8 @@
 // that path. On the CPU LibTorch 2.11's _scaled_mm takes tensorwise scales only; a rowwise product
 // there is the same arithmetic composed: the exact products of the 8-bit values summed in fp32,
 // times both scales, plus the bias, rounded once (scaled_product's composite).
-// Bytes: the quantisation reads x once for amax and once for the cast.
+// Bytes: the quantisation's kernels read x once for the amax and once for the cast, writing one
+// byte an element (kernels/float8.cu; the composite ops move about 33 bytes a bf16 element).
 #pragma once
 
 #include <functional>
@@ -66,6 +67,7 @@ using AmaxReduce = std::function<at::Tensor(const at::Tensor&)>;
 struct Float8Scaling {
   bool on = false;
   bool rowwise = false;                           // the recipe: rowwise, or tensorwise
+  bool fused = false;  // CUDA tensors: the quantisation's kernels (kernels/float8.cu); else the composite ops
   at::ScalarType grad_dtype = at::kFloat8_e5m2;  // the output gradient's format
   // The reductions of an amax over a split dim of the product (above): m the rows (tokens) of x
   // and g, k the columns of x and W, n the rows of W and the columns of g.
@@ -105,13 +107,15 @@ AmaxReduce amax_over(std::shared_ptr<Communicator> group, AmaxReduce before = {}
 at::ScalarType float8_grad_dtype(const std::string& name);
 
 // x quantised to `dtype` (at::kFloat8_e4m3fn or at::kFloat8_e5m2) with its tensorwise scale
-// (amax reduced over a group by `reduce` when given).
-Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, const AmaxReduce& reduce = {});
+// (amax reduced over a group by `reduce` when given). `fused`: on a CUDA tensor of fp32, bf16 or
+// fp16, kiln's two kernels (kernels/float8.cu: the same values, bit for bit); else the composite ops.
+Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, const AmaxReduce& reduce = {}, bool fused = false);
 
 // x (2-D) quantised with one scale per slice along `dim`'s other dim: dim 1 -> a scale per row
 // ([M, 1], the amax over the columns), dim 0 -> a scale per column ([1, K]); the amaxes reduced over
-// a group by `reduce` when given.
-Float8Tensor to_float8_along(const at::Tensor& x, at::ScalarType dtype, int64_t dim, const AmaxReduce& reduce = {});
+// a group by `reduce` when given. `fused` as to_float8's.
+Float8Tensor to_float8_along(const at::Tensor& x, at::ScalarType dtype, int64_t dim, const AmaxReduce& reduce = {},
+                             bool fused = false);
 
 // a [M, K] and b [K, N] quantised with scales that are scalars or a's [M, 1] and b's [1, N]
 // -> a b in fp32 times the scales (+ bias [N]), rounded once to `out`: _scaled_mm where it runs

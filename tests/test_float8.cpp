@@ -12,6 +12,9 @@
 //     of its own quantised operands within bf16's rounding.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,6 +24,15 @@
 #include "distributed/error.h"
 #include "kernels/float8.h"
 #include "kernels/matmul.h"
+
+#ifdef KILN_WITH_KERNELS
+#include <cuda_fp8.h>
+
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+
+#include "kernels/float8_math.cuh"
+#endif
 
 namespace {
 
@@ -267,3 +279,53 @@ TEST(Float8, LinearProductUnderAutocast) {
                          b.detach().to(at::kBFloat16).to(at::kFloat);
   EXPECT_LE(rel(y.reshape({-1, 48}).to(at::kFloat), ref), 1.0 / 256);
 }
+
+#ifdef KILN_WITH_KERNELS
+// The quantisation kernels' element math (kernels/float8_math.cuh) on the host, against the
+// composite path's ops: the max over abs_bits is torch.max of |x| (NaN wins, then inf); the
+// prescaled value is (x / s).clamp(-fmax, fmax) bit for bit, NaN kept; and CUDA's cast
+// (__nv_cvt_float_to_fp8, satfinite, which cuda_fp8.h also compiles for the host) gives LibTorch's
+// float8 bits for every bf16 value and a million fp32 ones in range, both formats -- so the
+// kernels' bytes are the reference's (gpu.kernels checks them on the device).
+TEST(Float8, KernelMathMatchesTheCompositeOps) {
+  namespace kk = kiln::kernels;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  at::Tensor x = at::randn({4096}, gen) * 100;
+  for (const float special : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    at::Tensor y = x.clone();
+    y[77] = special;
+    y[78] = -special;
+    uint32_t m = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) m = std::max(m, kk::abs_bits(y[i].item<float>()));
+    const float want = y.abs().max().item<float>();
+    EXPECT_TRUE(std::isnan(want) ? std::isnan(kk::from_bits(m)) : kk::from_bits(m) == want) << want;
+  }
+  uint32_t m = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) m = std::max(m, kk::abs_bits(x[i].item<float>()));
+  EXPECT_EQ(kk::from_bits(m), x.abs().max().item<float>());
+  const float s = 0.37f;
+  at::Tensor v = x.clone();
+  v[5] = std::nanf("");
+  const at::Tensor ref = (v / s).clamp(-448.0, 448.0);
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    const float got = kk::float8_prescaled(v[i].item<float>(), s, 448.0f), want = ref[i].item<float>();
+    ASSERT_TRUE(std::isnan(want) ? std::isnan(got) : got == want) << i << " " << got << " " << want;
+  }
+  // the cast
+  std::vector<float> values;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = kk::from_bits(b << 16);  // every bf16 value
+    if (std::isfinite(f)) values.push_back(f);
+  }
+  const at::Tensor r = at::rand({1 << 20}, gen) * 2 - 1;
+  for (int64_t i = 0; i < r.numel(); ++i) values.push_back(r.data_ptr<float>()[i] * (i % 2 ? 448.0f : 0.02f));
+  int64_t differ = 0;
+  for (const float f : values) {
+    const float e4 = std::fmin(std::fmax(f, -448.0f), 448.0f), e5 = std::fmin(std::fmax(f, -57344.0f), 57344.0f);
+    differ += __nv_cvt_float_to_fp8(e4, __NV_SATFINITE, __NV_E4M3) != c10::Float8_e4m3fn(e4).x;
+    differ += __nv_cvt_float_to_fp8(e5, __NV_SATFINITE, __NV_E5M2) != c10::Float8_e5m2(e5).x;
+  }
+  std::printf("float8 casts compared: %zu values, both formats; %lld differ\n", values.size(), static_cast<long long>(differ));
+  EXPECT_EQ(differ, 0);
+}
+#endif

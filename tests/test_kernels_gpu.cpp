@@ -26,6 +26,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/classifier.h"
+#include "kernels/float8.h"
 #include "kernels/gelu_mlp.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
@@ -527,4 +528,50 @@ int main(int argc, char** argv) {
   }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
+}
+
+// The float8 quantisation's kernels (kernels/float8.cu) against the composite ops on the device:
+// the same scales and the same bytes, bit for bit (the amax is a max, the scale LibTorch's ops on
+// both paths, the cast round-to-nearest-even of the same fp32 value: tests/test_float8.cpp checks
+// CUDA's cast against LibTorch's on the host), tensorwise and along rows and columns, e4m3 and
+// e5m2, fp32 / bf16 / fp16 inputs, with an amax reduction in between (a stand-in for the group's:
+// twice the amax), at awkward shapes; an inf or a NaN in x makes the same NaNs; no rows is empty.
+TEST(GpuKernels, Float8Quantisation) {
+  at::manual_seed(6);
+  auto same = [](const kiln::Float8Tensor& f, const kiln::Float8Tensor& r, const std::string& what) {
+    EXPECT_EQ(f.scale.sizes(), r.scale.sizes()) << what;
+    EXPECT_TRUE(at::allclose(f.scale, r.scale, 0.0, 0.0, /*equal_nan=*/true)) << what << ": scales " << f.scale.max().item<float>() << " vs " << r.scale.max().item<float>();
+    const at::Tensor fb = f.data.view(at::kByte), rb = r.data.view(at::kByte);
+    const at::Tensor nan_f = at::isnan(f.data.to(at::kFloat)), nan_r = at::isnan(r.data.to(at::kFloat));
+    EXPECT_TRUE(at::equal(nan_f, nan_r)) << what << ": NaNs";
+    const int64_t differ = (fb != rb).logical_and(nan_r.logical_not()).sum().item<int64_t>();
+    EXPECT_EQ(differ, 0) << what << ": bytes";
+  };
+  const kiln::AmaxReduce twice = [](const at::Tensor& a) { return a * 2; };
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 33}, {1000, 2048}, {513, 5461}, {4099, 96}}) {
+      at::Tensor x = at::randn({rows, cols}, cuda(at::kFloat)) * 3;
+      x.view(-1)[x.numel() / 2] = 2000.0;  // an outlier: the others' scale in one row or column, or all
+      x = x.to(dtype);
+      for (auto fmt : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+        const std::string what = std::string("float8 ") + c10::toString(dtype) + " " + std::to_string(rows) + "x" +
+                                 std::to_string(cols) + " " + c10::toString(fmt);
+        same(kiln::to_float8(x, fmt, {}, true), kiln::to_float8(x, fmt, {}, false), what + " tensorwise");
+        same(kiln::to_float8(x, fmt, twice, true), kiln::to_float8(x, fmt, twice, false), what + " tensorwise, reduced");
+        for (int64_t dim : {0, 1}) {
+          same(kiln::to_float8_along(x, fmt, dim, {}, true), kiln::to_float8_along(x, fmt, dim, {}, false),
+               what + " along " + std::to_string(dim));
+          same(kiln::to_float8_along(x, fmt, dim, twice, true), kiln::to_float8_along(x, fmt, dim, twice, false),
+               what + " along " + std::to_string(dim) + ", reduced");
+        }
+      }
+    }
+  }
+  at::Tensor bad = at::randn({64, 48}, cuda(at::kBFloat16));
+  bad[3][5] = std::numeric_limits<float>::infinity();
+  bad[9][1] = std::nanf("");
+  for (int64_t dim : {0, 1}) same(kiln::to_float8_along(bad, at::kFloat8_e4m3fn, dim, {}, true), kiln::to_float8_along(bad, at::kFloat8_e4m3fn, dim, {}, false), "non-finite along");
+  same(kiln::to_float8(bad, at::kFloat8_e4m3fn, {}, true), kiln::to_float8(bad, at::kFloat8_e4m3fn, {}, false), "non-finite");
+  const at::Tensor none = at::empty({0, 64}, cuda(at::kBFloat16));
+  EXPECT_EQ(kiln::to_float8_along(none, at::kFloat8_e4m3fn, 1, {}, true).data.numel(), 0);
 }
