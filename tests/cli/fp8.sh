@@ -44,6 +44,25 @@ source "$(dirname "$0")/common.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 mpi() { local np=$1; shift; timeout 300 "$MPIEXEC" --allow-run-as-root --oversubscribe -np "$np" "$@"; }
 cd "$work"
+# One run against a reference, over its steps (2. and 6.): every step's loss and gradient norm and
+# the final fingerprint within tol (relative); returns the worst of each and the first loss's.
+cat > parity.py <<'PY'
+import json
+load = lambda n: [json.loads(l) for l in open(f"{n}.jsonl")]
+steps = lambda run: [r for r in run if r["type"] == "step"]
+rel = lambda a, b: abs(a - b) / max(abs(a), 1e-30)
+def compare(ref, run, name, tol):
+    assert len(steps(run)) == len(steps(ref)) == 10, name
+    worst = {}
+    for a, b in zip(steps(ref), steps(run)):
+        for key, t in (("loss", tol[0]), ("grad_norm", tol[1])):
+            worst[key] = max(worst.get(key, 0.0), rel(a[key], b[key]))
+            assert rel(a[key], b[key]) <= t, (name, a["step"], key, a[key], b[key])
+    for key in ("param_sum", "param_sq"):
+        worst["param"] = max(worst.get("param", 0.0), rel(ref[-1][key], run[-1][key]))
+        assert rel(ref[-1][key], run[-1][key]) <= tol[2], (name, key, ref[-1][key], run[-1][key])
+    return worst, rel(steps(ref)[0]["loss"], steps(run)[0]["loss"])
+PY
 T=(train --device cpu --log-every 50 --dropout 0)
 F=(--precision fp8 --fp8-filter all)
 
@@ -98,10 +117,7 @@ mpi 2 "$KILN_BIN" "${P[@]}" --grad-accum 4 --tp 2 --sp --log-json sp2.jsonl >/de
 mpi 2 "$KILN_BIN" "${T[@]}" --steps 2 --micro-batch 4 --grad-accum 4 --tp 2 --sp --precision bf16 --log-json sp2_bf16.jsonl >/dev/null
 wait "$a" || fail "fp8 with fp32 working weights"
 python3 - <<'PY'
-import json
-load = lambda n: [json.loads(l) for l in open(f"{n}.jsonl")]
-steps = lambda run: [r for r in run if r["type"] == "step"]
-rel = lambda a, b: abs(a - b) / max(abs(a), 1e-30)
+from parity import load, steps, rel, compare
 ref = load("ref")
 for name, shape, tol in (("dp2", (2, 1, 1), (1e-4, 1e-4, 1e-4)), ("zero3", (2, 1, 1), (1e-4, 1e-4, 1e-4)),
                          ("tp2", (1, 2, 1), (5e-4, 2e-2, 2e-4)), ("pp2", (1, 1, 2), (5e-4, 2e-2, 2e-4)),
@@ -110,16 +126,7 @@ for name, shape, tol in (("dp2", (2, 1, 1), (1e-4, 1e-4, 1e-4)), ("zero3", (2, 1
     w = run[0]["world"]
     assert (w["dp"], w["tp"], w["pp"]) == shape and run[0]["config"]["precision"] == "fp8", w
     assert run[0]["float8_layers"]["float8"] == (8 if name == "pp2" else 16), run[0]["float8_layers"]
-    assert len(steps(run)) == 10
-    worst = {}
-    for a, b in zip(steps(ref), steps(run)):
-        for key, t in (("loss", tol[0]), ("grad_norm", tol[1])):
-            worst[key] = max(worst.get(key, 0.0), rel(a[key], b[key]))
-            assert rel(a[key], b[key]) <= t, (name, a["step"], key, a[key], b[key])
-    for key in ("param_sum", "param_sq"):
-        worst["param"] = max(worst.get("param", 0.0), rel(ref[-1][key], run[-1][key]))
-        assert rel(ref[-1][key], run[-1][key]) <= tol[2], (name, key, ref[-1][key], run[-1][key])
-    first = rel(steps(ref)[0]["loss"], steps(run)[0]["loss"])
+    worst, first = compare(ref, run, name, tol)
     # The first step (the same weights): tp's only difference is the row-parallel partial sums'
     # bf16 rounding when every split tensor takes the group's amax (measured 2.3e-5); each rank's
     # own amax quantises other values (1.4e-4, the reductions turned off by hand).
@@ -216,10 +223,7 @@ wait "$a" || fail "the one-process rowwise MoE run"
 mpi 2 "$KILN_BIN" "${E[@]}" --grad-accum 2 --log-json moe_dp2.jsonl >/dev/null
 "$KILN_BIN" "${E[@]}" --fp8-recipe tensorwise --steps 1 --log-json moe_tw.jsonl >/dev/null
 python3 - <<'PY'
-import json
-load = lambda n: [json.loads(l) for l in open(f"{n}.jsonl")]
-steps = lambda run: [r for r in run if r["type"] == "step"]
-rel = lambda a, b: abs(a - b) / max(abs(a), 1e-30)
+from parity import load, compare
 # tiny-moe: 4 blocks of attention's 2 layers and 8 experts' 2: all in float8 under rowwise, the
 # experts left in bf16 under tensorwise
 assert load("moe_ref")[0]["float8_layers"] == {"float8": 72, "of": 72}, load("moe_ref")[0]["float8_layers"]
@@ -228,16 +232,8 @@ for ref_name, name, tol in (("rw_ref", "rw_zero3", (1e-4, 1e-4, 1e-4)), ("rw_ref
                             ("rw_ref", "rw_sp2", (5e-4, 2e-2, 2e-4)), ("moe_ref", "moe_dp2", (1e-4, 1e-4, 1e-4)),
                             ("moe_ref", "moe_ep2", (2e-3, 2e-2, 5e-4))):
     ref, run = load(ref_name), load(name)
-    assert run[0]["config"]["fp8_recipe"] == "rowwise" and len(steps(run)) == 10
-    worst = {}
-    for a, b in zip(steps(ref), steps(run)):
-        for key, t in (("loss", tol[0]), ("grad_norm", tol[1])):
-            worst[key] = max(worst.get(key, 0.0), rel(a[key], b[key]))
-            assert rel(a[key], b[key]) <= t, (name, a["step"], key, a[key], b[key])
-    for key in ("param_sum", "param_sq"):
-        worst["param"] = max(worst.get("param", 0.0), rel(ref[-1][key], run[-1][key]))
-        assert rel(ref[-1][key], run[-1][key]) <= tol[2], (name, key, ref[-1][key], run[-1][key])
-    first = rel(steps(ref)[0]["loss"], steps(run)[0]["loss"])
+    assert run[0]["config"]["fp8_recipe"] == "rowwise"
+    worst, first = compare(ref, run, name, tol)
     assert first <= 5e-5, (name, first)
     print(f"fp8 rowwise {name} vs one rowwise process: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()) + f", first loss {first:.1e}")
 PY
