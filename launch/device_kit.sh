@@ -491,6 +491,7 @@ quick_plan() {
     "50|kiln llama3-8b's layer x4, fp8 (issue 52: >= 1.25x bf16)|$k8l --precision fp8 --json bl8b4_fp8.json"
     "50|kiln llama3-8b's layer x4, fp8 rowwise (issue 52)|$k8l --precision fp8 --fp8-recipe rowwise --json bl8b4_fp8_rowwise.json"
     "45|kiln 1.5b fp8 rowwise, no AC (issue 52)|$k8 --fp8-recipe rowwise --model $b --micro-batch 8 --json b1558_fp8_rowwise.json"
+    "45|kiln 1.5b fp8 reference, no AC (issue 52: kernels/float8.cu's share, against 'kiln 1.5b reference, no AC')|${k8/--kernels fused/--kernels reference} --model $b --micro-batch 8 --json b1558_fp8_reference.json"
     "45|kiln llama3-1b fp8 (issue 52)|$kl --kernels fused --precision fp8 --json bl1b_fp8.json"
     "60|test gpu.sync_moe|"
     "45|test gpu.guards|"
