@@ -463,7 +463,9 @@ quick_plan() {
   local k8l="kiln bench --model llama3-8b --n-layer 4 --seq-len 2048 --micro-batch 2 --kernels fused --warmup 2 --measure 5"
   if [ -n "${KILN_DEVKIT_QUICK_MODEL:-}" ]; then k8l="kiln bench --model $l --kernels fused --warmup 2 --measure 5"; fi
   # Issue 49 first: the kernels against their references, then the A/B (fused vs reference) with
-  # both peers, eager and compiled, in the same call; issue 48's checks and the rest after.
+  # both peers, eager and compiled, in the same call; then issue 52's fp8 (the one open issue, its
+  # GPU checks its last item: gpu.fp8, then fp8 against bf16 at gpt2-1.5b and llama3-8b's layer),
+  # issue 48's checks and the rest after.
   quick_core=(
     "75|test gpu.kernels|"
     "140|test gpu.kernels_train|"
@@ -475,6 +477,15 @@ quick_plan() {
     "100|peer llama compile|$lp --warmup-steps 3 --steps 10 --compile > peer_llama_compile.json"
   )
   quick_extra=(
+    "120|test gpu.fp8 (issue 52: float8 on CUDA, both recipes, against bf16, the CPU and CUDA graphs)|"
+    "45|kiln 1.5b fused, no AC|$k1558 --micro-batch 8 --kernels fused --json b1558_ac_none.json"
+    "45|kiln 1.5b fp8, no AC (issue 52: >= 1.25x 'kiln 1.5b fused, no AC')|$k8 --model $b --micro-batch 8 --json b1558_fp8.json"
+    "50|kiln llama3-8b's layer x4, bf16 (issue 52's shape)|$k8l --precision bf16 --json bl8b4_bf16.json"
+    "50|kiln llama3-8b's layer x4, fp8 (issue 52: >= 1.25x bf16)|$k8l --precision fp8 --json bl8b4_fp8.json"
+    "50|kiln llama3-8b's layer x4, fp8 rowwise (issue 52)|$k8l --precision fp8 --fp8-recipe rowwise --json bl8b4_fp8_rowwise.json"
+    "100|gpt2-124m 500 steps, fp8 (every block layer) against bf16 (issue 52: the last-10 mean loss within 1%)|for p in bf16 fp8; do kiln train --device cuda --model gpt2-124m --micro-batch 8 --steps 500 --log-every 50 --kernels fused --precision \$p --fp8-filter all --log-json t124_\$p.jsonl > /dev/null || exit 1; done"
+    "45|kiln 1.5b fp8 rowwise, no AC (issue 52)|$k8 --fp8-recipe rowwise --model $b --micro-batch 8 --json b1558_fp8_rowwise.json"
+    "45|kiln 1.5b fp8 reference, no AC (issue 52: kernels/float8.cu's share, against 'kiln 1.5b reference, no AC')|${k8/--kernels fused/--kernels reference} --model $b --micro-batch 8 --json b1558_fp8_reference.json"
     "35|kiln 124m fused + GELU epilogue|$k124 --kernels fused --gelu-epilogue --json b124_gelu_epilogue.json"
     "30|peer eager|$peer --model $a --micro-batch 16 --warmup-steps 5 --steps 20 > peer_eager.json"
     "60|test gpu.graph|"
@@ -483,15 +494,7 @@ quick_plan() {
     "30|kiln 124m fused, fp32 main grads (the A/B of --main-grads auto)|$k124 --kernels fused --main-grads always --json b124_main_grads_always.json"
     "35|profile of 124m fused|$k124 --kernels fused --warmup 3 --measure 3 --profile trace.json --json b124_profiled.json"
     "45|peer llama eager|$lp --warmup-steps 3 --steps 10 > peer_llama_eager.json"
-    "45|kiln 1.5b fused, no AC|$k1558 --micro-batch 8 --kernels fused --json b1558_ac_none.json"
     "45|kiln 1.5b reference, no AC|$k1558 --micro-batch 8 --kernels reference --json b1558_ac_none_reference.json"
-    "120|test gpu.fp8 (issue 52: float8 on CUDA, both recipes, against bf16, the CPU and CUDA graphs)|"
-    "45|kiln 1.5b fp8, no AC (issue 52: >= 1.25x 'kiln 1.5b fused, no AC')|$k8 --model $b --micro-batch 8 --json b1558_fp8.json"
-    "50|kiln llama3-8b's layer x4, bf16 (issue 52's shape)|$k8l --precision bf16 --json bl8b4_bf16.json"
-    "50|kiln llama3-8b's layer x4, fp8 (issue 52: >= 1.25x bf16)|$k8l --precision fp8 --json bl8b4_fp8.json"
-    "50|kiln llama3-8b's layer x4, fp8 rowwise (issue 52)|$k8l --precision fp8 --fp8-recipe rowwise --json bl8b4_fp8_rowwise.json"
-    "45|kiln 1.5b fp8 rowwise, no AC (issue 52)|$k8 --fp8-recipe rowwise --model $b --micro-batch 8 --json b1558_fp8_rowwise.json"
-    "45|kiln 1.5b fp8 reference, no AC (issue 52: kernels/float8.cu's share, against 'kiln 1.5b reference, no AC')|${k8/--kernels fused/--kernels reference} --model $b --micro-batch 8 --json b1558_fp8_reference.json"
     "45|kiln llama3-1b fp8 (issue 52)|$kl --kernels fused --precision fp8 --json bl1b_fp8.json"
     "60|test gpu.sync_moe|"
     "45|test gpu.guards|"
