@@ -240,9 +240,4 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
                              at::IValue::make_capsule(c10::make_intrusive<ScalingHolder>(scaling)));
 }
 
-bool float8_layer_eligible(int64_t n, int64_t k, bool auto_filter) {
-  if (n % 16 != 0 || k % 16 != 0) return false;
-  return !auto_filter || !(n <= 4096 && k <= 1024);
-}
-
 }  // namespace kiln

@@ -50,6 +50,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "distributed/comm.h"
+#include "kernels/float8_filter.h"  // float8_layer_eligible
 
 namespace kiln {
 
@@ -126,11 +127,5 @@ at::Tensor scaled_product(const Float8Tensor& a, const Float8Tensor& b, const at
 // W [N, K], b [N] or undefined -> [..., N] in x's dtype.
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = at::Tensor(),
                          const Float8Scaling& scaling = float8_tensorwise());
-
-// Whether a layer of W [N, K] takes float8 products: _scaled_mm wants K and N multiples of 16;
-// `auto_filter` also leaves out the shapes where torchao measured no gain on an H100 for the
-// tensorwise recipe: N <= 4096 with K <= 1024 (torchao's _auto_filter_for_tensorwise, which names
-// weight.shape K, N -- the other way round). GPT-2 124M keeps only mlp.c_proj [768, 3072].
-bool float8_layer_eligible(int64_t n, int64_t k, bool auto_filter);
 
 }  // namespace kiln

@@ -89,7 +89,10 @@ const std::vector<FlagHelp> kLayoutSwitches = {
     {"offload-delayed-update", "with --offload optimizer: the host AdamW under the next step's forwards and backwards (as kiln train)"},
 };
 const std::vector<FlagHelp> kRunFlags = {
-    {"precision", "fp32 | bf16 | fp16 (default bf16)"},
+    {"precision", "fp32 | bf16 | fp16 | fp8 (default bf16; fp8: the block layers' products at the device's 8-bit peak, "
+                  "memory and bytes as bf16's)"},
+    {"fp8-recipe", "with --precision fp8: tensorwise | rowwise (rowwise also puts the experts in float8)"},
+    {"fp8-filter", "with --precision fp8: auto | all (which layers, as kiln train's)"},
     {"attention", "auto | flash | math: the attention kernel, for activation memory (default auto = flash)"},
     {"kernels", "fused | reference: kiln's CUDA kernels or the composite ops, for activation memory and tp's bytes (default fused, kiln train's on a GPU)"},
     {"save-every", "steps between checkpoints: their stall, per step, in the step time (default 0: none)"},
@@ -337,10 +340,18 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   // ---- how the run executes (every candidate of a search too)
   plan::Layout base;
   const std::string precision = v.has("precision") ? v.text("precision") : "bf16";
-  if (precision != "fp32" && precision != "bf16" && precision != "fp16") {
-    throw ConfigError("--precision must be fp32, bf16 or fp16 (got '" + precision + "')");
+  if (precision != "fp32" && precision != "bf16" && precision != "fp16" && precision != "fp8") {
+    throw ConfigError("--precision must be fp32, bf16, fp16 or fp8 (got '" + precision + "')");
   }
   base.compute_bytes = precision == "fp32" ? 4 : 2;
+  if (precision == "fp8") {
+    const std::string recipe = v.has("fp8-recipe") ? v.text("fp8-recipe") : "tensorwise";
+    const std::string filter = v.has("fp8-filter") ? v.text("fp8-filter") : "auto";
+    if (recipe != "tensorwise" && recipe != "rowwise") throw ConfigError("--fp8-recipe must be tensorwise or rowwise (got '" + recipe + "')");
+    if (filter != "auto" && filter != "all") throw ConfigError("--fp8-filter must be auto or all (got '" + filter + "')");
+    base.float8 = recipe == "rowwise" ? 2 : 1;
+    base.fp8_filter_all = filter == "all";
+  }
   if (v.has("save-every")) base.save_every = v.integer("save-every");
   if (v.has("async-save")) base.async_save = v.boolean("async-save");  // kiln train's default: true
   if (base.save_every < 0) throw ConfigError("--save-every must be at least 0 (got " + std::to_string(base.save_every) + ")");

@@ -36,6 +36,7 @@ ClusterSpec h100() {
   c.devices_per_node = 8;
   c.device_memory = 80 * GB;         // [dsH100]
   c.peak_flops = 989 * TFLOPS;       // [dsH100]; torchtitan get_peak_flops
+  c.fp8_peak_flops = 1979 * TFLOPS;  // [dsH100] FP8 tensor core, dense (3958 with sparsity)
   c.watts = 700;                     // [dsH100] board power; average draw in training is lower: override with --watts
   c.intra_node_busbw = 370 * GB;     // [nt212] ring (all-gather / reduce-scatter; all-reduce can reach ~480 with NVLS)
   c.inter_node_busbw = 46 * GB;      // [nt290] one NDR 400 Gb/s NIC per GPU
@@ -51,6 +52,7 @@ ClusterSpec h200() {
   c.device = "NVIDIA H200 141GB (DGX/HGX H200 node)";
   c.device_memory = 141 * GB;        // [dsH200]
   c.peak_flops = 989 * TFLOPS;       // [dsH200]: same tensor cores as H100 SXM
+  c.fp8_peak_flops = 1979 * TFLOPS;  // [dsH200] FP8, dense
   c.watts = 700;                     // [dsH200]
   c.intra_node_busbw = 370 * GB;     // [nt212] (NVLink4, as H100; all-reduce with NVLS: 475 GB/s, nccl-tests #272)
   c.inter_node_busbw = 46 * GB;      // [nt290]; torchtitan's H200 benchmark: 400 Gb/s CX-7 per GPU

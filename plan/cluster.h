@@ -24,6 +24,7 @@ struct ClusterSpec {
   int64_t devices_per_node = 8;     // accelerators (processes) per node
   double device_memory = 0;         // bytes usable per device
   double peak_flops = 0;            // dense BF16 tensor-core FLOP/s per device (the MFU denominator)
+  double fp8_peak_flops = 0;        // dense FP8 tensor-core FLOP/s per device (--precision fp8's float8 products); 0: none
   double achieved = 0.4;            // fraction of peak a training step's math sustains (HFU), 0 < x <= 1
   double watts = 0;                 // average power per device while training, W
   double intra_node_busbw = 0;      // bytes/s, collectives inside a node (NVLink / Infinity Fabric)

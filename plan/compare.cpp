@@ -91,6 +91,10 @@ Run run_of(const json& config, const std::string& where) {
   l.micro_batch = need<int64_t>(c, "micro_batch", where);
   l.grad_accum = need<int64_t>(c, "grad_accum", where);
   l.compute_bytes = need<std::string>(c, "precision", where) == "fp32" ? 4 : 2;
+  if (need<std::string>(c, "precision", where) == "fp8") {  // kernels/float8.h: the recipe and the filter as the run had them
+    l.float8 = c.value("fp8_recipe", std::string("tensorwise")) == "rowwise" ? 2 : 1;
+    l.fp8_filter_all = c.value("fp8_filter", std::string("auto")) == "all";
+  }
   // the loss's way (models/linear_cross_entropy.h): whole logits under fp16 or --loss-chunk-rows -1
   l.plain_loss = need<std::string>(c, "precision", where) == "fp16" || c.value("loss_chunk_rows", int64_t{0}) < 0;
   l.param_bytes = c.value("param_dtype", std::string("fp32")) == "fp32" ? 4 : 2;  // absent: a log from before the flag

@@ -149,6 +149,17 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     return l.recompute == Recompute::Full ? block_fwd(i) : l.recompute == Recompute::Selective ? 4 * d * T : 0.0;
   };
   for (int64_t i = 0; i < model.n_layer; ++i) p.recompute_flops_per_token += block_re(i);
+  // --precision fp8: the float8 layers' products (2 FLOPs per weight and token forward, 4
+  // backward) run at the 8-bit peak, the rest at bf16's: in time, a float8 FLOP costs rho = peak /
+  // fp8_peak of a bf16 one (1/2 on an H100; 1 where the device has no float8 tensor cores, as the
+  // CPU). time_fwd(block) = (block_fwd - (1 - rho) f8) / R, with f8 = 2 x its float8 weights.
+  const double rho = cluster.fp8_peak_flops > 0 ? cluster.peak_flops / cluster.fp8_peak_flops : 1.0;
+  auto block_f8 = [&](int64_t i) { return 2 * static_cast<double>(block_float8_numel(model, l, i)); };
+  double f8_all = 0;
+  for (int64_t i = 0; i < model.n_layer; ++i) f8_all += block_f8(i);
+  p.float8_flops_per_token = 3 * f8_all;
+  auto block_fwd_time = [&](int64_t i) { return block_fwd(i) - (1 - rho) * block_f8(i); };  // in bf16 FLOPs
+  auto block_re_time = [&](int64_t i) { return l.recompute == Recompute::Full ? block_fwd_time(i) : block_re(i); };
   const double Kd = static_cast<double>(l.grad_accum);
   // A stage's idle time a step: 1F1B's p - 1 micro-batch slots, the interleaved schedule's
   // (p - 1) / V (parallel/pipeline_interleaved.h; Narayanan et al. 2021, s2.2); ZB-H1's
@@ -172,8 +183,14 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     const bool pipelined = l.pp > 1;
     double f = 0, re = 0, w = 0;
     for (const auto& chunk : st.chunks)
-      for (int64_t i : chunk) f += block_fwd(i), re += block_re(i), w += 2 * static_cast<double>(block_active_numel(model, i));
-    if (!pipelined) f = p.flops_per_token / 3.0, re = p.recompute_flops_per_token;
+      for (int64_t i : chunk) {
+        f += block_fwd_time(i), re += block_re_time(i);
+        w += 2 * static_cast<double>(block_active_numel(model, i)) - (1 - rho) * block_f8(i);
+      }
+    if (!pipelined) {
+      f = p.flops_per_token / 3.0 - (1 - rho) * f8_all;
+      re = p.recompute_flops_per_token - (l.recompute == Recompute::Full ? (1 - rho) * f8_all : 0.0);
+    }
     if (pipelined && st.stage == l.pp - 1) f += head_fwd, w += 2 * static_cast<double>(model.padded_vocab_size()) * d;
     st.forward_s = f * per_device;
     st.backward_s = (2.0 * f + re) * per_device;

@@ -345,6 +345,8 @@ struct Layout {
   int64_t micro_batch = 1;              // sequences per micro-batch per rank
   int64_t grad_accum = 1;               // micro-batches per optimizer step per dp rank (K)
   int compute_bytes = 2;                // a: 2 for bf16/fp16 autocast, 4 for fp32
+  int float8 = 0;                       // --precision fp8 (compute_bytes 2): 0 off, 1 tensorwise, 2 rowwise (kernels/float8.h)
+  bool fp8_filter_all = false;          // --fp8-filter all (else auto: kernels/float8_filter.h's size filter)
   int param_bytes = 4;                  // working weights: 4 (fp32), 2 (--param-dtype bf16/fp16: fp32 masters with AdamW)
   int reduce_bytes = 4;                 // gradient all-reduce (DDP) / reduce-scatter (ZeRO): 4 (fp32), 2 (--reduce-dtype bf16)
   bool main_grads_always = false;       // --main-grads always: fp32 main grads even with nothing to accumulate
@@ -423,6 +425,11 @@ int64_t block_expert_numel(const GPTConfig& model, int64_t index, int64_t ep = 1
 // The parameters one token's forward multiplies by in block `index` (tp 1): a dense block's all,
 // an MoE block's attention half, k experts and the router (the n_block of section 5's F_s).
 int64_t block_active_numel(const GPTConfig& model, int64_t index);
+// Of them, the weights whose products run in float8 under the layout's --precision fp8 (0 when
+// off): c_attn, attn c_proj and the dense MLP's two, each where kernels/float8_filter.h admits its
+// whole shape and its tp part's dims are multiples of 16 (GPT::set_float8's rule); an MoE
+// block's k active experts under rowwise.
+int64_t block_float8_numel(const GPTConfig& model, const Layout& l, int64_t index);
 int64_t padded_numel(int64_t n, int64_t dp);  // ceil(n / 64 dp) 64 dp
 int64_t sum_padded(const std::vector<int64_t>& units, int64_t dp);
 int64_t sum_units(const std::vector<int64_t>& units);
@@ -561,6 +568,7 @@ struct Plan {
   Layout layout;
   int64_t tokens_per_step = 0;
   double flops_per_token = 0;     // F (model)
+  double float8_flops_per_token = 0;  // of F, the float8 products' (--precision fp8), at the 8-bit rate
   double recompute_flops_per_token = 0;
   double forward_s = 0, backward_s = 0;  // t_f, t_b per micro-batch, of the slowest stage
   double compute_s = 0, exposed_comm_s = 0, bubble_s = 0, step_s = 0;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "distributed/error.h"
+#include "kernels/float8_filter.h"
 #include "models/flops.h"
 #include "parallel/pipeline_layout.h"
 
@@ -55,6 +56,25 @@ int64_t block_expert_numel(const GPTConfig& m, int64_t index, int64_t ep) {
 int64_t block_active_numel(const GPTConfig& m, int64_t index) {
   if (m.is_moe_layer(index)) return attention_numel(m, 1) + m.top_k * mlp_numel(m, 1) + m.n_experts * m.d_model;
   return block_numel(m, 1, index);
+}
+
+int64_t block_float8_numel(const GPTConfig& m, const Layout& l, int64_t index) {
+  if (l.float8 == 0) return 0;
+  const bool auto_filter = !l.fp8_filter_all;
+  const int64_t t = l.tp, d = m.d_model, hd = m.head_dim(), q = m.attn_width();
+  // a layer of whole shape [n, k] whose tp part is [n / t_n, k / t_k]
+  auto take = [&](int64_t n, int64_t k, int64_t part_n, int64_t part_k) {
+    return float8_layer_eligible(n, k, auto_filter) && part_n % 16 == 0 && part_k % 16 == 0 ? n * k : int64_t{0};
+  };
+  const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;
+  int64_t n = take(q + 2 * m.n_kv_head * hd, d, q / t + 2 * kv_heads * hd, d)  // c_attn (column)
+              + take(d, q, d, q / t);                                          // attn c_proj (row)
+  const int64_t f = m.mlp_hidden(), fc = m.swiglu() ? 2 * f : f;
+  if (!m.is_moe_layer(index)) return n + take(fc, d, fc / t, d) + take(d, f, d, f / t);
+  // the experts: whole on their rank; both of an expert's layers, or neither (models/gpt.cpp)
+  if (l.float8 == 2 && float8_layer_eligible(fc, d, auto_filter) && float8_layer_eligible(d, f, auto_filter))
+    n += m.top_k * (fc * d + d * f);
+  return n;
 }
 
 // ---- 2. model-state bytes -------------------------------------------------------------------

@@ -119,7 +119,9 @@ std::string train_command(const GPTConfig& m, const Layout& l) {
   }
   out += " --model " + preset;
   for (const auto& f : flags) out += " " + f;
-  if (l.compute_bytes == 2) out += " --precision bf16";
+  if (l.compute_bytes == 2) out += l.float8 ? " --precision fp8" : " --precision bf16";
+  if (l.float8 == 2) out += " --fp8-recipe rowwise";
+  if (l.float8 && l.fp8_filter_all) out += " --fp8-filter all";
   if (l.param_bytes != l.compute_bytes) out += l.param_bytes == 4 ? " --param-dtype fp32" : " --param-dtype bf16";
   if (l.reduce_bytes == 2) out += " --reduce-dtype bf16";
   if (l.main_grads_always && l.param_bytes == 2) out += " --main-grads always";
@@ -156,6 +158,7 @@ json cluster_json(const ClusterSpec& c) {
           {"devices", c.devices()},
           {"device_memory_bytes", c.device_memory},
           {"peak_flops", c.peak_flops},
+          {"fp8_peak_flops", c.fp8_peak_flops},
           {"achieved", c.achieved},
           {"sustained_flops", c.sustained_flops()},
           {"watts", c.watts},
@@ -239,10 +242,11 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
        {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"cp", l.cp}, {"sp", l.sp}, {"ep", l.ep}, {"zero", l.zero}, {"offload", to_string(l.offload)}, {"offload_delayed_update", l.delayed_update},
         {"zero_accum", to_string(l.zero_accum)}, {"activation_checkpointing", to_string(l.recompute)},
         {"pp_split", l.pp_split}, {"pp_virtual", l.pp_virtual}, {"zero_bubble", l.zero_bubble}, {"micro_batch", l.micro_batch}, {"grad_accum", l.grad_accum}, {"compute_bytes", l.compute_bytes},
+        {"float8", l.float8 == 0 ? "none" : l.float8 == 1 ? "tensorwise" : "rowwise"}, {"fp8_filter", l.fp8_filter_all ? "all" : "auto"},
         {"attention", to_string(l.attention)}, {"dropout", l.dropout}, {"command", train_command(p.model, l)}}},
       {"compute",
        {{"tokens_per_step", p.tokens_per_step}, {"flops_per_token", p.flops_per_token},
-        {"recompute_flops_per_token", p.recompute_flops_per_token}, {"forward_s", p.forward_s},
+        {"recompute_flops_per_token", p.recompute_flops_per_token}, {"float8_flops_per_token", p.float8_flops_per_token}, {"forward_s", p.forward_s},
         {"backward_s", p.backward_s}, {"compute_s", p.compute_s}}},
       {"activation_bytes_per_token_per_layer", act_json},
       {"time",
@@ -461,6 +465,11 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   o += strprintf("  compute        %10s  (per micro-batch: forward %s, backward %s%s)\n", duration(p.compute_s).c_str(),
               duration(p.forward_s).c_str(), duration(p.backward_s).c_str(),
               p.recompute_flops_per_token > 0 ? " incl. recomputation" : "");
+  if (p.layout.float8) {
+    o += strprintf("  (fp8: %.1f%% of the model FLOPs in float8 products, at %.0f TFLOPS peak against bf16's %.0f; memory and bytes as bf16's)\n",
+                   100.0 * p.float8_flops_per_token / p.flops_per_token, c.fp8_peak_flops > 0 ? c.fp8_peak_flops / 1e12 : c.peak_flops / 1e12,
+                   c.peak_flops / 1e12);
+  }
   o += strprintf("  exposed comm   %10s\n", duration(p.exposed_comm_s).c_str());
   o += strprintf("  bubble         %10s  (%s = %.1f%% of the step)\n", duration(p.bubble_s).c_str(),
               p.layout.zero_bubble      ? "ZB-H1: (pp - 1)(t_f + t_i - t_w), W the weight GEMMs"

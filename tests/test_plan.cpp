@@ -75,6 +75,68 @@ Layout layout(int64_t dp, int zero, int64_t K = 1) {
 // --save-every N: the files' 12 P bytes written by rank 0 at disk_write; synchronous, the steps wait
 // for the write; --async-save, for each rank's 12-byte-a-parameter snapshot over the host link
 // (its shard under ZeRO), plus the wait for a write longer than N steps; stall / N in every step.
+// --precision fp8 in the time model (plan/cost_model.cpp): the float8 layers' products -- those
+// kernels/float8_filter.h admits, as GPT::set_float8 takes them -- run at the 8-bit peak, so a
+// micro-batch's compute is bf16's less half of their FLOPs' time where that peak is twice bf16's
+// (an H100's), and bf16's where the device has none. gpt2-124m under the auto filter: only
+// mlp.c_proj [768, 3072] (the trainer's count too); gpt2-1.5b: all four layers of each block; full
+// recomputation repeats the float8 forward at the 8-bit rate; rowwise puts tiny-moe's k active
+// experts in float8, tensorwise leaves them bf16.
+TEST(PlanFloat8, TheFloat8ProductsRunAtTheEightBitPeak) {
+  ClusterSpec c = toy_cluster(1);
+  c.fp8_peak_flops = 2e12;
+  struct Case {
+    std::string model;
+    bool all;
+    int64_t f8_numel;  // the float8 weights of the whole model
+  };
+  const int64_t d15 = 1600;
+  for (const Case& k : {Case{"gpt2-124m", false, 12 * 768 * 3072}, Case{"gpt2-1.5b", false, 48 * (3 * d15 * d15 + d15 * d15 + 8 * d15 * d15)},
+                        Case{"tiny", true, 4 * (3 * 128 * 128 + 128 * 128 + 8 * 128 * 128)}, Case{"tiny", false, 0}}) {
+    const GPTConfig m = GPTConfig::preset(k.model);
+    for (const Recompute rc : {Recompute::None, Recompute::Full}) {
+      Layout b = layout(1, 0, 4);
+      b.micro_batch = 2;
+      b.recompute = rc;
+      Layout f = b;
+      f.float8 = 1;
+      f.fp8_filter_all = k.all;
+      const Plan pb = make_plan(m, c, b), pf = make_plan(m, c, f);
+      EXPECT_EQ(pf.float8_flops_per_token, 6.0 * static_cast<double>(k.f8_numel)) << k.model;
+      EXPECT_EQ(pf.flops_per_token, pb.flops_per_token);
+      const double fwd_f8 = 2.0 * static_cast<double>(k.f8_numel) * static_cast<double>(2 * m.seq_len);  // a micro-batch's float8 forward FLOPs
+      const double saved = 4 * 0.5 * fwd_f8 * (rc == Recompute::Full ? 4 : 3) / 1e12;                    // K 4; fwd + bwd (+ recomputed fwd)
+      EXPECT_NEAR(pb.compute_s - pf.compute_s, saved, 1e-9 * pb.compute_s) << k.model;
+      ClusterSpec none = c;
+      none.fp8_peak_flops = 0;
+      EXPECT_DOUBLE_EQ(make_plan(m, none, f).compute_s, pb.compute_s) << k.model;
+    }
+  }
+  // the CLI: --precision fp8 with its recipe and filter; the planned command says them
+  const PlanArgs a = parse_plan_args({"--model", "gpt2-1.5b", "--gpus-per-node", "1", "--precision", "fp8", "--fp8-recipe", "rowwise"});
+  EXPECT_EQ(a.layout.float8, 2);
+  EXPECT_EQ(a.layout.compute_bytes, 2);
+  EXPECT_FALSE(a.layout.fp8_filter_all);
+  const Plan pa = make_plan(a.model, a.cluster, a.layout);
+  const std::string command = plan_json(pa, training_totals(1, 1, 0, a.cluster), LayoutTotals{})["layout"]["command"];
+  EXPECT_NE(command.find(" --precision fp8 --fp8-recipe rowwise"), std::string::npos) << command;
+  EXPECT_NE(plan_text(pa, training_totals(1, 1, 0, a.cluster), LayoutTotals{}).find("fp8: 86.1% of the model FLOPs in float8 products, at 1979 TFLOPS"),
+            std::string::npos);
+  EXPECT_EQ(parse_plan_args({"--model", "tiny", "--gpus-per-node", "1", "--precision", "fp8", "--fp8-filter", "all"}).layout.float8, 1);
+  EXPECT_THROW(parse_plan_args({"--model", "tiny", "--precision", "fp8", "--fp8-recipe", "blockwise"}), ConfigError);
+  EXPECT_THROW(parse_plan_args({"--model", "tiny", "--precision", "fp8", "--fp8-filter", "some"}), ConfigError);
+  EXPECT_EQ(parse_plan_args({"--model", "tiny", "--gpus-per-node", "1"}).layout.float8, 0);
+  const GPTConfig moe = GPTConfig::preset("tiny-moe");
+  Layout l = layout(1, 0);
+  l.float8 = 1;
+  l.fp8_filter_all = true;
+  const double attention = 4 * (3 * 128 * 128 + 128 * 128);
+  EXPECT_EQ(make_plan(moe, c, l).float8_flops_per_token, 6 * attention);
+  l.float8 = 2;
+  const double experts = 4.0 * static_cast<double>(moe.top_k) * (2 * 128 * moe.mlp_hidden());
+  EXPECT_EQ(make_plan(moe, c, l).float8_flops_per_token, 6 * (attention + experts));
+}
+
 TEST(PlanCheckpoints, SaveStallPerStep) {
   const GPTConfig m = tiny();
   ClusterSpec c = toy_cluster(2);
