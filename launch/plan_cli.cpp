@@ -90,7 +90,7 @@ const std::vector<FlagHelp> kLayoutSwitches = {
 };
 const std::vector<FlagHelp> kRunFlags = {
     {"precision", "fp32 | bf16 | fp16 | fp8 (default bf16; fp8: the block layers' products at the device's 8-bit peak, "
-                  "memory and bytes as bf16's)"},
+                  "memory as bf16's)"},
     {"fp8-recipe", "with --precision fp8: tensorwise | rowwise (rowwise also puts the experts in float8)"},
     {"fp8-filter", "with --precision fp8: auto | all (which layers, as kiln train's)"},
     {"attention", "auto | flash | math: the attention kernel, for activation memory (default auto = flash)"},

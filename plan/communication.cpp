@@ -183,6 +183,32 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     const double blocks = static_cast<double>(st.blocks);
     // an MoE block (replicated over tp) has attention's collectives only: half a dense block's
     const double tp_blocks = blocks - 0.5 * static_cast<double>(st.moe_blocks);
+    // --precision fp8 (kernels/float8.h): per micro-step, each float8 layer's amax all-reduces
+    // over tp (one fp32 each, 8 bytes; rowwise a row of them), and under --sp the column layers'
+    // changed gathers (f8_sp, added to the sp entry below):
+    //   tensorwise  column: W's (n) and, under sp, x's rows' amax each forward, g's (n) in backward;
+    //               row: W's and x's (k) each forward. sp: x's rows gathered in 1 byte, not a; no
+    //               gather in backward (q_x kept); dX reduce-scattered in a (x cast to the compute
+    //               dtype), not the norm output's ln.
+    //   rowwise     column, backward: g's rows (b T of them) and W's columns (d) over n; row, each
+    //               forward: x's rows (b T) and W's rows (d) over k. sp: the 16-bit gather
+    //               forward, none in backward (x kept), dX in a.
+    double f8_amax = 0, f8_sp = 0;
+    if (l.float8) {
+      const double passes = full ? 2.0 : 1.0;
+      for (const auto& chunk : st.chunks)
+        for (int64_t i : chunk) {
+          const Float8Layers f8 = block_float8_layers(m, l, i);
+          const double cols = (f8.c_attn ? 1.0 : 0.0) + (f8.c_fc ? 1.0 : 0.0), rows = (f8.attn_proj ? 1.0 : 0.0) + (f8.mlp_proj ? 1.0 : 0.0);
+          if (l.float8 == 1) {
+            f8_amax += passes * (cols * (l.sp ? 16.0 : 8.0) + rows * 16.0) + cols * 8.0;
+            if (l.sp) f8_sp += cols * (-passes * (a - 1.0) * tok * d - a * tok * d + (a - ln) * tok * d);
+          } else {
+            f8_amax += passes * rows * 8.0 * (tok + d) + cols * 8.0 * (tok + d);
+            if (l.sp) f8_sp += cols * (-a * tok * d + (a - ln) * tok * d);
+          }
+        }
+    }
     if (l.sp) {
       // sequence parallelism (parallel/sequence_parallel.h): per layer and forward pass, c_attn's
       // and c_fc's inputs gathered (cast to the compute dtype first) and the two row-parallel
@@ -193,7 +219,7 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
       out.push_back(collective("tp", std::string("block all-gathers + reduce-scatters (forward") + (full ? " x 2, recomputed" : "") +
                                          "; backward with the column inputs gathered again" +
                                          (st.moe_blocks > 0 ? "; half that in an MoE block)" : ")"),
-                               l.tp, Kd * tp_blocks * ((forwards + 1) * 4 * tok * d * a + 2 * tok * d * ln), k.tp_bw, k.tp,
+                               l.tp, Kd * (tp_blocks * ((forwards + 1) * 4 * tok * d * a + 2 * tok * d * ln) + f8_sp), k.tp_bw, k.tp,
                                Window::Serial, K));
       // an MoE layer's routing (models/moe.h): the k int64 choices of the rank's rows gathered
       // over tp, the cp chunk's b T / c k x 8 bytes, every forward (the recomputed one too)
@@ -209,6 +235,11 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
                                          ", 2 backward per layer and micro-batch" +
                                          (st.moe_blocks > 0 ? "; half that in an MoE block)" : ")"),
                                l.tp, Kd * per_micro, k.tp_bw, k.tp, Window::Serial, K));
+    }
+    if (f8_amax > 0) {
+      out.push_back(collective("tp", std::string("float8 amax all-reduces (") + (l.float8 == 1 ? "tensorwise" : "rowwise") +
+                                         ": the split tensors' scales, per layer and pass)",
+                               l.tp, Kd * f8_amax, k.tp_bw, k.tp, Window::Serial, K));
     }
     // the gradient norm's split part, summed over tp once per step (one double); under ZeRO or
     // pp the squared norm rides in the verdict all-reduce instead
@@ -282,6 +313,31 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     out.push_back(collective("cp", std::string("K/V all-gather + gradient reduce-scatter (per layer: forward") +
                                        (l.recompute == Recompute::Full ? ", recomputed forward" : "") + ", backward)",
                              l.cp, Kd * static_cast<double>(st.blocks) * passes * gathered, k.cp_bw, k.cp, Window::Serial, K));
+    // --precision fp8: the float8 layers' amaxes over the rows (tokens) cp splits (Float8Scaling::m):
+    // tensorwise, x's each forward and g's in backward (8 bytes each); rowwise, dW's scales in
+    // backward, g's columns (this rank's N) and x's (its K), 8 bytes a column
+    if (l.float8) {
+      const double passes = l.recompute == Recompute::Full ? 2.0 : 1.0, t = static_cast<double>(l.tp);
+      const double dd = static_cast<double>(m.d_model), hd = static_cast<double>(m.head_dim()), q = static_cast<double>(m.attn_width());
+      const double kv_heads = static_cast<double>(m.n_kv_head >= l.tp ? m.n_kv_head / l.tp : 1);
+      const double f = static_cast<double>(m.mlp_hidden()), fc = m.swiglu() ? 2 * f : f;
+      double bytes = 0;
+      for (const auto& chunk : st.chunks)
+        for (int64_t i : chunk) {
+          const Float8Layers f8 = block_float8_layers(m, l, i);
+          if (l.float8 == 1) {
+            bytes += (passes + 1) * 8.0 * ((f8.c_attn ? 1 : 0) + (f8.attn_proj ? 1 : 0) + (f8.c_fc ? 1 : 0) + (f8.mlp_proj ? 1 : 0));
+          } else {
+            bytes += (f8.c_attn ? 8.0 * (q / t + 2 * kv_heads * hd + dd) : 0) + (f8.attn_proj ? 8.0 * (dd + q / t) : 0) +
+                     (f8.c_fc ? 8.0 * (fc / t + dd) : 0) + (f8.mlp_proj ? 8.0 * (dd + f / t) : 0);
+          }
+        }
+      if (bytes > 0) {
+        out.push_back(collective("cp", std::string("float8 amax all-reduces over the sequence's rows (") +
+                                           (l.float8 == 1 ? "tensorwise" : "rowwise") + ")",
+                                 l.cp, Kd * bytes, k.cp_bw, k.cp, Window::Serial, K));
+      }
+    }
     // an MoE layer's routing (models/moe.h): the k int64 choices of the sequence's b T positions
     // gathered over cp, every forward (the recomputed one too)
     if (st.moe_blocks > 0) {

@@ -425,10 +425,15 @@ int64_t block_expert_numel(const GPTConfig& model, int64_t index, int64_t ep = 1
 // The parameters one token's forward multiplies by in block `index` (tp 1): a dense block's all,
 // an MoE block's attention half, k experts and the router (the n_block of section 5's F_s).
 int64_t block_active_numel(const GPTConfig& model, int64_t index);
-// Of them, the weights whose products run in float8 under the layout's --precision fp8 (0 when
-// off): c_attn, attn c_proj and the dense MLP's two, each where kernels/float8_filter.h admits its
-// whole shape and its tp part's dims are multiples of 16 (GPT::set_float8's rule); an MoE
-// block's k active experts under rowwise.
+// Which of block `index`'s layers run their products in float8 under the layout's --precision
+// fp8 (none when off): c_attn, attn c_proj and the dense MLP's two, each where
+// kernels/float8_filter.h admits its whole shape and its tp part's dims are multiples of 16
+// (GPT::set_float8's rule); an MoE block's experts under rowwise.
+struct Float8Layers {
+  bool c_attn = false, attn_proj = false, c_fc = false, mlp_proj = false, experts = false;
+};
+Float8Layers block_float8_layers(const GPTConfig& model, const Layout& l, int64_t index);
+// Of the block's active weights, those whose products run in float8 (an MoE block's k active experts).
 int64_t block_float8_numel(const GPTConfig& model, const Layout& l, int64_t index);
 int64_t padded_numel(int64_t n, int64_t dp);  // ceil(n / 64 dp) 64 dp
 int64_t sum_padded(const std::vector<int64_t>& units, int64_t dp);

@@ -58,23 +58,33 @@ int64_t block_active_numel(const GPTConfig& m, int64_t index) {
   return block_numel(m, 1, index);
 }
 
-int64_t block_float8_numel(const GPTConfig& m, const Layout& l, int64_t index) {
-  if (l.float8 == 0) return 0;
+Float8Layers block_float8_layers(const GPTConfig& m, const Layout& l, int64_t index) {
+  Float8Layers out;
+  if (l.float8 == 0) return out;
   const bool auto_filter = !l.fp8_filter_all;
   const int64_t t = l.tp, d = m.d_model, hd = m.head_dim(), q = m.attn_width();
-  // a layer of whole shape [n, k] whose tp part is [n / t_n, k / t_k]
+  // a layer of whole shape [n, k] whose tp part is [part_n, part_k]
   auto take = [&](int64_t n, int64_t k, int64_t part_n, int64_t part_k) {
-    return float8_layer_eligible(n, k, auto_filter) && part_n % 16 == 0 && part_k % 16 == 0 ? n * k : int64_t{0};
+    return float8_layer_eligible(n, k, auto_filter) && part_n % 16 == 0 && part_k % 16 == 0;
   };
   const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;
-  int64_t n = take(q + 2 * m.n_kv_head * hd, d, q / t + 2 * kv_heads * hd, d)  // c_attn (column)
-              + take(d, q, d, q / t);                                          // attn c_proj (row)
+  out.c_attn = take(q + 2 * m.n_kv_head * hd, d, q / t + 2 * kv_heads * hd, d);  // column-parallel
+  out.attn_proj = take(d, q, d, q / t);                                         // row-parallel
   const int64_t f = m.mlp_hidden(), fc = m.swiglu() ? 2 * f : f;
-  if (!m.is_moe_layer(index)) return n + take(fc, d, fc / t, d) + take(d, f, d, f / t);
-  // the experts: whole on their rank; both of an expert's layers, or neither (models/gpt.cpp)
-  if (l.float8 == 2 && float8_layer_eligible(fc, d, auto_filter) && float8_layer_eligible(d, f, auto_filter))
-    n += m.top_k * (fc * d + d * f);
-  return n;
+  if (!m.is_moe_layer(index)) {
+    out.c_fc = take(fc, d, fc / t, d);
+    out.mlp_proj = take(d, f, d, f / t);
+  } else {  // the experts: whole on their rank; both of an expert's layers, or neither (models/gpt.cpp)
+    out.experts = l.float8 == 2 && float8_layer_eligible(fc, d, auto_filter) && float8_layer_eligible(d, f, auto_filter);
+  }
+  return out;
+}
+
+int64_t block_float8_numel(const GPTConfig& m, const Layout& l, int64_t index) {
+  const Float8Layers f8 = block_float8_layers(m, l, index);
+  const int64_t d = m.d_model, hd = m.head_dim(), q = m.attn_width(), f = m.mlp_hidden(), fc = m.swiglu() ? 2 * f : f;
+  return (f8.c_attn ? (q + 2 * m.n_kv_head * hd) * d : 0) + (f8.attn_proj ? d * q : 0) + (f8.c_fc ? fc * d : 0) +
+         (f8.mlp_proj ? d * f : 0) + (f8.experts ? m.top_k * (fc * d + d * f) : 0);
 }
 
 // ---- 2. model-state bytes -------------------------------------------------------------------

@@ -466,7 +466,7 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
               duration(p.forward_s).c_str(), duration(p.backward_s).c_str(),
               p.recompute_flops_per_token > 0 ? " incl. recomputation" : "");
   if (p.layout.float8) {
-    o += strprintf("  (fp8: %.1f%% of the model FLOPs in float8 products, at %.0f TFLOPS peak against bf16's %.0f; memory and bytes as bf16's)\n",
+    o += strprintf("  (fp8: %.1f%% of the model FLOPs in float8 products, at %.0f TFLOPS peak against bf16's %.0f; memory as bf16's: not modelled yet)\n",
                    100.0 * p.float8_flops_per_token / p.flops_per_token, c.fp8_peak_flops > 0 ? c.fp8_peak_flops / 1e12 : c.peak_flops / 1e12,
                    c.peak_flops / 1e12);
   }

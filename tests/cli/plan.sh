@@ -11,7 +11,9 @@
 # middle stage; dp 2 x pp 2 under ZeRO-1; tp 2 x pp 2) -- a run's log is rank 0's, so a pipeline
 # run checks stage 0's figures, and every stage's block count; sequence parallelism (tp 2 --sp in
 # fp32; with dp 2, ZeRO-1, bf16 and full recomputation) and context parallelism (cp 2 in bf16
-# under ZeRO-3; cp 4 at seq 256; cp 2 x pp 2); Mixture-of-Experts runs (tiny-moe: one process,
+# under ZeRO-3; cp 4 at seq 256; cp 2 x pp 2); --precision fp8 runs (tensorwise at tp 2, tp 2 + sp,
+# with full recomputation, cp 2; rowwise at tp 2, tp 2 + sp, cp 2 x tp 2: the float8 amax
+# all-reduces and sp's 8-bit gathers); Mixture-of-Experts runs (tiny-moe: one process,
 # DDP dp 2 in bf16, ZeRO-1 dp 2, tp 2, pp 2; and with --ep 2 at dp 2, dp 2 x tp 2, ZeRO-1 at dp 4,
 # pp 2 x ZeRO-1 and ZeRO-3 at dp 4, where comm_bytes less ep_comm_bytes is exact, ep_comm_bytes
 # exact from the step's logged rows, and those rows set beside the plan's balanced estimate); the
@@ -182,6 +184,16 @@ run sp2 2 "${Z[@]}" --grad-accum 2 --tp 2 --sp
 run sp2dp2_z1_full 4 "${Z[@]}" --grad-accum 2 --tp 2 --sp --zero 1 --precision bf16 --param-dtype fp32 --activation-checkpointing full
 run cp2_z3_bf16 2 "${Z[@]}" --grad-accum 2 --cp 2 --zero 3 --precision bf16
 run cp2_pp2 4 "${Z[@]}" --grad-accum 2 --cp 2 --pp 2 $(save cp2_pp2)
+# --precision fp8 (kernels/float8.h; every block layer): the float8 amax all-reduces over tp and
+# cp, and sp's 8-bit gathers, in comm_bytes exactly (plan/communication.cpp)
+F8=("${Z[@]}" --grad-accum 2 --precision fp8 --fp8-filter all)
+run f8_tp2 2 "${F8[@]}" --tp 2
+run f8_sp2 2 "${F8[@]}" --tp 2 --sp
+run f8_sp2_full 2 "${F8[@]}" --tp 2 --sp --activation-checkpointing full
+run f8_cp2 2 "${F8[@]}" --cp 2
+run f8_tp2_rw 2 "${F8[@]}" --tp 2 --fp8-recipe rowwise
+run f8_sp2_rw 2 "${F8[@]}" --tp 2 --sp --fp8-recipe rowwise
+run f8_cp2tp2_rw 4 "${F8[@]}" --cp 2 --tp 2 --fp8-recipe rowwise
 # Mixture-of-Experts
 M=(train --device cpu --model tiny-moe --steps 2 --log-every 100 --micro-batch 2)
 run moe1 0 "${M[@]}"
@@ -413,6 +425,10 @@ print("sp: tp's traffic + the backward's re-gathers + the replicated gradients; 
 # the experts in the units and the model state, the verdict's routing rows (n_moe_layers x (E + 3)
 # floats, 2 x 4 x 44 B more), no tp collective inside an MoE block, the experts' weights not in
 # autocast's cache (the DDP run is bf16 over fp32 weights: cast_copies = attention's only).
+print("--compare, --precision fp8 (tensorwise and rowwise; tp, sp, cp):")
+for n in ("f8_tp2", "f8_sp2", "f8_sp2_full", "f8_cp2", "f8_tp2_rw", "f8_sp2_rw", "f8_cp2tp2_rw"):
+    assert cfg(n)["config"]["precision"] == "fp8" and cfg(n)["float8_layers"]["float8"] == cfg(n)["float8_layers"]["of"], n
+    check_compare(n)
 print("--compare, Mixture-of-Experts:")
 moe = ("moe1", "moe_ddp2", "moe_z1", "moe_tp2", "moe_pp2")
 for n in moe: check_compare(n)
