@@ -101,7 +101,7 @@ inline Float8Scaling float8_rowwise() {
 
 // The group's amax of a tensor whose parts its ranks hold: `before` (a reduction the tensor already
 // takes, over another group; none when empty), then the maximum over `group` (an all-reduce of
-// one fp32 scalar on the tensor's device).
+// the fp32 amaxes -- one, or a row of them -- on the tensor's device).
 AmaxReduce amax_over(std::shared_ptr<Communicator> group, AmaxReduce before = {});
 
 // "e5m2" | "e4m3" -> the gradient's float8 dtype; ConfigError otherwise.

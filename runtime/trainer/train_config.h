@@ -138,8 +138,9 @@ struct TrainConfig {
   // 16-bit weights with fp32 masters under bf16 / fp16, the fastest and smallest policy; fp32
   // (the "upcast" policy) when asked for.
   std::string resolved_param_dtype() const { return param_dtype == "auto" ? compute_precision() : param_dtype; }
-  // The dtype the products run in outside float8's: fp8 computes the rest in bf16.
+  // --fp8-grad auto: e5m2 under tensorwise, e4m3 under rowwise.
   std::string resolved_fp8_grad() const { return fp8_grad != "auto" ? fp8_grad : fp8_recipe == "rowwise" ? "e4m3" : "e5m2"; }
+  // The dtype the products run in outside float8's: fp8 computes the rest in bf16.
   std::string compute_precision() const { return precision == "fp8" ? "bf16" : precision; }
   // The pipeline schedule the run uses: 1f1b or interleaved (never "auto").
   std::string resolved_pp_schedule() const {

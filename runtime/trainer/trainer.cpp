@@ -296,7 +296,7 @@ void Trainer::build_model() {
   if (r.precision == Precision::FP8) {
     Float8Scaling scaling = cfg_.fp8_recipe == "rowwise" ? float8_rowwise() : float8_tensorwise();
     scaling.grad_dtype = float8_grad_dtype(cfg_.resolved_fp8_grad());
-    scaling.fused = kernels_on(parse_kernels(cfg_.kernels), device.is_cuda()) == Kernels::fused;  // kernels/float8.cu
+    scaling.fused = r.model->kernels() == Kernels::fused;  // set_kernels' choice above: kernels/float8.cu on CUDA
     // cp splits every layer's rows (the sequence): an amax over the rows of the inputs or the
     // output gradients is the group's, so each rank scales as one process scales the whole sequence.
     if (r.shape.cp > 1) scaling.m = amax_over(r.mesh->cp());
