@@ -59,20 +59,45 @@ struct ScalingHolder : torch::CustomClassHolder {
 // The rowwise recipe's products (the header): y's in the forward, dX's and dW's in the backward,
 // each operand quantised along the product's non-contracted dim from its 16-bit value. The rowwise
 // GEMM writes bf16 (CUTLASS's f8f8bf16; its bias bf16); the result is then cast to `out`.
-at::Tensor rowwise_forward(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& bias, const Float8Scaling& s, at::ScalarType out) {
-  const Float8Tensor qx = to_float8_along(x2, at::kFloat8_e4m3fn, 1, s.k, s.fused), qw = to_float8_along(w, at::kFloat8_e4m3fn, 1, s.k, s.fused);
+// W by rows (y's operand) and by columns (dX's).
+Float8Tensor rowwise_w_rows(const at::Tensor& w, const Float8Scaling& s) { return to_float8_along(w, at::kFloat8_e4m3fn, 1, s.k, s.fused); }
+Float8Tensor rowwise_w_cols(const at::Tensor& w, const Float8Scaling& s) { return to_float8_along(w, at::kFloat8_e4m3fn, 0, s.n, s.fused); }
+
+at::Tensor rowwise_forward(const at::Tensor& x2, const Float8Tensor& qw, const at::Tensor& bias, const Float8Scaling& s, at::ScalarType out) {
+  const Float8Tensor qx = to_float8_along(x2, at::kFloat8_e4m3fn, 1, s.k, s.fused);
   return scaled_product(qx, {qw.data.t(), qw.scale.t()}, bias.defined() ? bias.to(at::kBFloat16) : bias, at::kBFloat16).to(out);  // [M, K] [K, N]
 }
 
-at::Tensor rowwise_dx(const at::Tensor& g2, const at::Tensor& w, const Float8Scaling& s, at::ScalarType out) {
-  const Float8Tensor qg = to_float8_along(g2, s.grad_dtype, 1, s.n, s.fused), qw = to_float8_along(w, at::kFloat8_e4m3fn, 0, s.n, s.fused);
+at::Tensor rowwise_dx(const at::Tensor& g2, const Float8Tensor& qw, const Float8Scaling& s, at::ScalarType out) {
+  const Float8Tensor qg = to_float8_along(g2, s.grad_dtype, 1, s.n, s.fused);
   return scaled_product(qg, qw, at::Tensor(), at::kBFloat16).to(out);  // [M, N] [N, K]
+}
+
+// W's forms for this optimizer step (Float8WeightCache): made by the step's first forward, kept.
+const Float8WeightCache& refreshed(Float8WeightCache& c, const at::Tensor& w, const Float8Scaling& s) {
+  if (c.at == *c.clock && c.q.data.defined() && c.q.data.sizes() == w.sizes()) return c;
+  if (s.rowwise) {
+    c.q = rowwise_w_rows(w, s);
+    c.t = rowwise_w_cols(w, s);
+  } else {
+    c.q = to_float8(w, at::kFloat8_e4m3fn, then(s.n, s.k), s.fused);
+    c.t = {column_major(c.q.data), c.q.scale};  // the transpose dX's product takes, written once
+  }
+  c.at = *c.clock;
+  return c;
 }
 
 at::Tensor rowwise_dw(const at::Tensor& g2, const at::Tensor& x2, const Float8Scaling& s, at::ScalarType out) {
   const Float8Tensor qg = to_float8_along(pad_rows16(g2), s.grad_dtype, 0, s.m, s.fused);      // [M', N], scales [1, N]
   const Float8Tensor qx = to_float8_along(pad_rows16(x2), at::kFloat8_e4m3fn, 0, s.m, s.fused);  // [M', K], scales [1, K]
   return scaled_product({qg.data.t().contiguous(), qg.scale.t()}, qx, at::Tensor(), at::kBFloat16).to(out);  // [N, M'] [M', K]
+}
+
+// ZeRO-3's gathered q_W (Float8Scaling::weight8), checked against the layer's W.
+Float8Tensor gathered_weight(const Float8Tensor& q, const at::Tensor& weight) {
+  if (q.data.sizes() != weight.sizes() || q.data.scalar_type() != at::kFloat8_e4m3fn || q.scale.dim() != 0)
+    throw Error("float8: the gathered 8-bit weight does not match the layer's weight");
+  return q;
 }
 
 class Float8Linear : public torch::autograd::Function<Float8Linear> {
@@ -89,8 +114,13 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = weight.size(0);
     if (s.rowwise) {
-      const at::Tensor y = rowwise_forward(x2, weight, has_bias ? *bias : at::Tensor(), s, x.scalar_type()).view(shape);
-      ctx->save_for_backward({x2, weight});  // the 16-bit operands, requantised along other dims
+      if (s.weight8 && s.weight8->data.defined()) throw Error("float8: a gathered 8-bit weight is tensorwise (rowwise requantises W along its columns)");
+      const Float8WeightCache* c = s.cache ? &refreshed(*s.cache, weight, s) : nullptr;
+      const at::Tensor y = rowwise_forward(x2, c ? c->q : rowwise_w_rows(weight, s), has_bias ? *bias : at::Tensor(), s, x.scalar_type()).view(shape);
+      // the 16-bit x, requantised along its columns for dW; W's columns kept for dX where the
+      // step keeps them, else W, requantised there
+      if (c) ctx->save_for_backward({x2, c->t.data, c->t.scale});
+      else ctx->save_for_backward({x2, weight});
       ctx->saved_data["scaling"] = std::move(scaling);
       return y;
     }
@@ -109,8 +139,19 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
     } else {
       qx = to_float8(pad_rows16(x2), at::kFloat8_e4m3fn, then(s.m, s.k), s.fused);
     }
-    const Float8Tensor qw = to_float8(weight, at::kFloat8_e4m3fn, then(s.n, s.k), s.fused);
-    ctx->save_for_backward({qx.data, qx.scale, qw.data, qw.scale});
+    // q_W: ZeRO-3's gathered bytes, the step's kept copy, or quantised here; dX's operand is its
+    // column-major transpose (kept for the step, or made in backward)
+    Float8Tensor qw, qw_dx;
+    if (s.weight8 && s.weight8->data.defined()) {
+      qw = qw_dx = gathered_weight(*s.weight8, weight);
+    } else if (s.cache) {
+      const Float8WeightCache& c = refreshed(*s.cache, weight, s);
+      qw = c.q;
+      qw_dx = c.t;
+    } else {
+      qw = qw_dx = to_float8(weight, at::kFloat8_e4m3fn, then(s.n, s.k), s.fused);
+    }
+    ctx->save_for_backward({qx.data, qx.scale, qw_dx.data, qw_dx.scale});
     ctx->saved_data["scaling"] = std::move(scaling);
     // y = q_x q_W^T + b: q_W^T [K, N] is the transposed view of q_W [N, K], column-major as it
     // is; the bias added in fp32 inside the product before its one rounding (cuBLASLt's epilogue)
@@ -131,9 +172,12 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
     std::vector<int64_t> shape(g.sizes().begin(), g.sizes().end());
     at::Tensor dx, dw, db;
     if (s.rowwise) {
-      const at::Tensor &x2 = saved[0], &w = saved[1];
+      const at::Tensor& x2 = saved[0];
       shape.back() = x2.size(1);
-      if (ctx->needs_input_grad(0)) dx = rowwise_dx(g2, w, s, dtype).view(shape);
+      if (ctx->needs_input_grad(0)) {
+        const Float8Tensor qw = saved.size() == 3 ? Float8Tensor{saved[1], saved[2]} : rowwise_w_cols(saved[1], s);
+        dx = rowwise_dx(g2, qw, s, dtype).view(shape);
+      }
       if (ctx->needs_input_grad(1)) dw = rowwise_dw(g2, x2, s, wdtype);
     } else {
       const Float8Tensor qx{saved[0], saved[1]}, qw{saved[2], saved[3]};

@@ -45,6 +45,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -64,6 +65,22 @@ struct Float8Tensor {
 // the tensor is whole here.
 using AmaxReduce = std::function<at::Tensor(const at::Tensor&)>;
 
+// A float8 layer's weight quantised once an optimizer step (Float8Scaling::cache): W changes only
+// between steps, so the step's first forward quantises it -- both of the forms the layer's products
+// take -- and every later micro-step's forward and backward (and a recomputation's) read them:
+//   tensorwise  q: q_W [N, K] row-major (y's second operand, as q_W^T's view);
+//               t: q_W in the column-major layout dX's product takes (its transpose, written once)
+//   rowwise     q: W by rows ([N, 1] scales, y's);  t: W by columns ([1, K] scales, dX's)
+// A step begins when the owner's clock moves (GPT::begin_float8_step, at each step's first
+// micro-batch; inside --cuda-graph's capture too, so every replay's first micro-step requantises).
+// Only under autograd: an evaluation or a sample, which may run between an update and the next
+// step, quantises afresh. 2 bytes a weight element held from one step's first forward to the next's.
+struct Float8WeightCache {
+  std::shared_ptr<const int64_t> clock;  // the owner's step count
+  int64_t at = -1;                       // the clock's value when q and t were made
+  Float8Tensor q, t;
+};
+
 // How a linear layer's products run in float8 (off: LibTorch's / kernels/matmul.h's products).
 struct Float8Scaling {
   bool on = false;
@@ -81,6 +98,15 @@ struct Float8Scaling {
   // rows (scatter_rows, in x's dtype). Empty: x is whole.
   AmaxReduce rows_amax;
   std::function<at::Tensor(const at::Tensor&)> gather_rows, scatter_rows;
+  // ZeRO-3's 8-bit gather (parallel/zero.h, "Float8 weights"), tensorwise: W's e4m3 bytes and its
+  // scale as the engine gathered them -- each rank's shard quantised with the whole weight's amax,
+  // so the values to_float8(W) gives, bit for bit. Set while the weight is gathered; null or its
+  // data undefined: the layer quantises W itself. The layer then never reads W's own storage
+  // (the engine leaves the 16-bit weight ungathered); W still takes dW.
+  std::shared_ptr<Float8Tensor> weight8;
+  // W's 8-bit forms kept for the optimizer step (above); null: quantised at every use. weight8,
+  // where set, comes first.
+  std::shared_ptr<Float8WeightCache> cache;
 };
 
 // On, tensorwise, e5m2 gradients, no reductions (a whole layer in one process).

@@ -25,6 +25,11 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, const at::TensorOptions& opts, b
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) const {
+  if (float8.on && float8.cache && !is_training()) {  // an evaluation may run between an update and the next step
+    Float8Scaling fresh = float8;
+    fresh.cache = nullptr;
+    return linear_product(x, weight, bias, &fresh);
+  }
   return linear_product(x, weight, bias, float8.on ? &float8 : nullptr);
 }
 
@@ -532,6 +537,21 @@ std::pair<int64_t, int64_t> GPT::set_float8(const Float8Scaling& scaling, bool a
     }
   }
   return {on, all};
+}
+
+int64_t GPT::keep_float8_weights() {
+  int64_t n = 0;
+  for (const auto& b : blocks()) {
+    std::vector<LinearImpl*> layers{b->attn->c_attn.get(), b->attn->c_proj.get()};
+    if (b->mlp) layers.insert(layers.end(), {b->mlp->c_fc.get(), b->mlp->c_proj.get()});
+    for (LinearImpl* l : layers) {
+      if (!l->float8.on) continue;
+      l->float8.cache = std::make_shared<Float8WeightCache>();
+      l->float8.cache->clock = float8_clock_;
+      n += l->weight.numel();
+    }
+  }
+  return n;
 }
 
 int64_t GPT::num_params() const {

@@ -69,7 +69,8 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight, bias;
   // Float8 products (--precision fp8; GPT::set_float8): off by default. The tp ops add the
-  // reductions of the split tensors' amax (parallel/tensor_parallel.cpp).
+  // reductions of the split tensors' amax (parallel/tensor_parallel.cpp). Its weight cache
+  // (GPT::keep_float8_weights) serves training-mode forwards only: in eval mode W is quantised afresh.
   Float8Scaling float8;
 };
 
@@ -469,8 +470,17 @@ class GPT : public torch::nn::Module {
   // block layers}, an MoE layer's experts counted as 2 layers each (all of them, whichever ranks hold them). Call after set_kernels (the fused
   // GELU epilogue and the recomputation hook step aside for a float8 feed-forward).
   std::pair<int64_t, int64_t> set_float8(const Float8Scaling& scaling, bool auto_filter);
+  // The float8 linear layers (not the experts) keep their weights' 8-bit forms for an optimizer
+  // step (kernels/float8.h, Float8WeightCache): made by the step's first training-mode forward,
+  // read by the step's later ones and by the backward. begin_float8_step starts a step (the trainer:
+  // before each step's micro-batches); the weights must not change inside one. Off by default;
+  // under ZeRO-3 the weights come gathered (in 8 bits, or in 16 to be quantised at each use).
+  // Call after set_float8; returns the weight elements so kept (2 bytes each: both forms).
+  int64_t keep_float8_weights();
+  void begin_float8_step() { ++*float8_clock_; }
 
  private:
+  std::shared_ptr<int64_t> float8_clock_ = std::make_shared<int64_t>(0);
   Kernels kernels_ = Kernels::reference;
   GPTConfig cfg_;
   ModelShard shard_;

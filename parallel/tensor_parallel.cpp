@@ -183,6 +183,7 @@ namespace {
 const Float8Scaling* tp_float8(const LinearImpl& l, const std::shared_ptr<Communicator>& tp, bool column, Float8Scaling& out) {
   if (!l.float8.on) return nullptr;
   out = l.float8;
+  if (!l.is_training()) out.cache = nullptr;  // the weight cache serves training-mode forwards (LinearImpl::float8)
   AmaxReduce& split = column ? out.n : out.k;
   split = amax_over(tp, split);  // after any reduction the layer already has over that dim
   return &out;

@@ -13,6 +13,7 @@
 #include "distributed/device_check.h"
 #include "distributed/error.h"
 #include "distributed/host_memory.h"
+#include "kernels/float8.h"
 #include "models/gpt.h"
 #include "parallel/grad_ready.h"
 #include "parallel/host_accumulator.h"
@@ -74,6 +75,7 @@ struct SplitUnit {
   std::vector<at::Tensor> params;
   bool expert = false;
   size_t origin = 0;
+  bool float8 = false;  // the block's float8 weights, gathered in 8 bits (ZeroConfig::float8_weight)
 };
 std::vector<SplitUnit> split_experts(std::vector<std::vector<at::Tensor>> units, const std::function<bool(const at::Tensor&)>& is_expert) {
   std::vector<SplitUnit> out;
@@ -82,6 +84,23 @@ std::vector<SplitUnit> split_experts(std::vector<std::vector<at::Tensor>> units,
     for (auto& p : units[i]) (is_expert && is_expert(p) ? experts : dense).push_back(std::move(p));
     if (!dense.empty()) out.push_back({std::move(dense), false, i});
     if (!experts.empty()) out.push_back({std::move(experts), true, i});
+  }
+  return out;
+}
+
+// The blocks' units (origin >= first_block) with their float8 weights (`float8` picks them) split
+// off into a unit right after each (zero.h, "Float8 weights").
+std::vector<SplitUnit> split_float8(std::vector<SplitUnit> units, size_t first_block, const std::function<bool(const at::Tensor&)>& float8) {
+  std::vector<SplitUnit> out;
+  for (auto& u : units) {
+    if (u.expert || u.origin < first_block) {
+      out.push_back(std::move(u));
+      continue;
+    }
+    std::vector<at::Tensor> rest, weights;
+    for (auto& p : u.params) (float8(p) ? weights : rest).push_back(std::move(p));
+    if (!rest.empty()) out.push_back({std::move(rest), false, u.origin, false});
+    if (!weights.empty()) out.push_back({std::move(weights), false, u.origin, true});
   }
   return out;
 }
@@ -96,6 +115,8 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
   if (cfg_.delay_from < 0) throw ConfigError("--offload-delay-from must be 0 or more");
   if (cfg_.delayed_update && cfg_.offload != Offload::Optimizer)
     throw ConfigError("--offload-delayed-update needs --offload optimizer (the working weights the delay keeps are the device's)");
+  if (cfg_.float8_weight && (cfg_.stage != 3 || cfg_.offload == Offload::All))
+    throw ConfigError("zero: the 8-bit weight gather is ZeRO-3's, without --offload all");
   if (cfg_.is_expert && (!cfg_.expert_dp || !cfg_.ep)) {
     throw Error("zero: expert parallelism needs the expert-data-parallel and ep groups");
   }
@@ -114,7 +135,10 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
   std::vector<int>& block_chunk = block_chunk_;  // blocks() order: chunk by chunk
   for (size_t c = 0; c < model_.shard().chunks.size(); ++c)
     for (int64_t i = model_.shard().chunks[c].begin; i < model_.shard().chunks[c].end; ++i) block_chunk.push_back(static_cast<int>(c));
-  for (auto& [params, expert, origin] : split_experts(std::move(whole_units), cfg_.is_expert)) {
+  std::vector<SplitUnit> split = split_experts(std::move(whole_units), cfg_.is_expert);
+  if (cfg_.float8_weight)
+    split = split_float8(std::move(split), first_block_unit, [this](const at::Tensor& p) { return cfg_.float8_weight(p) != nullptr; });
+  for (auto& [params, expert, origin, float8] : split) {
     if (origin >= first_block_unit) block_units_[origin - first_block_unit].push_back(units_.size());
     // Its chunk: a block's; the outer units go with the embedding (chunk 0) or the head (the last).
     unit_chunk_.push_back(origin >= first_block_unit ? block_chunk[origin - first_block_unit]
@@ -173,6 +197,21 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
     for (size_t k = 0; k < u->params.size(); ++k) {
       auto& p = u->params[k];
       p.set_data(u->flat.narrow(0, u->offsets[k], p.numel()).view(p.sizes()));
+    }
+    if (float8) {
+      // The layers' q_W: views of the 8-bit flat buffer (each with a version counter of its own:
+      // the gathers write the buffer while a backward holds the views), scales of q_scales.
+      u->q_flat = at::empty({u->padded}, dev.dtype(at::kByte));
+      u->q_shard = at::zeros({u->shard}, dev.dtype(at::kByte));
+      u->q_scales = at::ones({static_cast<int64_t>(u->params.size())}, dev);
+      for (size_t k = 0; k < u->params.size(); ++k) {
+        const auto& p = u->params[k];
+        std::shared_ptr<Float8Tensor> slot = cfg_.float8_weight(p);
+        slot->data = u->q_flat.narrow(0, u->offsets[k], p.numel()).view(p.sizes()).view(at::kFloat8_e4m3fn).variable_data();
+        slot->scale = u->q_scales.select(0, static_cast<int64_t>(k)).variable_data();
+        u->slots.push_back(std::move(slot));
+      }
+      free_storage(u->q_flat);
     }
     if (cfg_.stage == 3) {
       free_storage(u->flat);
@@ -266,6 +305,8 @@ ZeroEngine::ZeroEngine(GPT& model, c10::Device device, std::shared_ptr<Communica
 
 ZeroEngine::~ZeroEngine() {
   model_.block_runner = inner_runner_;
+  for (auto& u : units_)  // the layers quantise their weights themselves again
+    for (auto& slot : u->slots) *slot = Float8Tensor{};
   try {
     if (host_) host_->drain();
   } catch (...) {
@@ -302,6 +343,13 @@ void ZeroEngine::gather_async(Unit& u) {
   // Offload: the shard the gather reads is the host update's output. Delayed: the published
   // shard, which no pending update writes.
   if (!delaying_) finish_update(u);
+  if (u.float8()) {  // the 8-bit shard's bytes (zero.h, "Float8 weights")
+    quantise_shard(u);
+    alloc_storage(u.q_flat);
+    u.ag_work = u.group->all_gather(u.q_flat, u.q_shard);
+    u.state = Unit::State::Gathering;
+    return;
+  }
   alloc_storage(u.flat);
   auto issue = [this, &u] {
     u.ag_src = to_device(u.shard_params, device_, /*non_blocking=*/true);
@@ -329,8 +377,34 @@ void ZeroEngine::wait_gathered(Unit& u) {
 void ZeroEngine::release(Unit& u) {
   if (cfg_.stage != 3 || u.state == Unit::State::Released) return;
   if (u.state == Unit::State::Gathering) wait_gathered(u);
-  free_storage(u.flat);
+  free_storage(u.float8() ? u.q_flat : u.flat);
   u.state = Unit::State::Released;
+}
+
+void ZeroEngine::quantise_shard(Unit& u) {
+  if (u.q_valid) return;
+  at::NoGradGuard no_grad;
+  const int64_t lo = u.group->rank() * u.shard, hi = lo + u.shard;
+  const at::Tensor w = u.shard_params;  // on the device (no offload all), param_dtype
+  // Each weight's piece of the shard (empty where the shard holds none of it) and its amax, as
+  // to_float8 takes it: |x|'s max in the weight's dtype, then fp32.
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // [a, b) of the shard
+  std::vector<at::Tensor> amaxes;
+  for (size_t k = 0; k < u.params.size(); ++k) {
+    const int64_t a = std::max(lo, u.offsets[k]) - lo, b = std::min(hi, u.offsets[k] + u.params[k].numel()) - lo;
+    pieces.emplace_back(a, b);
+    amaxes.push_back(a < b ? w.narrow(0, a, b - a).abs().max().to(at::kFloat) : at::zeros({}, w.options().dtype(at::kFloat)));
+  }
+  at::Tensor amax = at::stack(amaxes);
+  u.group->all_reduce(amax, ReduceOp::Max)->wait();
+  if (cfg_.tp) cfg_.tp->all_reduce(amax, ReduceOp::Max)->wait();  // the weights' other tp parts
+  u.q_scales.copy_(amax.clamp_min(1e-12) / 448.0);  // e4m3's largest value (kernels/float8.h)
+  const at::Tensor q = u.q_shard.view(at::kFloat8_e4m3fn);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const auto [a, b] = pieces[k];
+    if (a < b) q.narrow(0, a, b - a).copy_((w.narrow(0, a, b - a).to(at::kFloat) / u.q_scales[static_cast<int64_t>(k)]).clamp(-448.0, 448.0).to(at::kFloat8_e4m3fn));
+  }
+  u.q_valid = true;
 }
 
 // ---- gradients -----------------------------------------------------------------------------

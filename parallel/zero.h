@@ -125,6 +125,23 @@
 // Checked against a reference of the rule written apart
 // (tests/test_zero_engine.cpp).
 //
+// Float8 weights (ZeroConfig::float8_weight; --precision fp8, tensorwise, ZeRO-3 without offload
+// all; torchtitan's float8 all-gather for FSDP2). A float8 layer's product reads W only as q_W, its
+// e4m3 bytes with one scale s_W = amax(|W|) / 448 (kernels/float8.h), so the gather can carry
+// those bytes instead of W's: half of bf16's. A block's float8 weights form a unit of their own
+// (after the block's other parameters; padded and sharded as any unit), whose 16-bit flat buffer
+// is never gathered. Once per step, at the unit's first gather after the weights changed (an
+// update, a publish, a load), each rank takes the amax of each weight's piece in its shard, the
+// amaxes of the unit's weights are all-reduced (max) over the unit's group -- and over tp, whose
+// ranks hold the weight's other parts -- and the rank's shard is cast to e4m3 with the weights'
+// scales into an 8-bit shard (q_shard, kept: n_u'/N bytes). Each gather then all-gathers those
+// bytes into the unit's 8-bit flat buffer, and the layers read q_W as views of it
+// (Float8Scaling::weight8). The values are the ones the layer would quantise from the whole W,
+// bit for bit (the amax of the pieces is the amax of the whole; the cast is elementwise).
+// Traffic per step, a block with f float8 elements (padded f'): K (f' + f' again for backward)
+// bytes gathered instead of P times as many, plus 2 x 4 x (the unit's weights) bytes of amax
+// all-reduce over the group (and as many over tp).
+//
 // The model is built and initialised on the host; only what the stage keeps on the device is
 // ever moved there (under ZeRO-3, shards and one or two gathered units at a time).
 #pragma once
@@ -150,6 +167,7 @@ namespace kiln {
 
 class GPT;
 class BlockImpl;
+struct Float8Tensor;
 class HostAccumulator;
 class HostWorker;
 class UploadStream;
@@ -188,7 +206,11 @@ struct ZeroConfig {
   // working weights at the next step's step() instead of before its forward, so it runs under
   // that step's forward and backward. See "The delayed update".
   bool delayed_update = false;
-  int64_t delay_from = 0;  // the delay starts with the update after this many (--offload-delay-from; 0: the first)
+  int64_t delay_from = 0;
+  // ZeRO-3's 8-bit gather of the float8 layers' weights (see "Float8 weights"): the slot a
+  // parameter's layer reads its gathered q_W from (Float8Scaling::weight8), null for a parameter
+  // that is not such a weight. Empty: every unit gathered in param_dtype.
+  std::function<std::shared_ptr<Float8Tensor>(const at::Tensor& param)> float8_weight;  // the delay starts with the update after this many (--offload-delay-from; 0: the first)
 };
 
 // Model-state bytes this rank holds, by kind and place (optimizer: the moments, plus the fp32
@@ -296,6 +318,7 @@ class ZeroEngine {
   void gather_async(Unit& u);
   void wait_gathered(Unit& u);
   void release(Unit& u);
+  void quantise_shard(Unit& u);  // float8 unit: its 8-bit shard and scales from the working shard (once per change)
   void on_grad_ready(Unit& u, size_t k);
   void launch_reduction(Unit& u);
   void finish_reduction(Unit& u);

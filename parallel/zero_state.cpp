@@ -123,7 +123,10 @@ void ZeroEngine::load_param(const at::Tensor& param, StatePart part, const at::T
   const at::Tensor flat_local = local.reshape({-1});
   // The delayed update's pending result is replaced by what is loaded (on every rank alike: each
   // loads every parameter, whether or not its shard holds a piece of it).
-  if (part == StatePart::Param) u->unpublished = false;
+  if (part == StatePart::Param) {
+    u->unpublished = false;
+    u->q_valid = false;  // a float8 unit's 8-bit shard is requantised at its next gather (every rank alike)
+  }
   if (part == StatePart::Param && cfg_.stage < 3) u->flat.narrow(0, start, len).copy_(flat_local);
   const int64_t a = std::max(start, me * u->shard), b = std::min(start + len, (me + 1) * u->shard);
   if (a >= b) return;
@@ -170,7 +173,7 @@ ModelStateBytes ZeroEngine::memory() const {
   for (const auto& up : units_) {
     const Unit& u = *up;
     if (cfg_.stage < 3) b.device.params += bytes(u.flat);
-    else (params_on_host ? b.host : b.device).params += bytes(u.shard_params);
+    else (params_on_host ? b.host : b.device).params += bytes(u.shard_params) + bytes(u.q_shard);  // q_shard: float8 units' 8-bit shard
     if (streamed()) (params_on_host ? b.host : b.device).grads += bytes(u.grad_shard);
     else b.device.grads += bytes(u.grad_full);
     if (u.host_grad.defined() && !u.host_grad.is_same(u.grad_shard)) b.host.grads += bytes(u.host_grad);

@@ -98,6 +98,7 @@ void ZeroEngine::upload(Unit& u) const {
   // host update wrote); offload all: the host update wrote the host shard the gathers read.
   if (!u.unpublished) return;
   u.unpublished = false;
+  u.q_valid = false;  // a float8 unit's 8-bit shard is of the old weights
   at::NoGradGuard no_grad;
   param_shard(u).copy_(u.upload.defined() ? u.upload : u.master, /*non_blocking=*/true);
 }
@@ -167,6 +168,9 @@ void ZeroEngine::post_update(Unit& u, double lr, double factor) {
 
 void ZeroEngine::step(double lr, const at::Tensor& grad_factor, const at::Tensor& found_inf) {
   at::NoGradGuard no_grad;
+  // The float8 units' 8-bit shards are requantised at their next gather: once a step, whatever the
+  // verdict (a skipped update leaves the same bytes), so the traffic is the same every step.
+  for (auto& u : units_) u->q_valid = false;
   if (cfg_.offload == Offload::None) {
     // One multi-tensor update per decay group over every unit's segments (kernels/adamw.h): the
     // gradients times grad_factor, AdamW on the fp32 masters, the working shard round16(master).

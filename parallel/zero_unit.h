@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "distributed/comm.h"
+#include "kernels/float8.h"
 #include "parallel/upload_stream.h"
 #include "parallel/zero.h"
 
@@ -60,6 +61,14 @@ struct ZeroEngine::Unit {
   at::Tensor ag_src;    // the shard being gathered, kept alive until the gather completes
   std::shared_ptr<UploadStream::Done> uploaded;  // offload all: the upload stream's copy and gather (the compute stream waits)
   enum class State { Released, Gathering, Gathered } state = State::Gathered;
+
+  // A float8 unit (ZeroConfig::float8_weight; zero.h, "Float8 weights"): gathered in 8 bits.
+  std::vector<std::shared_ptr<Float8Tensor>> slots;  // each parameter's layer slot (params order)
+  at::Tensor q_flat;    // uint8 [padded] on the device: the gathered e4m3 bytes (allocated only while gathered)
+  at::Tensor q_shard;   // uint8 [shard] on the device: this rank's bytes
+  at::Tensor q_scales;  // fp32 [params] on the device: each weight's dequantisation scale
+  bool q_valid = false; // q_shard and q_scales hold the working shard's current values
+  bool float8() const { return !slots.empty(); }
 };
 
 }  // namespace kiln

@@ -9,7 +9,9 @@
 //   - against the exact fp32 product the error is the quantisation's (below 10% of the scale at
 //     K = 96 here, far above 1e-5: the comparison above is not vacuous);
 //   - a bf16 input gives a bf16 output and gradient (the weight's stays fp32), its output the product
-//     of its own quantised operands within bf16's rounding.
+//     of its own quantised operands within bf16's rounding;
+//   - the weight's 8-bit forms kept for an optimizer step (Float8WeightCache) give the products the
+//     per-use quantisation gives, bit for bit, are made once a step, and eval mode bypasses them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +26,7 @@
 #include "distributed/error.h"
 #include "kernels/float8.h"
 #include "kernels/matmul.h"
+#include "models/gpt.h"
 
 #ifdef KILN_WITH_KERNELS
 #include <cuda_fp8.h>
@@ -246,6 +249,61 @@ TEST(Float8, SplitLayerWithTheGroupsAmaxEqualsTheWholeLayer) {
         }
       }
     }
+  }
+}
+
+// The weight's 8-bit forms kept for an optimizer step (Float8WeightCache): the products with the
+// kept forms equal the ones quantised at each use, bit for bit (forward, dX, dW; both recipes),
+// the kept forms are made once (W changed inside a step is not seen -- the trainer's contract: no
+// change inside a step) and made again when the clock moves; a layer in eval mode quantises afresh.
+TEST(Float8, TheWeightKeptForAStepEqualsItsQuantisationAtEachUse) {
+  for (const bool rowwise : {false, true}) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+    const at::Tensor x0 = at::randn({2, 24, 96}, gen).to(at::kBFloat16), w0 = (at::randn({48, 96}, gen) * 0.1).to(at::kBFloat16);
+    const at::Tensor g = at::randn({2, 24, 48}, gen).to(at::kBFloat16);
+    kiln::Float8Scaling plain = rowwise ? kiln::float8_rowwise() : kiln::float8_tensorwise(), kept = plain;
+    auto clock = std::make_shared<int64_t>(0);
+    kept.cache = std::make_shared<kiln::Float8WeightCache>();
+    kept.cache->clock = clock;
+    auto run = [&](const at::Tensor& wv, const kiln::Float8Scaling& s) {
+      at::Tensor x = x0.clone().requires_grad_(true), w = wv.clone().requires_grad_(true);
+      const at::Tensor y = kiln::float8_linear(x, w, at::Tensor(), s);
+      y.backward(g);
+      return std::vector<at::Tensor>{y, x.grad(), w.grad()};
+    };
+    const auto want = run(w0, plain);
+    for (int micro = 0; micro < 2; ++micro) {  // the first makes the forms, the second reads them
+      const auto got = run(w0, kept);
+      for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << (rowwise ? "rowwise" : "tensorwise") << ", micro " << micro << ", output " << i;
+    }
+    EXPECT_EQ(kept.cache->at, 0);
+    const at::Tensor kept_q = kept.cache->q.data;
+    const at::Tensor w1 = w0 * 2;  // W changed without a new step: the kept forms stay
+    EXPECT_TRUE(at::equal(run(w1, kept)[0], want[0]));
+    EXPECT_TRUE(kept.cache->q.data.is_same(kept_q));
+    ++*clock;  // a new step: made again, from the new W
+    EXPECT_TRUE(at::equal(run(w1, kept)[0], run(w1, plain)[0]));
+    EXPECT_FALSE(at::equal(run(w1, plain)[0], want[0]));
+    EXPECT_EQ(kept.cache->at, 1);
+    // The transpose dX takes is written once (tensorwise: column-major q_W; rowwise: W by columns).
+    const at::Tensor& t = kept.cache->t.data;
+    EXPECT_EQ(t.sizes(), w0.sizes());
+    if (!rowwise) EXPECT_TRUE(t.stride(0) == 1 && t.stride(1) == 48 && at::equal(t.to(at::kFloat), kept.cache->q.data.to(at::kFloat)));
+    else EXPECT_EQ(kept.cache->t.scale.sizes(), (std::vector<int64_t>{1, 96}));
+
+    // The model's layer: in eval mode (an evaluation, a sample -- run between an update and the
+    // next step) it quantises W afresh and leaves the kept forms alone.
+    at::NoGradGuard no_grad;
+    kiln::LinearImpl layer(96, 48, at::TensorOptions().dtype(at::kBFloat16), /*with_bias=*/false);
+    layer.weight.copy_(w0);
+    layer.float8 = kept;
+    ++*clock;
+    const at::Tensor before = layer.forward(x0);  // training mode: makes the forms from w0
+    layer.weight.mul_(2);                         // the update
+    layer.eval();
+    EXPECT_TRUE(at::equal(layer.forward(x0), kiln::float8_linear(x0, w1, at::Tensor(), plain)));
+    layer.train();
+    EXPECT_TRUE(at::equal(layer.forward(x0), before));  // still the step's forms until the clock moves
   }
 }
 

@@ -301,6 +301,9 @@ void Trainer::build_model() {
     // output gradients is the group's, so each rank scales as one process scales the whole sequence.
     if (r.shape.cp > 1) scaling.m = amax_over(r.mesh->cp());
     r.float8_layers = r.model->set_float8(scaling, cfg_.fp8_filter == "auto");
+    // Each float8 layer quantises its weight once an optimizer step (kernels/float8.h,
+    // Float8WeightCache); ZeRO-3 gathers its weights instead (in 8 bits under tensorwise: build_zero).
+    if (cfg_.zero != 3) r.float8_kept_numel = r.model->keep_float8_weights();
     if (proc_.rank == 0) {
       std::printf("fp8: %lld of the %lld block linear layers%s in float8 (%s scaling, gradients %s, filter %s)\n",
                   static_cast<long long>(r.float8_layers.first), static_cast<long long>(r.float8_layers.second),
@@ -396,6 +399,32 @@ void Trainer::build_zero() {
     zc.expert_dp = r.mesh->expert_dp();
     zc.ep = r.mesh->ep();
   }
+  if (r.precision == Precision::FP8 && cfg_.fp8_recipe != "rowwise" && zc.stage == 3 && zc.offload != Offload::All) {
+    // ZeRO-3 gathers the float8 layers' weights in 8 bits (parallel/zero.h, "Float8 weights"):
+    // each such layer reads q_W from a slot the engine fills. Not c_attn where tp replicates its
+    // kv heads (that layer assembles its W from parts before the product). Rowwise requantises W
+    // along its columns for dX, and offload all keeps nothing on the device: 16-bit gathers there.
+    std::vector<std::pair<at::Tensor, std::shared_ptr<Float8Tensor>>> slots;
+    const bool kv_replicated = r.shape.tp > 1 && r.model->config().n_kv_head < r.shape.tp;
+    for (const auto& b : r.model->blocks()) {
+      std::vector<LinearImpl*> layers{kv_replicated ? nullptr : b->attn->c_attn.get(), b->attn->c_proj.get()};
+      if (b->mlp) layers.insert(layers.end(), {b->mlp->c_fc.get(), b->mlp->c_proj.get()});
+      for (LinearImpl* l : layers) {
+        if (l == nullptr || !l->float8.on) continue;
+        l->float8.weight8 = std::make_shared<Float8Tensor>();
+        slots.emplace_back(l->weight, l->float8.weight8);
+      }
+    }
+    if (!slots.empty()) {
+      zc.float8_weight = [slots](const at::Tensor& p) -> std::shared_ptr<Float8Tensor> {
+        for (const auto& [w, slot] : slots)
+          if (w.is_same(p)) return slot;
+        return nullptr;
+      };
+    }
+    if (proc_.rank == 0)
+      std::printf("fp8: ZeRO-3 gathers %zu float8 weights in 8 bits%s\n", slots.size(), r.shape.pp > 1 ? " on the first stage" : "");
+  }
   zc.param_dtype = dtype_named(cfg_.resolved_param_dtype());  // 16-bit: fp32 master shards with the moments
   zc.reduce_dtype = dtype_named(cfg_.reduce_dtype);
   r.zero = std::make_unique<ZeroEngine>(*r.model, device, r.mesh->dp_cp(), zc, adam);  // sharded over dp x cp
@@ -414,6 +443,7 @@ void Trainer::build_step_parts() {
     r.cast_copy_bytes = 2 * autocast_cached_numel(named, r.shape.tp > 1, mode == ActivationCheckpointing::Full,
                                                   mode == ActivationCheckpointing::Selective && !r.model->config().swiglu());
   }
+  r.cast_copy_bytes += 2 * r.float8_kept_numel;  // the float8 weights' kept 8-bit forms (q_W and its transpose)
   if (r.shape.pp > 1) {
     r.pipe = std::make_unique<PipelineStage>(*r.model, r.mesh->pp(), device, cfg_.micro_batch, r.precision,
                                              cfg_.resolved_pp_schedule() == "zb-h1");

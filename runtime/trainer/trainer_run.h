@@ -163,7 +163,9 @@ struct Trainer::Run {
   // This rank's model-state bytes by kind and place (parallel/zero.h's table): ZeRO's read off its
   // buffers; otherwise 4 B of parameter, 4 B of gradient and 8 B of AdamW moments per parameter.
   at::Tensor verdict_host;  // the verdict's host copy (pinned on a GPU), reused every step (trainer_step.cpp)
-  int64_t cast_copy_bytes = 0;  // autocast's 16-bit copies of fp32 weights (optim/precision.h)
+  int64_t cast_copy_bytes = 0;  // autocast's 16-bit copies of fp32 weights (optim/precision.h), and
+                                // fp8's kept 8-bit weight forms (2 bytes an element of float8_kept_numel)
+  int64_t float8_kept_numel = 0;  // --precision fp8 outside ZeRO-3: the float8 layers' weights quantised once a step
   ModelStateBytes model_state() const {
     ModelStateBytes state = zero ? zero->memory() : ModelStateBytes{};
     state.device.cast_copies = cast_copy_bytes;

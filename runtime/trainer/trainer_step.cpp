@@ -123,6 +123,7 @@ at::Tensor Trainer::run_micro_batches(int64_t step, double backward_factor, cons
                                       int64_t* loss_tokens) {
   Run& r = *run_;
   const c10::Device device = r.dev.device;
+  r.model->begin_float8_step();  // the weights changed since the last micro-batch: fp8 requantises them once (GPT::keep_float8_weights)
   auto loss_sum = at::zeros({}, at::TensorOptions().device(device));
   // Made one step ahead (pinned on a GPU, so the non-blocking copies below overlap compute).
   const std::vector<Batch> batches = device_batches ? *device_batches : r.prefetch->take(step);
