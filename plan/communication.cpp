@@ -124,9 +124,23 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
         const bool last_moe = st.blocks > 0 && m.is_moe_layer(st.chunks.back().back()) && !st.expert_units.empty();
         const double e_last = last_moe ? static_cast<double>(padded_numel(st.expert_units.back(), M)) : 0.0;
         const std::string tail = l.ep > 1 ? " (dense units)" : "";
-        dp("forward parameter all-gathers" + tail, Kd * pb * dense_p, Window::Forward, K);
-        dp("backward parameter all-gathers (outer unit and last block kept)" + tail, Kd * pb * (dense_p - n0 - n_last),
-           Window::Backward, K);
+        // fp8 tensorwise: each block's float8 weights a unit gathered in one byte (parallel/zero.h,
+        // "Float8 weights"); the last block's kept as its other units are
+        const double f8_p = static_cast<double>(sum_padded(st.float8_units, N));
+        const bool last_f8 = st.blocks > 0 && block_float8_gathered(m, l, st.chunks.back().back()).first > 0;
+        const double f8_last = last_f8 ? static_cast<double>(padded_numel(st.float8_units.back(), N)) : 0.0;
+        const double wide_p = dense_p - f8_p;  // gathered in pb bytes
+        dp("forward parameter all-gathers" + tail + (f8_p > 0 ? " (float8 weights in 1 byte)" : ""), Kd * (pb * wide_p + f8_p),
+           Window::Forward, K);
+        dp("backward parameter all-gathers (outer unit and last block kept)" + tail + (f8_p > 0 ? " (float8 weights in 1 byte)" : ""),
+           Kd * (pb * (wide_p - n0 - n_last) + (f8_p - f8_last)), Window::Backward, K);
+        if (st.float8_weights > 0) {
+          // once a step, at each float8 unit's first gather: its weights' amaxes, fp32, all-reduced
+          // over the unit's group and over tp
+          const double amax = 8.0 * static_cast<double>(st.float8_weights);
+          dp("float8 weights' amax all-reduces (once a step)", amax, Window::Forward, 1);
+          if (l.tp > 1) out.push_back(collective("tp", "float8 weights' amax all-reduces (once a step)", l.tp, amax, k.tp_bw, k.tp, Window::Forward, 1));
+        }
         if (reduce_each) dp("gradient reduce-scatter (every micro-step)" + tail, Kd * rb * dense_p, Window::Backward, K);
         else dp("gradient reduce-scatter (last micro-step)" + tail, rb * dense_p, Window::LastBackward, 1);
         if (experts_p > 0) {
@@ -193,18 +207,33 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
     //   rowwise     column, backward: g's rows (b T of them) and W's columns (d) over n; row, each
     //               forward: x's rows (b T) and W's rows (d) over k. sp: the 16-bit gather
     //               forward, none in backward (x kept), dX in a.
-    double f8_amax = 0, f8_sp = 0;
+    // W's amaxes: outside ZeRO-3 once a step (f8_amax_step: the step's first forward makes the
+    // forms it keeps, GPT::keep_float8_weights -- rowwise both, W's columns with its rows); under
+    // ZeRO-3's 8-bit gather the engine's once a step (the dp section); ZeRO-3's 16-bit gathers
+    // (rowwise, --offload all) each pass.
+    double f8_amax = 0, f8_amax_step = 0, f8_sp = 0;
     if (l.float8) {
       const double passes = full ? 2.0 : 1.0;
+      const bool kept = l.zero != 3;
       for (const auto& chunk : st.chunks)
         for (int64_t i : chunk) {
           const Float8Layers f8 = block_float8_layers(m, l, i);
           const double cols = (f8.c_attn ? 1.0 : 0.0) + (f8.c_fc ? 1.0 : 0.0), rows = (f8.attn_proj ? 1.0 : 0.0) + (f8.mlp_proj ? 1.0 : 0.0);
           if (l.float8 == 1) {
             f8_amax += passes * (cols * (l.sp ? 16.0 : 8.0) + rows * 16.0) + cols * 8.0;
+            // ZeRO-3's 8-bit gather: W comes quantised (its amax once a step, above), not each pass
+            if (float8_gathered(l)) f8_amax -= passes * 8.0 * static_cast<double>(block_float8_gathered(m, l, i).second);
+            if (kept) {
+              f8_amax -= passes * 8.0 * (cols + rows);
+              f8_amax_step += 8.0 * (cols + rows);
+            }
             if (l.sp) f8_sp += cols * (-passes * (a - 1.0) * tok * d - a * tok * d + (a - ln) * tok * d);
           } else {
             f8_amax += passes * rows * 8.0 * (tok + d) + cols * 8.0 * (tok + d);
+            if (kept) {
+              f8_amax -= passes * rows * 8.0 * d + cols * 8.0 * d;
+              f8_amax_step += (rows + cols) * 8.0 * d;
+            }
             if (l.sp) f8_sp += cols * (-a * tok * d + (a - ln) * tok * d);
           }
         }
@@ -236,10 +265,10 @@ std::vector<CommItem> stage_comm(const Plan& p, const StagePlan& st, const Links
                                          (st.moe_blocks > 0 ? "; half that in an MoE block)" : ")"),
                                l.tp, Kd * per_micro, k.tp_bw, k.tp, Window::Serial, K));
     }
-    if (f8_amax > 0) {
+    if (f8_amax > 0 || f8_amax_step > 0) {
       out.push_back(collective("tp", std::string("float8 amax all-reduces (") + (l.float8 == 1 ? "tensorwise" : "rowwise") +
-                                         ": the split tensors' scales, per layer and pass)",
-                               l.tp, Kd * f8_amax, k.tp_bw, k.tp, Window::Serial, K));
+                                         ": the split tensors' scales, per layer and pass; W's once a step)",
+                               l.tp, Kd * f8_amax + f8_amax_step, k.tp_bw, k.tp, Window::Serial, K));
     }
     // the gradient norm's split part, summed over tp once per step (one double); under ZeRO or
     // pp the squared norm rides in the verdict all-reduce instead

@@ -238,18 +238,33 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
         st.expert_units.push_back(e);
       }
     }
-    st.psi = sum_units(st.units) + sum_units(st.expert_units);
+    if (float8_gathered(l)) {  // the float8 weights' units split off their blocks' (parallel/zero.h, "Float8 weights")
+      const size_t outer = st.units.size() - static_cast<size_t>(st.blocks);
+      for (int64_t i = 0; i < st.blocks; ++i) {
+        const auto [numel, weights] = block_float8_gathered(model, l, ids[static_cast<size_t>(i)]);
+        if (numel == 0) continue;
+        st.units[outer + static_cast<size_t>(i)] -= numel;
+        st.float8_units.push_back(numel);
+        st.float8_weights += weights;
+      }
+    }
+    st.psi = sum_units(st.units) + sum_units(st.expert_units) + sum_units(st.float8_units);
     st.psi_experts_padded = sum_padded(st.expert_units, M);
-    st.psi_padded = sum_padded(st.units, G) + st.psi_experts_padded;
+    st.psi_padded = sum_padded(st.units, G) + sum_padded(st.float8_units, G) + st.psi_experts_padded;
     st.state = model_state(st.units, l);
     if (!st.expert_units.empty()) st.state += model_state(st.expert_units, l, M);
+    if (!st.float8_units.empty()) {  // and each rank's 8-bit shard of them beside the working one
+      st.state += model_state(st.float8_units, l);
+      st.state.device.params += sum_padded(st.float8_units, G) / G;
+    }
     for (const auto& chunk : st.chunks)
       st.state.device.cast_copies += cast_copy_bytes(model, l, static_cast<int64_t>(chunk.size()), chunk.front());
+    for (int64_t i : ids) st.state.device.cast_copies += 2 * block_float8_kept(model, l, i);  // fp8's kept weight forms
     // --async-save's snapshot pool (section 6): ZeRO's shards on every rank; without ZeRO the
     // whole local state on the ranks whose copy the checkpoint gathers, one element elsewhere
     if (l.holds_save_pool()) {
       if (l.zero > 0) {
-        st.save_pool_bytes = 12.0 * static_cast<double>(sum_padded(st.units, G) / G + st.psi_experts_padded / M);
+        st.save_pool_bytes = 12.0 * static_cast<double>((sum_padded(st.units, G) + sum_padded(st.float8_units, G)) / G + st.psi_experts_padded / M);
         st.save_pool_other_bytes = st.save_pool_bytes;
       } else {
         st.save_pool_bytes = 4.0 * static_cast<double>(3 * st.psi + rank_param_tensors(model, l, s));
@@ -340,16 +355,18 @@ Plan make_plan(const GPTConfig& model, const ClusterSpec& cluster, const Layout&
     int64_t biggest = 0;
     for (int64_t n : st.units) biggest = std::max(biggest, padded_numel(n, G));
     for (int64_t n : st.expert_units) biggest = std::max(biggest, padded_numel(n, M));
+    for (int64_t n : st.float8_units) biggest = std::max(biggest, padded_numel(n, G));
     const bool full_buffer = l.zero == 1 || (l.zero_accum == ZeroAccum::Local && l.grad_accum > 1);
     if (l.zero >= 2 && !full_buffer) transient += 2 * 4 * static_cast<double>(biggest);
     if (l.zero == 3) {  // gathered in the working weights' dtype; under --ep a block is its dense and expert units
       const double pb = l.param_bytes;
-      int64_t max_experts = 0;
+      int64_t max_experts = 0, max_float8 = 0;  // the float8 units gathered in one byte
       for (int64_t n : st.expert_units) max_experts = std::max(max_experts, padded_numel(n, M));
+      for (int64_t n : st.float8_units) max_float8 = std::max(max_float8, padded_numel(n, G));
       // a pipeline stage's last block stays gathered from its forward through later micro-batches'
       // forwards (parallel/zero.h), beside the block running and the one prefetched
       const double held = l.pp > 1 ? static_cast<double>(std::min<int64_t>(3, st.blocks)) : 2.0;
-      transient += pb * static_cast<double>(outer_units) + held * pb * static_cast<double>(max_block + max_experts);
+      transient += pb * static_cast<double>(outer_units) + held * (pb * static_cast<double>(max_block + max_experts) + static_cast<double>(max_float8));
     }
     st.transient_bytes = transient;
     // on the CPU the snapshot pool is the process's memory too

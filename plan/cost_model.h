@@ -37,6 +37,9 @@
 //      device 0 (but for the local accumulation buffer (*)); host params pb Psi'/N (pb 4: it is
 //      the master; pb 2: the 16-bit shard that is gathered), grads 4 Psi'/N, optimizer o Psi'/N.
 //    Compare the ZeRO paper's (2 + 2 + K) Psi family (Rajbhandari et al. 2020, Fig. 1; anchors s7.2).
+//    fp8 (--precision fp8) outside ZeRO-3: each float8 layer keeps its weight's two 8-bit forms
+//    for the optimizer step (kernels/float8.h, Float8WeightCache), counted in cast_copies too:
+//      + 2 x (the rank's parts of the float8 layers' weights, the experts' not)   (block_float8_kept)
 //    The autocast copy (device `cast_copies`, any stage): with fp32 weights under 16-bit
 //    autocast (pb 4, a 2), autocast's cache holds a 2-byte copy of every weight a block's matrix
 //    products read, from the forward until the backward -- under ZeRO-3 too, where the copy
@@ -433,8 +436,20 @@ struct Float8Layers {
   bool c_attn = false, attn_proj = false, c_fc = false, mlp_proj = false, experts = false;
 };
 Float8Layers block_float8_layers(const GPTConfig& model, const Layout& l, int64_t index);
+Float8Layers float8_layers_of(const GPTConfig& model, const Layout& l, bool moe);  // a dense block's, or an MoE block's
 // Of the block's active weights, those whose products run in float8 (an MoE block's k active experts).
 int64_t block_float8_numel(const GPTConfig& model, const Layout& l, int64_t index);
+// ZeRO-3 gathers the float8 layers' weights in 8 bits (parallel/zero.h, "Float8 weights"): under
+// --precision fp8 tensorwise, without --offload all.
+bool float8_gathered(const Layout& l);
+// Of block `index`, this rank's parts of the float8 layers' weights (not the experts') whose 8-bit
+// forms the trainer keeps for a step (GPT::keep_float8_weights: fp8 outside ZeRO-3), 2 bytes each,
+// counted with the cast copies.
+int64_t block_float8_kept(const GPTConfig& model, const Layout& l, int64_t index);
+// Of block `index`, this rank's parts of the weights so gathered (the trainer's rule: every
+// float8 layer's but c_attn's where tp replicates the kv heads), elements and how many weights;
+// {0, 0} where float8_gathered is false.
+std::pair<int64_t, int64_t> block_float8_gathered(const GPTConfig& model, const Layout& l, int64_t index);
 int64_t padded_numel(int64_t n, int64_t dp);  // ceil(n / 64 dp) 64 dp
 int64_t sum_padded(const std::vector<int64_t>& units, int64_t dp);
 int64_t sum_units(const std::vector<int64_t>& units);
@@ -474,11 +489,12 @@ struct ActivationBytes {
   double replicated = 0;  // bytes per token per layer, the same on every tp rank (without --sp; / tp with it)
   double split = 0;       // bytes per token per layer before dividing over tp
   double kv_whole = 0;    // cp > 1: bytes per token of the WHOLE sequence per layer on each rank (its K, V heads, gathered)
-  double per_layer = 0;   // bytes per layer and micro-batch: the checkpoint's saved generator states
+  double per_layer = 0;   // bytes per layer and micro-batch: the checkpoint's saved generator states (fp8: q_W under 16-bit ZeRO-3 gathers)
+  double unsplit = 0;     // bytes per token per layer whatever tp and sp (fp8 under sp: the column layers' gathered q_x)
   // Per token of the rank's positions (the micro-batch's b T, or b T / cp with cp), per layer.
   double per_token(int64_t tp, bool sp = false) const {
     const double t = static_cast<double>(tp);
-    return (sp ? replicated / t : replicated) + split / t;
+    return (sp ? replicated / t : replicated) + split / t + unsplit;
   }
   // One layer and micro-batch of `tokens` = b T on a rank (section 3).
   double layer_bytes(double tokens, int64_t tp, bool sp = false, int64_t cp = 1) const {
@@ -533,6 +549,10 @@ struct StagePlan {
   // ZeRO under --ep (parallel/zero.h): each MoE block's experts, a unit of their own sharded over
   // the expert-data-parallel group (dp / ep ranks); `units` then holds the blocks without them
   std::vector<int64_t> expert_units;
+  // ZeRO-3 under fp8 tensorwise (float8_gathered): each block's 8-bit-gathered weights, a unit of
+  // their own after the block's (whose entry in `units` then holds the rest), and their count
+  std::vector<int64_t> float8_units;
+  int64_t float8_weights = 0;
   double forward_s = 0, backward_s = 0;  // this stage's compute per micro-batch
   double weight_s = 0;            // of backward_s, the weight-gradient GEMMs' (ZB-H1's W pass): 2 per parameter and token
   double bubble_s = 0;            // its idle time a step (section 5's bubble, by schedule)

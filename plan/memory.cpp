@@ -58,7 +58,9 @@ int64_t block_active_numel(const GPTConfig& m, int64_t index) {
   return block_numel(m, 1, index);
 }
 
-Float8Layers block_float8_layers(const GPTConfig& m, const Layout& l, int64_t index) {
+Float8Layers block_float8_layers(const GPTConfig& m, const Layout& l, int64_t index) { return float8_layers_of(m, l, m.is_moe_layer(index)); }
+
+Float8Layers float8_layers_of(const GPTConfig& m, const Layout& l, bool moe) {
   Float8Layers out;
   if (l.float8 == 0) return out;
   const bool auto_filter = !l.fp8_filter_all;
@@ -71,7 +73,7 @@ Float8Layers block_float8_layers(const GPTConfig& m, const Layout& l, int64_t in
   out.c_attn = take(q + 2 * m.n_kv_head * hd, d, q / t + 2 * kv_heads * hd, d);  // column-parallel
   out.attn_proj = take(d, q, d, q / t);                                         // row-parallel
   const int64_t f = m.mlp_hidden(), fc = m.swiglu() ? 2 * f : f;
-  if (!m.is_moe_layer(index)) {
+  if (!moe) {
     out.c_fc = take(fc, d, fc / t, d);
     out.mlp_proj = take(d, f, d, f / t);
   } else {  // the experts: whole on their rank; both of an expert's layers, or neither (models/gpt.cpp)
@@ -85,6 +87,33 @@ int64_t block_float8_numel(const GPTConfig& m, const Layout& l, int64_t index) {
   const int64_t d = m.d_model, hd = m.head_dim(), q = m.attn_width(), f = m.mlp_hidden(), fc = m.swiglu() ? 2 * f : f;
   return (f8.c_attn ? (q + 2 * m.n_kv_head * hd) * d : 0) + (f8.attn_proj ? d * q : 0) + (f8.c_fc ? fc * d : 0) +
          (f8.mlp_proj ? d * f : 0) + (f8.experts ? m.top_k * (fc * d + d * f) : 0);
+}
+
+bool float8_gathered(const Layout& l) { return l.zero == 3 && l.float8 == 1 && l.offload != Offload::All; }
+
+std::pair<int64_t, int64_t> block_float8_gathered(const GPTConfig& m, const Layout& l, int64_t index) {
+  if (!float8_gathered(l)) return {0, 0};
+  const Float8Layers f8 = block_float8_layers(m, l, index);
+  const int64_t t = l.tp, d = m.d_model, hd = m.head_dim(), q = m.attn_width(), f = m.mlp_hidden(), fc = m.swiglu() ? 2 * f : f;
+  int64_t numel = 0, weights = 0;
+  auto add = [&](bool on, int64_t n) {
+    numel += on ? n : 0;
+    weights += on ? 1 : 0;
+  };
+  add(f8.c_attn && m.n_kv_head >= t, (q / t + 2 * (m.n_kv_head / t) * hd) * d);  // column-parallel
+  add(f8.attn_proj, d * (q / t));                                                // row-parallel
+  add(f8.c_fc, (fc / t) * d);
+  add(f8.mlp_proj, d * (f / t));
+  return {numel, weights};
+}
+
+int64_t block_float8_kept(const GPTConfig& m, const Layout& l, int64_t index) {
+  if (l.float8 == 0 || l.zero == 3) return 0;
+  const Float8Layers f8 = block_float8_layers(m, l, index);
+  const int64_t t = l.tp, d = m.d_model, hd = m.head_dim(), q = m.attn_width(), f = m.mlp_hidden(), fc = m.swiglu() ? 2 * f : f;
+  const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;
+  return (f8.c_attn ? (q / t + 2 * kv_heads * hd) * d : 0) + (f8.attn_proj ? d * (q / t) : 0) + (f8.c_fc ? (fc / t) * d : 0) +
+         (f8.mlp_proj ? d * (f / t) : 0);
 }
 
 // ---- 2. model-state bytes -------------------------------------------------------------------
@@ -319,6 +348,35 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
   const double mlp_kept = m.swiglu() ? swiglu_kept : a * F + (mode == Recompute::Selective ? 0.0 : a * F);
   // an MoE block has no split MLP (its experts are in `replicated`, kept under selective too)
   out.split = core + a * q /* attention out */ + (moe ? 0.0 : mlp_kept);
+  if (l.float8 == 1) {
+    // --precision fp8, tensorwise (kernels/float8.h): a float8 layer keeps its input as q_x, 1 byte
+    // an element, in place of its 16-bit copy (the norm outputs, the attention output, the
+    // feed-forward's product or gelu(h), which nothing else keeps; rowwise keeps the 16-bit input
+    // as bf16 does). Under sp a column layer keeps the gathered q_x of the whole sequence, not its
+    // rank's rows (no gather in backward). Selective recomputation's gelu(h) hook steps aside for a
+    // float8 feed-forward (models/gpt.cpp), so c_proj keeps it. q_W: the step's kept forms
+    // (cast_copies), ZeRO-3's gathered bytes -- or, ZeRO-3 gathering in 16 bits (--offload all), a
+    // fresh q_W [N, K] per layer and micro-batch (per_layer). The 16-row padding of q_x is left out.
+    const Float8Layers f8 = float8_layers_of(m, l, moe);
+    const double dd = d, t = static_cast<double>(l.tp);
+    for (const bool column : {f8.c_attn, f8.c_fc}) {
+      if (!column) continue;
+      if (l.sp) {
+        out.replicated -= a * dd;
+        out.unsplit += dd;
+      } else {
+        out.replicated -= (a - 1.0) * dd;
+      }
+    }
+    if (f8.attn_proj) out.split -= (a - 1.0) * q;
+    if (f8.mlp_proj) out.split += mode == Recompute::Selective && !m.swiglu() ? F : -(a - 1.0) * F;
+    if (l.zero == 3 && !float8_gathered(l)) {
+      const double hd = static_cast<double>(m.head_dim()), fc = m.swiglu() ? 2.0 * F : F;
+      const double kv_heads = static_cast<double>(m.n_kv_head >= l.tp ? m.n_kv_head / l.tp : 1);
+      out.per_layer += (f8.c_attn ? (q / t + 2.0 * kv_heads * hd) * dd : 0.0) + (f8.attn_proj ? dd * q / t : 0.0) +
+                       (f8.c_fc ? fc / t * dd : 0.0) + (f8.mlp_proj ? dd * F / t : 0.0);
+    }
+  }
   if (l.cp > 1) {
     // Context parallelism: attention's K and V gathered whole over cp, [b, KV_t, T, h] each, on
     // top of the rank's own positions' (c_attn's output, which q views, keeps them); the math

@@ -220,7 +220,7 @@ json plan_json(const Plan& p, const TrainingTotals& totals, const LayoutTotals& 
                   {"available", b.available}, {"enough", b.enough}});
   }
   const ActivationBytes act = layer_activation_bytes(m, l, l.recompute);
-  json act_json = {{"replicated", act.replicated}, {"split", act.split}, {"per_rank", act.per_token(l.tp, l.sp)},
+  json act_json = {{"replicated", act.replicated}, {"split", act.split}, {"unsplit", act.unsplit}, {"per_rank", act.per_token(l.tp, l.sp)},
                    {"kv_whole_per_sequence_token", act.kv_whole}, {"per_layer_constant", act.per_layer}};
   if (m.is_moe()) {  // an MoE block's own figures (an estimate; plan/cost_model.h section 3, MoE)
     const ActivationBytes moe = layer_activation_bytes(m, l, l.recompute, /*moe=*/true);

@@ -137,6 +137,57 @@ TEST(PlanFloat8, TheFloat8ProductsRunAtTheEightBitPeak) {
   EXPECT_EQ(make_plan(moe, c, l).float8_flops_per_token, 6 * (attention + experts));
 }
 
+// fp8's memory (docs/plan.md s5): outside ZeRO-3 the float8 layers' kept weight forms (2 bytes a
+// weight element) with the cast copies; under ZeRO-3 the float8 weights their own units with an
+// 8-bit shard beside the 16-bit one (none under --offload all, where each layer and micro-batch
+// keeps a fresh q_W instead); tensorwise layers keep their inputs in 1 byte, rowwise in 2.
+TEST(PlanFloat8, Memory) {
+  const ClusterSpec c = toy_cluster(1);
+  const GPTConfig m = GPTConfig::preset("tiny");  // d 128, F 512, 4 blocks: every layer float8 under --fp8-filter all
+  const int64_t block_f8 = 3 * 128 * 128 + 128 * 128 + 2 * 4 * 128 * 128;  // 196,608
+  Layout b = layout(1, 0, 2);
+  b.param_bytes = 2;  // bf16 working weights (fp8's default), bf16 compute
+  Layout f = b;
+  f.float8 = 1;
+  f.fp8_filter_all = true;
+  EXPECT_EQ(make_plan(m, c, f).stages[0].state.device.cast_copies - make_plan(m, c, b).stages[0].state.device.cast_copies, 2 * 4 * block_f8);
+  // activations (per token and layer): the norm outputs (c_attn's, c_fc's inputs), the attention
+  // output and gelu(h) in 1 byte, not 2
+  const ActivationBytes ab = layer_activation_bytes(m, b, Recompute::None), af = layer_activation_bytes(m, f, Recompute::None);
+  EXPECT_DOUBLE_EQ(ab.replicated - af.replicated, 2 * 128);
+  EXPECT_DOUBLE_EQ(ab.split - af.split, 128 + 512);
+  Layout r = f;
+  r.float8 = 2;  // rowwise: the 16-bit inputs
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, r, Recompute::None).per_token(1), ab.per_token(1));
+  // sp over 2: the column layers keep the whole sequence's q_x (1 byte a token of it) for their
+  // rank's 16-bit rows (2 bytes a token / 2)
+  Layout bs = b, fs = f;
+  bs.tp = fs.tp = 2;
+  bs.sp = fs.sp = true;
+  const ActivationBytes abs = layer_activation_bytes(m, bs, Recompute::None), afs = layer_activation_bytes(m, fs, Recompute::None);
+  EXPECT_DOUBLE_EQ(afs.unsplit, 2 * 128);
+  EXPECT_DOUBLE_EQ(abs.per_token(2, true) - afs.per_token(2, true), 2 * 2 * 128 / 2.0 - 2 * 128 + (128 + 512) / 2.0);
+  // selective: the float8 GELU feed-forward keeps gelu(h) (1 byte), which bf16 recomputes
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, b, Recompute::Selective).split - layer_activation_bytes(m, f, Recompute::Selective).split,
+                   128 - 512);
+  // ZeRO-3 over 2: four float8 units of 196,608, their 8-bit shard; the units' padding unchanged here
+  Layout zb = b, zf = f;
+  zb.dp = zf.dp = 2;
+  zb.zero = zf.zero = 3;
+  const ClusterSpec c2 = toy_cluster(2);
+  const Plan pzb = make_plan(m, c2, zb), pzf = make_plan(m, c2, zf);
+  EXPECT_EQ(pzf.stages[0].float8_units, std::vector<int64_t>(4, block_f8));
+  EXPECT_EQ(pzf.stages[0].float8_weights, 16);
+  EXPECT_EQ(pzf.stages[0].psi_padded, pzb.stages[0].psi_padded);
+  EXPECT_EQ(pzf.stages[0].state.device.params - pzb.stages[0].state.device.params, 4 * block_f8 / 2);
+  EXPECT_EQ(pzf.stages[0].state.device.cast_copies, pzb.stages[0].state.device.cast_copies);
+  zf.offload = Offload::All;
+  EXPECT_TRUE(make_plan(m, c2, zf).stages[0].float8_units.empty());
+  zb.offload = Offload::All;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, zf, Recompute::None).per_layer - layer_activation_bytes(m, zb, Recompute::None).per_layer,
+                   static_cast<double>(block_f8));
+}
+
 TEST(PlanCheckpoints, SaveStallPerStep) {
   const GPTConfig m = tiny();
   ClusterSpec c = toy_cluster(2);

@@ -12,8 +12,8 @@
 # run checks stage 0's figures, and every stage's block count; sequence parallelism (tp 2 --sp in
 # fp32; with dp 2, ZeRO-1, bf16 and full recomputation) and context parallelism (cp 2 in bf16
 # under ZeRO-3; cp 4 at seq 256; cp 2 x pp 2); --precision fp8 runs (tensorwise at tp 2, tp 2 + sp,
-# with full recomputation, cp 2; rowwise at tp 2, tp 2 + sp, cp 2 x tp 2: the float8 amax
-# all-reduces and sp's 8-bit gathers); Mixture-of-Experts runs (tiny-moe: one process,
+# with full recomputation, cp 2, ZeRO-3 at dp 2 x tp 2; rowwise at tp 2, tp 2 + sp, cp 2 x tp 2:
+# the float8 amax all-reduces, sp's 8-bit gathers and ZeRO-3's 8-bit weight gathers); Mixture-of-Experts runs (tiny-moe: one process,
 # DDP dp 2 in bf16, ZeRO-1 dp 2, tp 2, pp 2; and with --ep 2 at dp 2, dp 2 x tp 2, ZeRO-1 at dp 4,
 # pp 2 x ZeRO-1 and ZeRO-3 at dp 4, where comm_bytes less ep_comm_bytes is exact, ep_comm_bytes
 # exact from the step's logged rows, and those rows set beside the plan's balanced estimate); the
@@ -194,6 +194,7 @@ run f8_cp2 2 "${F8[@]}" --cp 2
 run f8_tp2_rw 2 "${F8[@]}" --tp 2 --fp8-recipe rowwise
 run f8_sp2_rw 2 "${F8[@]}" --tp 2 --sp --fp8-recipe rowwise
 run f8_cp2tp2_rw 4 "${F8[@]}" --cp 2 --tp 2 --fp8-recipe rowwise
+run f8_z3tp2 4 "${F8[@]}" --zero 3 --tp 2  # the float8 weights gathered in 8 bits, their amaxes once a step
 # Mixture-of-Experts
 M=(train --device cpu --model tiny-moe --steps 2 --log-every 100 --micro-batch 2)
 run moe1 0 "${M[@]}"
@@ -425,8 +426,8 @@ print("sp: tp's traffic + the backward's re-gathers + the replicated gradients; 
 # the experts in the units and the model state, the verdict's routing rows (n_moe_layers x (E + 3)
 # floats, 2 x 4 x 44 B more), no tp collective inside an MoE block, the experts' weights not in
 # autocast's cache (the DDP run is bf16 over fp32 weights: cast_copies = attention's only).
-print("--compare, --precision fp8 (tensorwise and rowwise; tp, sp, cp):")
-for n in ("f8_tp2", "f8_sp2", "f8_sp2_full", "f8_cp2", "f8_tp2_rw", "f8_sp2_rw", "f8_cp2tp2_rw"):
+print("--compare, --precision fp8 (tensorwise and rowwise; tp, sp, cp; ZeRO-3's 8-bit weight gather):")
+for n in ("f8_tp2", "f8_sp2", "f8_sp2_full", "f8_cp2", "f8_tp2_rw", "f8_sp2_rw", "f8_cp2tp2_rw", "f8_z3tp2"):
     assert cfg(n)["config"]["precision"] == "fp8" and cfg(n)["float8_layers"]["float8"] == cfg(n)["float8_layers"]["of"], n
     check_compare(n)
 print("--compare, Mixture-of-Experts:")
