@@ -477,7 +477,7 @@ quick_plan() {
     "100|peer llama compile|$lp --warmup-steps 3 --steps 10 --compile > peer_llama_compile.json"
   )
   quick_extra=(
-    "120|test gpu.fp8 (issue 52: float8 on CUDA, both recipes, against bf16, the CPU and CUDA graphs)|"
+    "140|test gpu.fp8 (issue 52: float8 on CUDA, both recipes, against bf16, the CPU, CUDA graphs and ZeRO-3's 8-bit gather)|"
     "45|kiln 1.5b fused, no AC|$k1558 --micro-batch 8 --kernels fused --json b1558_ac_none.json"
     "45|kiln 1.5b fp8, no AC (issue 52: >= 1.25x 'kiln 1.5b fused, no AC')|$k8 --model $b --micro-batch 8 --json b1558_fp8.json"
     "45|kiln 1.5b fp8 reference, no AC (issue 52: kernels/float8.cu's share, against 'kiln 1.5b reference, no AC')|${k8/--kernels fused/--kernels reference} --model $b --micro-batch 8 --json b1558_fp8_reference.json"
