@@ -371,8 +371,12 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
   o += strprintf("  %-22s %14s %14s\n", "gradients", bytes(static_cast<double>(st.state.device.grads)).c_str(), bytes(static_cast<double>(st.state.host.grads)).c_str());
   o += strprintf("  %-22s %14s %14s\n", "optimizer state", bytes(static_cast<double>(st.state.device.optimizer)).c_str(), bytes(static_cast<double>(st.state.host.optimizer)).c_str());
   if (st.state.device.cast_copies > 0) {
-    o += strprintf("  %-22s %14s %14s  (fp32 weights' 16-bit autocast copies, forward to backward)\n", "autocast copies",
-                   bytes(static_cast<double>(st.state.device.cast_copies)).c_str(), "-");
+    const bool f8 = l.float8 && l.zero != 3;  // fp8's kept 8-bit weight forms ride here (block_float8_kept)
+    o += strprintf("  %-22s %14s %14s  (%s)\n", f8 ? "weight copies" : "autocast copies",
+                   bytes(static_cast<double>(st.state.device.cast_copies)).c_str(), "-",
+                   f8 ? (l.param_bytes == 4 ? "fp8's 8-bit weight forms kept a step, 2 B an element, and fp32 weights' 16-bit autocast copies"
+                                            : "fp8's 8-bit weight forms kept a step, 2 B a float8 weight element")
+                      : "fp32 weights' 16-bit autocast copies, forward to backward");
   }
   const ActivationBytes act = layer_activation_bytes(m, l, l.recompute);
   std::string per_token = strprintf("%.0f B per token per layer", act.per_token(l.tp, l.sp));
@@ -466,9 +470,11 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
               duration(p.forward_s).c_str(), duration(p.backward_s).c_str(),
               p.recompute_flops_per_token > 0 ? " incl. recomputation" : "");
   if (p.layout.float8) {
-    o += strprintf("  (fp8: %.1f%% of the model FLOPs in float8 products, at %.0f TFLOPS peak against bf16's %.0f; memory as bf16's: not modelled yet)\n",
+    o += strprintf("  (fp8: %.1f%% of the model FLOPs in float8 products, at %.0f TFLOPS peak against bf16's %.0f; %s)\n",
                    100.0 * p.float8_flops_per_token / p.flops_per_token, c.fp8_peak_flops > 0 ? c.fp8_peak_flops / 1e12 : c.peak_flops / 1e12,
-                   c.peak_flops / 1e12);
+                   c.peak_flops / 1e12,
+                   p.layout.zero == 3 ? "memory: the float8 weights' 8-bit shards and gathers, q_x in 1 byte under tensorwise"
+                                      : "memory: the weights' kept 8-bit forms in cast_copies, q_x in 1 byte under tensorwise");
   }
   o += strprintf("  exposed comm   %10s\n", duration(p.exposed_comm_s).c_str());
   o += strprintf("  bubble         %10s  (%s = %.1f%% of the step)\n", duration(p.bubble_s).c_str(),
