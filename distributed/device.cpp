@@ -52,7 +52,10 @@ DeviceInfo select_device(const std::string& choice, int local_rank) {
   if (device_check_requested()) enable_cuda_sync_count();
 #if defined(KILN_WITH_CUDA)
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) info.name = prop.name;
+  if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) {
+    info.name = prop.name;
+    info.capability = prop.major * 10 + prop.minor;
+  }
   cudaSetDevice(index);
 #endif
   if (info.name.empty()) info.name = "cuda";

@@ -13,6 +13,7 @@ namespace kiln {
 struct DeviceInfo {
   c10::Device device{c10::kCPU};
   std::string name;  // "cpu", or the GPU's marketing name ("NVIDIA H100 80GB HBM3")
+  int capability = 0;  // a GPU's compute capability, major x 10 + minor (90: Hopper); 0: the CPU, or unknown
 };
 
 // Resolves "auto" | "cpu" | "cuda" | "cuda:N". Throws ConfigError for an unknown value, or for

@@ -473,8 +473,9 @@ std::string plan_text(const Plan& p, const TrainingTotals& totals, const LayoutT
     o += strprintf("  (fp8: %.1f%% of the model FLOPs in float8 products, at %.0f TFLOPS peak against bf16's %.0f; %s)\n",
                    100.0 * p.float8_flops_per_token / p.flops_per_token, c.fp8_peak_flops > 0 ? c.fp8_peak_flops / 1e12 : c.peak_flops / 1e12,
                    c.peak_flops / 1e12,
-                   p.layout.zero == 3 ? "memory: the float8 weights' 8-bit shards and gathers, q_x in 1 byte under tensorwise"
-                                      : "memory: the weights' kept 8-bit forms in cast_copies, q_x in 1 byte under tensorwise");
+                   c.fp8_peak_flops <= 0 ? "no float8 peak in this device's preset: kiln train refuses fp8 on a GPU without float8 tensor cores"
+                   : p.layout.zero == 3  ? "memory: the float8 weights' 8-bit shards and gathers, q_x in 1 byte under tensorwise"
+                                         : "memory: the weights' kept 8-bit forms in cast_copies, q_x in 1 byte under tensorwise");
   }
   o += strprintf("  exposed comm   %10s\n", duration(p.exposed_comm_s).c_str());
   o += strprintf("  bubble         %10s  (%s = %.1f%% of the step)\n", duration(p.bubble_s).c_str(),

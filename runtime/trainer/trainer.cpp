@@ -294,6 +294,13 @@ void Trainer::build_model() {
   }
   r.model->set_kernels(kernels_on(parse_kernels(cfg_.kernels), device.is_cuda()), cfg_.gelu_epilogue);
   if (r.precision == Precision::FP8) {
+    // float8 tensor cores: compute capability 8.9 (Ada) or 9.0 and up (Hopper, Blackwell); before
+    // them _scaled_mm refuses inside the first step -- said here, at set-up, in one line
+    if (r.dev.device.is_cuda() && r.dev.capability > 0 && r.dev.capability < 89) {
+      throw ConfigError("--precision fp8 needs a GPU with float8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, "
+                        "Blackwell); " + r.dev.name + " is " + std::to_string(r.dev.capability / 10) + "." +
+                        std::to_string(r.dev.capability % 10) + " -- use --precision bf16");
+    }
     Float8Scaling scaling = cfg_.fp8_recipe == "rowwise" ? float8_rowwise() : float8_tensorwise();
     scaling.grad_dtype = float8_grad_dtype(cfg_.resolved_fp8_grad());
     scaling.fused = r.model->kernels() == Kernels::fused;  // set_kernels' choice above: kernels/float8.cu on CUDA
