@@ -181,7 +181,21 @@ class Float8Linear : public torch::autograd::Function<Float8Linear> {
       if (ctx->needs_input_grad(1)) dw = rowwise_dw(g2, x2, s, wdtype);
     } else {
       const Float8Tensor qx{saved[0], saved[1]}, qw{saved[2], saved[3]};
-      const Float8Tensor qg = to_float8(pad_rows16(g2), s.grad_dtype, then(s.m, s.n), s.fused);  // [M', N], as q_x [M', K]
+      // q_g [M', N], as q_x [M', K]. A backward split in two passes (parallel/backward_split.h:
+      // ZB-H1's input pass asks for dX alone, the weight pass later for dW) quantises g -- and
+      // all-reduces its amax over tp -- in the first and keeps it here for the second.
+      Float8Tensor qg;
+      if (ctx->saved_data.count("qg")) {
+        qg = {ctx->saved_data["qg"].toTensor(), ctx->saved_data["qg_scale"].toTensor()};
+        ctx->saved_data.erase("qg");
+        ctx->saved_data.erase("qg_scale");
+      } else {
+        qg = to_float8(pad_rows16(g2), s.grad_dtype, then(s.m, s.n), s.fused);
+        if (ctx->needs_input_grad(0) != ctx->needs_input_grad(1)) {  // one half now, the other in a later pass
+          ctx->saved_data["qg"] = qg.data;
+          ctx->saved_data["qg_scale"] = qg.scale;
+        }
+      }
       shape.back() = qx.data.size(1);
       if (ctx->needs_input_grad(0)) {
         dx = scaled_product({qg.data.narrow(0, 0, M), qg.scale}, qw, at::Tensor(), dtype).view(shape);  // [M, N] [N, K]

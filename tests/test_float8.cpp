@@ -27,6 +27,7 @@
 #include "kernels/float8.h"
 #include "kernels/matmul.h"
 #include "models/gpt.h"
+#include "parallel/backward_split.h"
 
 #ifdef KILN_WITH_KERNELS
 #include <cuda_fp8.h>
@@ -305,6 +306,35 @@ TEST(Float8, TheWeightKeptForAStepEqualsItsQuantisationAtEachUse) {
     layer.train();
     EXPECT_TRUE(at::equal(layer.forward(x0), before));  // still the step's forms until the clock moves
   }
+}
+
+// ZB-H1's split backward (parallel/backward_split.h) asks a float8 layer for dX in its input pass
+// and for dW in a later weight pass: g is quantised -- its amax reduced over n, the tp all-reduce
+// of a column layer -- once, in the first pass, and kept for the second; the two passes' gradients
+// equal one backward's, bit for bit.
+TEST(Float8, SplitBackwardQuantisesTheGradientOnce) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(13);
+  const at::Tensor x0 = at::randn({2, 16, 32}, gen).to(at::kBFloat16), w0 = (at::randn({48, 32}, gen) * 0.1).to(at::kBFloat16);
+  const at::Tensor g = at::randn({2, 16, 48}, gen).to(at::kBFloat16);
+  int reductions = 0;  // the n reducer: W's amax in the forward, g's in the backward
+  kiln::Float8Scaling s = kiln::float8_tensorwise();
+  s.n = [&reductions](const at::Tensor& amax) {
+    ++reductions;
+    return amax;
+  };
+  at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  kiln::float8_linear(x, w, at::Tensor(), s).backward(g);
+  EXPECT_EQ(reductions, 2);
+  reductions = 0;
+  at::Tensor xs = x0.clone().requires_grad_(true), ws = w0.clone().requires_grad_(true);
+  const at::Tensor y = kiln::float8_linear(xs, ws, at::Tensor(), s);
+  kiln::SplitBackward split;
+  const at::Tensor dx = split.input_pass(y, g, xs, {ws});
+  EXPECT_FALSE(ws.grad().defined());  // the weight pass's
+  split.weight_pass();
+  EXPECT_EQ(reductions, 2);  // not 3: g once
+  EXPECT_TRUE(at::equal(dx, x.grad()));
+  EXPECT_TRUE(at::equal(ws.grad(), w.grad()));
 }
 
 TEST(Float8, SizeFilter) {
