@@ -539,17 +539,23 @@ std::pair<int64_t, int64_t> GPT::set_float8(const Float8Scaling& scaling, bool a
   return {on, all};
 }
 
+std::vector<LinearImpl*> GPT::float8_linears(bool with_qkv) {
+  std::vector<LinearImpl*> out;
+  for (const auto& b : blocks()) {
+    std::vector<LinearImpl*> layers{with_qkv ? b->attn->c_attn.get() : nullptr, b->attn->c_proj.get()};
+    if (b->mlp) layers.insert(layers.end(), {b->mlp->c_fc.get(), b->mlp->c_proj.get()});
+    for (LinearImpl* l : layers)
+      if (l != nullptr && l->float8.on) out.push_back(l);
+  }
+  return out;
+}
+
 int64_t GPT::keep_float8_weights() {
   int64_t n = 0;
-  for (const auto& b : blocks()) {
-    std::vector<LinearImpl*> layers{b->attn->c_attn.get(), b->attn->c_proj.get()};
-    if (b->mlp) layers.insert(layers.end(), {b->mlp->c_fc.get(), b->mlp->c_proj.get()});
-    for (LinearImpl* l : layers) {
-      if (!l->float8.on) continue;
-      l->float8.cache = std::make_shared<Float8WeightCache>();
-      l->float8.cache->clock = float8_clock_;
-      n += l->weight.numel();
-    }
+  for (LinearImpl* l : float8_linears()) {
+    l->float8.cache = std::make_shared<Float8WeightCache>();
+    l->float8.cache->clock = float8_clock_;
+    n += l->weight.numel();
   }
   return n;
 }

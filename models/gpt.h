@@ -477,6 +477,9 @@ class GPT : public torch::nn::Module {
   // under ZeRO-3 the weights come gathered (in 8 bits, or in 16 to be quantised at each use).
   // Call after set_float8; returns the weight elements so kept (2 bytes each: both forms).
   int64_t keep_float8_weights();
+  // The blocks' linear layers set_float8 put in float8 (not the experts), block by block;
+  // with_qkv false leaves out c_attn.
+  std::vector<LinearImpl*> float8_linears(bool with_qkv = true);
   void begin_float8_step() { ++*float8_clock_; }
 
  private:

@@ -442,6 +442,8 @@ int64_t block_float8_numel(const GPTConfig& model, const Layout& l, int64_t inde
 // ZeRO-3 gathers the float8 layers' weights in 8 bits (parallel/zero.h, "Float8 weights"): under
 // --precision fp8 tensorwise, without --offload all.
 bool float8_gathered(const Layout& l);
+// This rank's tp parts of the weights of a block's layers `f8` names (not the experts'), elements.
+int64_t float8_parts_numel(const GPTConfig& model, const Layout& l, const Float8Layers& f8);
 // Of block `index`, this rank's parts of the float8 layers' weights (not the experts') whose 8-bit
 // forms the trainer keeps for a step (GPT::keep_float8_weights: fp8 outside ZeRO-3), 2 bytes each,
 // counted with the cast copies.

@@ -91,29 +91,25 @@ int64_t block_float8_numel(const GPTConfig& m, const Layout& l, int64_t index) {
 
 bool float8_gathered(const Layout& l) { return l.zero == 3 && l.float8 == 1 && l.offload != Offload::All; }
 
-std::pair<int64_t, int64_t> block_float8_gathered(const GPTConfig& m, const Layout& l, int64_t index) {
-  if (!float8_gathered(l)) return {0, 0};
-  const Float8Layers f8 = block_float8_layers(m, l, index);
-  const int64_t t = l.tp, d = m.d_model, hd = m.head_dim(), q = m.attn_width(), f = m.mlp_hidden(), fc = m.swiglu() ? 2 * f : f;
-  int64_t numel = 0, weights = 0;
-  auto add = [&](bool on, int64_t n) {
-    numel += on ? n : 0;
-    weights += on ? 1 : 0;
-  };
-  add(f8.c_attn && m.n_kv_head >= t, (q / t + 2 * (m.n_kv_head / t) * hd) * d);  // column-parallel
-  add(f8.attn_proj, d * (q / t));                                                // row-parallel
-  add(f8.c_fc, (fc / t) * d);
-  add(f8.mlp_proj, d * (f / t));
-  return {numel, weights};
-}
-
-int64_t block_float8_kept(const GPTConfig& m, const Layout& l, int64_t index) {
-  if (l.float8 == 0 || l.zero == 3) return 0;
-  const Float8Layers f8 = block_float8_layers(m, l, index);
+int64_t float8_parts_numel(const GPTConfig& m, const Layout& l, const Float8Layers& f8) {
   const int64_t t = l.tp, d = m.d_model, hd = m.head_dim(), q = m.attn_width(), f = m.mlp_hidden(), fc = m.swiglu() ? 2 * f : f;
   const int64_t kv_heads = m.n_kv_head >= t ? m.n_kv_head / t : 1;
   return (f8.c_attn ? (q / t + 2 * kv_heads * hd) * d : 0) + (f8.attn_proj ? d * (q / t) : 0) + (f8.c_fc ? (fc / t) * d : 0) +
          (f8.mlp_proj ? d * (f / t) : 0);
+}
+
+std::pair<int64_t, int64_t> block_float8_gathered(const GPTConfig& m, const Layout& l, int64_t index) {
+  if (!float8_gathered(l)) return {0, 0};
+  Float8Layers f8 = block_float8_layers(m, l, index);
+  f8.c_attn = f8.c_attn && m.n_kv_head >= l.tp;  // not where tp replicates the kv heads
+  f8.experts = false;
+  const int64_t weights = (f8.c_attn ? 1 : 0) + (f8.attn_proj ? 1 : 0) + (f8.c_fc ? 1 : 0) + (f8.mlp_proj ? 1 : 0);
+  return {float8_parts_numel(m, l, f8), weights};
+}
+
+int64_t block_float8_kept(const GPTConfig& m, const Layout& l, int64_t index) {
+  if (l.float8 == 0 || l.zero == 3) return 0;
+  return float8_parts_numel(m, l, block_float8_layers(m, l, index));
 }
 
 // ---- 2. model-state bytes -------------------------------------------------------------------
@@ -358,7 +354,7 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
     // (cast_copies), ZeRO-3's gathered bytes -- or, ZeRO-3 gathering in 16 bits (--offload all), a
     // fresh q_W [N, K] per layer and micro-batch (per_layer). The 16-row padding of q_x is left out.
     const Float8Layers f8 = float8_layers_of(m, l, moe);
-    const double dd = d, t = static_cast<double>(l.tp);
+    const double dd = d;
     for (const bool column : {f8.c_attn, f8.c_fc}) {
       if (!column) continue;
       if (l.sp) {
@@ -370,12 +366,7 @@ ActivationBytes layer_activation_bytes(const GPTConfig& m, const Layout& l, Reco
     }
     if (f8.attn_proj) out.split -= (a - 1.0) * q;
     if (f8.mlp_proj) out.split += mode == Recompute::Selective && !m.swiglu() ? F : -(a - 1.0) * F;
-    if (l.zero == 3 && !float8_gathered(l)) {
-      const double hd = static_cast<double>(m.head_dim()), fc = m.swiglu() ? 2.0 * F : F;
-      const double kv_heads = static_cast<double>(m.n_kv_head >= l.tp ? m.n_kv_head / l.tp : 1);
-      out.per_layer += (f8.c_attn ? (q / t + 2.0 * kv_heads * hd) * dd : 0.0) + (f8.attn_proj ? dd * q / t : 0.0) +
-                       (f8.c_fc ? fc / t * dd : 0.0) + (f8.mlp_proj ? dd * F / t : 0.0);
-    }
+    if (l.zero == 3 && !float8_gathered(l)) out.per_layer += static_cast<double>(float8_parts_numel(m, l, f8));
   }
   if (l.cp > 1) {
     // Context parallelism: attention's K and V gathered whole over cp, [b, KV_t, T, h] each, on

@@ -115,6 +115,22 @@ Trace reference(bool delayed, int publish_at = 0, int from = 0) {
   return t;
 }
 
+// Step k through the engine as the trainer drives it (its micro-batches' forward and backward, the
+// norm, the clipping factor, the update); returns the step's mean loss.
+double engine_step(kiln::ZeroEngine& z, GPT& m, const GPTConfig& c, int k) {
+  double loss = 0.0;
+  for (int j = 0; j < kAccum; ++j) {
+    z.begin_micro(j);
+    auto [x, y] = batch(c, k, j);
+    auto l = m.loss(x, y);
+    (l / kAccum).backward();
+    z.end_micro();
+    loss += l.item<double>() / kAccum;
+  }
+  z.step(kLr, factor_of(z.local_grad_sq_norm()), at::zeros({}, at::kFloat));
+  return loss;
+}
+
 // The engine, driven as the trainer drives it.
 Trace engine(int stage, bool delayed, int publish_at = 0, int from = 0) {
   const GPTConfig c = config();
@@ -129,17 +145,7 @@ Trace engine(int stage, bool delayed, int publish_at = 0, int from = 0) {
   kiln::ZeroEngine z(m, at::Device(at::kCPU), kiln::make_self_communicator("dp", "local"), zc, kAdam);
   Trace t;
   for (int k = 1; k <= kSteps; ++k) {
-    double loss = 0.0;
-    for (int j = 0; j < kAccum; ++j) {
-      z.begin_micro(j);
-      auto [x, y] = batch(c, k, j);
-      auto l = m.loss(x, y);
-      (l / kAccum).backward();
-      z.end_micro();
-      loss += l.item<double>() / kAccum;
-    }
-    t.losses.push_back(loss);
-    z.step(kLr, factor_of(z.local_grad_sq_norm()), at::zeros({}, at::kFloat));
+    t.losses.push_back(engine_step(z, m, c, k));
     if (k == publish_at) z.publish();
   }
   for (const auto& p : m.parameters()) t.final.push_back(z.gather_param(p, kiln::StatePart::Param));
@@ -271,11 +277,11 @@ Float8Run float8_engine(kiln::Offload offload, bool delayed, bool eight_bit) {
   m.init_weights(1);
   m.set_float8(kiln::float8_tensorwise(), /*auto_filter=*/false);
   std::vector<std::pair<at::Tensor, std::shared_ptr<kiln::Float8Tensor>>> slots;
-  for (const auto& b : m.blocks())
-    for (auto* l : {b->attn->c_attn.get(), b->attn->c_proj.get(), b->mlp->c_fc.get(), b->mlp->c_proj.get()}) {
-      l->float8.weight8 = std::make_shared<kiln::Float8Tensor>();
-      slots.emplace_back(l->weight, l->float8.weight8);
-    }
+  for (kiln::LinearImpl* l : m.float8_linears()) {
+    l->float8.weight8 = std::make_shared<kiln::Float8Tensor>();
+    slots.emplace_back(l->weight, l->float8.weight8);
+  }
+  EXPECT_EQ(slots.size(), 16u);
   kiln::ZeroConfig zc;
   zc.stage = 3;
   zc.offload = offload;
@@ -293,19 +299,7 @@ Float8Run float8_engine(kiln::Offload offload, bool delayed, bool eight_bit) {
   {
     kiln::ZeroEngine z(m, at::Device(at::kCPU), kiln::make_self_communicator("dp", "local"), zc, kAdam);
     for (const auto& [w, slot] : slots) EXPECT_EQ(slot->data.defined(), eight_bit);
-    for (int k = 1; k <= 4; ++k) {
-      double loss = 0.0;
-      for (int j = 0; j < kAccum; ++j) {
-        z.begin_micro(j);
-        auto [x, y] = batch(c, k, j);
-        auto l = m.loss(x, y);
-        (l / kAccum).backward();
-        z.end_micro();
-        loss += l.item<double>() / kAccum;
-      }
-      r.losses.push_back(loss);
-      z.step(kLr, factor_of(z.local_grad_sq_norm()), at::zeros({}, at::kFloat));
-    }
+    for (int k = 1; k <= 4; ++k) r.losses.push_back(engine_step(z, m, c, k));
     for (const auto& p : m.parameters()) r.final.push_back(z.gather_param(p, kiln::StatePart::Param));
     r.device_params = z.memory().device.params;
   }

@@ -413,14 +413,9 @@ void Trainer::build_zero() {
     // along its columns for dX, and offload all keeps nothing on the device: 16-bit gathers there.
     std::vector<std::pair<at::Tensor, std::shared_ptr<Float8Tensor>>> slots;
     const bool kv_replicated = r.shape.tp > 1 && r.model->config().n_kv_head < r.shape.tp;
-    for (const auto& b : r.model->blocks()) {
-      std::vector<LinearImpl*> layers{kv_replicated ? nullptr : b->attn->c_attn.get(), b->attn->c_proj.get()};
-      if (b->mlp) layers.insert(layers.end(), {b->mlp->c_fc.get(), b->mlp->c_proj.get()});
-      for (LinearImpl* l : layers) {
-        if (l == nullptr || !l->float8.on) continue;
-        l->float8.weight8 = std::make_shared<Float8Tensor>();
-        slots.emplace_back(l->weight, l->float8.weight8);
-      }
+    for (LinearImpl* l : r.model->float8_linears(/*with_qkv=*/!kv_replicated)) {
+      l->float8.weight8 = std::make_shared<Float8Tensor>();
+      slots.emplace_back(l->weight, l->float8.weight8);
     }
     if (!slots.empty()) {
       zc.float8_weight = [slots](const at::Tensor& p) -> std::shared_ptr<Float8Tensor> {
